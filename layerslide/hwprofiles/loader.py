@@ -1,0 +1,227 @@
+"""Read hardware profiles from TOML with strict validation; find the built-in ones."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from .profile import GPUSpec, HardwareProfile, HostSpec, LinkSpec, StorageSpec
+from .units import UNIT_KIND, UNITS_BY_KIND, to_si
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+
+# TOML field -> (dataclass attribute, unit kind). "text" is a plain string, "efficiency" the
+# GEMM table; every other kind is a {value, unit, source} table converted to SI.
+_SECTIONS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
+    "gpu": (
+        GPUSpec,
+        {
+            "name": ("name", "text"),
+            "memory": ("memory_bytes", "bytes"),
+            "bf16_flops": ("bf16_flops_per_s", "FLOP/s"),
+            "hbm_bandwidth": ("hbm_bytes_per_s", "bytes/s"),
+            "matmul_efficiency": ("matmul_efficiency", "efficiency"),
+            "kernel_launch": ("kernel_launch_s", "seconds"),
+        },
+    ),
+    "link": (
+        LinkSpec,
+        {
+            "h2d": ("h2d_bytes_per_s", "bytes/s"),
+            "d2h": ("d2h_bytes_per_s", "bytes/s"),
+            "duplex": ("duplex_bytes_per_s", "bytes/s"),
+            "h2d_pageable": ("h2d_pageable_bytes_per_s", "bytes/s"),
+        },
+    ),
+    "host": (
+        HostSpec,
+        {
+            "cores": ("cores", "count"),
+            "ram": ("ram_bytes", "bytes"),
+            "memory_bandwidth": ("memory_bytes_per_s", "bytes/s"),
+            "adamw_throughput": ("adamw_params_per_s", "params/s"),
+            "adamw_bytes_per_param": ("adamw_bytes_per_param", "bytes/param"),
+            "cast_throughput": ("cast_bytes_per_s", "bytes/s"),
+            "dma_share": ("dma_share", "ratio"),
+        },
+    ),
+    "storage": (
+        StorageSpec,
+        {
+            "read": ("read_bytes_per_s", "bytes/s"),
+            "write": ("write_bytes_per_s", "bytes/s"),
+            "capacity": ("capacity_bytes", "bytes"),
+        },
+    ),
+}
+_TOP_LEVEL = ("name", "description", *_SECTIONS)
+# Byte counts and core counts are whole numbers inside; everything else stays a float.
+_INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
+
+
+class ProfileError(ValueError):
+    """A hardware profile file is invalid; the message names the file and the dotted field."""
+
+    def __init__(self, file: str, field: str, message: str) -> None:
+        self.file = file
+        self.field = field
+        super().__init__(f"{file}: {field}: {message}" if field else f"{file}: {message}")
+
+
+def builtin_profile_names() -> list[str]:
+    """Names of the profiles shipped in builtin/, sorted."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def builtin_profiles() -> list[HardwareProfile]:
+    """All shipped profiles, loaded and validated, sorted by name."""
+    return [load_profile(name) for name in builtin_profile_names()]
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
+    """Load a built-in profile by name, or any profile by path to a .toml file."""
+    text = os.fspath(name_or_path)
+    names = builtin_profile_names()
+    if not isinstance(name_or_path, os.PathLike) and text in names:
+        return _load_file(BUILTIN_DIR / f"{text}.toml", shown=f"{text}.toml")
+    path = Path(text)
+    if path.is_file():
+        return _load_file(path, shown=text)
+    raise ProfileError(
+        text,
+        "",
+        f"unknown hardware profile: not a built-in name and no such file; "
+        f"built-ins: {', '.join(names)}",
+    )
+
+
+def _load_file(path: Path, *, shown: str) -> HardwareProfile:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(shown, "", f"malformed TOML: {e}") from e
+    except OSError as e:
+        raise ProfileError(shown, "", f"cannot read: {e}") from e
+    return _build(data, file=shown, path=str(path))
+
+
+def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
+    _check_keys(data, _TOP_LEVEL, file=file, prefix="")
+    sources: dict[str, str] = {}
+    parts: dict[str, Any] = {}
+    for section, (cls, fields) in _SECTIONS.items():
+        table = data[section]
+        if not isinstance(table, dict):
+            raise ProfileError(file, section, f"must be a table ([{section}]), got {_type(table)}")
+        _check_keys(table, fields, file=file, prefix=f"{section}.")
+        kwargs: dict[str, Any] = {}
+        for key, (attr, kind) in fields.items():
+            dotted = f"{section}.{key}"
+            if kind == "text":
+                kwargs[attr] = _text(table[key], file=file, field=dotted)
+                continue
+            if kind == "efficiency":
+                kwargs[attr], sources[dotted] = _efficiency(table[key], file=file, field=dotted)
+                continue
+            value, sources[dotted] = _quantity(table[key], kind, file=file, field=dotted)
+            if attr in _INTEGER_ATTRS:
+                value = round(value)
+            kwargs[attr] = value
+        parts[section] = cls(**kwargs)
+    return HardwareProfile(
+        name=_text(data["name"], file=file, field="name"),
+        description=_text(data["description"], file=file, field="description"),
+        sources=sources,
+        path=path,
+        **parts,
+    )
+
+
+def _check_keys(table: dict[str, Any], known: Any, *, file: str, prefix: str) -> None:
+    known = list(known)
+    for key in table:
+        if key not in known:
+            raise ProfileError(
+                file, f"{prefix}{key}", f"unknown field; known fields here: {', '.join(known)}"
+            )
+    for key in known:
+        if key not in table:
+            raise ProfileError(file, f"{prefix}{key}", "missing")
+
+
+def _quantity(entry: Any, kind: str, *, file: str, field: str) -> tuple[float, str]:
+    """Read {value, unit, source} and return (value in SI, source)."""
+    example = f'{{ value = ..., unit = "{next(iter(UNITS_BY_KIND[kind]))}", source = "..." }}'
+    if not isinstance(entry, dict):
+        raise ProfileError(file, field, f"must be a table like {example}, got {_type(entry)}")
+    _check_keys(entry, ("value", "unit", "source"), file=file, prefix=f"{field}.")
+    value, unit = entry["value"], entry["unit"]
+    source = _text(entry["source"], file=file, field=f"{field}.source")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProfileError(file, f"{field}.value", f"must be a number, got {_type(value)}")
+    if not isinstance(unit, str):
+        raise ProfileError(file, f"{field}.unit", f"must be a string, got {_type(unit)}")
+    if unit not in UNIT_KIND:
+        raise ProfileError(
+            file,
+            f"{field}.unit",
+            f"unknown unit {unit!r}; accepted units: {', '.join(UNIT_KIND)}",
+        )
+    if UNIT_KIND[unit] != kind:
+        raise ProfileError(
+            file,
+            f"{field}.unit",
+            f"unit {unit!r} is a {UNIT_KIND[unit]} unit but this field needs a {kind} unit "
+            f"({', '.join(UNITS_BY_KIND[kind])})",
+        )
+    if not value > 0:
+        raise ProfileError(file, f"{field}.value", f"must be > 0, got {value}")
+    if kind == "count" and not isinstance(value, int):
+        raise ProfileError(file, f"{field}.value", f"must be a whole number, got {value}")
+    return to_si(value, unit, kind), source
+
+
+def _efficiency(entry: Any, *, file: str, field: str) -> tuple[tuple[tuple[int, float], ...], str]:
+    """Read {tokens = [...], efficiency = [...], source} into sorted (tokens, fraction) pairs."""
+    if not isinstance(entry, dict):
+        raise ProfileError(
+            file,
+            field,
+            f'must be a table like {{ tokens = [...], efficiency = [...], source = "..." }}, '
+            f"got {_type(entry)}",
+        )
+    _check_keys(entry, ("tokens", "efficiency", "source"), file=file, prefix=f"{field}.")
+    tokens, effs = entry["tokens"], entry["efficiency"]
+    source = _text(entry["source"], file=file, field=f"{field}.source")
+    for key, seq in (("tokens", tokens), ("efficiency", effs)):
+        if not isinstance(seq, list) or not seq:
+            raise ProfileError(file, f"{field}.{key}", f"must be a non-empty array, got {seq!r}")
+    if len(tokens) != len(effs):
+        raise ProfileError(
+            file, field, f"tokens has {len(tokens)} entries but efficiency has {len(effs)}"
+        )
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int) or t <= 0:
+            raise ProfileError(file, f"{field}.tokens", f"must be positive integers, got {t!r}")
+    if any(b <= a for a, b in pairwise(tokens)):
+        raise ProfileError(file, f"{field}.tokens", f"must be strictly increasing, got {tokens}")
+    for e in effs:
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e <= 1:
+            raise ProfileError(
+                file, f"{field}.efficiency", f"must be fractions in (0, 1], got {e!r}"
+            )
+    return tuple((t, float(e)) for t, e in zip(tokens, effs)), source
+
+
+def _text(value: Any, *, file: str, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ProfileError(file, field, f"must be a non-empty string, got {_type(value)}")
+    return value
+
+
+def _type(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"

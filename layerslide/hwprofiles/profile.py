@@ -1,0 +1,145 @@
+"""Hardware profile dataclasses: a GPU, its host link, the host and its storage, in SI units."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from types import MappingProxyType
+from typing import Any
+
+# The dotted TOML field each override changes; sources use the same keys as the files.
+_OVERRIDE_FIELDS = {
+    "gpu_memory_bytes": ("gpu", "memory_bytes", "gpu.memory"),
+    "ram_bytes": ("host", "ram_bytes", "host.ram"),
+    "nvme_capacity_bytes": ("storage", "capacity_bytes", "storage.capacity"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    """One accelerator: memory, bf16 peak, HBM bandwidth and how much of the peak GEMMs reach."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops_per_s: float
+    hbm_bytes_per_s: float
+    matmul_efficiency: tuple[tuple[int, float], ...]
+    kernel_launch_s: float
+
+    def __post_init__(self) -> None:
+        points = self.matmul_efficiency
+        if not points:
+            raise ValueError("matmul_efficiency needs at least one (tokens, efficiency) point")
+        tokens = [t for t, _ in points]
+        if any(b <= a for a, b in pairwise(tokens)):
+            raise ValueError(f"matmul_efficiency tokens must be strictly increasing, got {tokens}")
+
+    def matmul_efficiency_at(self, tokens: int) -> float:
+        """Fraction of bf16 peak a GEMM with `tokens` rows reaches; linear in log2, clamped."""
+        if tokens <= 0:
+            raise ValueError(f"tokens must be > 0, got {tokens}")
+        points = self.matmul_efficiency
+        if tokens <= points[0][0]:
+            return points[0][1]
+        if tokens >= points[-1][0]:
+            return points[-1][1]
+        x = math.log2(tokens)
+        for (t0, e0), (t1, e1) in pairwise(points):
+            if tokens <= t1:
+                x0, x1 = math.log2(t0), math.log2(t1)
+                return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+        raise AssertionError("unreachable: tokens is inside the table")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkSpec:
+    """The host<->GPU link: pinned copy rates each way, both at once, and pageable H2D."""
+
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    duplex_bytes_per_s: float
+    h2d_pageable_bytes_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostSpec:
+    """The CPU side: cores, RAM, shared memory bandwidth and the optimizer/cast throughputs."""
+
+    cores: int
+    ram_bytes: int
+    memory_bytes_per_s: float
+    adamw_params_per_s: float
+    adamw_bytes_per_param: float
+    cast_bytes_per_s: float
+    dma_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageSpec:
+    """The NVMe (or whatever disk) tier: sequential read/write rates and capacity."""
+
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """A whole machine as data, with a source for every number; built by loader.load_profile."""
+
+    name: str
+    description: str
+    gpu: GPUSpec
+    link: LinkSpec
+    host: HostSpec
+    storage: StorageSpec
+    # hash=False: a read-only mapping is not hashable, and the numbers already identify the machine.
+    sources: Mapping[str, str] = field(hash=False)
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        # Freeze the mapping so a shared profile cannot be edited behind its users' backs.
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+
+    def with_overrides(
+        self,
+        *,
+        gpu_memory_bytes: int | None = None,
+        ram_bytes: int | None = None,
+        nvme_capacity_bytes: int | None = None,
+    ) -> HardwareProfile:
+        """Return a copy with some capacities replaced (what-if); their sources say "override"."""
+        given = {
+            "gpu_memory_bytes": gpu_memory_bytes,
+            "ram_bytes": ram_bytes,
+            "nvme_capacity_bytes": nvme_capacity_bytes,
+        }
+        parts: dict[str, Any] = {"gpu": self.gpu, "host": self.host, "storage": self.storage}
+        sources = dict(self.sources)
+        for arg, value in given.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive whole number of bytes, got {value!r}")
+            part, attr, key = _OVERRIDE_FIELDS[arg]
+            parts[part] = dataclasses.replace(parts[part], **{attr: value})
+            sources[key] = "override"
+        return dataclasses.replace(self, **parts, sources=sources)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict in SI units (bytes, seconds, bytes/s, FLOP/s, params/s)."""
+        gpu = dataclasses.asdict(self.gpu)
+        gpu["matmul_efficiency"] = [[t, e] for t, e in self.gpu.matmul_efficiency]
+        return {
+            "name": self.name,
+            "description": self.description,
+            "path": self.path,
+            "gpu": gpu,
+            "link": dataclasses.asdict(self.link),
+            "host": dataclasses.asdict(self.host),
+            "storage": dataclasses.asdict(self.storage),
+            "sources": dict(self.sources),
+        }

@@ -1,0 +1,396 @@
+"""build_plan: model + training settings + policy -> Plan (tasks, edges, lane orders, buffers).
+
+The GPU runs, per micro-batch: embedding forward, layer forwards 0..L-1, the head (final norm,
+LM head and loss, forward and backward), layer backwards L-1..0 (each recomputes its forward
+from its checkpointed input), embedding backward. Everything else is arranged around that
+sequence: weight loads into a ring of `window` cache units, checkpoint offload and prefetch,
+gradient offload, and per block the CPU optimizer step and fp32->bf16 cast, with optimizer
+state streamed from NVMe where the policy puts it there. Several consecutive steps are planned
+so that one step's optimizer tail and the next step's forward overlap as they will for real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
+import networkx as nx
+
+from layerslide.planner import sizes
+from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
+from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task
+from layerslide.planner.settings import Policy, TrainSpec
+
+STRICT_LANES = ("gpu", "h2d", "d2h")  # CUDA streams run in issue order
+PRIORITY_LANES = ("cpu", "nvme_read", "nvme_write")  # workers pick the most urgent ready task
+
+
+def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps: int = 3) -> Plan:
+    """Plan `num_steps` consecutive training steps (>= 2 so the step boundary is visible)."""
+    if num_steps < 2:
+        raise ValueError(f"num_steps={num_steps}: plan at least 2 steps so that one step's "
+                         "optimizer tail meets the next step's forward")
+    if train.seq_len > model.max_position_embeddings:
+        raise ValueError(f"seq_len={train.seq_len} exceeds {model.name}'s "
+                         f"max_position_embeddings={model.max_position_embeddings}")
+    return _Builder(model, train, policy, num_steps).build()
+
+
+@dataclass
+class _Slot:
+    """A GPU weight buffer: which (layer, version) it holds and its last reader."""
+
+    content: tuple[int, int] | None = None
+    last_use: str | None = None
+    last_pos: int = -1
+
+
+class _Builder:
+    def __init__(self, model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int):
+        self.model, self.train, self.policy, self.num_steps = model, train, policy, num_steps
+        self.L = model.num_layers
+        self.A = train.grad_accum
+        self.tokens = train.tokens_per_micro_batch
+        self.graph = nx.DiGraph()
+        self.keys: dict[str, tuple[float, int]] = {}
+        self.gpu_order: list[str] = []
+        self.buffers: list[Buffer] = []
+        self.resident = {EMBEDDING, self.L, *range(min(policy.resident_layers, self.L))}
+        ring_layers = self.L - (len(self.resident) - 2)
+        self.slots = [_Slot() for _ in range(min(policy.window, max(ring_layers, 1)))]
+        self.resident_slots = {b: _Slot() for b in self.resident}
+        self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
+        self.grad_slot_next = 0
+        self.dedicated_grad_last: dict[int, str | None] = {EMBEDDING: None, self.L: None}
+        self.state_chain: list[tuple[str, str]] = []  # (nvme_read, nvme_write) in issue order
+        self.step_markers: list[str] = []
+
+    # --- small helpers ---------------------------------------------------------------------
+    def add(self, task: Task, key: tuple[float, int] | None = None) -> str:
+        assert task.id not in self.graph, task.id
+        self.graph.add_node(task.id, task=task)
+        if task.lane == "gpu":
+            self.gpu_order.append(task.id)
+        else:
+            assert key is not None, task.id
+            self.keys[task.id] = key
+        return task.id
+
+    def edge(self, src: str | None, dst: str, reason: str) -> None:
+        if src is not None:
+            self.graph.add_edge(src, dst, reason=reason)
+
+    def buffer(self, id: str, tier: str, nbytes: float, alloc: str | None = None,
+               release: tuple[str, ...] = ()) -> None:
+        if nbytes > 0:
+            self.buffers.append(Buffer(id=id, tier=tier, bytes=int(nbytes), alloc_task=alloc,
+                                       release_tasks=release))
+
+    def params(self, block: int) -> int:
+        return sizes.block_params(self.model, block)
+
+    @staticmethod
+    def name(block: int, num_layers: int) -> str:
+        return "emb" if block == EMBEDDING else ("head" if block == num_layers else f"L{block}")
+
+    def blk(self, block: int) -> str:
+        return self.name(block, self.L)
+
+    # --- positions in the GPU sequence (known in advance: used as priorities) ---------------
+    @property
+    def per_micro(self) -> int:
+        return 2 * self.L + 3
+
+    def pos(self, step: int, micro: int, phase: str, block: int) -> int:
+        base = (step * self.A + micro) * self.per_micro
+        if phase == "fwd":
+            return base if block == EMBEDDING else base + 1 + block
+        if phase == "head":
+            return base + self.L + 1
+        return base + 2 * self.L + 2 if block == EMBEDDING else base + self.L + 2 + (self.L - 1 - block)
+
+    def first_use_pos(self, step: int, block: int) -> int:
+        return self.pos(step, 0, "head" if block == self.L else "fwd", block)
+
+    def grad_pos(self, step: int, micro: int, block: int) -> int:
+        return self.pos(step, micro, "head" if block == self.L else "bwd", block)
+
+    def gpu_at(self, pos: int) -> str | None:
+        return self.gpu_order[pos] if 0 <= pos < len(self.gpu_order) else None
+
+    # --- weights ------------------------------------------------------------------------------
+    def weights_ready(self, block: int, step: int) -> str | None:
+        """The task after which version `step` of the block's weights may be loaded."""
+        if step == 0:
+            return None
+        if self.policy.cast == "cpu_once":
+            return f"s{step - 1}.cast.{self.blk(block)}"
+        return f"s{step - 1}.optimizer_step.{self.blk(block)}"
+
+    def ensure_weights(self, block: int, step: int, micro: int, consumer: str, pos: int) -> None:
+        """Make block weights (version `step`) present for `consumer`, loading them if needed."""
+        if block in self.resident:
+            slot = self.resident_slots[block]
+        else:
+            slot = next((s for s in self.slots if s.content == (block, step)), None)
+            if slot is None:
+                slot = min(self.slots, key=lambda s: s.last_pos)  # least recently used unit
+        if slot.content != (block, step):
+            p = self.params(block)
+            wire_bytes = (FP32_BYTES if self.policy.cast == "gpu" else BF16_BYTES) * p
+            load = self.add(Task(id=f"{consumer}.load", kind="load_weights", lane="h2d",
+                                 layer=block, step=step, micro_batch=micro, bytes=wire_bytes,
+                                 params=p), key=(pos, 0))
+            self.edge(slot.last_use, load, "unit_reuse")
+            if block not in self.resident:
+                self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 1), load, "prefetch")
+            if self.policy.cast == "cpu_per_load":
+                cast = self.add(Task(id=f"{load}.cast", kind="cast", lane="cpu", layer=block,
+                                     step=step, micro_batch=micro, bytes=FP32_BYTES * p,
+                                     params=p), key=(pos - self.policy.prefetch_depth - 1, 0))
+                if step > 0:
+                    self.edge(f"s{step - 1}.optimizer_step.{self.blk(block)}", cast, "weights")
+                self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 2), cast, "prefetch")
+                self.edge(cast, load, "data")
+                self.buffer(f"{cast}.staging", "host", BF16_BYTES * p, cast, (load,))
+            else:
+                self.edge(self.weights_ready(block, step), load, "weights")
+            if self.policy.cast == "gpu":  # the consumer first casts the fp32 it was sent
+                task = self.graph.nodes[consumer]["task"]
+                self.graph.nodes[consumer]["task"] = replace(
+                    task, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p, kernels=task.kernels + 1)
+            self.edge(load, consumer, "weights")
+            slot.content = (block, step)
+        slot.last_use, slot.last_pos = consumer, pos
+
+    # --- the GPU sequence of one micro-batch ----------------------------------------------------
+    def compute(self, step: int, micro: int, kind: str, block: int, flops: float = 0.0,
+                nbytes: float = 0.0, kernels: int = 0) -> str:
+        tid = f"s{step}.m{micro}.{kind}.{self.blk(block)}"
+        return self.add(Task(id=tid, kind=kind, lane="gpu", layer=block, step=step,
+                             micro_batch=micro, flops=flops, bytes=nbytes, tokens=self.tokens,
+                             kernels=kernels))
+
+    def micro_batch(self, s: int, m: int) -> None:
+        model, pol, T, L = self.model, self.policy, self.tokens, self.L
+        hidden = sizes.hidden_bytes(model, T)
+        ew = sizes.layer_elementwise_bytes_per_token(model) * T
+        layer_fwd_flops = model.layer_forward_flops_per_token(self.train.seq_len) * T
+        prev = None
+
+        emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, kernels=2)
+        if m == 0:
+            self.step_markers.append(emb)
+        self.edge(prev, emb, "data")
+        self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
+        producers = {0: emb}  # layer i's checkpointed input is produced by this task
+        prev = emb
+        fwd: dict[int, str] = {}
+        for i in range(L):
+            t = self.compute(s, m, "forward", i, flops=layer_fwd_flops, nbytes=ew,
+                             kernels=sizes.LAYER_FORWARD_KERNELS)
+            self.edge(prev, t, "data")
+            self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
+            self.buffer(f"{t}.workspace", "gpu", sizes.forward_workspace_bytes(model, T), t, (t,))
+            fwd[i] = prev = producers[i + 1] = t
+
+        head = self.compute(s, m, "head", L, flops=3 * model.head_forward_flops_per_token * T,
+                            nbytes=4 * hidden, kernels=sizes.HEAD_KERNELS)
+        self.edge(prev, head, "data")
+        self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
+        self.buffer(f"{head}.workspace", "gpu",
+                    sizes.head_workspace_bytes(model, T, pol.head_loss), head, (head,))
+        # the final hidden state lives from the last forward until the head has consumed it
+        self.buffer(f"s{s}.m{m}.hidden.final", "gpu", hidden, producers[L], (head,))
+
+        bwd: dict[int, str] = {}
+        prev = head
+        for i in reversed(range(L)):
+            bwd[i] = self.compute(s, m, "backward", i, flops=3 * layer_fwd_flops, nbytes=3 * ew,
+                                  kernels=sizes.LAYER_BACKWARD_KERNELS)
+        emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, kernels=2)
+
+        # gradient flowing backwards: made by the head and each backward, read by the next
+        flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]
+        for maker, reader in pairwise(flow_users):
+            self.edge(maker, reader, "data")
+            self.buffer(f"{maker}.dgrad", "gpu", hidden, maker, (reader,))
+
+        for i in reversed(range(L)):
+            t = bwd[i]
+            pos = self.pos(s, m, "bwd", i)
+            self.ensure_weights(i, s, m, t, pos)
+            self.buffer(f"{t}.workspace", "gpu", sizes.backward_workspace_bytes(model, T), t, (t,))
+            self.checkpoint(s, m, i, producers[i], fwd[i], t, pos)
+
+        self.grads(s, m, L, head)
+        for i in reversed(range(L)):
+            self.grads(s, m, i, bwd[i])
+        self.grads(s, m, EMBEDDING, emb_bwd)
+
+    def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
+                   consumer_bwd: str, bwd_pos: int) -> None:
+        """The input of layer i: kept on the GPU, or offloaded after forward and fetched back."""
+        pol = self.policy
+        nbytes = sizes.hidden_bytes(self.model, self.tokens)
+        name = f"s{s}.m{m}.ckpt.L{i}"
+        if pol.activations == "gpu":
+            self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, consumer_bwd))
+            return
+        producer_pos = self.pos(s, m, "fwd", i - 1 if i > 0 else EMBEDDING)
+        common = {"layer": i, "step": s, "micro_batch": m, "bytes": nbytes}
+        off = self.add(Task(id=f"{name}.offload", kind="offload_activation", lane="d2h", **common),
+                       key=(producer_pos, 0))
+        self.edge(producer, off, "data")
+        self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, off))
+        fetch = self.add(Task(id=f"{name}.fetch", kind="fetch_activation", lane="h2d", **common),
+                         key=(bwd_pos, 1))
+        self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 1), fetch, "prefetch")
+        if pol.activations == "host":
+            self.edge(off, fetch, "data")
+            self.buffer(f"{name}.host", "host", nbytes, off, (fetch,))
+        else:
+            write = self.add(Task(id=f"{name}.nvme_write", kind="nvme_write", lane="nvme_write",
+                                  **common), key=(producer_pos, 0))
+            read = self.add(Task(id=f"{name}.nvme_read", kind="nvme_read", lane="nvme_read",
+                                 **common), key=(bwd_pos - pol.prefetch_depth - 1, 1))
+            self.edge(off, write, "data")
+            self.edge(write, read, "data")
+            self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 2), read, "prefetch")
+            self.edge(read, fetch, "data")
+            self.buffer(f"{name}.host", "host", nbytes, off, (write,))
+            self.buffer(f"{name}.nvme", "nvme", nbytes, write, (read,))
+            self.buffer(f"{name}.staging", "host", nbytes, read, (fetch,))
+        self.buffer(f"{name}.fetched", "gpu", nbytes, fetch, (consumer_bwd,))
+        self.edge(fetch, consumer_bwd, "data")
+
+    def grads(self, s: int, m: int, block: int, producer: str) -> None:
+        """Offload the block's bf16 grads to the host, and accumulate them when A > 1."""
+        p = self.params(block)
+        pos = self.grad_pos(s, m, block)
+        off = self.add(Task(id=f"s{s}.m{m}.offload_grads.{self.blk(block)}", kind="offload_grads",
+                            lane="d2h", layer=block, step=s, micro_batch=m,
+                            bytes=BF16_BYTES * p, params=p), key=(pos, 1))
+        self.edge(producer, off, "data")
+        if block in self.dedicated_grad_last:
+            self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
+            self.dedicated_grad_last[block] = off
+        else:
+            slot = self.grad_slot_next % len(self.grad_slots)
+            self.edge(self.grad_slots[slot], producer, "unit_reuse")
+            self.grad_slots[slot] = off
+            self.grad_slot_next += 1
+        if self.A == 1:
+            consumer = f"s{s}.optimizer_step.{self.blk(block)}"
+        else:
+            consumer = self.add(Task(id=f"s{s}.m{m}.accumulate_grads.{self.blk(block)}",
+                                     kind="accumulate_grads", lane="cpu", layer=block, step=s,
+                                     micro_batch=m,
+                                     bytes=sizes.ACCUMULATE_BYTES_PER_PARAM * p, params=p),
+                                key=(pos, 2))
+            self.edge(off, consumer, "data")
+            if m > 0:
+                self.edge(f"s{s}.m{m - 1}.accumulate_grads.{self.blk(block)}", consumer, "data")
+        self.buffer(f"{off}.host", "host", BF16_BYTES * p, off, (consumer,))
+
+    # --- the per-step CPU work --------------------------------------------------------------------
+    def blocks_in_arrival_order(self) -> list[int]:
+        return [self.L, *reversed(range(self.L)), EMBEDDING]
+
+    def update(self, s: int) -> None:
+        """Optimizer step (+ cast, + NVMe state traffic) of every block for step s."""
+        pol, L, A = self.policy, self.L, self.A
+        last = A - 1
+        final_grad = {
+            b: (f"s{s}.m{last}.offload_grads.{self.blk(b)}" if A == 1
+                else f"s{s}.m{last}.accumulate_grads.{self.blk(b)}")
+            for b in self.blocks_in_arrival_order()
+        }
+        norm = None
+        if self.train.max_grad_norm is not None:
+            norm = self.add(Task(id=f"s{s}.grad_norm", kind="grad_norm", lane="cpu", layer=L,
+                                 step=s), key=(self.pos(s, last, "bwd", EMBEDDING), 3))
+            for t in final_grad.values():
+                self.edge(t, norm, "clip")
+
+        def arrival_key(b: int) -> tuple[float, int]:
+            return (self.grad_pos(s, last, b), 4)
+
+        def deadline_key(b: int) -> tuple[float, int]:
+            return (self.first_use_pos(s + 1, b), 4)
+
+        opt_key = deadline_key if pol.optimizer_order == "deadline" else arrival_key
+        # NVMe state reads are issued in the order the CPU is expected to run the steps: as
+        # grads arrive, unless clipping holds every step until all grads are in.
+        io_key = opt_key if norm is not None else arrival_key
+        for b in sorted(self.blocks_in_arrival_order(), key=io_key):
+            p = self.params(b)
+            opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
+                                lane="cpu", layer=b, step=s, params=p,
+                                bytes=(0 if A > 1 else sizes.GRAD_UPCAST_BYTES_PER_PARAM * p)),
+                           key=opt_key(b))
+            self.edge(final_grad[b], opt, "grads")
+            self.edge(norm, opt, "clip")
+            if A == 1:  # fused AdamW wants fp32 grads: a per-block upcast buffer
+                self.buffer(f"{opt}.grad_fp32", "host", FP32_BYTES * p, opt, (opt,))
+            state_bytes = p * (FP32_BYTES * pol.master_on_nvme + 2 * FP32_BYTES * pol.moments_on_nvme)
+            if state_bytes > 0:
+                common = {"layer": b, "step": s, "bytes": state_bytes, "params": p}
+                read = self.add(Task(id=f"s{s}.read_state.{self.blk(b)}", kind="nvme_read",
+                                     lane="nvme_read", **common), key=io_key(b))
+                write = self.add(Task(id=f"s{s}.write_state.{self.blk(b)}", kind="nvme_write",
+                                      lane="nvme_write", **common), key=io_key(b))
+                if s > 0:
+                    self.edge(f"s{s - 1}.write_state.{self.blk(b)}", read, "data")
+                if len(self.state_chain) >= pol.nvme_prefetch:
+                    self.edge(self.state_chain[-pol.nvme_prefetch][1], read, "unit_reuse")
+                self.state_chain.append((read, write))
+                self.edge(read, opt, "data")
+                self.edge(opt, write, "data")
+                self.buffer(f"{read}.staging", "host", state_bytes, read, (write,))
+            if pol.cast == "cpu_once":
+                cast = self.add(Task(id=f"s{s}.cast.{self.blk(b)}", kind="cast", lane="cpu",
+                                     layer=b, step=s, bytes=FP32_BYTES * p, params=p),
+                                key=(opt_key(b)[0], 5))
+                self.edge(opt, cast, "data")
+
+    # --- static buffers ------------------------------------------------------------------------
+    def static_buffers(self) -> None:
+        model, pol = self.model, self.policy
+        n = model.total_params
+        unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
+        self.buffer("gpu.runtime", "gpu", sizes.GPU_RUNTIME_BYTES)
+        self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
+        resident_layers = len(self.resident) - 2
+        self.buffer("gpu.resident_layers", "gpu", resident_layers * unit)
+        for b in (EMBEDDING, self.L):
+            self.buffer(f"gpu.{self.blk(b)}.weights", "gpu", BF16_BYTES * self.params(b))
+            self.buffer(f"gpu.{self.blk(b)}.grads", "gpu", BF16_BYTES * self.params(b))
+        self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
+        self.buffer("host.runtime", "host", sizes.HOST_RUNTIME_BYTES)
+        self.buffer("host.master_fp32", "host", FP32_BYTES * n * (1 - pol.master_on_nvme))
+        self.buffer("host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
+        if pol.cast == "cpu_once":
+            self.buffer("host.weights_bf16", "host", BF16_BYTES * n)
+        if self.A > 1:
+            self.buffer("host.grad_accum_fp32", "host", FP32_BYTES * n)
+        self.buffer("nvme.master_fp32", "nvme", FP32_BYTES * n * pol.master_on_nvme)
+        self.buffer("nvme.adam_moments", "nvme", 2 * FP32_BYTES * n * pol.moments_on_nvme)
+
+    def build(self) -> Plan:
+        self.static_buffers()
+        for s in range(self.num_steps):
+            for m in range(self.A):
+                self.micro_batch(s, m)
+            self.update(s)
+        lane_order = {"gpu": tuple(self.gpu_order)}
+        for lane in LANES[1:]:
+            ids = [t for t in self.keys if self.graph.nodes[t]["task"].lane == lane]
+            lane_order[lane] = tuple(sorted(ids, key=lambda t: self.keys[t]))
+        disciplines = {lane: ("strict" if lane in STRICT_LANES else "priority") for lane in LANES}
+        plan = Plan(model=self.model, train=self.train, policy=self.policy,
+                    num_steps=self.num_steps, graph=self.graph, lane_order=lane_order,
+                    lane_discipline=disciplines, buffers=tuple(self.buffers),
+                    meta={"step_markers": self.step_markers})
+        plan.validate()
+        return plan

@@ -1,0 +1,165 @@
+"""Plan: the training step as data. Tasks on lanes, dependency edges, lane orders and buffers.
+
+The simulator and the executor both interpret a Plan; neither knows how it was built.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+import networkx as nx
+
+from layerslide.planner.model import ModelSpec
+from layerslide.planner.settings import Policy, TrainSpec
+
+PLAN_FORMAT_VERSION = 1
+
+LANES = ("gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write")
+# strict: tasks run in lane order (a CUDA stream); priority: the earliest ready task in lane
+# order runs next (a worker that picks from a ready queue).
+LANE_DISCIPLINES = ("strict", "priority")
+
+EMBEDDING = -1  # block index of the token embedding; decoder layers are 0..L-1, the head is L
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """One unit of work on one lane. Its cost is derived from these amounts by a cost model."""
+
+    id: str
+    kind: str
+    lane: str
+    layer: int  # block index: EMBEDDING, 0..L-1, or L for final norm + head + loss
+    step: int
+    micro_batch: int = 0
+    flops: float = 0.0  # matrix FLOPs (GPU compute tasks)
+    bytes: float = 0.0  # bytes moved: copy size, HBM traffic of elementwise ops, disk I/O
+    params: int = 0  # parameters touched (optimizer, cast, gradient accumulation)
+    tokens: int = 0  # GEMM rows, for the matmul efficiency curve
+    kernels: int = 0  # kernel launches (GPU tasks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Buffer:
+    """Memory on one tier: allocated when alloc_task starts (None: before the plan runs) and
+    freed when every task in release_tasks has ended (empty: held to the end)."""
+
+    id: str
+    tier: str
+    bytes: int
+    alloc_task: str | None = None
+    release_tasks: tuple[str, ...] = ()
+
+    @property
+    def is_static(self) -> bool:
+        return self.alloc_task is None and not self.release_tasks
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """A DAG of Tasks (networkx), the order of tasks on each lane, and the buffers they use."""
+
+    model: ModelSpec
+    train: TrainSpec
+    policy: Policy
+    num_steps: int
+    graph: nx.DiGraph
+    lane_order: dict[str, tuple[str, ...]]
+    lane_discipline: dict[str, str]
+    buffers: tuple[Buffer, ...]
+    meta: dict = field(default_factory=dict)
+
+    def task(self, task_id: str) -> Task:
+        return self.graph.nodes[task_id]["task"]
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [self.graph.nodes[n]["task"] for n in self.graph.nodes]
+
+    def static_bytes(self, tier: str) -> int:
+        """Bytes held for the whole run on a tier: a lower bound on its peak."""
+        return sum(b.bytes for b in self.buffers if b.tier == tier and b.is_static)
+
+    def validate(self) -> None:
+        """Raise ValueError if lane orders and dependencies cannot all be honoured."""
+        lane_tasks = {lane: set(order) for lane, order in self.lane_order.items()}
+        for t in self.tasks:
+            if t.id not in lane_tasks.get(t.lane, ()):
+                raise ValueError(f"task {t.id} is not in the order of its lane {t.lane}")
+        if sum(len(o) for o in self.lane_order.values()) != self.graph.number_of_nodes():
+            raise ValueError("a task appears in more than one lane order")
+        combined = nx.DiGraph(self.graph.edges)
+        combined.add_nodes_from(self.graph.nodes)
+        for lane, order in self.lane_order.items():
+            if self.lane_discipline[lane] == "strict":
+                combined.add_edges_from(pairwise(order))
+        if not nx.is_directed_acyclic_graph(combined):
+            cycle = nx.find_cycle(combined)
+            raise ValueError(f"plan deadlocks: lane order contradicts dependencies at {cycle[:4]}")
+        for b in self.buffers:
+            for t in (b.alloc_task, *b.release_tasks):
+                if t is not None and t not in self.graph:
+                    raise ValueError(f"buffer {b.id} names unknown task {t}")
+
+    # --- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format_version": PLAN_FORMAT_VERSION,
+            "model": self.model.to_dict(),
+            "train": self.train.to_dict(),
+            "policy": self.policy.to_dict(),
+            "num_steps": self.num_steps,
+            "tasks": [asdict(t) for t in self.tasks],
+            "edges": [[u, v, d.get("reason", "")] for u, v, d in self.graph.edges(data=True)],
+            "lane_order": {lane: list(order) for lane, order in self.lane_order.items()},
+            "lane_discipline": dict(self.lane_discipline),
+            "buffers": [asdict(b) for b in self.buffers],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        version = data.get("format_version")
+        if version != PLAN_FORMAT_VERSION:
+            raise ValueError(f"plan format version {version!r} is not {PLAN_FORMAT_VERSION}: "
+                             "rebuild the plan with this version of layerslide")
+        graph = nx.DiGraph()
+        for t in data["tasks"]:
+            task = Task(**t)
+            graph.add_node(task.id, task=task)
+        for u, v, reason in data["edges"]:
+            graph.add_edge(u, v, reason=reason)
+        buffers = tuple(Buffer(**{**b, "release_tasks": tuple(b["release_tasks"])})
+                        for b in data["buffers"])
+        plan = cls(
+            model=ModelSpec.from_dict(data["model"]),
+            train=TrainSpec.from_dict(data["train"]),
+            policy=Policy.from_dict(data["policy"]),
+            num_steps=data["num_steps"],
+            graph=graph,
+            lane_order={lane: tuple(o) for lane, o in data["lane_order"].items()},
+            lane_discipline=dict(data["lane_discipline"]),
+            buffers=buffers,
+            meta=dict(data.get("meta", {})),
+        )
+        plan.validate()
+        return plan
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read plan file {path}: {err}") from err
+        return cls.from_dict(data)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()

@@ -1,0 +1,108 @@
+"""TrainSpec (what to train on) and Policy (how to slide the window): validated once, here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+ACTIVATION_PLACEMENTS = ("gpu", "host", "nvme")
+OPTIMIZER_ORDERS = ("arrival", "deadline")
+# cpu_once: cast fp32->bf16 once per step into a persistent pinned bf16 copy (2 B/param of RAM);
+# cpu_per_load: cast into a shared staging buffer before every load, as the published system does;
+# gpu: send fp32 over PCIe (twice the bytes) and cast on the GPU.
+CAST_MODES = ("cpu_once", "cpu_per_load", "gpu")
+HEAD_LOSS_MODES = ("fused", "materialized")
+
+
+def _fail(owner: str, name: str, value: object, what: str) -> None:
+    raise ValueError(f"{owner}.{name}={value!r}: {what}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    """Per-step training shape: micro-batch, sequence length, accumulation, clipping."""
+
+    micro_batch: int = 8
+    seq_len: int = 1024
+    grad_accum: int = 1
+    # Global gradient-norm clipping needs every gradient before any update: the plan makes
+    # every optimizer step of a step wait for all gradients to land.
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch", "seq_len", "grad_accum"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                _fail("TrainSpec", name, value, "must be a positive integer")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            _fail("TrainSpec", "max_grad_norm", self.max_grad_norm, "must be > 0 or None (off)")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tokens_per_micro_batch * self.grad_accum
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainSpec:
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """How the GPU window slides over the layers and where state lives."""
+
+    window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
+    grad_buffers: int = 2  # GPU buffers for one layer's bf16 grads awaiting offload
+    prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
+    activations: str = "host"  # where per-layer checkpoints wait for backward
+    master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
+    moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
+    resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
+    optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
+    cast: str = "cpu_once"
+    head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
+    nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
+
+    def __post_init__(self) -> None:
+        for name in ("window", "grad_buffers", "prefetch_depth", "nvme_prefetch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                _fail("Policy", name, value, "must be a positive integer")
+        if not isinstance(self.resident_layers, int) or self.resident_layers < 0:
+            _fail("Policy", "resident_layers", self.resident_layers, "must be an integer >= 0")
+        if self.prefetch_depth > self.window:
+            _fail("Policy", "prefetch_depth", self.prefetch_depth,
+                  f"cannot exceed window={self.window}: a prefetched layer needs a free cache unit")
+        for name, allowed in (("activations", ACTIVATION_PLACEMENTS),
+                              ("optimizer_order", OPTIMIZER_ORDERS),
+                              ("cast", CAST_MODES), ("head_loss", HEAD_LOSS_MODES)):
+            if getattr(self, name) not in allowed:
+                _fail("Policy", name, getattr(self, name), f"choose one of {', '.join(allowed)}")
+        for name in ("master_on_nvme", "moments_on_nvme"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                _fail("Policy", name, value, "must be a fraction in [0, 1]")
+        if self.cast == "gpu" and self.master_on_nvme > 0:
+            _fail("Policy", "cast", self.cast,
+                  "cast=gpu streams fp32 master weights from pinned RAM: set master_on_nvme=0 "
+                  "or use cast=cpu_once")
+
+    @property
+    def uses_nvme(self) -> bool:
+        return self.activations == "nvme" or self.master_on_nvme > 0 or self.moments_on_nvme > 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Policy:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown policy fields {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,85 @@
+"""Memory and work sizes of the plan's tasks and buffers, in one place (bytes, FLOPs, launches).
+
+Numbers marked "estimate" are first-order models of what PyTorch does; the calibration issue
+replaces them with measured ones. Everything here is per block and per micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
+
+GIB = 1024**3
+
+# estimate: CUDA context, cuBLAS/cuDNN workspaces and allocator slack that every run pays.
+GPU_RUNTIME_BYTES = int(0.75 * GIB)
+# estimate: resident set of a Python process with torch and the CUDA libraries loaded.
+HOST_RUNTIME_BYTES = int(3 * GIB)
+
+# AdamW needs fp32 grads: reading bf16 grads (2 B) and writing fp32 (4 B) adds to its traffic.
+GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES
+# Gradient accumulation on the host: read bf16 grads, read and write the fp32 sum.
+ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
+
+# estimate: kernel launches of one decoder layer (norms, projections, RoPE, SDPA, SwiGLU, adds).
+LAYER_FORWARD_KERNELS = 24
+LAYER_BACKWARD_KERNELS = 3 * LAYER_FORWARD_KERNELS  # recompute forward + backward
+HEAD_KERNELS = 30
+
+
+def layer_elementwise_bytes_per_token(model: ModelSpec) -> int:
+    """HBM bytes per token that a layer's forward moves outside its GEMMs (estimate)."""
+    h, f = model.hidden_size, model.intermediate_size
+    # two RMSNorms (read+write 2h each), RoPE on q and k, SiLU*up (read 2f write f), two
+    # residual adds (read 2h write h) and the attention kernel's own q,k,v,o traffic.
+    elements = 4 * h + 2 * (model.q_dim + model.kv_dim) + 3 * f + 6 * h
+    elements += 2 * model.q_dim + 2 * model.kv_dim
+    return BF16_BYTES * elements
+
+
+def forward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
+    """Transient GPU bytes of one layer's forward without autograd: the FFN's gate, up and act."""
+    return BF16_BYTES * 3 * model.intermediate_size * tokens
+
+
+def backward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
+    """Transient GPU bytes of one layer's recompute + backward: saved tensors and their grads."""
+    saved = model.layer_activation_bytes_per_token * tokens
+    return saved + forward_workspace_bytes(model, tokens)
+
+
+def hidden_bytes(model: ModelSpec, tokens: int) -> int:
+    """One [tokens, hidden] bf16 tensor: a checkpoint or the gradient flowing between layers."""
+    return model.layer_checkpoint_bytes_per_token * tokens
+
+
+def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
+    """Rows per chunk of a fused linear cross-entropy (chunk logits ~ the size of the input)."""
+    chunks = math.ceil(model.vocab_size / model.hidden_size)
+    return min(tokens, 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / chunks)))))
+
+
+def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
+    """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward."""
+    grad_input = BF16_BYTES * model.hidden_size * tokens
+    if head_loss == "materialized":
+        # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
+        return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens + grad_input
+    chunk = fused_head_chunk_tokens(model, tokens)
+    # one chunk's fp32 logits and their grad, plus the grad w.r.t. the head's input.
+    return 2 * FP32_BYTES * model.vocab_size * chunk + grad_input
+
+
+def head_params(model: ModelSpec) -> int:
+    """Parameters updated as the head block: final norm, and the LM head when not tied."""
+    return model.head_params + model.final_norm_params
+
+
+def block_params(model: ModelSpec, layer: int) -> int:
+    """Parameters of a block: the embedding (-1), a decoder layer (0..L-1) or the head (L)."""
+    if layer < 0:
+        return model.embedding_params
+    if layer >= model.num_layers:
+        return head_params(model)
+    return model.layer_params

@@ -1,0 +1,100 @@
+"""Cost model: how long a task takes alone on a hardware profile, and which shared resources
+(host memory bandwidth, the PCIe link, the NVMe device) it draws on while it runs.
+
+The one place the simulator gets durations from. It reads a Task's amounts (FLOPs, bytes,
+params, tokens, kernels) and the profile; it knows nothing about how the plan was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner.plan import Task
+
+# Shared resources and what their capacity is in the profile.
+HOST_MEMORY = "host_memory"  # bytes/s, host.memory_bytes_per_s
+PCIE = "pcie"  # bytes/s of both directions together, link.duplex_bytes_per_s
+NVME = "nvme"  # fraction of the device's time (reads and writes take turns)
+
+# A fp32->bf16 cast reads 4 bytes and writes 2 per parameter.
+CAST_TRAFFIC_PER_READ_BYTE = 1.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    """A task's duration alone and its draw on shared resources while running at full speed."""
+
+    solo_s: float
+    uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
+    share: float = 1.0  # weight when an oversubscribed resource is split
+
+
+class CostModel:
+    """Durations and resource draws of plan tasks on one hardware profile."""
+
+    def __init__(self, profile: HardwareProfile):
+        self.profile = profile
+        self._efficiency_cache: dict[int, float] = {}
+
+    def capacities(self) -> dict[str, float]:
+        p = self.profile
+        return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0}
+
+    def efficiency(self, tokens: int) -> float:
+        if tokens not in self._efficiency_cache:
+            self._efficiency_cache[tokens] = self.profile.gpu.matmul_efficiency_at(max(tokens, 1))
+        return self._efficiency_cache[tokens]
+
+    def cost(self, task: Task) -> Cost:
+        handler = getattr(self, f"_{task.lane}", None)
+        if handler is None:
+            raise ValueError(f"task {task.id}: no cost model for lane {task.lane!r}")
+        return handler(task)
+
+    # --- one method per lane ------------------------------------------------------------------
+    def _gpu(self, t: Task) -> Cost:
+        gpu = self.profile.gpu
+        busy_s = 0.0
+        if t.flops:
+            busy_s += t.flops / (gpu.bf16_flops_per_s * self.efficiency(t.tokens))
+        busy_s += t.bytes / gpu.hbm_bytes_per_s
+        # Launches overlap with the GPU's work; a task is launch-bound only when they take longer.
+        return Cost(solo_s=max(busy_s, t.kernels * gpu.kernel_launch_s))
+
+    def _copy(self, t: Task, rate: float) -> Cost:
+        host = self.profile.host
+        solo = t.bytes / rate
+        return Cost(solo_s=solo, uses=((PCIE, rate), (HOST_MEMORY, rate)), share=host.dma_share)
+
+    def _h2d(self, t: Task) -> Cost:
+        return self._copy(t, self.profile.link.h2d_bytes_per_s)
+
+    def _d2h(self, t: Task) -> Cost:
+        return self._copy(t, self.profile.link.d2h_bytes_per_s)
+
+    def _cpu(self, t: Task) -> Cost:
+        host = self.profile.host
+        if t.kind == "optimizer_step":
+            traffic = t.params * host.adamw_bytes_per_param + t.bytes  # t.bytes: grad upcast
+            solo = traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param)
+        elif t.kind in ("cast", "accumulate_grads"):
+            # Both are one streaming pass over fp32 data, bound like the cast.
+            traffic = t.bytes * CAST_TRAFFIC_PER_READ_BYTE if t.kind == "cast" else t.bytes
+            solo = t.bytes / host.cast_bytes_per_s
+        elif t.kind == "grad_norm":
+            return Cost(solo_s=0.0)  # partial norms come with the grads; this is a barrier
+        else:
+            raise ValueError(f"task {t.id}: no CPU cost model for kind {t.kind!r}")
+        return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo),) if solo > 0 else ())
+
+    def _disk(self, t: Task, rate: float) -> Cost:
+        solo = t.bytes / rate
+        return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)),
+                    share=self.profile.host.dma_share)
+
+    def _nvme_read(self, t: Task) -> Cost:
+        return self._disk(t, self.profile.storage.read_bytes_per_s)
+
+    def _nvme_write(self, t: Task) -> Cost:
+        return self._disk(t, self.profile.storage.write_bytes_per_s)

@@ -1,0 +1,148 @@
+"""Discrete-event run of a Plan in SimPy: one process per lane, fluid bandwidth sharing,
+memory tracked per tier as buffers are allocated and released."""
+
+from __future__ import annotations
+
+import heapq
+
+import simpy
+
+from layerslide.planner.plan import Plan
+from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.sharing import SharedResources
+from layerslide.trace import TIERS, MemorySample, Trace, TraceEvent
+
+
+class _TaskState:
+    __slots__ = ("cost", "done", "end_s", "order", "ready", "start_s", "task", "waiting_on")
+
+    def __init__(self, task, cost, order: int, env: simpy.Environment):
+        self.task = task
+        self.cost = cost
+        self.order = order  # position in its lane's order: the priority
+        self.waiting_on = 0
+        self.ready = env.event()
+        self.done = False
+        self.start_s = self.end_s = 0.0
+
+
+class _Memory:
+    """Bytes in use per tier; buffers come and go with the tasks named in the plan."""
+
+    def __init__(self, plan: Plan):
+        self.in_use = dict.fromkeys(TIERS, 0)
+        self.samples: list[MemorySample] = []
+        self.allocs: dict[str, list] = {}
+        self.pending: dict[str, int] = {}
+        self.releases: dict[str, list] = {}
+        for b in plan.buffers:
+            if b.alloc_task is None:
+                self.in_use[b.tier] += b.bytes
+            else:
+                self.allocs.setdefault(b.alloc_task, []).append(b)
+            if b.release_tasks:
+                self.pending[b.id] = len(b.release_tasks)
+                for t in b.release_tasks:
+                    self.releases.setdefault(t, []).append(b)
+        for tier in TIERS:
+            self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
+
+    def _change(self, now: float, tier: str, delta: int) -> None:
+        self.in_use[tier] += delta
+        assert self.in_use[tier] >= 0, f"{tier} memory went negative"
+        self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=self.in_use[tier]))
+
+    def task_started(self, now: float, task_id: str) -> None:
+        for b in self.allocs.get(task_id, ()):
+            self._change(now, b.tier, b.bytes)
+
+    def task_ended(self, now: float, task_id: str) -> None:
+        for b in self.releases.get(task_id, ()):
+            self.pending[b.id] -= 1
+            if self.pending[b.id] == 0:
+                self._change(now, b.tier, -b.bytes)
+
+
+def run_plan(plan: Plan, costs: CostModel) -> Trace:
+    """Simulate the plan to completion and return its Trace."""
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    memory = _Memory(plan)
+    states: dict[str, _TaskState] = {}
+    for lane, order in plan.lane_order.items():
+        for i, tid in enumerate(order):
+            states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
+    graph = plan.graph
+    for tid, st in states.items():
+        st.waiting_on = graph.in_degree(tid)
+        if st.waiting_on == 0:
+            st.ready.succeed()
+    # Priority lanes keep a heap of ready tasks and a wake-up event for when one arrives.
+    ready_heaps: dict[str, list] = {lane: [] for lane, d in plan.lane_discipline.items()
+                                    if d == "priority"}
+    lane_wakeups: dict[str, simpy.Event] = {lane: env.event() for lane in ready_heaps}
+
+    def mark_ready(st: _TaskState) -> None:
+        lane = st.task.lane
+        if lane in ready_heaps:
+            heapq.heappush(ready_heaps[lane], (st.order, st.task.id))
+            if not lane_wakeups[lane].triggered:
+                lane_wakeups[lane].succeed()
+        elif not st.ready.triggered:
+            st.ready.succeed()
+
+    for st in states.values():
+        if st.waiting_on == 0 and st.task.lane in ready_heaps:
+            heapq.heappush(ready_heaps[st.task.lane], (st.order, st.task.id))
+
+    def execute(st: _TaskState):
+        st.start_s = env.now
+        memory.task_started(env.now, st.task.id)
+        cost = st.cost
+        if cost.solo_s > 0:
+            if cost.uses:
+                yield shared.run(cost.solo_s, cost.uses, cost.share)
+            else:
+                yield env.timeout(cost.solo_s)
+        st.end_s = env.now
+        st.done = True
+        memory.task_ended(env.now, st.task.id)
+        for succ in graph.successors(st.task.id):
+            s2 = states[succ]
+            s2.waiting_on -= 1
+            if s2.waiting_on == 0:
+                mark_ready(s2)
+
+    def strict_lane(order):
+        for tid in order:
+            st = states[tid]
+            yield st.ready
+            yield from execute(st)
+
+    def priority_lane(lane, count):
+        heap = ready_heaps[lane]
+        for _ in range(count):
+            while not heap:
+                lane_wakeups[lane] = env.event()
+                yield lane_wakeups[lane]
+            _, tid = heapq.heappop(heap)
+            yield from execute(states[tid])
+
+    for lane, order in plan.lane_order.items():
+        if not order:
+            continue
+        if plan.lane_discipline[lane] == "strict":
+            env.process(strict_lane(order))
+        else:
+            env.process(priority_lane(lane, len(order)))
+    env.run()
+    unfinished = [tid for tid, st in states.items() if not st.done]
+    if unfinished:
+        raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
+                           f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
+    events = tuple(
+        TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
+                   layer=st.task.layer, step=st.task.step, start_s=st.start_s, end_s=st.end_s)
+        for st in sorted(states.values(), key=lambda s: (s.start_s, s.end_s))
+    )
+    return Trace(source="simulated", label="", events=events, memory=tuple(memory.samples))

@@ -1,0 +1,125 @@
+"""Prediction: what a plan does on a profile. Step time, throughput, memory peaks, bottleneck;
+or why it does not fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner.plan import Plan
+from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.engine import run_plan
+from layerslide.trace import TIERS, Trace
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Overflow:
+    """A tier whose need exceeds its limit."""
+
+    tier: str
+    need_bytes: int
+    limit_bytes: int
+
+    def __str__(self) -> str:
+        return (f"{self.tier} needs {self.need_bytes / GIB:.1f} GiB "
+                f"> limit {self.limit_bytes / GIB:.1f} GiB")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """Simulated outcome of a plan. When infeasible, `overflows` says which tier and by how much;
+    timing fields are None if the plan was rejected before simulating."""
+
+    label: str
+    tokens_per_step: int
+    limits_bytes: dict[str, int]
+    peak_bytes: dict[str, int]
+    overflows: tuple[Overflow, ...] = ()
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    model_flops_per_s: float | None = None
+    mfu: float | None = None
+    lane_busy: dict[str, float] = field(default_factory=dict)
+    bottleneck: str | None = None
+    trace: Trace | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return not self.overflows
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(str(o) for o in self.overflows)
+
+    def summary(self) -> dict:
+        """Flat JSON-friendly fields (SI units), without the trace."""
+        return {
+            "label": self.label,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "step_s": self.step_s,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_s": self.model_flops_per_s,
+            "mfu": self.mfu,
+            "bottleneck": self.bottleneck,
+            "lane_busy": self.lane_busy,
+            **{f"peak_{t}_bytes": self.peak_bytes.get(t, 0) for t in TIERS},
+            **{f"limit_{t}_bytes": self.limits_bytes[t] for t in TIERS},
+        }
+
+
+def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None) -> dict[str, int]:
+    """Per-tier limits: the profile's sizes, the GPU capped at gpu_memory_bytes if given."""
+    gpu = profile.gpu.memory_bytes
+    if gpu_memory_bytes is not None:
+        gpu = min(gpu, gpu_memory_bytes)
+    return {"gpu": gpu, "host": profile.host.ram_bytes, "nvme": profile.storage.capacity_bytes}
+
+
+def _overflows(need: dict[str, int], limits: dict[str, int]) -> tuple[Overflow, ...]:
+    return tuple(Overflow(tier=t, need_bytes=need[t], limit_bytes=limits[t])
+                 for t in TIERS if need[t] > limits[t])
+
+
+def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, float]:
+    span = end_s - start_s
+    busy: dict[str, float] = {}
+    for e in trace.events:
+        overlap = min(e.end_s, end_s) - max(e.start_s, start_s)
+        if overlap > 0:
+            busy[e.lane] = busy.get(e.lane, 0.0) + overlap
+    return {lane: busy.get(lane, 0.0) / span for lane in trace.lanes} if span > 0 else {}
+
+
+def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
+             label: str = "", costs: CostModel | None = None) -> Prediction:
+    """Predict the plan's steady-state step on the profile. Plans whose static buffers already
+    overflow a tier are rejected without simulating; others are simulated and then checked."""
+    limits = memory_limits(profile, gpu_memory_bytes)
+    tokens = plan.train.tokens_per_step
+    static = {t: plan.static_bytes(t) for t in TIERS}
+    early = _overflows(static, limits)
+    if early:
+        return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
+                          peak_bytes=static, overflows=early)
+    trace = run_plan(plan, costs or CostModel(profile))
+    trace = Trace(source="simulated", label=label or plan.model.name, events=trace.events,
+                  memory=trace.memory, meta={"profile": profile.name})
+    peaks = {t: trace.peak_bytes(t) for t in TIERS}
+
+    # Steady state: the last whole step, from one step's first GPU task to the next one's.
+    starts = {e.task_id: e.start_s for e in trace.events}
+    markers = [starts[t] for t in plan.meta["step_markers"]]
+    step_s = markers[-1] - markers[-2]
+    busy = _busy_fractions(trace, markers[-2], markers[-1])
+    flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
+    flops_per_s = flops_per_step / step_s
+    return Prediction(
+        label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
+        overflows=_overflows(peaks, limits), step_s=step_s, tokens_per_s=tokens / step_s,
+        model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
+        lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None, trace=trace,
+    )

@@ -1,0 +1,109 @@
+"""Fluid sharing of bandwidth: tasks that draw on the same resource slow each other down.
+
+A running task progresses at a rate in (0, 1] of its solo speed. When the tasks on a resource
+ask for more than its capacity, each gets a share weighted by its `share` (water-filling, no
+task above its own demand); a task on several resources runs at its tightest share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import simpy
+
+_DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round-off)
+
+
+class _Flow:
+    __slots__ = ("done", "rate", "remaining_s", "share", "uses")
+
+    def __init__(self, solo_s: float, uses, share: float, done: simpy.Event):
+        self.remaining_s = solo_s  # seconds of solo-speed work left
+        self.uses = uses
+        self.share = share
+        self.rate = 1.0
+        self.done = done
+
+
+def water_fill(demands: list[float], weights: list[float], capacity: float) -> list[float]:
+    """Fraction of its demand each consumer gets: min(1, lam * weight), sum(used) == capacity."""
+    total = sum(demands)
+    if total <= capacity:
+        return [1.0] * len(demands)
+    # Raise lam until capacity is spent; consumers saturate (fraction 1) in order of weight.
+    order = sorted(range(len(demands)), key=lambda i: 1.0 / weights[i])
+    fractions = [0.0] * len(demands)
+    left, weighted = capacity, sum(d * w for d, w in zip(demands, weights))
+    for idx in order:
+        lam = left / weighted if weighted > 0 else 0.0
+        if lam * weights[idx] >= 1.0:
+            fractions[idx] = 1.0
+            left -= demands[idx]
+            weighted -= demands[idx] * weights[idx]
+        else:
+            for j in order[order.index(idx):]:
+                fractions[j] = lam * weights[j]
+            break
+    return fractions
+
+
+class SharedResources:
+    """Runs tasks against shared capacities inside a SimPy environment."""
+
+    def __init__(self, env: simpy.Environment, capacities: dict[str, float]):
+        self.env = env
+        self.capacities = capacities
+        self.flows: list[_Flow] = []
+        self._last_s = 0.0
+        self._wakeup = env.event()
+        env.process(self._run())
+
+    def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float) -> simpy.Event:
+        """Start a task; the returned event fires when its work is done."""
+        done = self.env.event()
+        self._advance()
+        self.flows.append(_Flow(solo_s, tuple(uses), share, done))
+        self._reallocate()
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+        return done
+
+    def _advance(self) -> None:
+        elapsed = self.env.now - self._last_s
+        if elapsed > 0:
+            for f in self.flows:
+                f.remaining_s -= elapsed * f.rate
+        self._last_s = self.env.now
+
+    def _reallocate(self) -> None:
+        for f in self.flows:
+            f.rate = 1.0
+        by_resource: dict[str, list[tuple[_Flow, float]]] = {}
+        for f in self.flows:
+            for resource, demand in f.uses:
+                by_resource.setdefault(resource, []).append((f, demand))
+        for resource, members in by_resource.items():
+            if len(members) < 2 and members[0][1] <= self.capacities[resource]:
+                continue
+            fractions = water_fill([d for _, d in members], [f.share for f, _ in members],
+                                   self.capacities[resource])
+            for (f, _), frac in zip(members, fractions):
+                f.rate = min(f.rate, frac)
+
+    def _run(self):
+        env = self.env
+        while True:
+            if not self.flows:
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            next_s = min(f.remaining_s / f.rate for f in self.flows)
+            self._wakeup = env.event()
+            yield env.timeout(max(next_s, 0.0)) | self._wakeup
+            self._advance()
+            finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]
+            if finished:
+                self.flows = [f for f in self.flows if f not in finished]
+                for f in finished:
+                    f.done.succeed()
+                self._reallocate()

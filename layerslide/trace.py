@@ -1,0 +1,85 @@
+"""Trace: what ran where and when, and memory over time; the one schema that the simulator
+writes, the executor will write, and the reports read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TIERS = ("gpu", "host", "nvme")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceEvent:
+    """One task's run on one lane, in seconds from the trace's start."""
+
+    task_id: str
+    lane: str
+    kind: str
+    layer: int
+    step: int
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemorySample:
+    """Bytes in use on one tier from time_s until the next sample of that tier."""
+
+    time_s: float
+    tier: str
+    bytes_in_use: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace:
+    """Events and memory samples of one run, simulated or measured (see `source`)."""
+
+    source: str  # "simulated" or "measured"
+    label: str
+    events: tuple[TraceEvent, ...]
+    memory: tuple[MemorySample, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        """Lanes in order of first appearance."""
+        return tuple(dict.fromkeys(e.lane for e in self.events))
+
+    @property
+    def makespan_s(self) -> float:
+        return max((e.end_s for e in self.events), default=0.0)
+
+    def peak_bytes(self, tier: str) -> int:
+        return max((m.bytes_in_use for m in self.memory if m.tier == tier), default=0)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "label": self.label,
+            "meta": self.meta,
+            "events": [asdict(e) for e in self.events],
+            "memory": [asdict(m) for m in self.memory],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Trace:
+        return cls(
+            source=data["source"],
+            label=data["label"],
+            meta=dict(data.get("meta", {})),
+            events=tuple(TraceEvent(**e) for e in data["events"]),
+            memory=tuple(MemorySample(**m) for m in data.get("memory", [])),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        return cls.from_dict(json.loads(Path(path).read_text()))

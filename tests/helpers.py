@@ -1,0 +1,33 @@
+"""Round-number model and hardware for tests whose expected values are worked out by hand."""
+
+from layerslide.hwprofiles import GPUSpec, HardwareProfile, HostSpec, LinkSpec, StorageSpec
+from layerslide.planner import ModelSpec
+
+GIB = 1024**3
+
+
+def make_tiny_model(num_layers: int = 2) -> ModelSpec:
+    """A Llama-shaped toy: hidden 64, FFN 128, 4 heads of 16, 2 KV heads, vocab 256, untied."""
+    return ModelSpec(name=f"tiny-{num_layers}l", architecture="llama", num_layers=num_layers,
+                     hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=16, vocab_size=256,
+                     tie_word_embeddings=False, max_position_embeddings=4096)
+
+
+def make_round_profile(**host_overrides) -> HardwareProfile:
+    """GPU 1e12 FLOP/s at full efficiency, 1e9 B/s copies each way, no contention limits."""
+    host = {"cores": 8, "ram_bytes": 64 * GIB, "memory_bytes_per_s": 1e15,
+            "adamw_params_per_s": 1e6, "adamw_bytes_per_param": 28.0, "cast_bytes_per_s": 1e7,
+            "dma_share": 1.0}
+    host.update(host_overrides)
+    return HardwareProfile(
+        name="round", description="round numbers for hand-checked tests",
+        gpu=GPUSpec(name="toy", memory_bytes=16 * GIB, bf16_flops_per_s=1e12,
+                    hbm_bytes_per_s=1e15, matmul_efficiency=((1, 1.0),), kernel_launch_s=0.0),
+        link=LinkSpec(h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=2e9,
+                      h2d_pageable_bytes_per_s=1e9),
+        host=HostSpec(**host),
+        storage=StorageSpec(read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+                            capacity_bytes=100 * GIB),
+        sources={},
+    )

@@ -1,0 +1,111 @@
+"""Tests that every built-in profile loads, is sourced, and that h200-bench matches DESIGN.md."""
+
+import pytest
+
+from layerslide.hwprofiles import (
+    HardwareProfile,
+    builtin_profile_names,
+    builtin_profiles,
+    load_profile,
+)
+from layerslide.hwprofiles.loader import BUILTIN_DIR
+
+EXPECTED = {
+    "h200-bench",
+    "rtx4090-256gb",
+    "rtx5090",
+    "a100-80gb-pcie",
+    "h100-pcie",
+    "h100-sxm",
+    "mi300x",
+    "rx7900xtx",
+}
+NUMERIC_FIELDS = {
+    "gpu.memory",
+    "gpu.bf16_flops",
+    "gpu.hbm_bandwidth",
+    "gpu.matmul_efficiency",
+    "gpu.kernel_launch",
+    "link.h2d",
+    "link.d2h",
+    "link.duplex",
+    "link.h2d_pageable",
+    "host.cores",
+    "host.ram",
+    "host.memory_bandwidth",
+    "host.adamw_throughput",
+    "host.adamw_bytes_per_param",
+    "host.cast_throughput",
+    "host.dma_share",
+    "storage.read",
+    "storage.write",
+    "storage.capacity",
+}
+GB = 1e9
+GiB = 2**30
+
+
+def test_expected_builtins_exist():
+    assert EXPECTED <= set(builtin_profile_names())
+    assert builtin_profile_names() == sorted(builtin_profile_names())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_loads_with_a_source_for_every_number(name):
+    p = load_profile(name)
+    assert isinstance(p, HardwareProfile)
+    assert p.name == name  # the key users type is the file's own name
+    assert p.path == str(BUILTIN_DIR / f"{name}.toml")
+    assert set(p.sources) == NUMERIC_FIELDS
+    for field, source in p.sources.items():
+        # Honest provenance: every number says where it came from.
+        assert source.startswith(("datasheet ", "measured ", "estimate: ")), (field, source)
+    assert isinstance(p.gpu.memory_bytes, int) and p.gpu.memory_bytes > 0
+    assert isinstance(p.host.ram_bytes, int) and isinstance(p.storage.capacity_bytes, int)
+    assert isinstance(p.host.cores, int)
+    assert all(0 < e <= 1 for _, e in p.gpu.matmul_efficiency)
+
+
+def test_only_h200_bench_claims_measurements():
+    # Only DESIGN.md's H200 machine has measured numbers; the others may cite it, not claim it.
+    for p in builtin_profiles():
+        if p.name != "h200-bench":
+            assert not any(s.startswith("measured") for s in p.sources.values()), p.name
+
+
+def test_h200_bench_matches_design_md():
+    p = load_profile("h200-bench")
+    assert p.gpu.memory_bytes == 139 * GiB
+    assert p.gpu.bf16_flops_per_s == pytest.approx(989e12)
+    assert p.gpu.hbm_bytes_per_s == pytest.approx(4.8e12)
+    assert p.gpu.kernel_launch_s == pytest.approx(12e-6)
+    assert p.gpu.matmul_efficiency_at(8192) == pytest.approx(786 / 989, abs=0.005)
+    assert p.link.h2d_bytes_per_s == pytest.approx(55.4 * GB)
+    assert p.link.d2h_bytes_per_s == pytest.approx(55.3 * GB)
+    assert p.link.duplex_bytes_per_s == pytest.approx(100 * GB)
+    assert p.link.h2d_pageable_bytes_per_s == pytest.approx(17.2 * GB)
+    assert p.host.cores == 16
+    assert p.host.ram_bytes == 128 * GiB
+    assert p.host.memory_bytes_per_s == pytest.approx(116 * GB)
+    assert p.host.adamw_params_per_s == pytest.approx(3.7e9)
+    assert p.host.adamw_bytes_per_param == pytest.approx(28)
+    assert p.host.cast_bytes_per_s == pytest.approx(29 * GB)
+    assert p.host.dma_share == pytest.approx(0.8)
+    assert p.storage.read_bytes_per_s == pytest.approx(1.6 * GB)
+    assert p.storage.write_bytes_per_s == pytest.approx(0.53 * GB)
+    assert p.storage.capacity_bytes == 64 * GiB
+
+
+def test_h200_memory_bandwidth_is_the_contended_sum():
+    # 2.9 Gparam/s * 28 B + ~35 GB/s H2D, the measured total under contention.
+    host = load_profile("h200-bench").host
+    contended = 2.9e9 * host.adamw_bytes_per_param + 35e9
+    assert host.memory_bytes_per_s == pytest.approx(contended, rel=0.01)
+
+
+def test_datasheet_gpu_numbers():
+    assert load_profile("rtx4090-256gb").gpu.bf16_flops_per_s == pytest.approx(165.2e12)
+    assert load_profile("rtx4090-256gb").host.ram_bytes == 256 * GiB
+    assert load_profile("a100-80gb-pcie").gpu.bf16_flops_per_s == pytest.approx(312e12)
+    assert load_profile("h100-sxm").gpu.bf16_flops_per_s == pytest.approx(989e12)
+    assert load_profile("mi300x").gpu.memory_bytes == 192 * 10**9

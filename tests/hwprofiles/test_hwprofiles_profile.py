@@ -1,0 +1,99 @@
+"""Tests for the profile dataclasses: GEMM efficiency interpolation, overrides, to_dict."""
+
+import dataclasses
+import json
+
+import pytest
+
+from layerslide.hwprofiles import GPUSpec, load_profile
+
+
+def _gpu(points):
+    return GPUSpec(
+        name="test",
+        memory_bytes=2**30,
+        bf16_flops_per_s=1e12,
+        hbm_bytes_per_s=1e12,
+        matmul_efficiency=points,
+        kernel_launch_s=1e-5,
+    )
+
+
+def test_matmul_efficiency_interpolates_in_log2_and_clamps():
+    gpu = _gpu(((512, 0.4), (2048, 0.6), (8192, 0.8)))
+    assert gpu.matmul_efficiency_at(1) == 0.4
+    assert gpu.matmul_efficiency_at(512) == 0.4
+    assert gpu.matmul_efficiency_at(1024) == pytest.approx(0.5)  # halfway in log2
+    assert gpu.matmul_efficiency_at(2048) == pytest.approx(0.6)
+    assert gpu.matmul_efficiency_at(4096) == pytest.approx(0.7)
+    assert gpu.matmul_efficiency_at(8192) == pytest.approx(0.8)
+    assert gpu.matmul_efficiency_at(10**7) == 0.8
+    assert 0.4 < gpu.matmul_efficiency_at(700) < 0.5
+
+
+def test_matmul_efficiency_single_point_and_bad_tokens():
+    gpu = _gpu(((4096, 0.7),))
+    assert gpu.matmul_efficiency_at(10) == gpu.matmul_efficiency_at(10**6) == 0.7
+    with pytest.raises(ValueError):
+        gpu.matmul_efficiency_at(0)
+
+
+def test_matmul_efficiency_table_must_be_sorted():
+    with pytest.raises(ValueError, match="increasing"):
+        _gpu(((2048, 0.6), (512, 0.4)))
+    with pytest.raises(ValueError):
+        _gpu(())
+
+
+def test_h200_efficiency_curve():
+    gpu = load_profile("h200-bench").gpu
+    assert gpu.matmul_efficiency_at(8192) == pytest.approx(0.79)
+    assert gpu.matmul_efficiency_at(10**6) == pytest.approx(0.79)
+    assert gpu.matmul_efficiency_at(64) == pytest.approx(0.45)
+    at = gpu.matmul_efficiency_at
+    assert at(512) < at(1536) < at(2048)
+
+
+def test_with_overrides_returns_a_copy_and_records_the_source():
+    base = load_profile("h200-bench")
+    over = base.with_overrides(gpu_memory_bytes=24 * 2**30, ram_bytes=256 * 10**9)
+    assert over.gpu.memory_bytes == 24 * 2**30
+    assert over.host.ram_bytes == 256 * 10**9
+    assert over.storage.capacity_bytes == base.storage.capacity_bytes
+    assert over.sources["gpu.memory"] == "override"
+    assert over.sources["host.ram"] == "override"
+    assert over.sources["storage.capacity"] == base.sources["storage.capacity"]
+    # The original is untouched.
+    assert base.gpu.memory_bytes == 139 * 2**30
+    assert base.sources["gpu.memory"].startswith("measured")
+    nvme = base.with_overrides(nvme_capacity_bytes=2 * 10**12)
+    assert nvme.storage.capacity_bytes == 2 * 10**12
+    assert nvme.sources["storage.capacity"] == "override"
+    assert base.with_overrides() == base
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "24GiB"])
+def test_with_overrides_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="ram_bytes"):
+        load_profile("h200-bench").with_overrides(ram_bytes=bad)
+
+
+def test_profile_is_frozen_and_hashable():
+    p = load_profile("h200-bench")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.name = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        p.sources["gpu.memory"] = "x"  # type: ignore[index]
+    assert hash(p) == hash(load_profile("h200-bench"))
+
+
+def test_to_dict_is_json_and_si():
+    p = load_profile("h200-bench")
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["name"] == "h200-bench"
+    assert d["gpu"]["memory_bytes"] == 139 * 2**30
+    assert d["link"]["h2d_bytes_per_s"] == pytest.approx(55.4e9)
+    assert d["host"]["adamw_params_per_s"] == pytest.approx(3.7e9)
+    assert d["gpu"]["matmul_efficiency"][0] == [512, 0.45]
+    assert d["sources"]["link.h2d"].startswith("measured")
+    assert d["path"].endswith("h200-bench.toml")

@@ -1,0 +1,158 @@
+"""build_plan: task structure, lane orders, dependencies and buffers of the plan."""
+
+from collections import Counter
+
+import networkx as nx
+import pytest
+from helpers import make_tiny_model
+
+from layerslide.planner import EMBEDDING, PRESETS, Plan, Policy, TrainSpec, build_plan
+from layerslide.planner.model import BF16_BYTES, FP32_BYTES
+
+
+def kinds_on(plan: Plan, lane: str) -> Counter:
+    return Counter(plan.task(t).kind for t in plan.lane_order[lane])
+
+
+def test_gpu_order_is_forward_head_backward_per_micro_batch(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
+    assert step0 == ["s0.m0.forward.emb", "s0.m0.forward.L0", "s0.m0.forward.L1", "s0.m0.head.head",
+                     "s0.m0.backward.L1", "s0.m0.backward.L0", "s0.m0.backward.emb"]
+    assert plan.meta["step_markers"] == ["s0.m0.forward.emb", "s1.m0.forward.emb"]
+
+
+def test_window_decides_how_many_layers_are_loaded_twice():
+    model = make_tiny_model(num_layers=6)
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    for window, expected_reloads in ((1, 5), (2, 4), (4, 2), (6, 0), (8, 0)):
+        plan = build_plan(model, train, Policy(window=window, prefetch_depth=1), num_steps=2)
+        loads = [plan.task(t) for t in plan.lane_order["h2d"]
+                 if plan.task(t).kind == "load_weights" and plan.task(t).step == 0]
+        per_layer = Counter(t.layer for t in loads)
+        # embedding and head are resident: loaded once per step; layers once for forward and
+        # again for backward unless still in one of the `window` cache units.
+        assert per_layer[EMBEDDING] == 1 and per_layer[6] == 1
+        assert sum(per_layer[i] for i in range(6)) == 6 + expected_reloads, window
+
+
+def test_resident_layers_are_loaded_once_per_step():
+    model = make_tiny_model(num_layers=4)
+    plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(window=1, prefetch_depth=1, resident_layers=2), num_steps=2)
+    loads = Counter(plan.task(t).layer for t in plan.lane_order["h2d"]
+                    if plan.task(t).kind == "load_weights" and plan.task(t).step == 1)
+    assert loads[0] == 1 and loads[1] == 1  # resident
+    assert loads[2] == 2 and loads[3] == 1  # window of one: layer 3 stays for its backward
+
+
+def test_optimizer_step_precedes_next_steps_load_of_same_layer(tiny_model):
+    for cast in ("cpu_once", "cpu_per_load", "gpu"):
+        plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast=cast),
+                          num_steps=3)
+        for tid in plan.lane_order["h2d"]:
+            load = plan.task(tid)
+            if load.kind != "load_weights" or load.step == 0:
+                continue
+            blk = {EMBEDDING: "emb", tiny_model.num_layers: "head"}.get(load.layer,
+                                                                       f"L{load.layer}")
+            assert nx.has_path(plan.graph, f"s{load.step - 1}.optimizer_step.{blk}", tid), tid
+
+
+def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16, max_grad_norm=1.0),
+                      Policy(), num_steps=2)
+    grads = [t for t in plan.lane_order["d2h"]
+             if plan.task(t).kind == "offload_grads" and plan.task(t).step == 0]
+    opts = [t for t in plan.lane_order["cpu"]
+            if plan.task(t).kind == "optimizer_step" and plan.task(t).step == 0]
+    assert len(grads) == len(opts) == tiny_model.num_layers + 2
+    for g in grads:
+        for o in opts:
+            assert nx.has_path(plan.graph, g, o)
+
+
+def test_without_clipping_an_update_does_not_wait_for_other_layers(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    assert not nx.has_path(plan.graph, "s0.m0.offload_grads.L0", "s0.optimizer_step.L1")
+
+
+def test_optimizer_priority_order_follows_policy(tiny_model):
+    train = TrainSpec(micro_batch=2, seq_len=16)
+
+    def update_order(order: str) -> list[str]:
+        plan = build_plan(tiny_model, train, Policy(optimizer_order=order), num_steps=2)
+        return [t.split(".")[-1] for t in plan.lane_order["cpu"]
+                if plan.task(t).kind == "optimizer_step" and plan.task(t).step == 0]
+
+    assert update_order("arrival") == ["head", "L1", "L0", "emb"]
+    assert update_order("deadline") == ["emb", "L0", "L1", "head"]
+
+
+def test_accumulation_adds_host_accumulation_per_block_and_micro_batch(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), Policy(),
+                      num_steps=2)
+    cpu = kinds_on(plan, "cpu")
+    blocks = tiny_model.num_layers + 2
+    assert cpu["accumulate_grads"] == 2 * 3 * blocks
+    assert cpu["optimizer_step"] == 2 * blocks
+    assert plan.static_bytes("host") >= FP32_BYTES * tiny_model.total_params * 4  # + grad sum
+
+
+def test_activation_policies_route_checkpoints(tiny_model):
+    train = TrainSpec(micro_batch=2, seq_len=16)
+    on_gpu = build_plan(tiny_model, train, Policy(activations="gpu"), num_steps=2)
+    assert "offload_activation" not in kinds_on(on_gpu, "d2h")
+    on_host = build_plan(tiny_model, train, Policy(activations="host"), num_steps=2)
+    assert kinds_on(on_host, "d2h")["offload_activation"] == 2 * tiny_model.num_layers
+    assert kinds_on(on_host, "h2d")["fetch_activation"] == 2 * tiny_model.num_layers
+    on_nvme = build_plan(tiny_model, train, Policy(activations="nvme"), num_steps=2)
+    assert kinds_on(on_nvme, "nvme_write")["nvme_write"] == 2 * tiny_model.num_layers
+    ckpt = on_nvme.task("s0.m0.ckpt.L1.nvme_read")
+    assert ckpt.bytes == BF16_BYTES * tiny_model.hidden_size * train.tokens_per_micro_batch
+
+
+def test_optimizer_state_on_nvme_is_read_and_written_per_block(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16),
+                      Policy(master_on_nvme=0.5, moments_on_nvme=1.0), num_steps=2)
+    read = plan.task("s1.read_state.L0")
+    assert read.bytes == tiny_model.layer_params * (4 * 0.5 + 8 * 1.0)
+    assert nx.has_path(plan.graph, "s0.write_state.L0", "s1.read_state.L0")
+    n = tiny_model.total_params
+    assert plan.static_bytes("nvme") == int(4 * n * 0.5) + 8 * n
+
+
+def test_static_host_bytes_by_hand(tiny_model):
+    n = tiny_model.total_params
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
+                      num_steps=2)
+    runtime = 3 * 1024**3
+    assert plan.static_bytes("host") == runtime + 4 * n + 8 * n + 2 * n
+    gpu_cast = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="gpu"),
+                          num_steps=2)
+    assert gpu_cast.static_bytes("host") == runtime + 12 * n  # no persistent bf16 copy
+
+
+def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
+    train = TrainSpec(micro_batch=2, seq_len=16)
+    base = build_plan(tiny_model, train, Policy(cast="cpu_once"), num_steps=2)
+    gpu = build_plan(tiny_model, train, Policy(cast="gpu"), num_steps=2)
+    p = tiny_model.layer_params
+    assert gpu.task("s0.m0.forward.L0.load").bytes == 4 * p
+    assert base.task("s0.m0.forward.L0.load").bytes == 2 * p
+    assert gpu.task("s0.m0.forward.L0").bytes - base.task("s0.m0.forward.L0").bytes == 6 * p
+
+
+@pytest.mark.parametrize("preset", ["llama-3.2-3b", "qwen3-8b", "mistral-large-123b"])
+def test_presets_build_valid_plans(preset):
+    plan = build_plan(PRESETS[preset], TrainSpec(), Policy(window=3, prefetch_depth=2))
+    plan.validate()
+    model = PRESETS[preset]
+    assert len(plan.lane_order["gpu"]) == 3 * (2 * model.num_layers + 3)
+
+
+def test_bad_inputs_are_refused_with_what_to_change(tiny_model):
+    with pytest.raises(ValueError, match="num_steps"):
+        build_plan(tiny_model, TrainSpec(), Policy(), num_steps=1)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        build_plan(tiny_model, TrainSpec(seq_len=8192), Policy())

@@ -1,0 +1,40 @@
+"""TrainSpec and Policy validation: bad values are refused with what to change."""
+
+import pytest
+
+from layerslide.planner import Policy, TrainSpec
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"micro_batch": 0}, "micro_batch"),
+    ({"seq_len": -1}, "seq_len"),
+    ({"grad_accum": 1.5}, "grad_accum"),
+    ({"max_grad_norm": 0.0}, "max_grad_norm"),
+])
+def test_train_spec_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainSpec(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"window": 0}, "window"),
+    ({"window": 2, "prefetch_depth": 3}, "cannot exceed window"),
+    ({"activations": "disk"}, "gpu, host, nvme"),
+    ({"optimizer_order": "random"}, "arrival, deadline"),
+    ({"moments_on_nvme": 1.5}, "fraction"),
+    ({"cast": "gpu", "master_on_nvme": 0.5}, "master_on_nvme=0"),
+    ({"resident_layers": -1}, "resident_layers"),
+])
+def test_policy_rejects(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Policy(**kwargs)
+
+
+def test_round_trips_and_unknown_fields():
+    policy = Policy(window=4, activations="gpu", moments_on_nvme=0.25)
+    assert Policy.from_dict(policy.to_dict()) == policy
+    train = TrainSpec(micro_batch=4, grad_accum=2, max_grad_norm=1.0)
+    assert TrainSpec.from_dict(train.to_dict()) == train
+    assert train.tokens_per_step == 4 * 1024 * 2
+    with pytest.raises(ValueError, match="unknown policy fields"):
+        Policy.from_dict({"windw": 2})
