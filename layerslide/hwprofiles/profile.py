@@ -104,6 +104,12 @@ class HardwareProfile:
         # Freeze the mapping so a shared profile cannot be edited behind its users' backs.
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
+    def __reduce__(self):
+        # mappingproxy cannot be pickled; the tuner sends profiles to worker processes.
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["sources"] = dict(self.sources)
+        return _rebuild_profile, (values,)
+
     def with_overrides(
         self,
         *,
@@ -143,3 +149,7 @@ class HardwareProfile:
             "storage": dataclasses.asdict(self.storage),
             "sources": dict(self.sources),
         }
+
+
+def _rebuild_profile(values: dict) -> HardwareProfile:
+    return HardwareProfile(**values)

@@ -62,12 +62,19 @@ class _Builder:
         self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
         self.grad_slot_next = 0
         self.dedicated_grad_last: dict[int, str | None] = {EMBEDDING: None, self.L: None}
+        blocks = self.L + 2
+        pool = blocks
+        if train.max_grad_norm is None and policy.host_grad_buffers is not None:
+            pool = min(policy.host_grad_buffers, blocks)
+        self.host_grad_consumers: list[str] = []  # consumer of each offload, in d2h order
+        self.host_grad_pool = pool
         self.state_chain: list[tuple[str, str]] = []  # (nvme_read, nvme_write) in issue order
         self.step_markers: list[str] = []
 
     # --- small helpers ---------------------------------------------------------------------
     def add(self, task: Task, key: tuple[float, int] | None = None) -> str:
-        assert task.id not in self.graph, task.id
+        # an edge may name a task before it is added (a later step's consumer): not twice, though
+        assert "task" not in self.graph.nodes.get(task.id, {}), task.id
         self.graph.add_node(task.id, task=task)
         if task.lane == "gpu":
             self.gpu_order.append(task.id)
@@ -292,6 +299,10 @@ class _Builder:
             if m > 0:
                 self.edge(f"s{s}.m{m - 1}.accumulate_grads.{self.blk(block)}", consumer, "data")
         self.buffer(f"{off}.host", "host", BF16_BYTES * p, off, (consumer,))
+        # backpressure: the offload waits for a free pinned landing buffer
+        if len(self.host_grad_consumers) >= self.host_grad_pool:
+            self.edge(self.host_grad_consumers[-self.host_grad_pool], off, "unit_reuse")
+        self.host_grad_consumers.append(consumer)
 
     # --- the per-step CPU work --------------------------------------------------------------------
     def blocks_in_arrival_order(self) -> list[int]:

@@ -67,12 +67,20 @@ class Policy:
     cast: str = "cpu_once"
     head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
+    # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
+    # offload waits (backpressure on the backward). None: one per block, so the backward never
+    # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
+    host_grad_buffers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("window", "grad_buffers", "prefetch_depth", "nvme_prefetch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 _fail("Policy", name, value, "must be a positive integer")
+        if self.host_grad_buffers is not None and (
+                not isinstance(self.host_grad_buffers, int) or self.host_grad_buffers < 1):
+            _fail("Policy", "host_grad_buffers", self.host_grad_buffers,
+                  "must be a positive integer, or None for one per block")
         if not isinstance(self.resident_layers, int) or self.resident_layers < 0:
             _fail("Policy", "resident_layers", self.resident_layers, "must be an integer >= 0")
         if self.prefetch_depth > self.window:
@@ -87,10 +95,10 @@ class Policy:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 _fail("Policy", name, value, "must be a fraction in [0, 1]")
-        if self.cast == "gpu" and self.master_on_nvme > 0:
+        if self.cast in ("gpu", "cpu_per_load") and self.master_on_nvme > 0:
             _fail("Policy", "cast", self.cast,
-                  "cast=gpu streams fp32 master weights from pinned RAM: set master_on_nvme=0 "
-                  "or use cast=cpu_once")
+                  "this cast reads fp32 master weights from RAM at every load: set "
+                  "master_on_nvme=0 or use cast=cpu_once")
 
     @property
     def uses_nvme(self) -> bool:

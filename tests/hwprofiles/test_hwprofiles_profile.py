@@ -97,3 +97,14 @@ def test_to_dict_is_json_and_si():
     assert d["gpu"]["matmul_efficiency"][0] == [512, 0.45]
     assert d["sources"]["link.h2d"].startswith("measured")
     assert d["path"].endswith("h200-bench.toml")
+
+
+def test_profiles_pickle_for_worker_processes():
+    import pickle
+
+    from layerslide.hwprofiles import load_profile
+
+    profile = load_profile("h200-bench")
+    copy = pickle.loads(pickle.dumps(profile))
+    assert copy == profile
+    assert dict(copy.sources) == dict(profile.sources)

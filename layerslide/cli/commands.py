@@ -1,0 +1,271 @@
+"""The subcommands: each takes parsed arguments, prints a table (or JSON) and returns an exit code."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from layerslide.cli.options import (
+    UsageError,
+    gib,
+    model_of,
+    policy_of,
+    profile_of,
+    progress_printer,
+    train_of,
+)
+from layerslide.hwprofiles import builtin_profiles
+from layerslide.planner import PRESETS, Plan, build_plan, resolve_model
+from layerslide.reports import (
+    format_table,
+    plot_memory,
+    plot_timeline,
+    write_chrome_trace,
+)
+from layerslide.simulator import Prediction, simulate
+from layerslide.trace import TIERS
+from layerslide.tuner import SearchSpace, tune
+from layerslide.tuner.whatif import WhatIfRow, across_models, across_profiles, largest_fitting
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _gib_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Rename *_bytes columns to *_GiB with values in GiB, for people."""
+    out = df.copy()
+    for col in [c for c in df.columns if c.endswith("_bytes")]:
+        out[col.removesuffix("_bytes") + "_GiB"] = out.pop(col) / 1024**3
+    return out
+
+
+def cmd_profiles(args) -> int:
+    profiles = builtin_profiles()
+    if args.json:
+        _print_json([p.to_dict() for p in profiles])
+        return 0
+    rows = [{
+        "profile": p.name, "gpu": p.gpu.name, "gpu_GiB": gib(p.gpu.memory_bytes),
+        "bf16_TFLOP/s": p.gpu.bf16_flops_per_s / 1e12, "h2d_GB/s": p.link.h2d_bytes_per_s / 1e9,
+        "ram_GiB": gib(p.host.ram_bytes), "adamw_Gparam/s": p.host.adamw_params_per_s / 1e9,
+        "host_mem_GB/s": p.host.memory_bytes_per_s / 1e9,
+        "nvme_read_GB/s": p.storage.read_bytes_per_s / 1e9,
+        "nvme_GiB": gib(p.storage.capacity_bytes),
+    } for p in profiles]
+    print(format_table(pd.DataFrame(rows)))
+    print("\nGB = 1e9 bytes, GiB = 2^30 bytes. Add your own: --profile path/to/profile.toml")
+    return 0
+
+
+def cmd_models(args) -> int:
+    models = list(PRESETS.values())
+    if args.json:
+        _print_json([{**m.to_dict(), "total_params": m.total_params} for m in models])
+        return 0
+    rows = [{
+        "model": m.name, "params_B": m.total_params / 1e9, "layers": m.num_layers,
+        "hidden": m.hidden_size, "ffn": m.intermediate_size, "heads": m.num_attention_heads,
+        "kv_heads": m.num_key_value_heads, "vocab": m.vocab_size, "tied": m.tie_word_embeddings,
+        "state_GiB_all_in_RAM": gib(14 * m.total_params),
+    } for m in models]
+    print(format_table(pd.DataFrame(rows)))
+    print("\nparams_B in 1e9. state_GiB_all_in_RAM: fp32 master + AdamW m, v + bf16 copy "
+          "(14 B/param). Or pass --model path/to/config.json")
+    return 0
+
+
+def _plan_summary(plan: Plan) -> dict:
+    per_lane = {lane: len(order) for lane, order in plan.lane_order.items() if order}
+    kinds = Counter(t.kind for t in plan.tasks)
+    step_bytes = Counter()
+    for t in plan.tasks:
+        if t.step == 0 and t.lane in ("h2d", "d2h", "nvme_read", "nvme_write"):
+            step_bytes[t.lane] += t.bytes
+    return {
+        "model": plan.model.name, "params": plan.model.total_params,
+        "train": plan.train.to_dict(), "policy": plan.policy.to_dict(),
+        "num_steps": plan.num_steps, "tasks": plan.graph.number_of_nodes(),
+        "edges": plan.graph.number_of_edges(), "tasks_per_lane": per_lane,
+        "tasks_per_kind": dict(kinds),
+        "bytes_per_step": dict(step_bytes),
+        "static_bytes": {t: plan.static_bytes(t) for t in TIERS},
+    }
+
+
+def _build(args) -> Plan:
+    try:
+        return build_plan(model_of(args), train_of(args), policy_of(args), num_steps=args.steps)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def cmd_plan(args) -> int:
+    plan = _build(args)
+    if args.output:
+        plan.save(args.output)
+    summary = _plan_summary(plan)
+    if args.json:
+        _print_json(summary)
+        return 0
+    print(f"plan: {plan.model.name}, {summary['tasks']} tasks, {summary['edges']} edges over "
+          f"{plan.num_steps} steps")
+    lanes = pd.DataFrame([{"lane": k, "tasks": v,
+                           "GB_per_step": summary["bytes_per_step"].get(k, 0) / 1e9}
+                          for k, v in summary["tasks_per_lane"].items()])
+    print(format_table(lanes))
+    static = summary["static_bytes"]
+    print("static memory (GiB): " + ", ".join(f"{t} {gib(static[t]):.2f}" for t in TIERS))
+    if args.output:
+        print(f"plan written to {args.output}")
+    return 0
+
+
+def _print_prediction(pred: Prediction) -> None:
+    if pred.step_s is not None:
+        print(f"step {pred.step_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s | "
+              f"{pred.model_flops_per_s / 1e12:.1f} model TFLOP/s | MFU {pred.mfu:.1%} | "
+              f"bottleneck: {pred.bottleneck}")
+        busy = ", ".join(f"{lane} {frac:.0%}" for lane, frac in pred.lane_busy.items())
+        print(f"lane busy over the last step: {busy}")
+    print("peak memory (GiB): " + ", ".join(
+        f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
+        for t in TIERS))
+    if not pred.feasible:
+        print(f"INFEASIBLE: {pred.reason}")
+
+
+def cmd_simulate(args) -> int:
+    if args.plan:
+        plan = Plan.load(args.plan)
+    else:
+        if not args.model:
+            raise UsageError("give --model (and settings) or --plan FILE")
+        plan = _build(args)
+    profile = profile_of(args.profile)
+    pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
+    if args.trace_out and pred.trace is not None:
+        write_chrome_trace(pred.trace, args.trace_out)
+    if args.report_dir and pred.trace is not None:
+        out = Path(args.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        plot_timeline(pred.trace, out / "timeline.png", title=f"{plan.model.name} on {profile.name}")
+        plot_memory(pred.trace, out / "memory.png", limits_bytes=pred.limits_bytes)
+        write_chrome_trace(pred.trace, out / "trace.json")
+        pred.trace.save(out / "trace.layerslide.json")
+    if args.json:
+        _print_json(pred.summary())
+        return 0 if pred.feasible else 1
+    print(f"{plan.model.name} on {profile.name}"
+          + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
+    _print_prediction(pred)
+    if args.report_dir:
+        print(f"report written to {args.report_dir}")
+    return 0 if pred.feasible else 1
+
+
+def _rejection_lines(result) -> list[str]:
+    lines = []
+    for tier, count in sorted(result.rejections().items()):
+        worst = [c for c in result.candidates
+                 if any(o.tier == tier for o in c.prediction.overflows)]
+        example = worst[0].row()
+        lines.append(f"  {count} over {tier} memory, e.g. micro_batch={example['micro_batch']} "
+                     f"window={example['window']} activations={example['activations']}: "
+                     f"{worst[0].prediction.reason}")
+    return lines
+
+
+def space_of(args) -> SearchSpace:
+    try:
+        defaults = SearchSpace()
+        return SearchSpace(
+            windows=args.windows or defaults.windows,
+            micro_batches=args.micro_batches or defaults.micro_batches,
+            grad_accums=args.grad_accums or defaults.grad_accums,
+            activations=args.activations_list or defaults.activations,
+            casts=args.casts or defaults.casts,
+            optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
+            allow_nvme=not args.no_nvme)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def cmd_tune(args) -> int:
+    model, profile = model_of(args), profile_of(args.profile)
+    result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
+                  space=space_of(args), gpu_memory_bytes=args.gpu_memory,
+                  progress=progress_printer("tune: candidates simulated"))
+    if args.output and result.best_plan is not None:
+        result.best_plan.save(args.output)
+    table = pd.DataFrame([c.row() for c in result.candidates])
+    if args.json:
+        _print_json({"best": table.iloc[0].to_dict() if result.best else None,
+                     "candidates": table.to_dict(orient="records"),
+                     "plan_file": args.output if result.best_plan is not None else None})
+        return 0 if result.best else 1
+    print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
+          f"{len(result.feasible)} fit"
+          + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
+    shown = ["micro_batch", "window", "activations", "cast", "moments_on_nvme", "master_on_nvme",
+             "step_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes", "peak_host_bytes"]
+    if result.feasible:
+        print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
+    lines = _rejection_lines(result)
+    if lines:
+        print("rejected:")
+        print("\n".join(lines))
+    if result.best_plan is None:
+        print("nothing fits: see the rejections above")
+        return 1
+    if args.output:
+        print(f"best plan written to {args.output} (for `layerslide simulate --plan` and train)")
+    return 0
+
+
+def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
+    table = pd.DataFrame([r.row() for r in rows])
+    table["params_B"] = table.pop("params") / 1e9
+    return table
+
+
+def cmd_whatif(args) -> int:
+    progress = progress_printer("whatif")
+    if args.profile_axis:
+        profile = profile_of(args.profile_axis)
+        names = args.models or tuple(PRESETS)
+        try:
+            models = [resolve_model(n) for n in names]
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+        rows = across_models(profile, models, ram_sizes=args.ram or (None,),
+                             nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
+                             gpu_memory_bytes=args.gpu_memory, progress=progress)
+        title = f"models on {profile.name}"
+    else:
+        if not args.model:
+            raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
+        model = model_of(args)
+        profiles = ([profile_of(n) for n in args.profiles] if args.profiles
+                    else builtin_profiles())
+        rows = across_profiles(model, profiles, seq_len=args.seq_len,
+                               gpu_memory_bytes=args.gpu_memory, progress=progress)
+        title = f"{model.name} across profiles"
+    table = _whatif_table(rows)
+    largest = largest_fitting(rows) if args.profile_axis else None
+    if args.json:
+        _print_json({"rows": table.to_dict(orient="records"),
+                     "largest_fitting_model": largest.model if largest else None})
+        return 0
+    print(f"what-if: {title}")
+    cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
+            "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
+            "config", "reason"]
+    print(format_table(_gib_columns(table[[c for c in cols if c in table.columns]])))
+    if args.profile_axis:
+        print("largest model that fits: "
+              + (f"{largest.model} ({largest.params / 1e9:.1f}B params)" if largest else "none"))
+    return 0

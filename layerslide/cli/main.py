@@ -1,0 +1,122 @@
+"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from layerslide.cli import commands
+from layerslide.cli.demo import run_demo
+from layerslide.cli.options import (
+    UsageError,
+    add_json,
+    add_model,
+    add_policy,
+    add_profile,
+    add_train,
+    byte_size,
+    byte_sizes,
+    int_list,
+    str_list,
+)
+
+UNITS = ("Units: sizes in bytes with a unit (24GiB = 24*2^30 B, 24GB = 24e9 B); times in seconds; "
+         "rates per second; tables print GiB (2^30 B) and GB/s (1e9 B/s).")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layerslide",
+        description="Plan, simulate and tune full-parameter fine-tuning of LLMs larger than GPU "
+                    "memory on one GPU (layers slide through a window of GPU memory).",
+        epilog=UNITS)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, epilog=UNITS)
+
+    p = command("profiles", "list built-in hardware profiles")
+    add_json(p)
+    p.set_defaults(run=commands.cmd_profiles)
+
+    p = command("models", "list built-in model presets")
+    add_json(p)
+    p.set_defaults(run=commands.cmd_models)
+
+    p = command("plan", "build the task graph of training steps and summarise it")
+    add_model(p)
+    add_train(p)
+    add_policy(p)
+    add_json(p)
+    p.add_argument("-o", "--output", help="write the plan as JSON to this file")
+    p.set_defaults(run=commands.cmd_plan)
+
+    p = command("simulate", "predict step time, throughput and peak memory of a plan")
+    add_model(p, required=False)
+    p.add_argument("--plan", help="a plan file from `plan -o` or `tune -o` instead of --model")
+    add_profile(p)
+    add_train(p)
+    add_policy(p)
+    add_json(p)
+    p.add_argument("--trace-out", help="write a Chrome/Perfetto trace JSON here")
+    p.add_argument("--report-dir", help="write timeline and memory figures and traces here")
+    p.set_defaults(run=commands.cmd_simulate)
+
+    p = command("tune", "search settings and policy with the simulator under memory limits")
+    add_model(p)
+    add_profile(p)
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--max-grad-norm", type=float, default=None, help="clipping threshold")
+    p.add_argument("--windows", type=int_list, help="windows to try, e.g. 1,2,4,8")
+    p.add_argument("--micro-batches", type=int_list, help="micro-batches to try, e.g. 1,4,16")
+    p.add_argument("--grad-accums", type=int_list, help="accumulation steps to try, e.g. 1,2")
+    p.add_argument("--activations", dest="activations_list", type=str_list,
+                   help="activation placements to try: gpu,host,nvme")
+    p.add_argument("--casts", type=str_list, help="cast modes to try: cpu_once,cpu_per_load,gpu")
+    p.add_argument("--optimizer-orders", type=str_list, help="arrival,deadline")
+    p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
+    p.add_argument("--top", type=int, default=5, help="how many of the best to print")
+    p.add_argument("-o", "--output", help="write the best plan to this file")
+    add_json(p)
+    p.set_defaults(run=commands.cmd_tune)
+
+    p = command("whatif", "what fits and how fast: one model across profiles, or one profile "
+                          "across models and RAM/NVMe sizes")
+    add_model(p, required=False)
+    p.add_argument("--profiles", type=str_list, help="profiles to compare (default: all built-in)")
+    p.add_argument("--on-profile", dest="profile_axis",
+                   help="instead: this profile across --models (default: all presets)")
+    p.add_argument("--models", type=str_list, help="models to compare with --on-profile")
+    p.add_argument("--ram", type=byte_sizes, help="RAM sizes to try, e.g. 128GiB,256GiB")
+    p.add_argument("--nvme", type=byte_sizes, help="NVMe capacities to try, e.g. 1TB,4TB")
+    p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
+                   help="cap GPU memory, e.g. 24GiB")
+    p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    add_json(p)
+    p.set_defaults(run=commands.cmd_whatif)
+
+    p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
+                        "written to a report folder")
+    p.add_argument("--out", default="layerslide-report", help="report folder (default: %(default)s)")
+    p.set_defaults(run=run_demo_command)
+    return parser
+
+
+def run_demo_command(args) -> int:
+    readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True))
+    print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as err:
+        print(f"layerslide {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Command-line options shared by subcommands, and their conversion into specs (bytes in, GiB out)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
+from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
+from layerslide.planner.settings import ACTIVATION_PLACEMENTS, CAST_MODES, OPTIMIZER_ORDERS
+
+GIB = 1024**3
+
+
+class UsageError(Exception):
+    """Bad command-line input; main() prints it and exits with status 2."""
+
+
+def gib(nbytes: float | None) -> float | None:
+    return None if nbytes is None else nbytes / GIB
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4")
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every value must be >= 1")
+    return values
+
+
+def str_list(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def byte_size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err))
+
+
+def byte_sizes(text: str) -> tuple[int, ...]:
+    return tuple(byte_size(v) for v in str_list(text))
+
+
+def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--model", required=required,
+                   help="preset name (see `layerslide models`) or a Hugging Face config.json "
+                        "file or folder")
+
+
+def add_profile(p: argparse.ArgumentParser, default: str | None = "h200-bench") -> None:
+    p.add_argument("--profile", default=default,
+                   help="built-in hardware profile (see `layerslide profiles`) or a path to a "
+                        f"TOML profile (default: {default})")
+    p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
+                   help="cap GPU memory, e.g. 24GiB (bytes; units B, KB, MB, GB, KiB, MiB, GiB...)")
+
+
+def add_train(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training settings")
+    g.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
+    g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--max-grad-norm", type=float, default=None,
+                   help="global gradient-norm clipping threshold (off by default)")
+
+
+def add_policy(p: argparse.ArgumentParser) -> None:
+    d = Policy()
+    g = p.add_argument_group("policy")
+    g.add_argument("--window", type=int, default=d.window,
+                   help="decoder layers whose bf16 weights are on the GPU at once (cache units)")
+    g.add_argument("--grad-buffers", type=int, default=d.grad_buffers,
+                   help="GPU buffers for one layer's bf16 grads awaiting offload")
+    g.add_argument("--prefetch-depth", type=int, default=d.prefetch_depth,
+                   help="layers ahead that a weight load or activation fetch may run")
+    g.add_argument("--activations", choices=ACTIVATION_PLACEMENTS, default=d.activations,
+                   help="where per-layer checkpoints wait for backward")
+    g.add_argument("--moments-on-nvme", type=float, default=d.moments_on_nvme,
+                   help="fraction (0-1) of AdamW moments kept on NVMe")
+    g.add_argument("--master-on-nvme", type=float, default=d.master_on_nvme,
+                   help="fraction (0-1) of fp32 master weights kept on NVMe")
+    g.add_argument("--resident-layers", type=int, default=d.resident_layers,
+                   help="decoder layers kept on the GPU outside the window")
+    g.add_argument("--optimizer-order", choices=OPTIMIZER_ORDERS, default=d.optimizer_order,
+                   help="CPU runs ready optimizer steps by grad arrival or next-forward deadline")
+    g.add_argument("--cast", choices=CAST_MODES, default=d.cast,
+                   help="where fp32->bf16 happens: once per step on the CPU, per load on the CPU, "
+                        "or on the GPU")
+    g.add_argument("--head-loss", choices=("fused", "materialized"), default=d.head_loss,
+                   help="fused linear cross-entropy or materialised logits")
+    g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
+                   help="pinned host buffers that offloaded grads land in (default: one per "
+                        "block; fewer saves RAM but makes the backward wait for the CPU)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="consecutive training steps to plan (>= 2; the last whole one is reported)")
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON (SI units: bytes, seconds)")
+
+
+def model_of(args) -> ModelSpec:
+    try:
+        return resolve_model(args.model)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def profile_of(name: str) -> HardwareProfile:
+    try:
+        return load_profile(name)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def train_of(args) -> TrainSpec:
+    try:
+        return TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len,
+                         grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def policy_of(args) -> Policy:
+    try:
+        return Policy(window=args.window, grad_buffers=args.grad_buffers,
+                      prefetch_depth=args.prefetch_depth, activations=args.activations,
+                      moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
+                      resident_layers=args.resident_layers, optimizer_order=args.optimizer_order,
+                      cast=args.cast, head_loss=args.head_loss,
+                      host_grad_buffers=args.host_grad_buffers)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
+def progress_printer(what: str):
+    """A callback that redraws `what: done/total` on stderr when it is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r{what}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return show

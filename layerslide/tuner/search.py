@@ -1,0 +1,163 @@
+"""tune: search training settings and policies with the simulator under memory limits.
+
+For each candidate (window, micro-batch, accumulation, activation placement, cast, optimizer
+order) the optimizer-state placement is the least NVMe use that fits the host: NVMe only ever
+slows a step down, so a candidate gets RAM first and spills moments, then master weights.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan
+from layerslide.simulator import Prediction, memory_limits, simulate
+from layerslide.trace import TIERS
+
+# (moments_on_nvme, master_on_nvme), least NVMe first.
+NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """The settings tune tries; every combination is one candidate."""
+
+    windows: tuple[int, ...] = (1, 2, 4, 8)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    grad_accums: tuple[int, ...] = (1,)
+    activations: tuple[str, ...] = ("gpu", "host")
+    casts: tuple[str, ...] = ("cpu_once", "gpu")
+    optimizer_orders: tuple[str, ...] = ("deadline",)
+    allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small
+
+    def __post_init__(self) -> None:
+        for name in ("windows", "micro_batches", "grad_accums", "activations", "casts",
+                     "optimizer_orders"):
+            if not getattr(self, name):
+                raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
+
+    def candidates(self, seq_len: int, max_grad_norm: float | None,
+                   base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
+        for w, mb, ga, act, cast, order in itertools.product(
+                self.windows, self.micro_batches, self.grad_accums, self.activations,
+                self.casts, self.optimizer_orders):
+            train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
+                              max_grad_norm=max_grad_norm)
+            policy = replace(base, window=w, prefetch_depth=min(base.prefetch_depth, w),
+                             activations=act, cast=cast, optimizer_order=order)
+            yield train, policy
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One evaluated configuration: its settings and its prediction (trace dropped)."""
+
+    train: TrainSpec
+    policy: Policy
+    prediction: Prediction
+
+    @property
+    def feasible(self) -> bool:
+        return self.prediction.feasible
+
+    def row(self) -> dict:
+        p, t, s = self.policy, self.train, self.prediction
+        return {
+            "window": p.window, "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
+            "activations": p.activations, "cast": p.cast, "optimizer_order": p.optimizer_order,
+            "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
+            "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
+            "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
+            **{f"peak_{tier}_bytes": s.peak_bytes.get(tier, 0) for tier in TIERS},
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneResult:
+    """All candidates, best first; the best feasible one (if any) with its plan."""
+
+    candidates: tuple[Candidate, ...]
+    best_plan: Plan | None
+
+    @property
+    def feasible(self) -> tuple[Candidate, ...]:
+        return tuple(c for c in self.candidates if c.feasible)
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.feasible[0] if self.feasible else None
+
+    def rejections(self) -> dict[str, int]:
+        """How many candidates each tier rejected (a candidate may count for several)."""
+        counts: dict[str, int] = {}
+        for c in self.candidates:
+            for o in c.prediction.overflows:
+                counts[o.tier] = counts.get(o.tier, 0) + 1
+        return counts
+
+
+def _fits_statically(plan: Plan, limits: dict[str, int]) -> bool:
+    return all(plan.static_bytes(t) <= limits[t] for t in TIERS)
+
+
+def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
+             gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int) -> Candidate:
+    """Simulate one candidate with the least NVMe placement whose static buffers fit."""
+    limits = memory_limits(profile, gpu_memory_bytes)
+    placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
+    tried = policy
+    for moments, master in placements:
+        if master > 0 and policy.cast != "cpu_once":
+            continue  # these casts read master weights from RAM at every load
+        tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master)
+        plan = build_plan(model, train, tried, num_steps=num_steps)
+        if _fits_statically(plan, limits):
+            break
+    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+    return Candidate(train=train, policy=tried, prediction=replace(prediction, trace=None))
+
+
+def _evaluate_args(args: tuple) -> Candidate:
+    return evaluate(*args[:4], **args[4])
+
+
+def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
+         max_grad_norm: float | None = None, space: SearchSpace | None = None,
+         base_policy: Policy | None = None, gpu_memory_bytes: int | None = None,
+         num_steps: int = 3, workers: int | None = None,
+         progress: Callable[[int, int], None] | None = None) -> TuneResult:
+    """Evaluate every candidate of the space; best tokens/s first, infeasible ones last."""
+    space = space or SearchSpace()
+    base = base_policy or Policy()
+    options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
+               "num_steps": num_steps}
+    jobs = [(model, train, policy, profile, options)
+            for train, policy in space.candidates(seq_len, max_grad_norm, base)]
+    workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    results: list[Candidate] = []
+    if workers > 1 and len(jobs) > 4:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for c in pool.map(_evaluate_args, jobs, chunksize=max(1, len(jobs) // (4 * workers))):
+                results.append(c)
+                if progress:
+                    progress(len(results), len(jobs))
+    else:
+        for job in jobs:
+            results.append(_evaluate_args(job))
+            if progress:
+                progress(len(results), len(jobs))
+    ranked = sorted(results, key=lambda c: (not c.feasible, -(c.prediction.tokens_per_s or 0.0)))
+    best_plan = None
+    if ranked and ranked[0].feasible:
+        best = ranked[0]
+        best_plan = build_plan(model, best.train, best.policy, num_steps=num_steps)
+        best_plan.meta.update({
+            "tuned_for_profile": profile.name,
+            "gpu_memory_bytes": gpu_memory_bytes,
+            "prediction": best.prediction.summary(),
+        })
+    return TuneResult(candidates=tuple(ranked), best_plan=best_plan)

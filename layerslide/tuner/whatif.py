@@ -1,0 +1,99 @@
+"""What-if: one model across hardware profiles, or one profile across models and RAM/NVMe sizes.
+
+Each row is the best configuration that tune finds in a small search space, or why nothing fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner import ModelSpec
+from layerslide.tuner.search import SearchSpace, TuneResult, tune
+
+# Small enough to sweep many profiles or models in seconds, wide enough to find the regime.
+WHATIF_SPACE = SearchSpace(windows=(2, 4), micro_batches=(1, 4, 16), activations=("host", "gpu"),
+                           casts=("cpu_once", "gpu"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIfRow:
+    """The outcome for one (model, profile) pair."""
+
+    model: str
+    params: int
+    profile: str
+    gpu_bytes: int
+    ram_bytes: int
+    nvme_bytes: int
+    result: TuneResult
+
+    def row(self) -> dict:
+        best = self.result.best
+        base = {"model": self.model, "params": self.params, "profile": self.profile,
+                "gpu_bytes": self.gpu_bytes, "ram_bytes": self.ram_bytes,
+                "nvme_bytes": self.nvme_bytes, "feasible": best is not None}
+        if best is None:
+            # the closest miss: the candidate whose worst overflow is the smallest
+            closest = min(self.result.candidates, key=_worst_ratio)
+            return {**base, "reason": closest.prediction.reason, "tokens_per_s": None,
+                    "step_s": None, "bottleneck": None, "config": ""}
+        r = best.row()
+        config = (f"mb={r['micro_batch']} w={r['window']} act={r['activations']} "
+                  f"cast={r['cast']} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+        return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
+                "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
+                **{k: r[k] for k in r if k.startswith("peak_")}}
+
+
+def _worst_ratio(candidate) -> float:
+    return max((o.need_bytes / o.limit_bytes for o in candidate.prediction.overflows),
+               default=0.0)
+
+
+def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
+              gpu_memory_bytes: int | None, space: SearchSpace) -> WhatIfRow:
+    result = tune(model, profile, seq_len=seq_len, space=space,
+                  gpu_memory_bytes=gpu_memory_bytes, workers=1)
+    gpu = profile.gpu.memory_bytes if gpu_memory_bytes is None else min(
+        gpu_memory_bytes, profile.gpu.memory_bytes)
+    return WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
+                     gpu_bytes=gpu, ram_bytes=profile.host.ram_bytes,
+                     nvme_bytes=profile.storage.capacity_bytes, result=result)
+
+
+def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
+                    gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
+                    progress: Callable[[int, int], None] | None = None) -> list[WhatIfRow]:
+    """One model on each profile."""
+    rows = []
+    for i, profile in enumerate(profiles):
+        rows.append(_evaluate(model, profile, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes,
+                              space=space))
+        if progress:
+            progress(i + 1, len(profiles))
+    return rows
+
+
+def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
+                  ram_sizes: Sequence[int | None] = (None,),
+                  nvme_sizes: Sequence[int | None] = (None,), seq_len: int = 1024,
+                  gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
+                  progress: Callable[[int, int], None] | None = None) -> list[WhatIfRow]:
+    """Each model on one profile, for each RAM and NVMe size (None: the profile's own)."""
+    combos = [(m, r, n) for r in ram_sizes for n in nvme_sizes for m in models]
+    rows = []
+    for i, (model, ram, nvme) in enumerate(combos):
+        sized = profile.with_overrides(ram_bytes=ram, nvme_capacity_bytes=nvme)
+        rows.append(_evaluate(model, sized, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes,
+                              space=space))
+        if progress:
+            progress(i + 1, len(combos))
+    return rows
+
+
+def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
+    """The row with the most parameters that has a feasible configuration."""
+    fitting = [r for r in rows if r.result.best is not None]
+    return max(fitting, key=lambda r: r.params) if fitting else None
