@@ -1,0 +1,97 @@
+"""The layerslide command: every subcommand runs, --json parses, bad input exits 2 with a message."""
+
+import json
+
+import pytest
+
+from layerslide.cli.main import main
+from layerslide.planner import Plan
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profiles_and_models_tables_and_json(capsys):
+    code, out, _ = run(capsys, "profiles")
+    assert code == 0 and "h200-bench" in out and "GiB" in out
+    code, out, _ = run(capsys, "profiles", "--json")
+    assert {p["name"] for p in json.loads(out)} >= {"h200-bench", "rtx4090-256gb", "mi300x"}
+    code, out, _ = run(capsys, "models", "--json")
+    by_name = {m["name"]: m for m in json.loads(out)}
+    assert by_name["llama-3.1-8b"]["total_params"] == 8_030_261_248
+
+
+def test_plan_writes_a_plan_that_simulate_reads(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", "--model", "llama-3.2-1b", "--micro-batch", "2",
+                       "--window", "3", "-o", str(path))
+    assert code == 0 and "static memory" in out
+    plan = Plan.load(path)
+    assert plan.policy.window == 3 and plan.train.micro_batch == 2
+    code, out, _ = run(capsys, "simulate", "--plan", str(path), "--profile", "rtx4090-256gb",
+                       "--json")
+    summary = json.loads(out)
+    assert code == 0 and summary["feasible"] and summary["step_s"] > 0
+    assert summary["tokens_per_step"] == 2 * 1024
+
+
+def test_simulate_report_dir_and_gpu_cap(capsys, tmp_path):
+    code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--micro-batch", "2",
+                       "--report-dir", str(tmp_path), "--trace-out", str(tmp_path / "t.json"))
+    assert code == 0 and "tokens/s" in out and "bottleneck" in out
+    for name in ("timeline.png", "memory.png", "trace.json", "trace.layerslide.json", "t.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--gpu-memory", "1GiB")
+    assert code == 1 and "INFEASIBLE" in out and "gpu needs" in out
+
+
+def test_tune_prints_best_and_rejections_and_writes_plan(capsys, tmp_path):
+    path = tmp_path / "tuned.json"
+    code, out, _ = run(capsys, "tune", "--model", "llama-3.2-1b", "--profile", "rtx4090-256gb",
+                       "--gpu-memory", "8GiB", "--windows", "1,2", "--micro-batches", "1,64",
+                       "--activations", "gpu", "--casts", "cpu_once", "-o", str(path))
+    assert code == 0
+    assert "over gpu memory" in out  # micro-batch 64 with activations on an 8 GiB GPU
+    assert Plan.load(path).meta["tuned_for_profile"] == "rtx4090-256gb"
+
+
+def test_whatif_both_axes(capsys):
+    code, out, _ = run(capsys, "whatif", "--model", "llama-3.2-1b",
+                       "--profiles", "h200-bench,rtx4090-256gb", "--json")
+    rows = json.loads(out)["rows"]
+    assert code == 0 and [r["profile"] for r in rows] == ["h200-bench", "rtx4090-256gb"]
+    code, out, _ = run(capsys, "whatif", "--on-profile", "rtx4090-256gb",
+                       "--models", "llama-3.2-1b,llama-3.1-70b", "--ram", "64GiB", "--json")
+    data = json.loads(out)
+    assert data["largest_fitting_model"] == "llama-3.2-1b"
+    assert not data["rows"][1]["feasible"] and "host" in data["rows"][1]["reason"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--model", "no-such-model"], "unknown model"),
+    (["simulate", "--model", "llama-3.2-1b", "--profile", "no-such-profile"], "built-ins"),
+    (["plan", "--model", "llama-3.2-1b", "--window", "0"], "window"),
+    (["plan", "--model", "llama-3.2-1b", "--seq-len", "1000000"], "max_position_embeddings"),
+    (["simulate"], "--model"),
+    (["whatif"], "--model"),
+])
+def test_bad_input_exits_2_with_what_to_change(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err
+
+
+def test_bad_size_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--model", "llama-3.2-1b", "--gpu-memory", "24 bananas"])
+    assert exc.value.code == 2
+    assert "gpu-memory" in capsys.readouterr().err
+
+
+def test_every_help_states_units(capsys):
+    for command in ("profiles", "models", "plan", "simulate", "tune", "whatif", "demo"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "Units:" in capsys.readouterr().out

@@ -1,0 +1,158 @@
+"""Memory peaks of small plans worked out by hand from planner/sizes.py and build.py, and the
+infeasible results (Overflow) when a tier is too small."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import GIB, make_round_profile, make_tiny_model
+
+from layerslide.planner import Policy, TrainSpec, build_plan
+from layerslide.simulator import Overflow, simulate
+
+TRAIN = TrainSpec(micro_batch=2, seq_len=16)  # 32 tokens per micro-batch
+
+# Tiny model (hidden h=64, FFN f=128, 4 heads x 16 = q_dim 64, 2 KV heads x 16 = kv_dim 32,
+# vocab V=256), T = 32 tokens:
+LAYER_PARAMS = 36992  # 64*64 + 2*64*32 + 64*64 (attention) + 3*64*128 (FFN) + 2*64 (norms)
+EMB_PARAMS = 256 * 64  # 16384
+HEAD_PARAMS = 256 * 64 + 64  # LM head + final norm = 16448
+TOTAL_PARAMS = 2 * LAYER_PARAMS + EMB_PARAMS + HEAD_PARAMS  # 106816
+HIDDEN_BYTES = 2 * 64 * 32  # bf16 [T, h]: a checkpoint or a dgrad: 4096
+FWD_WORKSPACE_BYTES = 2 * 3 * 128 * 32  # gate, up, act in bf16: 24576
+# layer_activation_bytes_per_token: bf16 (3h + 3q_dim + 2kv_dim + 4f) = 960 elements = 1920 B,
+# fp32 (2 norms + 4 heads) = 24 B: 1944 B/token.
+BWD_WORKSPACE_BYTES = 1944 * 32 + FWD_WORKSPACE_BYTES  # 62208 + 24576 = 86784
+# fused head: ceil(V/h) = 4 chunks, chunk rows 2**ceil(log2(ceil(32/4))) = 8;
+# fp32 logits + their grad for one chunk 2*4*256*8 = 16384, plus grad of the input 2*64*32.
+HEAD_WORKSPACE_BYTES = 2 * 4 * 256 * 8 + 2 * 64 * 32  # 20480
+
+# Static GPU buffers (build.static_buffers), default window 2 and 2 grad buffers:
+GPU_STATIC_BYTES = (
+    int(0.75 * GIB)  # runtime: 805306368
+    + 2 * 2 * LAYER_PARAMS  # two bf16 weight units of the window: 147968
+    + 2 * 2 * EMB_PARAMS  # embedding bf16 weights + grads: 65536
+    + 2 * 2 * HEAD_PARAMS  # head bf16 weights + grads: 65792
+    + 2 * 2 * LAYER_PARAMS  # two bf16 layer-grad buffers: 147968
+)  # = 805733632
+# Static host buffers with cast=cpu_once: runtime 3 GiB, fp32 master 4, moments 8, bf16 copy 2
+HOST_STATIC_BYTES = 3 * GIB + (4 + 8 + 2) * TOTAL_PARAMS  # 3221225472 + 1495424 = 3222720896
+
+
+@pytest.fixture(scope="module")
+def gpu_acts():
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu"), num_steps=2)
+    return plan, simulate(plan, make_round_profile())
+
+
+@pytest.fixture(scope="module")
+def host_acts():
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host"), num_steps=2)
+    return plan, simulate(plan, make_round_profile())
+
+
+def _first_peak_time_s(prediction, tier: str) -> float:
+    peak = prediction.peak_bytes[tier]
+    return next(m.time_s for m in prediction.trace.memory
+                if m.tier == tier and m.bytes_in_use == peak)
+
+
+def test_static_bytes_by_hand(gpu_acts):
+    plan, _ = gpu_acts
+    assert TOTAL_PARAMS == plan.model.total_params
+    assert GPU_STATIC_BYTES == 805733632
+    assert plan.static_bytes("gpu") == GPU_STATIC_BYTES
+    assert plan.static_bytes("host") == HOST_STATIC_BYTES
+    assert plan.static_bytes("nvme") == 0
+
+
+def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
+    # The GPU runs its sequence one task at a time and every dynamic GPU buffer is made and
+    # freed by GPU tasks, so the dynamic set is the one alive around one GPU task:
+    #   forward L0: ckpt L0 + ckpt L1 + workspace            = 2*4096 + 24576       = 32768
+    #   forward L1: 2 ckpts + final hidden + workspace       = 3*4096 + 24576       = 36864
+    #   head:       2 ckpts + final hidden + its dgrad + ws  = 4*4096 + 20480       = 36864
+    #   backward L1 (last layer): both ckpts + head's dgrad + workspace + its own dgrad
+    #                                                        = 4*4096 + 86784       = 103168
+    #   backward L0: ckpt L0 + L1's dgrad + workspace + its dgrad = 3*4096 + 86784  = 99072
+    dynamic_peak = 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES
+    assert dynamic_peak == 103168
+    _plan, prediction = gpu_acts
+    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805836800
+    events = {e.task_id: e for e in prediction.trace.events}
+    assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.L1"].start_s
+    # no host traffic for checkpoints: the host only sees grads and optimizer buffers
+    assert not any(e.kind in ("offload_activation", "fetch_activation")
+                   for e in prediction.trace.events)
+
+
+def test_head_and_forward_sets_are_smaller(gpu_acts):
+    """The head's set (36864 B) stays below the backward's: the peak is not at the head."""
+    _plan, prediction = gpu_acts
+    events = {e.task_id: e for e in prediction.trace.events}
+    head = events["s0.m0.head.head"]
+    at_head = [m.bytes_in_use for m in prediction.trace.memory
+               if m.tier == "gpu" and head.start_s <= m.time_s < head.end_s]
+    assert max(at_head) == GPU_STATIC_BYTES + 4 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES
+
+
+def test_host_peak_with_checkpoints_on_host(host_acts):
+    # Host dynamic buffers: offloaded bf16 grads (2 B/param, until the block's optimizer step
+    # ends), the step's fp32 grad upcast (4 B/param, during the step) and checkpoints waiting
+    # on the host (4096 B each, offload start to fetch end). The d2h lane lands all grads of a
+    # step within ~0.4 ms, while each optimizer step takes ~20-45 ms, so the CPU order (head,
+    # emb, L0, L1 under deadline order) decides:
+    #   during s0 head step: all grads 2*106816 + fp32 head 4*16448        = 279424
+    #   during s0 emb step:  grads of emb, L0, L1 + fp32 emb 4*16384        = 246272
+    #   during s0 L0 step:   grads L0, L1 (2*2*36992) + fp32 L0 (4*36992)   = 295936
+    #     + step 1's layer-0 checkpoint, offloaded when s0.cast.emb let its forward start: 4096
+    #   during s0 L1 step:   grads L1 + fp32 L1 + two step-1 checkpoints    = 230144
+    dynamic_peak = 2 * 2 * LAYER_PARAMS + 4 * LAYER_PARAMS + HIDDEN_BYTES
+    assert dynamic_peak == 300032
+    _plan, prediction = host_acts
+    assert prediction.peak_bytes["host"] == HOST_STATIC_BYTES + dynamic_peak
+    events = {e.task_id: e for e in prediction.trace.events}
+    opt_l0 = events["s0.optimizer_step.L0"]
+    assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
+    # GPU with offloaded checkpoints: backward L1 holds the fetched L1 checkpoint and the
+    # prefetched L0 one, the head's dgrad, its workspace and dgrad: the same 103168 bytes.
+    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES
+
+
+def test_gpu_cap_just_below_peak_is_an_overflow(gpu_acts):
+    plan, prediction = gpu_acts
+    peak = prediction.peak_bytes["gpu"]
+    capped = simulate(plan, make_round_profile(), gpu_memory_bytes=peak - 1)
+    assert not capped.feasible
+    assert capped.overflows == (Overflow(tier="gpu", need_bytes=peak, limit_bytes=peak - 1),)
+    assert capped.limits_bytes["gpu"] == peak - 1
+    assert capped.step_s == prediction.step_s  # it was simulated, then checked
+    assert capped.trace is not None
+    assert "gpu" in capped.reason
+    fits = simulate(plan, make_round_profile(), gpu_memory_bytes=peak)
+    assert fits.feasible and fits.overflows == ()
+
+
+def test_gpu_cap_below_static_rejects_without_simulating(gpu_acts):
+    plan, _ = gpu_acts
+    cap = GPU_STATIC_BYTES - 1
+    rejected = simulate(plan, make_round_profile(), gpu_memory_bytes=cap)
+    assert not rejected.feasible
+    assert rejected.step_s is None and rejected.trace is None
+    assert rejected.tokens_per_s is None and rejected.bottleneck is None
+    assert rejected.overflows == (Overflow(tier="gpu", need_bytes=GPU_STATIC_BYTES,
+                                           limit_bytes=cap),)
+    assert rejected.reason.startswith("gpu needs")
+    assert rejected.tokens_per_step == 32
+
+
+def test_small_host_is_a_host_overflow(host_acts):
+    plan, prediction = host_acts
+    peak = prediction.peak_bytes["host"]
+    small = simulate(plan, make_round_profile(ram_bytes=peak - 1))
+    assert small.overflows == (Overflow(tier="host", need_bytes=peak, limit_bytes=peak - 1),)
+    assert small.step_s is not None
+    tiny = simulate(plan, make_round_profile(ram_bytes=2 * GIB))  # below the 3 GiB runtime
+    assert tiny.trace is None
+    assert tiny.overflows == (Overflow(tier="host", need_bytes=HOST_STATIC_BYTES,
+                                       limit_bytes=2 * GIB),)
+    assert "host" in tiny.reason

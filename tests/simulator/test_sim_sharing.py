@@ -1,0 +1,171 @@
+"""water_fill and SharedResources: fluid sharing of host memory bandwidth, PCIe and the disk,
+checked against the contention measured on the H200 benchmark machine (DESIGN.md)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import simpy
+
+from layerslide.hwprofiles import load_profile
+from layerslide.planner import Task
+from layerslide.simulator import CostModel
+from layerslide.simulator.costmodel import HOST_MEMORY, NVME, PCIE
+from layerslide.simulator.sharing import SharedResources, water_fill
+
+GIB = 1024**3
+
+
+# --- water_fill --------------------------------------------------------------------------------
+def test_under_capacity_everyone_runs_at_full_speed():
+    assert water_fill([1.0, 2.0, 3.0], [1.0, 0.5, 0.8], 6.0) == [1.0, 1.0, 1.0]
+    assert water_fill([5.0], [1.0], 100.0) == [1.0]
+
+
+def test_equal_weights_get_equal_fractions():
+    assert water_fill([10.0, 10.0], [1.0, 1.0], 10.0) == pytest.approx([0.5, 0.5])
+    # fractions of each one's demand, not equal absolute shares: 20 of 30 asked for
+    assert water_fill([10.0, 20.0], [0.8, 0.8], 20.0) == pytest.approx([2 / 3, 2 / 3])
+
+
+def test_weighted_fractions():
+    # fraction = lam * weight: 10*2*lam + 10*lam = 6  ->  lam = 0.2
+    assert water_fill([10.0, 10.0], [2.0, 1.0], 6.0) == pytest.approx([0.4, 0.2])
+
+
+def test_one_consumer_saturates_and_the_rest_share_what_is_left():
+    # lam = 12 / (2*4 + 10 + 10) = 0.43 gives the first 1.71 > 1: it saturates at 1 (2 units),
+    # and the other two share 10 units of 20 asked: 0.5 each.
+    assert water_fill([2.0, 10.0, 10.0], [4.0, 1.0, 1.0], 12.0) == pytest.approx([1.0, 0.5, 0.5])
+
+
+def test_oversubscribed_grants_exactly_the_capacity():
+    rng = random.Random(1234)
+    for _ in range(200):
+        n = rng.randint(2, 6)
+        demands = [rng.uniform(0.1, 10.0) for _ in range(n)]
+        weights = [rng.uniform(0.1, 2.0) for _ in range(n)]
+        capacity = rng.uniform(0.1, 0.99) * sum(demands)
+        fractions = water_fill(demands, weights, capacity)
+        assert all(0.0 < f <= 1.0 for f in fractions)
+        assert sum(d * f for d, f in zip(demands, fractions)) == pytest.approx(capacity, rel=1e-9)
+        # water level: everyone below 1 has fraction / weight equal to the same lam, and
+        # anyone saturated would have had at least that
+        unsaturated = [f / w for f, w in zip(fractions, weights) if f < 1.0]
+        assert unsaturated and max(unsaturated) == pytest.approx(min(unsaturated), rel=1e-9)
+        for f, w in zip(fractions, weights):
+            if f == 1.0:
+                assert w * unsaturated[0] >= 1.0 - 1e-9
+
+
+# --- SharedResources on the h200-bench capacities -------------------------------------------
+@pytest.fixture(scope="module")
+def costs():
+    return CostModel(load_profile("h200-bench"))
+
+
+def _task(kind: str, lane: str, **amounts) -> Task:
+    return Task(id=f"probe.{kind}", kind=kind, lane=lane, layer=0, step=0, **amounts)
+
+
+def _start(env, shared, cost, log, name):
+    def proc():
+        start = env.now
+        yield shared.run(cost.solo_s, cost.uses, cost.share)
+        log[name] = (start, env.now)
+    return env.process(proc())
+
+
+def test_capacities_come_from_the_profile(costs):
+    assert costs.capacities() == {HOST_MEMORY: 116e9, PCIE: 100e9, NVME: 1.0}
+
+
+def test_adamw_and_h2d_slow_each_other_as_measured(costs):
+    # DESIGN.md: fused AdamW 3.6 -> 2.9 G params/s (-21%) and pinned H2D 54.8 -> ~35 GB/s
+    # (-36%) when both run. Host memory: AdamW asks 3.7e9 * 28 B = 103.6 GB/s, H2D 55.4 GB/s
+    # at dma_share 0.8, of 116 GB/s: lam = 116 / (103.6 + 0.8*55.4) = 0.784, so AdamW runs at
+    # 0.784 (-21.6%) and H2D at 0.8*0.784 = 0.627 (-37.3%).
+    adamw = costs.cost(_task("optimizer_step", "cpu", params=256_000_000))
+    h2d = costs.cost(_task("load_weights", "h2d", bytes=GIB))
+    assert adamw.solo_s == pytest.approx(256e6 / 3.7e9)
+    assert h2d.solo_s == pytest.approx(GIB / 55.4e9)
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, adamw, log, "adamw")
+
+    def copies():  # pinned 1 GiB copies back to back while AdamW runs, as in the probe
+        i = 0
+        while "adamw" not in log:
+            start = env.now
+            yield shared.run(h2d.solo_s, h2d.uses, h2d.share)
+            log[f"h2d{i}"] = (start, env.now)
+            i += 1
+
+    env.process(copies())
+    env.run()
+    adamw_start, adamw_end = log["adamw"]
+    adamw_slowdown = 1 - adamw.solo_s / (adamw_end - adamw_start)
+    h2d_start, h2d_end = log["h2d0"]
+    h2d_slowdown = 1 - h2d.solo_s / (h2d_end - h2d_start)
+    assert adamw_slowdown == pytest.approx(0.21, abs=0.03)
+    assert h2d_slowdown == pytest.approx(0.36, abs=0.03)
+
+
+def test_h2d_and_d2h_together_move_the_measured_duplex(costs):
+    # 55.4 + 55.3 GB/s asked of a 100 GB/s link (host memory has room: 110.7 < 116 GB/s)
+    h2d = costs.cost(_task("load_weights", "h2d", bytes=GIB))
+    d2h = costs.cost(_task("offload_grads", "d2h", bytes=GIB))
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, h2d, log, "h2d")
+    _start(env, shared, d2h, log, "d2h")
+    env.run()
+    # both run at the same fraction 100/110.7 of their solo rate; the H2D (faster) ends first
+    fraction = 100e9 / (55.4e9 + 55.3e9)
+    assert log["h2d"][1] < log["d2h"][1]
+    assert log["h2d"][1] == pytest.approx(GIB / (55.4e9 * fraction), rel=1e-9)
+    # each alone would take ~19.4 ms; together the H2D needs 21.5 ms, at 100 GB/s of total
+    assert (GIB + (log["h2d"][1] * 55.3e9 * fraction)) / log["h2d"][1] == pytest.approx(
+        100e9, rel=1e-9)
+    # after the H2D is done the D2H has the link to itself again: full 55.3 GB/s
+    d2h_left_bytes = GIB - log["h2d"][1] * 55.3e9 * fraction
+    assert log["d2h"][1] == pytest.approx(log["h2d"][1] + d2h_left_bytes / 55.3e9, rel=1e-9)
+
+
+def test_disk_reads_and_writes_take_turns(costs):
+    # read 1.6 GB (1 s alone at 1.6 GB/s) and write 0.53 GB (1 s alone): each gets half of
+    # the device's time, so both end at 2 s
+    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1.6e9))
+    write = costs.cost(_task("nvme_write", "nvme_write", bytes=0.53e9))
+    assert read.solo_s == pytest.approx(1.0) and write.solo_s == pytest.approx(1.0)
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, read, log, "read")
+    _start(env, shared, write, log, "write")
+    env.run()
+    assert log["read"] == pytest.approx((0.0, 2.0), rel=1e-9)
+    assert log["write"] == pytest.approx((0.0, 2.0), rel=1e-9)
+
+
+def test_disk_alone_runs_at_its_solo_speed_and_a_late_task_shares_the_rest(costs):
+    # a 1 s read; a 1 s write starts at 0.5 s: the read has 0.5 s of work left, done at half
+    # speed -> ends at 1.5 s; the write did 0.5 s of its work by then, the rest alone -> 2.0 s
+    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1.6e9))
+    write = costs.cost(_task("nvme_write", "nvme_write", bytes=0.53e9))
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, read, log, "read")
+
+    def later():
+        yield env.timeout(0.5)
+        yield _start(env, shared, write, log, "write")
+
+    env.process(later())
+    env.run()
+    assert log["read"][1] == pytest.approx(1.5, rel=1e-9)
+    assert log["write"] == pytest.approx((0.5, 2.0), rel=1e-9)

@@ -1,0 +1,69 @@
+"""The architecture: planner, simulator, hwprofiles, tuner and reports run without torch; the
+simulator and the executor never import each other; reports never import planner or simulator."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "layerslide"
+
+BLOCK_TORCH = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "triton"):
+            raise ImportError(f"{name} is blocked: this module must not need it")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_gpu_free_parts_import_and_run_without_torch():
+    code = BLOCK_TORCH + """
+import layerslide.hwprofiles, layerslide.planner, layerslide.simulator, layerslide.reports
+import layerslide.tuner, layerslide.cli.main
+from layerslide.hwprofiles import load_profile
+from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
+from layerslide.simulator import simulate
+plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=2), Policy())
+assert simulate(plan, load_profile("h200-bench")).step_s > 0
+assert not any(m.split(".")[0] in ("torch", "triton") for m in sys.modules)
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def imported_modules(subpackage: str) -> set[str]:
+    names = set()
+    for path in (PACKAGE / subpackage).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+    return names
+
+
+def test_simulator_and_executor_do_not_import_each_other():
+    assert not any(m.startswith("layerslide.executor") for m in imported_modules("simulator"))
+    if (PACKAGE / "executor").exists():
+        assert not any(m.startswith("layerslide.simulator") for m in imported_modules("executor"))
+
+
+def test_lower_layers_do_not_import_upper_ones():
+    forbidden = {
+        "hwprofiles": ("layerslide.planner", "layerslide.simulator", "layerslide.tuner",
+                       "layerslide.reports", "layerslide.cli"),
+        "planner": ("layerslide.simulator", "layerslide.tuner", "layerslide.reports",
+                    "layerslide.cli", "layerslide.hwprofiles"),
+        "simulator": ("layerslide.tuner", "layerslide.reports", "layerslide.cli"),
+        "reports": ("layerslide.planner", "layerslide.simulator", "layerslide.tuner",
+                    "layerslide.cli"),
+        "tuner": ("layerslide.reports", "layerslide.cli"),
+    }
+    for sub, banned in forbidden.items():
+        bad = [m for m in imported_modules(sub) if m.startswith(banned)]
+        assert not bad, f"layerslide.{sub} imports {bad}"

@@ -1,0 +1,79 @@
+"""tune: candidates, placement of optimizer state, ranking, rejections, the written plan."""
+
+import pytest
+from helpers import GIB, make_round_profile, make_tiny_model
+
+from layerslide.planner import Plan, Policy, TrainSpec, build_plan
+from layerslide.simulator import simulate
+from layerslide.tuner import SearchSpace, evaluate, tune
+
+SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"),
+                    casts=("cpu_once",))
+
+
+def test_every_candidate_is_evaluated_and_best_first():
+    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=SMALL, workers=1)
+    assert len(result.candidates) == 2 * 2 * 2
+    speeds = [c.prediction.tokens_per_s for c in result.feasible]
+    assert speeds == sorted(speeds, reverse=True)
+    best = result.best
+    assert best is result.candidates[0]
+    # the tuner's own number for its pick is what simulating its plan gives
+    again = simulate(result.best_plan, make_round_profile())
+    assert again.tokens_per_s == pytest.approx(best.prediction.tokens_per_s, rel=1e-12)
+
+
+def test_parallel_and_serial_tuning_agree():
+    serial = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=SMALL, workers=1)
+    parallel = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=SMALL, workers=2)
+    assert [c.row() for c in serial.candidates] == [c.row() for c in parallel.candidates]
+
+
+def test_gpu_cap_rejects_with_the_tier_and_the_plan_file_loads(tmp_path):
+    model = make_tiny_model()
+    profile = make_round_profile()
+    # a cap that every micro-batch-1 candidate fits and some micro-batch-4 one does not
+    uncapped = tune(model, profile, seq_len=16, space=SMALL, workers=1)
+    peaks = {}
+    for c in uncapped.candidates:
+        peaks.setdefault(c.train.micro_batch, []).append(c.prediction.peak_bytes["gpu"])
+    cap = max(peaks[1])
+    assert max(peaks[4]) > cap
+    result = tune(model, profile, seq_len=16, space=SMALL, gpu_memory_bytes=cap, workers=1)
+    assert result.rejections().get("gpu", 0) >= 1
+    assert all(c.prediction.peak_bytes["gpu"] <= cap for c in result.feasible)
+    path = tmp_path / "tuned.json"
+    result.best_plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == result.best_plan
+    assert loaded.meta["tuned_for_profile"] == "round"
+    assert loaded.meta["gpu_memory_bytes"] == cap
+
+
+def test_state_spills_to_nvme_only_when_the_host_is_too_small():
+    model = make_tiny_model()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
+                     allow_nvme=True, num_steps=2)
+    assert roomy.policy.moments_on_nvme == 0.0 and roomy.feasible
+    # host RAM just above the runtime: the state (12 B/param + bf16 copy) no longer fits
+    static = build_plan(model, train, policy, num_steps=2).static_bytes("host")
+    tight = make_round_profile(ram_bytes=static - 4 * model.total_params)
+    spilled = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
+                       num_steps=2)
+    assert spilled.policy.moments_on_nvme > 0
+    refused = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=False,
+                       num_steps=2)
+    assert not refused.feasible and refused.prediction.overflows[0].tier == "host"
+
+
+def test_nothing_fits_gives_no_plan():
+    result = tune(make_tiny_model(), make_round_profile(ram_bytes=GIB), seq_len=16, space=SMALL,
+                  workers=1)
+    assert result.best is None and result.best_plan is None
+    assert result.rejections()["host"] == len(result.candidates)
+
+
+def test_empty_search_space_is_refused():
+    with pytest.raises(ValueError, match="windows is empty"):
+        SearchSpace(windows=())

@@ -1,0 +1,35 @@
+"""what-if: one model across profiles, one profile across models and sizes."""
+
+from helpers import GIB, make_round_profile, make_tiny_model
+
+from layerslide.tuner import SearchSpace
+from layerslide.tuner.whatif import across_models, across_profiles, largest_fitting
+
+SPACE = SearchSpace(windows=(2,), micro_batches=(1, 2), activations=("host",), casts=("cpu_once",),
+                    allow_nvme=False)
+
+
+def test_model_across_profiles_reports_fit_and_speed():
+    fast = make_round_profile()
+    slow_cpu = make_round_profile(adamw_params_per_s=1e5)
+    rows = across_profiles(make_tiny_model(), [fast, slow_cpu], seq_len=16, space=SPACE)
+    a, b = (r.row() for r in rows)
+    assert a["feasible"] and b["feasible"]
+    assert a["tokens_per_s"] > b["tokens_per_s"]
+    assert b["bottleneck"] == "cpu"
+
+
+def test_profile_across_models_and_ram_sizes_finds_the_largest_fit():
+    small, big = make_tiny_model(2), make_tiny_model(8)
+    # RAM that holds the small model's run but not the big one's state (~3 MB more)
+    roomy = across_models(make_round_profile(), [small], seq_len=16, space=SPACE)
+    ram_small = max(c.prediction.peak_bytes["host"] for c in roomy[0].result.candidates)
+    rows = across_models(make_round_profile(), [small, big], ram_sizes=[ram_small, 64 * GIB],
+                         seq_len=16, space=SPACE)
+    by = {(r.model, r.ram_bytes): r.row() for r in rows}
+    assert by[(small.name, ram_small)]["feasible"]
+    assert not by[(big.name, ram_small)]["feasible"]
+    assert "host" in by[(big.name, ram_small)]["reason"]
+    assert by[(big.name, 64 * GIB)]["feasible"]
+    assert largest_fitting(rows).model == big.name
+    assert largest_fitting([r for r in rows if r.ram_bytes == ram_small]).model == small.name
