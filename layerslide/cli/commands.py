@@ -210,7 +210,8 @@ def cmd_tune(args) -> int:
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
-    shown = ["micro_batch", "window", "activations", "cast", "moments_on_nvme", "master_on_nvme",
+    shown = ["micro_batch", "window", "activations", "cast", "cast_worker", "moments_on_nvme",
+             "master_on_nvme",
              "step_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes", "peak_host_bytes"]
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))

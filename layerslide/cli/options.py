@@ -90,6 +90,8 @@ def add_policy(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cast", choices=CAST_MODES, default=d.cast,
                    help="where fp32->bf16 happens: once per step on the CPU, per load on the CPU, "
                         "or on the GPU")
+    g.add_argument("--cast-worker", action="store_true",
+                   help="run casts on a CPU worker of their own, beside the optimizer's")
     g.add_argument("--head-loss", choices=("fused", "materialized"), default=d.head_loss,
                    help="fused linear cross-entropy or materialised logits")
     g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
@@ -131,7 +133,7 @@ def policy_of(args) -> Policy:
                       prefetch_depth=args.prefetch_depth, activations=args.activations,
                       moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
                       resident_layers=args.resident_layers, optimizer_order=args.optimizer_order,
-                      cast=args.cast, head_loss=args.head_loss,
+                      cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
                       host_grad_buffers=args.host_grad_buffers)
     except ValueError as err:
         raise UsageError(str(err)) from err

@@ -22,7 +22,7 @@ from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task
 from layerslide.planner.settings import Policy, TrainSpec
 
 STRICT_LANES = ("gpu", "h2d", "d2h")  # CUDA streams run in issue order
-PRIORITY_LANES = ("cpu", "nvme_read", "nvme_write")  # workers pick the most urgent ready task
+PRIORITY_LANES = ("cpu", "cpu_cast", "nvme_read", "nvme_write")  # workers pick the most urgent ready task
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps: int = 3) -> Plan:
@@ -70,6 +70,7 @@ class _Builder:
         self.host_grad_pool = pool
         self.state_chain: list[tuple[str, str]] = []  # (nvme_read, nvme_write) in issue order
         self.step_markers: list[str] = []
+        self.cast_lane = "cpu_cast" if policy.cast_worker else "cpu"
 
     # --- small helpers ---------------------------------------------------------------------
     def add(self, task: Task, key: tuple[float, int] | None = None) -> str:
@@ -152,7 +153,7 @@ class _Builder:
             if block not in self.resident:
                 self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 1), load, "prefetch")
             if self.policy.cast == "cpu_per_load":
-                cast = self.add(Task(id=f"{load}.cast", kind="cast", lane="cpu", layer=block,
+                cast = self.add(Task(id=f"{load}.cast", kind="cast", lane=self.cast_lane, layer=block,
                                      step=step, micro_batch=micro, bytes=FP32_BYTES * p,
                                      params=p), key=(pos - self.policy.prefetch_depth - 1, 0))
                 if step > 0:
@@ -360,7 +361,7 @@ class _Builder:
                 self.edge(opt, write, "data")
                 self.buffer(f"{read}.staging", "host", state_bytes, read, (write,))
             if pol.cast == "cpu_once":
-                cast = self.add(Task(id=f"s{s}.cast.{self.blk(b)}", kind="cast", lane="cpu",
+                cast = self.add(Task(id=f"s{s}.cast.{self.blk(b)}", kind="cast", lane=self.cast_lane,
                                      layer=b, step=s, bytes=FP32_BYTES * p, params=p),
                                 key=(opt_key(b)[0], 5))
                 self.edge(opt, cast, "data")

@@ -17,7 +17,7 @@ from layerslide.planner.settings import Policy, TrainSpec
 
 PLAN_FORMAT_VERSION = 1
 
-LANES = ("gpu", "h2d", "d2h", "cpu", "nvme_read", "nvme_write")
+LANES = ("gpu", "h2d", "d2h", "cpu", "cpu_cast", "nvme_read", "nvme_write")
 # strict: tasks run in lane order (a CUDA stream); priority: the earliest ready task in lane
 # order runs next (a worker that picks from a ready queue).
 LANE_DISCIPLINES = ("strict", "priority")

@@ -65,6 +65,9 @@ class Policy:
     resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
     optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
     cast: str = "cpu_once"
+    # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
+    # bandwidth (and, in the executor, the cores) instead of taking turns.
+    cast_worker: bool = False
     head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next

@@ -62,6 +62,9 @@ class CostModel:
         # Launches overlap with the GPU's work; a task is launch-bound only when they take longer.
         return Cost(solo_s=max(busy_s, t.kernels * gpu.kernel_launch_s))
 
+    def _cpu_cast(self, t: Task) -> Cost:
+        return self._cpu(t)
+
     def _copy(self, t: Task, rate: float) -> Cost:
         host = self.profile.host
         solo = t.bytes / rate

@@ -31,24 +31,28 @@ class SearchSpace:
     grad_accums: tuple[int, ...] = (1,)
     activations: tuple[str, ...] = ("gpu", "host")
     casts: tuple[str, ...] = ("cpu_once", "gpu")
+    cast_workers: tuple[bool, ...] = (False, True)  # casts beside the optimizer, or after it
     optimizer_orders: tuple[str, ...] = ("deadline",)
     allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small
 
     def __post_init__(self) -> None:
         for name in ("windows", "micro_batches", "grad_accums", "activations", "casts",
-                     "optimizer_orders"):
+                     "cast_workers", "optimizer_orders"):
             if not getattr(self, name):
                 raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
 
     def candidates(self, seq_len: int, max_grad_norm: float | None,
                    base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
-        for w, mb, ga, act, cast, order in itertools.product(
+        for w, mb, ga, act, cast, worker, order in itertools.product(
                 self.windows, self.micro_batches, self.grad_accums, self.activations,
-                self.casts, self.optimizer_orders):
+                self.casts, self.cast_workers, self.optimizer_orders):
+            if cast == "gpu" and worker != self.cast_workers[0]:
+                continue  # no CPU casts to place: the same candidate
             train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
                               max_grad_norm=max_grad_norm)
             policy = replace(base, window=w, prefetch_depth=min(base.prefetch_depth, w),
-                             activations=act, cast=cast, optimizer_order=order)
+                             activations=act, cast=cast, cast_worker=worker and cast != "gpu",
+                             optimizer_order=order)
             yield train, policy
 
 
@@ -68,7 +72,8 @@ class Candidate:
         p, t, s = self.policy, self.train, self.prediction
         return {
             "window": p.window, "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
-            "activations": p.activations, "cast": p.cast, "optimizer_order": p.optimizer_order,
+            "activations": p.activations, "cast": p.cast, "cast_worker": p.cast_worker,
+            "optimizer_order": p.optimizer_order,
             "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,

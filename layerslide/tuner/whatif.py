@@ -41,7 +41,7 @@ class WhatIfRow:
                     "step_s": None, "bottleneck": None, "config": ""}
         r = best.row()
         config = (f"mb={r['micro_batch']} w={r['window']} act={r['activations']} "
-                  f"cast={r['cast']} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+                  f"cast={r['cast']}{'+worker' if r['cast_worker'] else ''} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
                 "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
                 **{k: r[k] for k in r if k.startswith("peak_")}}

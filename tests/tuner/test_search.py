@@ -7,7 +7,7 @@ from layerslide.planner import Plan, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
 from layerslide.tuner import SearchSpace, evaluate, tune
 
-SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"),
+SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"), cast_workers=(False,),
                     casts=("cpu_once",))
 
 

@@ -1,0 +1,89 @@
+"""How fast the planner and simulator are: one step of Mistral-Large-123B (88 layers) with the
+default policy, and a tuning sweep of 504 configurations of Llama-3.1-8B.
+
+Targets (issue 2): the 123B step simulates in under 1 s and 500 configurations in under 60 s
+on a 2-core machine. Prints its figures; with --out, appends them as markdown to that file.
+
+    .venv/bin/python benchmarks/sim_speed.py --out benchmarks/results/sim_speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from datetime import UTC, datetime
+
+from layerslide.hwprofiles import load_profile
+from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
+from layerslide.simulator import simulate
+from layerslide.tuner import SearchSpace, tune
+
+TIB = 1024**4
+
+
+def time_big_step(repeats: int) -> list[str]:
+    model = PRESETS["mistral-large-123b"]
+    # 123B's state (~1.6 TiB with everything in RAM) needs a big host: what-if 2 TiB of RAM.
+    profile = load_profile("rtx4090-256gb").with_overrides(ram_bytes=2 * TIB)
+    train, policy = TrainSpec(micro_batch=4, seq_len=1024), Policy()
+    builds, sims = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan = build_plan(model, train, policy)
+        t1 = time.perf_counter()
+        pred = simulate(plan, profile)
+        t2 = time.perf_counter()
+        builds.append(t1 - t0)
+        sims.append(t2 - t1)
+    assert pred.step_s is not None
+    steps = plan.num_steps
+    build_s, sim_s = statistics.median(builds), statistics.median(sims)
+    return [
+        ("Mistral-Large-123B, micro-batch 4, seq 1024, default policy, rtx4090-256gb with 2 TiB "
+         f"RAM: {plan.graph.number_of_nodes()} tasks over {steps} planned steps"),
+        f"- build_plan: {build_s:.3f} s; simulate: {sim_s:.3f} s (median of {repeats})",
+        (f"- per simulated training step: {(build_s + sim_s) / steps:.3f} s "
+         f"(target < 1 s); whole 3-step plan {build_s + sim_s:.3f} s"),
+        (f"- prediction: {pred.step_s:.1f} s/step, {pred.tokens_per_s:.0f} tokens/s, "
+         f"bottleneck {pred.bottleneck}"),
+    ]
+
+
+def time_sweep(workers: int) -> tuple[int, float]:
+    space = SearchSpace(windows=(1, 2, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32, 64),
+                        grad_accums=(1, 2, 4), activations=("gpu", "host"),
+                        casts=("cpu_once", "cpu_per_load", "gpu"))
+    t0 = time.perf_counter()
+    result = tune(PRESETS["llama-3.1-8b"], load_profile("h200-bench"), space=space,
+                  gpu_memory_bytes=24 * 1024**3, workers=workers)
+    return len(result.candidates), time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="append the results as markdown to this file")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    lines = [(f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}: "
+              f"{cores} cores, Python {platform.python_version()}"),
+             "", "Command: `.venv/bin/python benchmarks/sim_speed.py --out benchmarks/results/sim_speed.md`",
+             ""]
+    lines += time_big_step(args.repeats)
+    for workers in sorted({1, cores}):
+        n, seconds = time_sweep(workers)
+        lines.append(f"- tune sweep, Llama-3.1-8B on h200-bench capped at 24 GiB: {n} "
+                     f"configurations in {seconds:.1f} s with {workers} worker(s) "
+                     f"({seconds / n * 1000:.0f} ms each; target 500 in < 60 s)")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
