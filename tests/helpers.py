@@ -23,7 +23,9 @@ def make_round_profile(**host_overrides) -> HardwareProfile:
     return HardwareProfile(
         name="round", description="round numbers for hand-checked tests",
         gpu=GPUSpec(name="toy", memory_bytes=16 * GIB, bf16_flops_per_s=1e12,
-                    hbm_bytes_per_s=1e15, matmul_efficiency=((1, 1.0),), kernel_launch_s=0.0),
+                    hbm_bytes_per_s=1e15, matmul_efficiency=((1, 1.0),),
+                    attention_forward_efficiency=((1, 1.0),),
+                    attention_backward_efficiency=((1, 1.0),), kernel_launch_s=0.0),
         link=LinkSpec(h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9, duplex_bytes_per_s=2e9,
                       h2d_pageable_bytes_per_s=1e9),
         host=HostSpec(**host),

@@ -24,6 +24,8 @@ _SECTIONS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "bf16_flops": ("bf16_flops_per_s", "FLOP/s"),
             "hbm_bandwidth": ("hbm_bytes_per_s", "bytes/s"),
             "matmul_efficiency": ("matmul_efficiency", "efficiency"),
+            "attention_forward_efficiency": ("attention_forward_efficiency", "efficiency"),
+            "attention_backward_efficiency": ("attention_backward_efficiency", "efficiency"),
             "kernel_launch": ("kernel_launch_s", "seconds"),
         },
     ),

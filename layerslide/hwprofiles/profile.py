@@ -27,31 +27,30 @@ class GPUSpec:
     bf16_flops_per_s: float
     hbm_bytes_per_s: float
     matmul_efficiency: tuple[tuple[int, float], ...]
+    # Attention (SDPA) throughput as a fraction of peak, with FLOPs counted as 4*seq*heads*
+    # head_dim per token forward (non-causal count); tokens = micro-batch x sequence length.
+    attention_forward_efficiency: tuple[tuple[int, float], ...]
+    attention_backward_efficiency: tuple[tuple[int, float], ...]  # forward + backward, 3x FLOPs
     kernel_launch_s: float
 
     def __post_init__(self) -> None:
-        points = self.matmul_efficiency
-        if not points:
-            raise ValueError("matmul_efficiency needs at least one (tokens, efficiency) point")
-        tokens = [t for t, _ in points]
-        if any(b <= a for a, b in pairwise(tokens)):
-            raise ValueError(f"matmul_efficiency tokens must be strictly increasing, got {tokens}")
+        for name in ("matmul_efficiency", "attention_forward_efficiency",
+                     "attention_backward_efficiency"):
+            points = getattr(self, name)
+            if not points:
+                raise ValueError(f"{name} needs at least one (tokens, efficiency) point")
+            tokens = [t for t, _ in points]
+            if any(b <= a for a, b in pairwise(tokens)):
+                raise ValueError(f"{name} tokens must be strictly increasing, got {tokens}")
 
     def matmul_efficiency_at(self, tokens: int) -> float:
         """Fraction of bf16 peak a GEMM with `tokens` rows reaches; linear in log2, clamped."""
-        if tokens <= 0:
-            raise ValueError(f"tokens must be > 0, got {tokens}")
-        points = self.matmul_efficiency
-        if tokens <= points[0][0]:
-            return points[0][1]
-        if tokens >= points[-1][0]:
-            return points[-1][1]
-        x = math.log2(tokens)
-        for (t0, e0), (t1, e1) in pairwise(points):
-            if tokens <= t1:
-                x0, x1 = math.log2(t0), math.log2(t1)
-                return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
-        raise AssertionError("unreachable: tokens is inside the table")
+        return _interpolate(self.matmul_efficiency, tokens)
+
+    def attention_efficiency_at(self, tokens: int, *, backward: bool) -> float:
+        """Fraction of bf16 peak attention reaches over `tokens` (forward, or forward+backward)."""
+        table = self.attention_backward_efficiency if backward else self.attention_forward_efficiency
+        return _interpolate(table, tokens)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,3 +152,19 @@ class HardwareProfile:
 
 def _rebuild_profile(values: dict) -> HardwareProfile:
     return HardwareProfile(**values)
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], tokens: int) -> float:
+    """Piecewise-linear in log2(tokens) through (tokens, value) points, clamped at both ends."""
+    if tokens <= 0:
+        raise ValueError(f"tokens must be > 0, got {tokens}")
+    if tokens <= points[0][0]:
+        return points[0][1]
+    if tokens >= points[-1][0]:
+        return points[-1][1]
+    x = math.log2(tokens)
+    for (t0, e0), (t1, e1) in pairwise(points):
+        if tokens <= t1:
+            x0, x1 = math.log2(t0), math.log2(t1)
+            return e0 + (e1 - e0) * (x - x0) / (x1 - x0)
+    raise AssertionError("unreachable: tokens is inside the table")

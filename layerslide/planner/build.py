@@ -166,27 +166,28 @@ class _Builder:
             if self.policy.cast == "gpu":  # the consumer first casts the fp32 it was sent
                 task = self.graph.nodes[consumer]["task"]
                 self.graph.nodes[consumer]["task"] = replace(
-                    task, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p, kernels=task.kernels + 1)
+                    task, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p, host_ops=task.host_ops + 1)
             self.edge(load, consumer, "weights")
             slot.content = (block, step)
         slot.last_use, slot.last_pos = consumer, pos
 
     # --- the GPU sequence of one micro-batch ----------------------------------------------------
     def compute(self, step: int, micro: int, kind: str, block: int, flops: float = 0.0,
-                nbytes: float = 0.0, kernels: int = 0) -> str:
+                nbytes: float = 0.0, host_ops: int = 0, attention_flops: float = 0.0) -> str:
         tid = f"s{step}.m{micro}.{kind}.{self.blk(block)}"
         return self.add(Task(id=tid, kind=kind, lane="gpu", layer=block, step=step,
-                             micro_batch=micro, flops=flops, bytes=nbytes, tokens=self.tokens,
-                             kernels=kernels))
+                             micro_batch=micro, flops=flops, attention_flops=attention_flops,
+                             bytes=nbytes, tokens=self.tokens, host_ops=host_ops))
 
     def micro_batch(self, s: int, m: int) -> None:
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
         hidden = sizes.hidden_bytes(model, T)
         ew = sizes.layer_elementwise_bytes_per_token(model) * T
-        layer_fwd_flops = model.layer_forward_flops_per_token(self.train.seq_len) * T
+        gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
+        attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
         prev = None
 
-        emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, kernels=2)
+        emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
         if m == 0:
             self.step_markers.append(emb)
         self.edge(prev, emb, "data")
@@ -195,15 +196,15 @@ class _Builder:
         prev = emb
         fwd: dict[int, str] = {}
         for i in range(L):
-            t = self.compute(s, m, "forward", i, flops=layer_fwd_flops, nbytes=ew,
-                             kernels=sizes.LAYER_FORWARD_KERNELS)
+            t = self.compute(s, m, "forward", i, flops=gemm_flops, attention_flops=attn_flops,
+                             nbytes=ew, host_ops=sizes.LAYER_FORWARD_OPS)
             self.edge(prev, t, "data")
             self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
             self.buffer(f"{t}.workspace", "gpu", sizes.forward_workspace_bytes(model, T), t, (t,))
             fwd[i] = prev = producers[i + 1] = t
 
         head = self.compute(s, m, "head", L, flops=3 * model.head_forward_flops_per_token * T,
-                            nbytes=4 * hidden, kernels=sizes.HEAD_KERNELS)
+                            nbytes=4 * hidden, host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
         self.buffer(f"{head}.workspace", "gpu",
@@ -214,9 +215,11 @@ class _Builder:
         bwd: dict[int, str] = {}
         prev = head
         for i in reversed(range(L)):
-            bwd[i] = self.compute(s, m, "backward", i, flops=3 * layer_fwd_flops, nbytes=3 * ew,
-                                  kernels=sizes.LAYER_BACKWARD_KERNELS)
-        emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, kernels=2)
+            # recompute the forward, then backward (GEMMs and elementwise traffic twice the forward)
+            bwd[i] = self.compute(s, m, "backward", i, flops=3 * gemm_flops,
+                                  attention_flops=attn_flops, nbytes=3 * ew,
+                                  host_ops=sizes.LAYER_BACKWARD_OPS)
+        emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
 
         # gradient flowing backwards: made by the head and each backward, read by the next
         flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]

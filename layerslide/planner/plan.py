@@ -35,11 +35,12 @@ class Task:
     layer: int  # block index: EMBEDDING, 0..L-1, or L for final norm + head + loss
     step: int
     micro_batch: int = 0
-    flops: float = 0.0  # matrix FLOPs (GPU compute tasks)
+    flops: float = 0.0  # GEMM FLOPs (GPU compute tasks)
+    attention_flops: float = 0.0  # forward attention FLOPs; backward tasks recompute them too
     bytes: float = 0.0  # bytes moved: copy size, HBM traffic of elementwise ops, disk I/O
     params: int = 0  # parameters touched (optimizer, cast, gradient accumulation)
     tokens: int = 0  # GEMM rows, for the matmul efficiency curve
-    kernels: int = 0  # kernel launches (GPU tasks)
+    host_ops: int = 0  # host-side op dispatches (GPU tasks): the floor when work is small
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,7 @@
 (host memory bandwidth, the PCIe link, the NVMe device) it draws on while it runs.
 
 The one place the simulator gets durations from. It reads a Task's amounts (FLOPs, bytes,
-params, tokens, kernels) and the profile; it knows nothing about how the plan was built.
+params, tokens, host ops) and the profile; it knows nothing about how the plan was built.
 """
 
 from __future__ import annotations
@@ -58,9 +58,15 @@ class CostModel:
         busy_s = 0.0
         if t.flops:
             busy_s += t.flops / (gpu.bf16_flops_per_s * self.efficiency(t.tokens))
+        if t.attention_flops:
+            forward = gpu.attention_efficiency_at(t.tokens, backward=False)
+            busy_s += t.attention_flops / (gpu.bf16_flops_per_s * forward)
+            if t.kind == "backward":  # after the recompute: attention backward, 2x the FLOPs
+                both = gpu.attention_efficiency_at(t.tokens, backward=True)
+                busy_s += 3 * t.attention_flops / (gpu.bf16_flops_per_s * both)
         busy_s += t.bytes / gpu.hbm_bytes_per_s
-        # Launches overlap with the GPU's work; a task is launch-bound only when they take longer.
-        return Cost(solo_s=max(busy_s, t.kernels * gpu.kernel_launch_s))
+        # Dispatches overlap with the GPU's work; a task is host-bound only when they take longer.
+        return Cost(solo_s=max(busy_s, t.host_ops * gpu.kernel_launch_s))
 
     def _cpu_cast(self, t: Task) -> Cost:
         return self._cpu(t)

@@ -145,15 +145,15 @@ def test_name_of_wrong_type(tmp_path):
 
 
 EFF = "gpu.matmul_efficiency"
-ALL_EFF = "efficiency = [0.45, 0.60, 0.70, 0.79, 0.79, 0.79]"
+ALL_EFF = "efficiency = [0.31, 0.46, 0.58, 0.67, 0.69, 0.70, 0.70, 0.68]"
 
 
 @pytest.mark.parametrize(
     ("old", "new", "field", "fragment"),
     [
-        ("efficiency = [0.45,", "efficiency = [1.45,", f"{EFF}.efficiency", "(0, 1]"),
-        ("efficiency = [0.45,", "efficiency = [0.0,", f"{EFF}.efficiency", "(0, 1]"),
-        ("efficiency = [0.45, ", "efficiency = [", EFF, "entries"),
+        ("efficiency = [0.31,", "efficiency = [1.31,", f"{EFF}.efficiency", "(0, 1]"),
+        ("efficiency = [0.31,", "efficiency = [0.0,", f"{EFF}.efficiency", "(0, 1]"),
+        ("efficiency = [0.31, ", "efficiency = [", EFF, "entries"),
         ("tokens = [512, 1024,", "tokens = [1024, 512,", f"{EFF}.tokens", "increasing"),
         ("tokens = [512,", "tokens = [-512,", f"{EFF}.tokens", "positive"),
         (ALL_EFF, "efficiency = []", f"{EFF}.efficiency", "non-empty"),
@@ -164,7 +164,7 @@ def test_bad_matmul_efficiency(tmp_path, old, new, field, fragment):
 
 
 def test_matmul_efficiency_missing_source(tmp_path):
-    text = _sub(_line('source = "measured 2026-11-29 bf16 GEMM') + "\n", "")
+    text = _sub(_line('source = "measured 2026-11-29 benchmarks/h200_probe.py (torch 2.11)') + "\n", "")
     _rejects(tmp_path, text, "gpu.matmul_efficiency.source", "missing")
 
 

@@ -15,6 +15,8 @@ def _gpu(points):
         bf16_flops_per_s=1e12,
         hbm_bytes_per_s=1e12,
         matmul_efficiency=points,
+        attention_forward_efficiency=points,
+        attention_backward_efficiency=points,
         kernel_launch_s=1e-5,
     )
 
@@ -47,11 +49,14 @@ def test_matmul_efficiency_table_must_be_sorted():
 
 def test_h200_efficiency_curve():
     gpu = load_profile("h200-bench").gpu
-    assert gpu.matmul_efficiency_at(8192) == pytest.approx(0.79)
-    assert gpu.matmul_efficiency_at(10**6) == pytest.approx(0.79)
-    assert gpu.matmul_efficiency_at(64) == pytest.approx(0.45)
+    assert gpu.matmul_efficiency_at(8192) == pytest.approx(0.69)
+    assert gpu.matmul_efficiency_at(10**6) == pytest.approx(0.68)
+    assert gpu.matmul_efficiency_at(64) == pytest.approx(0.31)
     at = gpu.matmul_efficiency_at
     assert at(512) < at(1536) < at(2048)
+    attention = gpu.attention_efficiency_at
+    assert attention(1024, backward=False) == pytest.approx(0.21)
+    assert attention(4096, backward=True) == pytest.approx(0.08 + (0.37 - 0.08) * 2 / 3)  # log2
 
 
 def test_with_overrides_returns_a_copy_and_records_the_source():
@@ -94,7 +99,7 @@ def test_to_dict_is_json_and_si():
     assert d["gpu"]["memory_bytes"] == 139 * 2**30
     assert d["link"]["h2d_bytes_per_s"] == pytest.approx(55.4e9)
     assert d["host"]["adamw_params_per_s"] == pytest.approx(3.7e9)
-    assert d["gpu"]["matmul_efficiency"][0] == [512, 0.45]
+    assert d["gpu"]["matmul_efficiency"][0] == [512, 0.31]
     assert d["sources"]["link.h2d"].startswith("measured")
     assert d["path"].endswith("h200-bench.toml")
 

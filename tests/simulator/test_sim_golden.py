@@ -91,10 +91,11 @@ def test_golden_trace_has_every_task_once(golden):
 EMB_LOAD_S = 2 * 16384 / 1e9  # bf16 embedding: 32.768 us
 LAYER_LOAD_S = 2 * 36992 / 1e9  # bf16 layer: 73.984 us
 HEAD_LOAD_S = 2 * 16448 / 1e9  # bf16 head + final norm: 32.896 us
-# Layer forward: GEMMs 77824*16/1e12 = 1.245184 us, plus elementwise HBM traffic
-# (sizes.layer_elementwise_bytes_per_token: 2 B * (4*64 + 2*(64+32) + 3*128 + 6*64 + 2*64 + 2*32)
-# = 2816 B/token) * 16 tokens / 1e15 B/s = 4.5056e-11 s.
-LAYER_FWD_S = 77824 * 16 / 1e12 + 2816 * 16 / 1e15
+# Layer forward: GEMMs 73728 + attention 4*16*64 = 4096 FLOPs/token, both at efficiency 1:
+# 77824*16/1e12 = 1.245184 us, plus elementwise HBM traffic (sizes.layer_elementwise_bytes_per_token:
+# norms 2*36*64 + RoPE 20*(64+32) + SwiGLU 10*128 + residuals 2*6*64 + layout 4*64
+# = 8832 B/token) * 16 tokens / 1e15 B/s = 1.41312e-10 s.
+LAYER_FWD_S = 77824 * 16 / 1e12 + 8832 * 16 / 1e15
 # Embedding forward: 2 hidden tensors (2 B * 64 * 16 = 2048 B each) of HBM traffic, no FLOPs.
 EMB_FWD_S = 2 * 2048 / 1e15
 # Head: 3 * (2*64*256 FLOPs/token) * 16 tokens / 1e12 = 1.572864 us, plus 4 * 2048 B / 1e15.
@@ -127,7 +128,7 @@ def test_forwards_wait_for_their_weights(events):
     _assert_times(events["s0.m0.forward.emb"], EMB_LOAD_S, EMB_LOAD_S + EMB_FWD_S)
     l0_start_s = EMB_LOAD_S + LAYER_LOAD_S
     _assert_times(events["s0.m0.forward.L0"], l0_start_s, l0_start_s + LAYER_FWD_S)
-    assert events["s0.m0.forward.L0"].duration_s == pytest.approx(1.245229056 * US, rel=1e-12)
+    assert events["s0.m0.forward.L0"].duration_s == pytest.approx(1.245325312 * US, rel=1e-12)
     l1_start_s = EMB_LOAD_S + 2 * LAYER_LOAD_S
     _assert_times(events["s0.m0.forward.L1"], l1_start_s, l1_start_s + LAYER_FWD_S)
     head_start_s = l1_start_s + HEAD_LOAD_S  # 213.632 us: the head waits for its load
