@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from layerslide.cli.options import (
+    DEFAULT_PROFILE,
     UsageError,
     gib,
     model_of,
@@ -139,13 +140,20 @@ def _print_prediction(pred: Prediction) -> None:
 
 
 def cmd_simulate(args) -> int:
+    tuned = {}
     if args.plan:
-        plan = Plan.load(args.plan)
+        try:
+            plan = Plan.load(args.plan)
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+        tuned = plan.meta
     else:
         if not args.model:
             raise UsageError("give --model (and settings) or --plan FILE")
         plan = _build(args)
-    profile = profile_of(args.profile)
+    profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE)
+    if args.gpu_memory is None:
+        args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)

@@ -51,10 +51,13 @@ def add_model(p: argparse.ArgumentParser, required: bool = True) -> None:
                         "file or folder")
 
 
-def add_profile(p: argparse.ArgumentParser, default: str | None = "h200-bench") -> None:
+DEFAULT_PROFILE = "h200-bench"
+
+
+def add_profile(p: argparse.ArgumentParser, default: str | None = DEFAULT_PROFILE) -> None:
     p.add_argument("--profile", default=default,
                    help="built-in hardware profile (see `layerslide profiles`) or a path to a "
-                        f"TOML profile (default: {default})")
+                        f"TOML profile (default: {default or DEFAULT_PROFILE})")
     p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
                    help="cap GPU memory, e.g. 24GiB (bytes; units B, KB, MB, GB, KiB, MiB, GiB...)")
 

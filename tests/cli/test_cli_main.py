@@ -95,3 +95,23 @@ def test_every_help_states_units(capsys):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         assert "Units:" in capsys.readouterr().out
+
+
+def test_simulate_a_tuned_plan_defaults_to_its_profile_and_cap(capsys, tmp_path):
+    path = tmp_path / "tuned.json"
+    code, _, _ = run(capsys, "tune", "--model", "llama-3.2-1b", "--profile", "rtx4090-256gb",
+                     "--gpu-memory", "20GiB", "--windows", "2", "--micro-batches", "2",
+                     "--activations", "host", "--casts", "cpu_once", "-o", str(path))
+    assert code == 0
+    code, out, _ = run(capsys, "simulate", "--plan", str(path), "--json")
+    summary = json.loads(out)
+    assert summary["limit_gpu_bytes"] == 20 * 1024**3
+    code, out, _ = run(capsys, "simulate", "--plan", str(path))
+    assert "on rtx4090-256gb (GPU capped at 20.0 GiB)" in out
+
+
+def test_unreadable_plan_file_is_a_usage_error(capsys, tmp_path):
+    bad = tmp_path / "plan.json"
+    bad.write_text("not json")
+    code, _, err = run(capsys, "simulate", "--plan", str(bad))
+    assert code == 2 and "plan.json" in err
