@@ -137,6 +137,7 @@ class _Builder:
 
     def ensure_weights(self, block: int, step: int, micro: int, consumer: str, pos: int) -> None:
         """Make block weights (version `step`) present for `consumer`, loading them if needed."""
+        assert self.gpu_order[pos] == consumer, (pos, consumer)  # priorities are GPU positions
         if block in self.resident:
             slot = self.resident_slots[block]
         else:
@@ -378,8 +379,10 @@ class _Builder:
         self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
         resident_layers = len(self.resident) - 2
         self.buffer("gpu.resident_layers", "gpu", resident_layers * unit)
+        landing = FP32_BYTES if pol.cast == "gpu" else 0  # fp32 arrives, then is cast
         for b in (EMBEDDING, self.L):
-            self.buffer(f"gpu.{self.blk(b)}.weights", "gpu", BF16_BYTES * self.params(b))
+            self.buffer(f"gpu.{self.blk(b)}.weights", "gpu",
+                        (BF16_BYTES + landing) * self.params(b))
             self.buffer(f"gpu.{self.blk(b)}.grads", "gpu", BF16_BYTES * self.params(b))
         self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
         self.buffer("host.runtime", "host", sizes.HOST_RUNTIME_BYTES)

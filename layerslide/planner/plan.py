@@ -86,6 +86,9 @@ class Plan:
 
     def validate(self) -> None:
         """Raise ValueError if lane orders and dependencies cannot all be honoured."""
+        missing = [n for n, data in self.graph.nodes(data=True) if "task" not in data]
+        if missing:
+            raise ValueError(f"edges name tasks that the plan does not have: {missing[:3]}")
         lane_tasks = {lane: set(order) for lane, order in self.lane_order.items()}
         for t in self.tasks:
             if t.id not in lane_tasks.get(t.lane, ()):

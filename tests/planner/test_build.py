@@ -156,3 +156,19 @@ def test_bad_inputs_are_refused_with_what_to_change(tiny_model):
         build_plan(tiny_model, TrainSpec(), Policy(), num_steps=1)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         build_plan(tiny_model, TrainSpec(seq_len=8192), Policy())
+
+
+def test_gpu_cast_needs_fp32_landing_buffers_on_the_gpu(tiny_model):
+    train = TrainSpec(micro_batch=2, seq_len=16)
+    base = build_plan(tiny_model, train, Policy(cast="cpu_once", window=2), num_steps=2)
+    gpu = build_plan(tiny_model, train, Policy(cast="gpu", window=2), num_steps=2)
+    m = tiny_model
+    landing = 4 * (2 * m.layer_params + m.embedding_params + m.head_params + m.final_norm_params)
+    assert gpu.static_bytes("gpu") - base.static_bytes("gpu") == landing
+
+
+def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan.graph.add_edge("s0.m0.forward.L0", "no.such.task")
+    with pytest.raises(ValueError, match="does not have"):
+        plan.validate()
