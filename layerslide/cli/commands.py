@@ -132,6 +132,9 @@ def _print_prediction(pred: Prediction) -> None:
               f"bottleneck: {pred.bottleneck}")
         busy = ", ".join(f"{lane} {frac:.0%}" for lane, frac in pred.lane_busy.items())
         print(f"lane busy over the last step: {busy}")
+        floors = sorted(pred.floors_s.items(), key=lambda kv: -kv[1])[:3]
+        print(f"floor {pred.floor_s:.3f} s ({pred.floor_s / pred.step_s:.0%} of the step); "
+              "largest bounds: " + ", ".join(f"{k} {v:.3f} s" for k, v in floors))
     print("peak memory (GiB): " + ", ".join(
         f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
         for t in TIERS))
@@ -220,7 +223,8 @@ def cmd_tune(args) -> int:
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
     shown = ["micro_batch", "window", "activations", "cast", "cast_worker", "moments_on_nvme",
              "master_on_nvme",
-             "step_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes", "peak_host_bytes"]
+             "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes",
+             "peak_host_bytes"]
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
     lines = _rejection_lines(result)

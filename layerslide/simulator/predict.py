@@ -43,7 +43,14 @@ class Prediction:
     mfu: float | None = None
     lane_busy: dict[str, float] = field(default_factory=dict)
     bottleneck: str | None = None
+    # Lower bounds on the step: each lane's work run alone, each shared resource's total use
+    # over its capacity. The largest is the floor no schedule of this plan can beat.
+    floors_s: dict[str, float] = field(default_factory=dict)
     trace: Trace | None = None
+
+    @property
+    def floor_s(self) -> float | None:
+        return max(self.floors_s.values()) if self.floors_s else None
 
     @property
     def feasible(self) -> bool:
@@ -66,6 +73,8 @@ class Prediction:
             "mfu": self.mfu,
             "bottleneck": self.bottleneck,
             "lane_busy": self.lane_busy,
+            "floors_s": self.floors_s,
+            "floor_s": self.floor_s,
             **{f"peak_{t}_bytes": self.peak_bytes.get(t, 0) for t in TIERS},
             **{f"limit_{t}_bytes": self.limits_bytes[t] for t in TIERS},
         }
@@ -94,6 +103,23 @@ def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, flo
     return {lane: busy.get(lane, 0.0) / span for lane in trace.lanes} if span > 0 else {}
 
 
+def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
+    """Per-step lower bounds: 'lane:<name>' is the lane's work alone, '<resource>' is the total
+    use of a shared resource (host memory, PCIe, NVMe) over its capacity. Uses step 0's tasks:
+    every step does the same work."""
+    floors: dict[str, float] = {}
+    capacities = costs.capacities()
+    for task in plan.tasks:
+        if task.step != 0:
+            continue
+        cost = costs.cost(task)
+        key = f"lane:{task.lane}"
+        floors[key] = floors.get(key, 0.0) + cost.solo_s
+        for resource, rate in cost.uses:
+            floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
+    return floors
+
+
 def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
              label: str = "", costs: CostModel | None = None) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
@@ -105,7 +131,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     if early:
         return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
                           peak_bytes=static, overflows=early)
-    trace = run_plan(plan, costs or CostModel(profile))
+    costs = costs or CostModel(profile)
+    trace = run_plan(plan, costs)
     trace = Trace(source="simulated", label=label or plan.model.name, events=trace.events,
                   memory=trace.memory, meta={"profile": profile.name})
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
@@ -121,5 +148,6 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
         overflows=_overflows(peaks, limits), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
-        lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None, trace=trace,
+        lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
+        floors_s=step_floors(plan, costs), trace=trace,
     )

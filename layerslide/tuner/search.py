@@ -77,6 +77,7 @@ class Candidate:
             "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
+            "floor_s": s.floor_s,
             **{f"peak_{tier}_bytes": s.peak_bytes.get(tier, 0) for tier in TIERS},
         }
 
