@@ -11,6 +11,7 @@ import pandas as pd
 from layerslide.cli.options import (
     DEFAULT_PROFILE,
     UsageError,
+    check_writable,
     gib,
     model_of,
     policy_of,
@@ -19,7 +20,7 @@ from layerslide.cli.options import (
     train_of,
 )
 from layerslide.hwprofiles import builtin_profiles
-from layerslide.planner import PRESETS, Plan, build_plan, resolve_model
+from layerslide.planner import PRESETS, Plan, TrainSpec, build_plan, resolve_model
 from layerslide.reports import (
     format_table,
     plot_memory,
@@ -33,7 +34,13 @@ from layerslide.tuner.whatif import WhatIfRow, across_models, across_profiles, l
 
 
 def _print_json(data) -> None:
-    print(json.dumps(data, indent=2, default=str))
+    # allow_nan=False: NaN is not JSON; missing values must already be None
+    print(json.dumps(data, indent=2, default=str, allow_nan=False))
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    """DataFrame rows as dicts with None (JSON null) where pandas holds NaN."""
+    return df.astype(object).where(df.notna(), None).to_dict(orient="records")
 
 
 def _gib_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -104,10 +111,18 @@ def _build(args) -> Plan:
         raise UsageError(str(err)) from err
 
 
+def _save(plan: Plan, path: str) -> None:
+    try:
+        plan.save(path)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+
 def cmd_plan(args) -> int:
+    check_writable(args.output)
     plan = _build(args)
     if args.output:
-        plan.save(args.output)
+        _save(plan, args.output)
     summary = _plan_summary(plan)
     if args.json:
         _print_json(summary)
@@ -158,9 +173,11 @@ def cmd_simulate(args) -> int:
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
+    check_writable(args.trace_out)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)
-    if args.report_dir and pred.trace is not None:
+    wrote_report = bool(args.report_dir and pred.trace is not None)
+    if wrote_report:
         out = Path(args.report_dir)
         out.mkdir(parents=True, exist_ok=True)
         plot_timeline(pred.trace, out / "timeline.png", title=f"{plan.model.name} on {profile.name}")
@@ -171,10 +188,13 @@ def cmd_simulate(args) -> int:
         _print_json(pred.summary())
         return 0 if pred.feasible else 1
     print(f"{plan.model.name} on {profile.name}"
-          + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
+          + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)"
+             if args.gpu_memory is not None else ""))
     _print_prediction(pred)
-    if args.report_dir:
+    if wrote_report:
         print(f"report written to {args.report_dir}")
+    elif args.report_dir:
+        print(f"no report written: the plan was rejected before simulating ({pred.reason})")
     return 0 if pred.feasible else 1
 
 
@@ -207,15 +227,20 @@ def space_of(args) -> SearchSpace:
 
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile)
-    result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
-                  space=space_of(args), gpu_memory_bytes=args.gpu_memory,
-                  progress=progress_printer("tune: candidates simulated"))
+    check_writable(args.output)
+    try:
+        TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
+        result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
+                      space=space_of(args), gpu_memory_bytes=args.gpu_memory,
+                      progress=progress_printer("tune: candidates simulated"))
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     if args.output and result.best_plan is not None:
-        result.best_plan.save(args.output)
+        _save(result.best_plan, args.output)
     table = pd.DataFrame([c.row() for c in result.candidates])
     if args.json:
-        _print_json({"best": table.iloc[0].to_dict() if result.best else None,
-                     "candidates": table.to_dict(orient="records"),
+        rows = _records(table)
+        _print_json({"best": rows[0] if result.best else None, "candidates": rows,
                      "plan_file": args.output if result.best_plan is not None else None})
         return 0 if result.best else 1
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
@@ -245,40 +270,58 @@ def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
     return table
 
 
+def _largest_by_size(rows: list[WhatIfRow]) -> list[dict]:
+    """The largest fitting model for each (RAM, NVMe) size tried."""
+    sizes = dict.fromkeys((r.ram_bytes, r.nvme_bytes) for r in rows)
+    out = []
+    for ram, nvme in sizes:
+        best = largest_fitting([r for r in rows if (r.ram_bytes, r.nvme_bytes) == (ram, nvme)])
+        out.append({"ram_bytes": ram, "nvme_bytes": nvme,
+                    "largest_fitting_model": best.model if best else None,
+                    "params": best.params if best else None})
+    return out
+
+
 def cmd_whatif(args) -> int:
     progress = progress_printer("whatif")
-    if args.profile_axis:
-        profile = profile_of(args.profile_axis)
-        names = args.models or tuple(PRESETS)
-        try:
-            models = [resolve_model(n) for n in names]
-        except ValueError as err:
-            raise UsageError(str(err)) from err
-        rows = across_models(profile, models, ram_sizes=args.ram or (None,),
-                             nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                             gpu_memory_bytes=args.gpu_memory, progress=progress)
-        title = f"models on {profile.name}"
-    else:
-        if not args.model:
-            raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
-        model = model_of(args)
-        profiles = ([profile_of(n) for n in args.profiles] if args.profiles
-                    else builtin_profiles())
-        rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                               gpu_memory_bytes=args.gpu_memory, progress=progress)
-        title = f"{model.name} across profiles"
+    try:
+        if args.profile_axis:
+            if args.model or args.profiles:
+                raise UsageError("--on-profile compares models: give them with --models, "
+                                 "not --model or --profiles")
+            profile = profile_of(args.profile_axis)
+            models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
+            rows = across_models(profile, models, ram_sizes=args.ram or (None,),
+                                 nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
+                                 gpu_memory_bytes=args.gpu_memory, progress=progress)
+            title = f"models on {profile.name}"
+        else:
+            if not args.model:
+                raise UsageError("give --model M (across profiles) or --on-profile P "
+                                 "(across models)")
+            if args.models or args.ram or args.nvme:
+                raise UsageError("--models, --ram and --nvme go with --on-profile")
+            model = model_of(args)
+            profiles = ([profile_of(n) for n in args.profiles] if args.profiles
+                        else builtin_profiles())
+            rows = across_profiles(model, profiles, seq_len=args.seq_len,
+                                   gpu_memory_bytes=args.gpu_memory, progress=progress)
+            title = f"{model.name} across profiles"
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     table = _whatif_table(rows)
-    largest = largest_fitting(rows) if args.profile_axis else None
+    largest = _largest_by_size(rows) if args.profile_axis else []
     if args.json:
-        _print_json({"rows": table.to_dict(orient="records"),
-                     "largest_fitting_model": largest.model if largest else None})
+        _print_json({"rows": _records(table), "largest": largest})
         return 0
     print(f"what-if: {title}")
     cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
             "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
             "config", "reason"]
     print(format_table(_gib_columns(table[[c for c in cols if c in table.columns]])))
-    if args.profile_axis:
-        print("largest model that fits: "
-              + (f"{largest.model} ({largest.params / 1e9:.1f}B params)" if largest else "none"))
+    for entry in largest:
+        name = entry["largest_fitting_model"]
+        print(f"largest model that fits with {gib(entry['ram_bytes']):.0f} GiB RAM and "
+              f"{gib(entry['nvme_bytes']):.0f} GiB NVMe: "
+              + (f"{name} ({entry['params'] / 1e9:.1f}B params)" if name else "none"))
     return 0

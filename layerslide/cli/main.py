@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("simulate", "predict step time, throughput and peak memory of a plan")
     add_model(p, required=False)
-    p.add_argument("--plan", help="a plan file from `plan -o` or `tune -o` instead of --model; "
-                                   "a tuned plan brings its profile and GPU cap as defaults")
+    p.add_argument("--plan", help="a plan file from `plan -o` or `tune -o` instead of --model "
+                                   "(its settings replace the training and policy flags); a "
+                                   "tuned plan brings its profile and GPU cap as defaults")
     add_profile(p, default=None)
     add_train(p)
     add_policy(p)

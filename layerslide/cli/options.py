@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
@@ -31,14 +32,20 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def str_list(text: str) -> tuple[str, ...]:
-    return tuple(v.strip() for v in text.split(",") if v.strip())
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names")
+    return values
 
 
 def byte_size(text: str) -> int:
     try:
-        return parse_bytes(text)
+        size = parse_bytes(text)
     except (TypeError, ValueError) as err:
         raise argparse.ArgumentTypeError(str(err))
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be more than 0 bytes")
+    return size
 
 
 def byte_sizes(text: str) -> tuple[int, ...]:
@@ -140,6 +147,12 @@ def policy_of(args) -> Policy:
                       host_grad_buffers=args.host_grad_buffers)
     except ValueError as err:
         raise UsageError(str(err)) from err
+
+
+def check_writable(path: str | None) -> None:
+    """Refuse an output path whose folder does not exist before long work starts."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise UsageError(f"cannot write {path}: folder {Path(path).resolve().parent} does not exist")
 
 
 def progress_printer(what: str):

@@ -73,5 +73,8 @@ def parse_bytes(text: str) -> int:
             f"unknown size unit {unit!r} in {text!r}{did_you_mean}; "
             f"accepted: {', '.join(factors)} (KB/GB are powers of 10, KiB/GiB powers of 2)"
         )
-    value = float(number) * (10.0 ** int(exponent) if exponent else 1.0)
-    return round(value * factors[unit])
+    try:
+        value = float(number) * (10.0 ** int(exponent) if exponent else 1.0)
+        return round(value * factors[unit])
+    except (OverflowError, ValueError):
+        raise ValueError(f"{text!r} is too large to be a size in bytes") from None

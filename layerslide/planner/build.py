@@ -57,7 +57,7 @@ class _Builder:
         self.buffers: list[Buffer] = []
         self.resident = {EMBEDDING, self.L, *range(min(policy.resident_layers, self.L))}
         ring_layers = self.L - (len(self.resident) - 2)
-        self.slots = [_Slot() for _ in range(min(policy.window, max(ring_layers, 1)))]
+        self.slots = [_Slot() for _ in range(min(policy.window, ring_layers))]
         self.resident_slots = {b: _Slot() for b in self.resident}
         self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
         self.grad_slot_next = 0
@@ -189,8 +189,6 @@ class _Builder:
         prev = None
 
         emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
-        if m == 0:
-            self.step_markers.append(emb)
         self.edge(prev, emb, "data")
         self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
         producers = {0: emb}  # layer i's checkpointed input is produced by this task
@@ -286,6 +284,9 @@ class _Builder:
         self.edge(producer, off, "data")
         if block in self.dedicated_grad_last:
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
+            if block == EMBEDDING and self.model.tie_word_embeddings:
+                # the head adds its (tied) LM-head grads into the embedding's grad buffer first
+                self.edge(self.dedicated_grad_last[block], f"s{s}.m{m}.head.head", "unit_reuse")
             self.dedicated_grad_last[block] = off
         else:
             slot = self.grad_slot_next % len(self.grad_slots)
@@ -369,6 +370,10 @@ class _Builder:
                                      layer=b, step=s, bytes=FP32_BYTES * p, params=p),
                                 key=(opt_key(b)[0], 5))
                 self.edge(opt, cast, "data")
+                if state_bytes > 0 and pol.master_on_nvme > 0:
+                    # the cast reads the updated master weights from the staging buffer: write
+                    # them back (and free the buffer) only after it
+                    self.edge(cast, f"s{s}.write_state.{self.blk(b)}", "data")
 
     # --- static buffers ------------------------------------------------------------------------
     def static_buffers(self) -> None:
@@ -400,6 +405,10 @@ class _Builder:
         for s in range(self.num_steps):
             for m in range(self.A):
                 self.micro_batch(s, m)
+            # One step ends when its last backward does: from there to the next step's, the
+            # GPU waits for the updates it needs, runs forward and backward; the same cycle
+            # every step, so the interval between two markers is the steady-state step.
+            self.step_markers.append(self.gpu_order[-1])
             self.update(s)
         lane_order = {"gpu": tuple(self.gpu_order)}
         for lane in LANES[1:]:

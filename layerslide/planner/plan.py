@@ -89,6 +89,15 @@ class Plan:
         missing = [n for n, data in self.graph.nodes(data=True) if "task" not in data]
         if missing:
             raise ValueError(f"edges name tasks that the plan does not have: {missing[:3]}")
+        for lane, discipline in self.lane_discipline.items():
+            if lane not in LANES or discipline not in LANE_DISCIPLINES:
+                raise ValueError(f"unknown lane {lane!r} or discipline {discipline!r}; lanes: "
+                                 f"{', '.join(LANES)}; disciplines: {', '.join(LANE_DISCIPLINES)}")
+        if set(self.lane_order) != set(self.lane_discipline):
+            raise ValueError("every lane needs both an order and a discipline")
+        markers = self.meta.get("step_markers", ())
+        if len(markers) != self.num_steps or any(m not in self.graph for m in markers):
+            raise ValueError("meta.step_markers must name one task per planned step")
         lane_tasks = {lane: set(order) for lane, order in self.lane_order.items()}
         for t in self.tasks:
             if t.id not in lane_tasks.get(t.lane, ()):
@@ -126,6 +135,17 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict) -> Plan:
+        if not isinstance(data, dict):
+            raise ValueError(  # noqa: TRY004 (bad input at the boundary: ValueError, house style)
+                f"not a layerslide plan: expected a JSON object, got {type(data).__name__}")
+        try:
+            return cls._from_dict(data)
+        except (KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"not a layerslide plan (rebuild it with `layerslide plan -o` or "
+                             f"`layerslide tune -o`): {type(err).__name__}: {err}") from err
+
+    @classmethod
+    def _from_dict(cls, data: dict) -> Plan:
         version = data.get("format_version")
         if version != PLAN_FORMAT_VERSION:
             raise ValueError(f"plan format version {version!r} is not {PLAN_FORMAT_VERSION}: "
@@ -153,7 +173,11 @@ class Plan:
         return plan
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """Write the plan as JSON; ValueError names the path if it cannot be written."""
+        try:
+            Path(path).write_text(json.dumps(self.to_dict()))
+        except OSError as err:
+            raise ValueError(f"cannot write plan file {path}: {err.strerror or err}") from err
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -161,7 +185,10 @@ class Plan:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise ValueError(f"cannot read plan file {path}: {err}") from err
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from err
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):

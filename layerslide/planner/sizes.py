@@ -79,14 +79,14 @@ def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
 
 
 def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
-    """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward."""
-    grad_input = BF16_BYTES * model.hidden_size * tokens
+    """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward; the
+    grad w.r.t. the head's input is the plan's dgrad buffer, not counted here."""
     if head_loss == "materialized":
         # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
-        return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens + grad_input
+        return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
     chunk = fused_head_chunk_tokens(model, tokens)
-    # one chunk's fp32 logits and their grad, plus the grad w.r.t. the head's input.
-    return 2 * FP32_BYTES * model.vocab_size * chunk + grad_input
+    # one chunk's fp32 logits and their grad
+    return 2 * FP32_BYTES * model.vocab_size * chunk
 
 
 def head_params(model: ModelSpec) -> int:

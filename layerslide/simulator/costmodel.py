@@ -59,11 +59,12 @@ class CostModel:
         if t.flops:
             busy_s += t.flops / (gpu.bf16_flops_per_s * self.efficiency(t.tokens))
         if t.attention_flops:
-            forward = gpu.attention_efficiency_at(t.tokens, backward=False)
-            busy_s += t.attention_flops / (gpu.bf16_flops_per_s * forward)
-            if t.kind == "backward":  # after the recompute: attention backward, 2x the FLOPs
+            if t.kind == "backward":  # recompute forward + backward: 3x the forward FLOPs
                 both = gpu.attention_efficiency_at(t.tokens, backward=True)
                 busy_s += 3 * t.attention_flops / (gpu.bf16_flops_per_s * both)
+            else:
+                forward = gpu.attention_efficiency_at(t.tokens, backward=False)
+                busy_s += t.attention_flops / (gpu.bf16_flops_per_s * forward)
         busy_s += t.bytes / gpu.hbm_bytes_per_s
         # Dispatches overlap with the GPU's work; a task is host-bound only when they take longer.
         return Cost(solo_s=max(busy_s, t.host_ops * gpu.kernel_launch_s))
@@ -88,9 +89,10 @@ class CostModel:
             traffic = t.params * host.adamw_bytes_per_param + t.bytes  # t.bytes: grad upcast
             solo = traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param)
         elif t.kind in ("cast", "accumulate_grads"):
-            # Both are one streaming pass over fp32 data, bound like the cast.
+            # Both stream over host memory at the cast's traffic rate (it reads 4 B and writes
+            # 2 B per param; cast_bytes_per_s counts the 4 read).
             traffic = t.bytes * CAST_TRAFFIC_PER_READ_BYTE if t.kind == "cast" else t.bytes
-            solo = t.bytes / host.cast_bytes_per_s
+            solo = traffic / (host.cast_bytes_per_s * CAST_TRAFFIC_PER_READ_BYTE)
         elif t.kind == "grad_norm":
             return Cost(solo_s=0.0)  # partial norms come with the grads; this is a barrier
         else:

@@ -137,9 +137,9 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
                   memory=trace.memory, meta={"profile": profile.name})
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
 
-    # Steady state: the last whole step, from one step's first GPU task to the next one's.
-    starts = {e.task_id: e.start_s for e in trace.events}
-    markers = [starts[t] for t in plan.meta["step_markers"]]
+    # Steady state: the last whole cycle, from the end of one step's last GPU task to the next.
+    ends = {e.task_id: e.end_s for e in trace.events}
+    markers = [ends[t] for t in plan.meta["step_markers"]]
     step_s = markers[-1] - markers[-2]
     busy = _busy_fractions(trace, markers[-2], markers[-1])
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens

@@ -2,7 +2,8 @@
 
 For each candidate (window, micro-batch, accumulation, activation placement, cast, optimizer
 order) the optimizer-state placement is the least NVMe use that fits the host: NVMe only ever
-slows a step down, so a candidate gets RAM first and spills moments, then master weights.
+slows a step down, so a candidate gets RAM first; while the host overflows it first bounds the
+pinned gradient landing buffers, then spills moments, then master weights to NVMe.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan
-from layerslide.simulator import Prediction, memory_limits, simulate
+from layerslide.planner.settings import ACTIVATION_PLACEMENTS, CAST_MODES, OPTIMIZER_ORDERS
+from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 
 # (moments_on_nvme, master_on_nvme), least NVMe first.
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
+# Pinned gradient landing buffers to fall back to when the host overflows: few enough to bound
+# the grads waiting for a slow optimizer, enough to keep the backward streaming.
+BOUNDED_GRAD_BUFFERS = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +36,9 @@ class SearchSpace:
     grad_accums: tuple[int, ...] = (1,)
     activations: tuple[str, ...] = ("gpu", "host")
     casts: tuple[str, ...] = ("cpu_once", "gpu")
-    cast_workers: tuple[bool, ...] = (False, True)  # casts beside the optimizer, or after it
+    # Casts on a worker beside the optimizer's: not tried by default, because the cost model
+    # shares host memory bandwidth between them but not the cores (it would always win).
+    cast_workers: tuple[bool, ...] = (False,)
     optimizer_orders: tuple[str, ...] = ("deadline",)
     allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small
 
@@ -40,6 +47,16 @@ class SearchSpace:
                      "cast_workers", "optimizer_orders"):
             if not getattr(self, name):
                 raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
+        for name in ("windows", "micro_batches", "grad_accums"):
+            bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < 1]
+            if bad:
+                raise ValueError(f"SearchSpace.{name}: {bad} are not positive integers")
+        for name, allowed in (("activations", ACTIVATION_PLACEMENTS), ("casts", CAST_MODES),
+                              ("optimizer_orders", OPTIMIZER_ORDERS)):
+            bad = [v for v in getattr(self, name) if v not in allowed]
+            if bad:
+                raise ValueError(f"SearchSpace.{name}: {bad} unknown; choose from "
+                                 f"{', '.join(allowed)}")
 
     def candidates(self, seq_len: int, max_grad_norm: float | None,
                    base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
@@ -75,6 +92,7 @@ class Candidate:
             "activations": p.activations, "cast": p.cast, "cast_worker": p.cast_worker,
             "optimizer_order": p.optimizer_order,
             "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
+            "host_grad_buffers": p.host_grad_buffers,
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -106,25 +124,30 @@ class TuneResult:
         return counts
 
 
-def _fits_statically(plan: Plan, limits: dict[str, int]) -> bool:
-    return all(plan.static_bytes(t) <= limits[t] for t in TIERS)
-
-
 def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
              gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int) -> Candidate:
-    """Simulate one candidate with the least NVMe placement whose static buffers fit."""
-    limits = memory_limits(profile, gpu_memory_bytes)
+    """Simulate one candidate with the least NVMe use that fits; if nothing fits, the last
+    try (or the first one that overflows a tier that more NVMe cannot relieve)."""
     placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
-    tried = policy
+    pools = [policy.host_grad_buffers]
+    if train.max_grad_norm is None and policy.host_grad_buffers is None:
+        pools.append(BOUNDED_GRAD_BUFFERS)  # clipping holds every grad: no pool to bound
+    candidate = None
     for moments, master in placements:
         if master > 0 and policy.cast != "cpu_once":
             continue  # these casts read master weights from RAM at every load
-        tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master)
-        plan = build_plan(model, train, tried, num_steps=num_steps)
-        if _fits_statically(plan, limits):
-            break
-    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
-    return Candidate(train=train, policy=tried, prediction=replace(prediction, trace=None))
+        for pool in pools:
+            tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master,
+                            host_grad_buffers=pool)
+            plan = build_plan(model, train, tried, num_steps=num_steps)
+            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+            candidate = Candidate(train=train, policy=tried,
+                                  prediction=replace(prediction, trace=None))
+            overflowing = {o.tier for o in prediction.overflows}
+            if not overflowing or overflowing != {"host"}:
+                return candidate  # fits, or GPU/NVMe overflow that spilling cannot relieve
+    assert candidate is not None
+    return candidate
 
 
 def _evaluate_args(args: tuple) -> Candidate:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec
+from layerslide.trace import TIERS
 from layerslide.tuner.search import SearchSpace, TuneResult, tune
 
 # Small enough to sweep many profiles or models in seconds, wide enough to find the regime.
@@ -37,18 +38,22 @@ class WhatIfRow:
         if best is None:
             # the closest miss: the candidate whose worst overflow is the smallest
             closest = min(self.result.candidates, key=_worst_ratio)
+            peaks = closest.prediction.peak_bytes
             return {**base, "reason": closest.prediction.reason, "tokens_per_s": None,
-                    "step_s": None, "bottleneck": None, "config": ""}
+                    "step_s": None, "bottleneck": None, "mfu": None, "config": "",
+                    **{f"peak_{tier}_bytes": peaks.get(tier, 0) for tier in TIERS}}
         r = best.row()
+        pool = r["host_grad_buffers"]
         config = (f"mb={r['micro_batch']} w={r['window']} act={r['activations']} "
-                  f"cast={r['cast']}{'+worker' if r['cast_worker'] else ''} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+                  f"cast={r['cast']}{'+worker' if r['cast_worker'] else ''}"
+                  f"{f' grad_bufs={pool}' if pool else ''} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
                 "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
                 **{k: r[k] for k in r if k.startswith("peak_")}}
 
 
 def _worst_ratio(candidate) -> float:
-    return max((o.need_bytes / o.limit_bytes for o in candidate.prediction.overflows),
+    return max((o.need_bytes / max(o.limit_bytes, 1) for o in candidate.prediction.overflows),
                default=0.0)
 
 

@@ -66,7 +66,9 @@ def test_whatif_both_axes(capsys):
     code, out, _ = run(capsys, "whatif", "--on-profile", "rtx4090-256gb",
                        "--models", "llama-3.2-1b,llama-3.1-70b", "--ram", "64GiB", "--json")
     data = json.loads(out)
-    assert data["largest_fitting_model"] == "llama-3.2-1b"
+    assert data["largest"] == [{"ram_bytes": 64 * 1024**3, "nvme_bytes": 2 * 10**12,
+                                "largest_fitting_model": "llama-3.2-1b",
+                                "params": 1_235_814_400}]
     assert not data["rows"][1]["feasible"] and "host" in data["rows"][1]["reason"]
 
 
@@ -115,3 +117,42 @@ def test_unreadable_plan_file_is_a_usage_error(capsys, tmp_path):
     bad.write_text("not json")
     code, _, err = run(capsys, "simulate", "--plan", str(bad))
     assert code == 2 and "plan.json" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "--model", "llama-3.2-1b", "--seq-len", "0"], "seq_len"),
+    (["tune", "--model", "llama-3.2-1b", "--seq-len", "10000000"], "max_position_embeddings"),
+    (["tune", "--model", "llama-3.2-1b", "--casts", "foo"], "casts"),
+    (["tune", "--model", "llama-3.2-1b", "--max-grad-norm", "-1"], "max_grad_norm"),
+    (["tune", "--model", "llama-3.2-1b", "-o", "/no/such/folder/x.json"], "does not exist"),
+    (["plan", "--model", "llama-3.2-1b", "-o", "/no/such/folder/x.json"], "does not exist"),
+    (["whatif", "--on-profile", "h200-bench", "--model", "llama-3.2-1b"], "--models"),
+    (["whatif", "--model", "llama-3.2-1b", "--ram", "64GiB"], "--on-profile"),
+])
+def test_more_bad_input_exits_2(capsys, argv, message):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("content", ['{"format_version": 1}', "[1, 2]", '{"tasks": 3}'])
+def test_json_that_is_not_a_plan_is_a_usage_error(capsys, tmp_path, content):
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    code, _, err = run(capsys, "simulate", "--plan", str(path))
+    assert code == 2 and "plan" in err
+
+
+def test_zero_sizes_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["whatif", "--model", "llama-3.2-1b", "--gpu-memory", "0B"])
+    assert "more than 0 bytes" in capsys.readouterr().err
+
+
+def test_json_output_has_no_nan(capsys):
+    code, out, _ = run(capsys, "tune", "--model", "llama-3.2-1b", "--windows", "1",
+                       "--micro-batches", "1,64", "--activations", "gpu", "--casts", "cpu_once",
+                       "--gpu-memory", "1GiB", "--json")
+    assert code == 1 and "NaN" not in out  # nothing fits 1 GiB
+    data = json.loads(out)
+    assert data["best"] is None
+    assert all(r["step_s"] is None for r in data["candidates"])  # rejected: null, not NaN

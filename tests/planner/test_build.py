@@ -19,7 +19,7 @@ def test_gpu_order_is_forward_head_backward_per_micro_batch(tiny_model):
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
     assert step0 == ["s0.m0.forward.emb", "s0.m0.forward.L0", "s0.m0.forward.L1", "s0.m0.head.head",
                      "s0.m0.backward.L1", "s0.m0.backward.L0", "s0.m0.backward.emb"]
-    assert plan.meta["step_markers"] == ["s0.m0.forward.emb", "s1.m0.forward.emb"]
+    assert plan.meta["step_markers"] == ["s0.m0.backward.emb", "s1.m0.backward.emb"]
 
 
 def test_window_decides_how_many_layers_are_loaded_twice():
@@ -172,3 +172,27 @@ def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
     plan.graph.add_edge("s0.m0.forward.L0", "no.such.task")
     with pytest.raises(ValueError, match="does not have"):
         plan.validate()
+
+
+def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(master_on_nvme=1.0, moments_on_nvme=1.0), num_steps=2)
+    for blk in ("emb", "L0", "L1", "head"):
+        assert nx.has_path(plan.graph, f"s0.cast.{blk}", f"s0.write_state.{blk}")
+
+
+def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
+    tied = make_tiny_model()
+    tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
+    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
+                      num_steps=2)
+    # both write the embedding's GPU grad buffer: the head of micro-batch 1 after the offload
+    assert nx.has_path(plan.graph, "s0.m0.offload_grads.emb", "s0.m1.head.head")
+
+
+def test_all_layers_resident_needs_no_ring_units(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(window=2, prefetch_depth=1, resident_layers=2), num_steps=2)
+    assert not any(b.id == "gpu.weight_units" for b in plan.buffers)
+    resident = next(b for b in plan.buffers if b.id == "gpu.resident_layers")
+    assert resident.bytes == 2 * 2 * tiny_model.layer_params

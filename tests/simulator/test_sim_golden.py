@@ -154,10 +154,17 @@ def test_cpu_chain_and_step_time(golden, events):
     assert cast_end_s == pytest.approx(46669.129444 * US, abs=1e-12)
     # step 1's embedding is loaded once step 0's cast is done, then the embedding forward runs
     _assert_times(events["s1.m0.forward.emb.load"], cast_end_s, cast_end_s + EMB_LOAD_S)
-    step_s = events["s1.m0.forward.emb"].start_s - events["s0.m0.forward.emb"].start_s
+    # the step is the cycle between the ends of consecutive steps' last GPU tasks
+    step_s = events["s1.m0.backward.emb"].end_s - events["s0.m0.backward.emb"].end_s
     assert prediction.step_s == step_s
-    # = (cast_end + 32.768 us) - 32.768 us: the step is the CPU chain up to the first cast
-    assert prediction.step_s == pytest.approx(cast_end_s, rel=0, abs=ABS_TOL_S)
+    # step 1's head waits for the last CPU task of step 0 (the head's cast, deadline order),
+    # then the head's load; behind it on H2D the L1 checkpoint (2048 B, 2.048 us, longer than
+    # the head's 1.57 us) gates backward L1; then both layer backwards and the embedding's run
+    tail = events["s1.m0.backward.emb"].end_s - events["s0.cast.head"].end_s
+    assert tail == pytest.approx(HEAD_LOAD_S + 2048 / 1e9
+                                 + events["s1.m0.backward.L1"].duration_s
+                                 + events["s1.m0.backward.L0"].duration_s
+                                 + events["s1.m0.backward.emb"].duration_s, rel=0, abs=ABS_TOL_S)
     assert prediction.bottleneck == "cpu"
 
 

@@ -1,5 +1,7 @@
 """tune: candidates, placement of optimizer state, ranking, rejections, the written plan."""
 
+from dataclasses import replace
+
 import pytest
 from helpers import GIB, make_round_profile, make_tiny_model
 
@@ -77,3 +79,42 @@ def test_nothing_fits_gives_no_plan():
 def test_empty_search_space_is_refused():
     with pytest.raises(ValueError, match="windows is empty"):
         SearchSpace(windows=())
+
+
+def test_gpu_overflow_is_not_blamed_on_the_host_or_spilled_to_nvme():
+    model = make_tiny_model()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    cap = build_plan(model, train, policy, num_steps=2).static_bytes("gpu") - 1
+    c = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=cap,
+                 allow_nvme=True, num_steps=2)
+    assert [o.tier for o in c.prediction.overflows] == ["gpu"]
+    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
+
+
+def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilling():
+    model = make_tiny_model(num_layers=6)
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
+                     allow_nvme=True, num_steps=2)
+    static = build_plan(model, train, policy, num_steps=2).static_bytes("host")
+    peak = roomy.prediction.peak_bytes["host"]
+    assert peak > static
+    bounded = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=2)
+    bounded_peak = simulate(bounded, make_round_profile()).peak_bytes["host"]
+    assert static < bounded_peak < peak  # grads wait for the slow CPU: fewer buffers, less RAM
+    # RAM between the two peaks: the plan passes the static check and only overflows while it
+    # runs; four pinned grad buffers then make it fit without NVMe
+    tight = make_round_profile(ram_bytes=(bounded_peak + peak) // 2)
+    c = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
+                 num_steps=2)
+    assert c.feasible
+    assert c.policy.host_grad_buffers == 4
+    assert c.policy.moments_on_nvme == 0.0
+    assert c.prediction.peak_bytes["host"] <= tight.host.ram_bytes
+
+
+def test_search_space_values_are_checked():
+    with pytest.raises(ValueError, match="casts"):
+        SearchSpace(casts=("cpu_twice",))
+    with pytest.raises(ValueError, match="micro_batches"):
+        SearchSpace(micro_batches=(0,))
