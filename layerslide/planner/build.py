@@ -75,7 +75,7 @@ class _Builder:
     # --- small helpers ---------------------------------------------------------------------
     def add(self, task: Task, key: tuple[float, int] | None = None) -> str:
         # an edge may name a task before it is added (a later step's consumer): not twice, though
-        assert "task" not in self.graph.nodes.get(task.id, {}), task.id
+        assert task.id not in self.graph or "task" not in self.graph.nodes[task.id], task.id
         self.graph.add_node(task.id, task=task)
         if task.lane == "gpu":
             self.gpu_order.append(task.id)
@@ -411,9 +411,11 @@ class _Builder:
             self.step_markers.append(self.gpu_order[-1])
             self.update(s)
         lane_order = {"gpu": tuple(self.gpu_order)}
-        for lane in LANES[1:]:
-            ids = [t for t in self.keys if self.graph.nodes[t]["task"].lane == lane]
-            lane_order[lane] = tuple(sorted(ids, key=lambda t: self.keys[t]))
+        by_lane: dict[str, list[str]] = {lane: [] for lane in LANES[1:]}
+        for tid in self.keys:
+            by_lane[self.graph.nodes[tid]["task"].lane].append(tid)
+        for lane, ids in by_lane.items():
+            lane_order[lane] = tuple(sorted(ids, key=self.keys.__getitem__))
         disciplines = {lane: ("strict" if lane in STRICT_LANES else "priority") for lane in LANES}
         plan = Plan(model=self.model, train=self.train, policy=self.policy,
                     num_steps=self.num_steps, graph=self.graph, lane_order=lane_order,

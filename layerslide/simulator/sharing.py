@@ -55,8 +55,9 @@ class SharedResources:
         self.capacities = capacities
         self.flows: list[_Flow] = []
         self._last_s = 0.0
-        self._wakeup = env.event()
-        env.process(self._run())
+        # Each change of the running set schedules a timer for the next completion; timers
+        # from before the latest change are stale and ignored (cheaper than cancelling).
+        self._generation = 0
 
     def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float) -> simpy.Event:
         """Start a task; the returned event fires when its work is done."""
@@ -64,8 +65,7 @@ class SharedResources:
         self._advance()
         self.flows.append(_Flow(solo_s, tuple(uses), share, done))
         self._reallocate()
-        if not self._wakeup.triggered:
-            self._wakeup.succeed()
+        self._schedule()
         return done
 
     def _advance(self) -> None:
@@ -90,20 +90,22 @@ class SharedResources:
             for (f, _), frac in zip(members, fractions):
                 f.rate = min(f.rate, frac)
 
-    def _run(self):
-        env = self.env
-        while True:
-            if not self.flows:
-                self._wakeup = env.event()
-                yield self._wakeup
-                continue
-            next_s = min(f.remaining_s / f.rate for f in self.flows)
-            self._wakeup = env.event()
-            yield env.timeout(max(next_s, 0.0)) | self._wakeup
-            self._advance()
-            finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]
-            if finished:
-                self.flows = [f for f in self.flows if f not in finished]
-                for f in finished:
-                    f.done.succeed()
-                self._reallocate()
+    def _schedule(self) -> None:
+        self._generation += 1
+        if not self.flows:
+            return
+        next_s = max(min(f.remaining_s / f.rate for f in self.flows), 0.0)
+        timer = self.env.timeout(next_s)
+        generation = self._generation
+        timer.callbacks.append(lambda _event: self._on_timer(generation))
+
+    def _on_timer(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # the running set changed since this timer was set
+        self._advance()
+        finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]
+        self.flows = [f for f in self.flows if f.remaining_s > _DONE_EPS_S]
+        for f in finished:
+            f.done.succeed()
+        self._reallocate()
+        self._schedule()

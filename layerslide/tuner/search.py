@@ -146,6 +146,8 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
             overflowing = {o.tier for o in prediction.overflows}
             if not overflowing or overflowing != {"host"}:
                 return candidate  # fits, or GPU/NVMe overflow that spilling cannot relieve
+            if prediction.step_s is None:
+                break  # static buffers overflow: fewer grad buffers cannot help, spill more
     assert candidate is not None
     return candidate
 
