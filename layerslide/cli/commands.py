@@ -220,7 +220,7 @@ def space_of(args) -> SearchSpace:
             activations=args.activations_list or defaults.activations,
             casts=args.casts or defaults.casts,
             optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
-            allow_nvme=not args.no_nvme)
+            allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
     except ValueError as err:
         raise UsageError(str(err)) from err
 
@@ -246,8 +246,8 @@ def cmd_tune(args) -> int:
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
-    shown = ["micro_batch", "window", "activations", "cast", "cast_worker", "moments_on_nvme",
-             "master_on_nvme",
+    shown = ["micro_batch", "window", "activations", "cast", "gpu_updated_blocks",
+             "moments_on_nvme", "master_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes",
              "peak_host_bytes"]
     if result.feasible:

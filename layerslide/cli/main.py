@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--casts", type=str_list, help="cast modes to try: cpu_once,cpu_per_load,gpu")
     p.add_argument("--optimizer-orders", type=str_list, help="arrival,deadline")
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
+    p.add_argument("--no-gpu-updates", action="store_true",
+                   help="do not fill free GPU memory with blocks updated on the GPU")
     p.add_argument("--top", type=int, default=5, help="how many of the best to print")
     p.add_argument("-o", "--output", help="write the best plan to this file")
     add_json(p)

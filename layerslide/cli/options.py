@@ -95,6 +95,9 @@ def add_policy(p: argparse.ArgumentParser) -> None:
                    help="fraction (0-1) of fp32 master weights kept on NVMe")
     g.add_argument("--resident-layers", type=int, default=d.resident_layers,
                    help="decoder layers kept on the GPU outside the window")
+    g.add_argument("--gpu-updated-blocks", type=int, default=d.gpu_updated_blocks,
+                   help="blocks (embedding, layer 0, 1, ..., head) whose fp32 state stays on the "
+                        "GPU and is updated there (18 B/param of GPU memory, no CPU work)")
     g.add_argument("--optimizer-order", choices=OPTIMIZER_ORDERS, default=d.optimizer_order,
                    help="CPU runs ready optimizer steps by grad arrival or next-forward deadline")
     g.add_argument("--cast", choices=CAST_MODES, default=d.cast,
@@ -142,7 +145,9 @@ def policy_of(args) -> Policy:
         return Policy(window=args.window, grad_buffers=args.grad_buffers,
                       prefetch_depth=args.prefetch_depth, activations=args.activations,
                       moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
-                      resident_layers=args.resident_layers, optimizer_order=args.optimizer_order,
+                      resident_layers=args.resident_layers,
+                      gpu_updated_blocks=args.gpu_updated_blocks,
+                      optimizer_order=args.optimizer_order,
                       cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
                       host_grad_buffers=args.host_grad_buffers)
     except ValueError as err:

@@ -55,7 +55,11 @@ class _Builder:
         self.keys: dict[str, tuple[float, int]] = {}
         self.gpu_order: list[str] = []
         self.buffers: list[Buffer] = []
-        self.resident = {EMBEDDING, self.L, *range(min(policy.resident_layers, self.L))}
+        # blocks updated on the GPU, in the order the next forward needs them
+        self.gpu_updated = [EMBEDDING, *range(self.L), self.L][:policy.gpu_updated_blocks]
+        self.gpu_grad_producer: dict[tuple[int, int], str] = {}
+        self.resident = {EMBEDDING, self.L, *range(min(policy.resident_layers, self.L)),
+                         *self.gpu_updated}
         ring_layers = self.L - (len(self.resident) - 2)
         self.slots = [_Slot() for _ in range(min(policy.window, ring_layers))]
         self.resident_slots = {b: _Slot() for b in self.resident}
@@ -109,8 +113,13 @@ class _Builder:
     def per_micro(self) -> int:
         return 2 * self.L + 3
 
+    @property
+    def per_step(self) -> int:
+        """GPU tasks per step: the micro-batches, then the GPU-updated blocks' optimizer steps."""
+        return self.A * self.per_micro + len(self.gpu_updated)
+
     def pos(self, step: int, micro: int, phase: str, block: int) -> int:
-        base = (step * self.A + micro) * self.per_micro
+        base = step * self.per_step + micro * self.per_micro
         if phase == "fwd":
             return base if block == EMBEDDING else base + 1 + block
         if phase == "head":
@@ -138,6 +147,12 @@ class _Builder:
     def ensure_weights(self, block: int, step: int, micro: int, consumer: str, pos: int) -> None:
         """Make block weights (version `step`) present for `consumer`, loading them if needed."""
         assert self.gpu_order[pos] == consumer, (pos, consumer)  # priorities are GPU positions
+        if block in self.gpu_updated:  # never leaves the GPU: wait for its last update there
+            slot = self.resident_slots[block]
+            if slot.content != (block, step) and step > 0:
+                self.edge(f"s{step - 1}.optimizer_step.{self.blk(block)}", consumer, "weights")
+            slot.content = (block, step)
+            return
         if block in self.resident:
             slot = self.resident_slots[block]
         else:
@@ -276,6 +291,9 @@ class _Builder:
 
     def grads(self, s: int, m: int, block: int, producer: str) -> None:
         """Offload the block's bf16 grads to the host, and accumulate them when A > 1."""
+        if block in self.gpu_updated:  # fp32 grads accumulate on the GPU, in place
+            self.gpu_grad_producer[(s, block)] = producer
+            return
         p = self.params(block)
         pos = self.grad_pos(s, m, block)
         off = self.add(Task(id=f"s{s}.m{m}.offload_grads.{self.blk(block)}", kind="offload_grads",
@@ -319,7 +337,8 @@ class _Builder:
         pol, L, A = self.policy, self.L, self.A
         last = A - 1
         final_grad = {
-            b: (f"s{s}.m{last}.offload_grads.{self.blk(b)}" if A == 1
+            b: (self.gpu_grad_producer[(s, b)] if b in self.gpu_updated
+                else f"s{s}.m{last}.offload_grads.{self.blk(b)}" if A == 1
                 else f"s{s}.m{last}.accumulate_grads.{self.blk(b)}")
             for b in self.blocks_in_arrival_order()
         }
@@ -336,11 +355,21 @@ class _Builder:
         def deadline_key(b: int) -> tuple[float, int]:
             return (self.first_use_pos(s + 1, b), 4)
 
+        for b in self.gpu_updated:  # after the step's backwards, in GPU order
+            p = self.params(b)
+            opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
+                                lane="gpu", layer=b, step=s, params=p,
+                                bytes=sizes.GPU_ADAMW_BYTES_PER_PARAM * p,
+                                host_ops=sizes.GPU_ADAMW_OPS))
+            self.edge(final_grad[b], opt, "grads")
+            self.edge(norm, opt, "clip")
+
         opt_key = deadline_key if pol.optimizer_order == "deadline" else arrival_key
         # NVMe state reads are issued in the order the CPU is expected to run the steps: as
         # grads arrive, unless clipping holds every step until all grads are in.
         io_key = opt_key if norm is not None else arrival_key
-        for b in sorted(self.blocks_in_arrival_order(), key=io_key):
+        cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
+        for b in sorted(cpu_blocks, key=io_key):
             p = self.params(b)
             opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
                                 lane="cpu", layer=b, step=s, params=p,
@@ -378,17 +407,23 @@ class _Builder:
     # --- static buffers ------------------------------------------------------------------------
     def static_buffers(self) -> None:
         model, pol = self.model, self.policy
-        n = model.total_params
+        on_gpu = sum(self.params(b) for b in self.gpu_updated)
+        n = model.total_params - on_gpu  # parameters whose state lives on the host
         unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
         self.buffer("gpu.runtime", "gpu", sizes.GPU_RUNTIME_BYTES)
         self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
-        resident_layers = len(self.resident) - 2
-        self.buffer("gpu.resident_layers", "gpu", resident_layers * unit)
+        updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
+        loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
+        self.buffer("gpu.resident_layers", "gpu", loaded_layers * unit
+                    + updated_layers * BF16_BYTES * model.layer_params)
         landing = FP32_BYTES if pol.cast == "gpu" else 0  # fp32 arrives, then is cast
         for b in (EMBEDDING, self.L):
+            updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
             self.buffer(f"gpu.{self.blk(b)}.weights", "gpu",
-                        (BF16_BYTES + landing) * self.params(b))
-            self.buffer(f"gpu.{self.blk(b)}.grads", "gpu", BF16_BYTES * self.params(b))
+                        (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
+            if not updated_here:
+                self.buffer(f"gpu.{self.blk(b)}.grads", "gpu", BF16_BYTES * self.params(b))
+        self.buffer("gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
         self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
         self.buffer("host.runtime", "host", sizes.HOST_RUNTIME_BYTES)
         self.buffer("host.master_fp32", "host", FP32_BYTES * n * (1 - pol.master_on_nvme))

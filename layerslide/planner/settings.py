@@ -63,6 +63,11 @@ class Policy:
     master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
     moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
     resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
+    # Blocks whose fp32 master weights, AdamW moments and grads live on the GPU and are updated
+    # there (fused AdamW), in the order the next forward needs them: the embedding, layer 0,
+    # 1, ..., the head last. They never cross PCIe and cost the CPU nothing: 18 B/param of GPU
+    # memory buys CPU time when the CPU is the bottleneck.
+    gpu_updated_blocks: int = 0
     optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
     cast: str = "cpu_once"
     # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
@@ -84,8 +89,10 @@ class Policy:
                 not isinstance(self.host_grad_buffers, int) or self.host_grad_buffers < 1):
             _fail("Policy", "host_grad_buffers", self.host_grad_buffers,
                   "must be a positive integer, or None for one per block")
-        if not isinstance(self.resident_layers, int) or self.resident_layers < 0:
-            _fail("Policy", "resident_layers", self.resident_layers, "must be an integer >= 0")
+        for name in ("resident_layers", "gpu_updated_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                _fail("Policy", name, value, "must be an integer >= 0")
         if self.prefetch_depth > self.window:
             _fail("Policy", "prefetch_depth", self.prefetch_depth,
                   f"cannot exceed window={self.window}: a prefetched layer needs a free cache unit")

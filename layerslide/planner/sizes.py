@@ -19,6 +19,11 @@ HOST_RUNTIME_BYTES = int(3 * GIB)
 
 # AdamW needs fp32 grads: reading bf16 grads (2 B) and writing fp32 (4 B) adds to its traffic.
 GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES
+# Fused AdamW on the GPU: read fp32 grad, param, m, v; write param, m, v and the bf16 weights.
+GPU_ADAMW_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + BF16_BYTES
+GPU_ADAMW_OPS = 4
+# GPU-updated blocks keep fp32 master weights, m, v and grads on the GPU (+ bf16 weights).
+GPU_UPDATED_STATE_BYTES_PER_PARAM = 4 * FP32_BYTES
 # Gradient accumulation on the host: read bf16 grads, read and write the fp32 sum.
 ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
 

@@ -15,13 +15,16 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan
+from layerslide.planner import EMBEDDING, ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
 from layerslide.planner.settings import ACTIVATION_PLACEMENTS, CAST_MODES, OPTIMIZER_ORDERS
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 
 # (moments_on_nvme, master_on_nvme), least NVMe first.
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
+# A GPU-updated block holds bf16 weights + fp32 master, m, v, grads on the GPU.
+GPU_UPDATED_BYTES_PER_PARAM = sizes.BF16_BYTES + sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM
+GPU_FILL_MARGIN = 0.95  # of the free GPU memory, for what the estimate does not see
 # Pinned gradient landing buffers to fall back to when the host overflows: few enough to bound
 # the grads waiting for a slow optimizer, enough to keep the backward streaming.
 BOUNDED_GRAD_BUFFERS = 4
@@ -41,6 +44,9 @@ class SearchSpace:
     cast_workers: tuple[bool, ...] = (False,)
     optimizer_orders: tuple[str, ...] = ("deadline",)
     allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small
+    # Fill the GPU memory a feasible candidate leaves free with blocks updated on the GPU
+    # (their state off the host and off the CPU), and keep that when it is faster.
+    fill_gpu_updates: bool = True
 
     def __post_init__(self) -> None:
         for name in ("windows", "micro_batches", "grad_accums", "activations", "casts",
@@ -93,6 +99,7 @@ class Candidate:
             "optimizer_order": p.optimizer_order,
             "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
             "host_grad_buffers": p.host_grad_buffers,
+            "gpu_updated_blocks": p.gpu_updated_blocks,
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -124,10 +131,49 @@ class TuneResult:
         return counts
 
 
+def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float) -> int:
+    """How many blocks, in GPU-update order, fit their GPU state into the headroom."""
+    order = [EMBEDDING, *range(model.num_layers), model.num_layers]
+    used, count = 0.0, 0
+    for block in order:
+        used += GPU_UPDATED_BYTES_PER_PARAM * sizes.block_params(model, block)
+        if used > headroom_bytes:
+            break
+        count += 1
+    return count
+
+
 def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
-             gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int) -> Candidate:
-    """Simulate one candidate with the least NVMe use that fits; if nothing fits, the last
-    try (or the first one that overflows a tier that more NVMe cannot relieve)."""
+             gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
+             fill_gpu_updates: bool = False) -> Candidate:
+    """Simulate one candidate with the least NVMe use that fits, then (if asked) with GPU
+    memory it leaves free given to blocks updated on the GPU; if nothing fits, the last try
+    (or the first that overflows a tier that more NVMe cannot relieve)."""
+    base = _place_state(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
+                        allow_nvme=allow_nvme, num_steps=num_steps)
+    if not (fill_gpu_updates and base.feasible):
+        return base
+    pred = base.prediction
+    headroom = (pred.limits_bytes["gpu"] - pred.peak_bytes["gpu"]) * GPU_FILL_MARGIN
+    count = _gpu_update_blocks_fitting(model, headroom)
+    best = base
+    while count > base.policy.gpu_updated_blocks:
+        filled = replace(base.policy, gpu_updated_blocks=count)
+        plan = build_plan(model, train, filled, num_steps=num_steps)
+        prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+        if prediction.feasible:
+            if prediction.tokens_per_s > best.prediction.tokens_per_s:
+                best = Candidate(train=train, policy=filled,
+                                 prediction=replace(prediction, trace=None))
+            break
+        count //= 2  # the estimate missed dynamic memory: try half as many
+    return best
+
+
+def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile,
+                 *, gpu_memory_bytes: int | None, allow_nvme: bool,
+                 num_steps: int) -> Candidate:
+    """The least NVMe use (and pinned grad buffers) under which the candidate fits the host."""
     placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
     pools = [policy.host_grad_buffers]
     if train.max_grad_norm is None and policy.host_grad_buffers is None:
@@ -165,7 +211,7 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     space = space or SearchSpace()
     base = base_policy or Policy()
     options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
-               "num_steps": num_steps}
+               "num_steps": num_steps, "fill_gpu_updates": space.fill_gpu_updates}
     jobs = [(model, train, policy, profile, options)
             for train, policy in space.candidates(seq_len, max_grad_norm, base)]
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)

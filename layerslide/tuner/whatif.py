@@ -43,10 +43,14 @@ class WhatIfRow:
                     "step_s": None, "bottleneck": None, "mfu": None, "config": "",
                     **{f"peak_{tier}_bytes": peaks.get(tier, 0) for tier in TIERS}}
         r = best.row()
-        pool = r["host_grad_buffers"]
-        config = (f"mb={r['micro_batch']} w={r['window']} act={r['activations']} "
-                  f"cast={r['cast']}{'+worker' if r['cast_worker'] else ''}"
-                  f"{f' grad_bufs={pool}' if pool else ''} nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+        parts = [f"mb={r['micro_batch']}", f"w={r['window']}", f"act={r['activations']}",
+                 f"cast={r['cast']}" + ("+worker" if r["cast_worker"] else "")]
+        if r["host_grad_buffers"]:
+            parts.append(f"grad_bufs={r['host_grad_buffers']}")
+        if r["gpu_updated_blocks"]:
+            parts.append(f"gpu_upd={r['gpu_updated_blocks']}")
+        parts.append(f"nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+        config = " ".join(parts)
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
                 "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
                 **{k: r[k] for k in r if k.startswith("peak_")}}

@@ -196,3 +196,37 @@ def test_all_layers_resident_needs_no_ring_units(tiny_model):
     assert not any(b.id == "gpu.weight_units" for b in plan.buffers)
     resident = next(b for b in plan.buffers if b.id == "gpu.resident_layers")
     assert resident.bytes == 2 * 2 * tiny_model.layer_params
+
+
+def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    plan = build_plan(tiny_model, train, Policy(gpu_updated_blocks=2), num_steps=2)  # emb, L0
+    moved = {(plan.task(t).kind, plan.task(t).layer) for lane in ("h2d", "d2h", "cpu")
+             for t in plan.lane_order[lane]}
+    state_kinds = {"load_weights", "offload_grads", "optimizer_step", "cast"}
+    for block in (EMBEDDING, 0):  # (layer 0's checkpoints still go to the host: not state)
+        assert not any(layer == block and kind in state_kinds for kind, layer in moved)
+    assert ("optimizer_step", 1) in moved and ("load_weights", 1) in moved
+    # their updates run on the GPU after the step's backwards, before the next step's forward
+    step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
+    assert step0[-2:] == ["s0.optimizer_step.emb", "s0.optimizer_step.L0"]
+    assert nx.has_path(plan.graph, "s0.optimizer_step.L0", "s1.m0.forward.L0")
+    assert nx.has_path(plan.graph, "s0.m0.backward.L0", "s0.optimizer_step.L0")
+
+
+def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    base = build_plan(tiny_model, train, Policy(window=2), num_steps=2)
+    moved = build_plan(tiny_model, train, Policy(window=2, gpu_updated_blocks=1), num_steps=2)
+    e = tiny_model.embedding_params
+    # host loses the embedding's fp32 master + m + v + bf16 copy (14 B/param); the GPU gains
+    # fp32 master, m, v and grads (16 B/param) but drops its bf16 grad buffer (2 B/param)
+    assert base.static_bytes("host") - moved.static_bytes("host") == 14 * e
+    assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e - 2 * e
+
+
+def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
+                      Policy(gpu_updated_blocks=1), num_steps=2)
+    assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.optimizer_step.emb")
+    assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.grad_norm")

@@ -9,8 +9,8 @@ from layerslide.planner import Plan, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
 from layerslide.tuner import SearchSpace, evaluate, tune
 
-SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"), cast_workers=(False,),
-                    casts=("cpu_once",))
+SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"),
+                    cast_workers=(False,), casts=("cpu_once",), fill_gpu_updates=False)
 
 
 def test_every_candidate_is_evaluated_and_best_first():
@@ -118,3 +118,23 @@ def test_search_space_values_are_checked():
         SearchSpace(casts=("cpu_twice",))
     with pytest.raises(ValueError, match="micro_batches"):
         SearchSpace(micro_batches=(0,))
+
+
+def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
+    model = make_tiny_model(num_layers=4)
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    profile = make_round_profile()  # the CPU is the bottleneck: GPU updates take work off it
+    base = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
+                    num_steps=2)
+    filled = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
+                      num_steps=2, fill_gpu_updates=True)
+    assert base.policy.gpu_updated_blocks == 0
+    assert filled.policy.gpu_updated_blocks == model.num_layers + 2  # plenty of room: all
+    assert filled.prediction.tokens_per_s > 10 * base.prediction.tokens_per_s
+    # with room for the embedding's state only (18 B/param) the fill takes just that one
+    room = 18 * model.embedding_params + 1000
+    capped = evaluate(model, train, policy, profile,
+                      gpu_memory_bytes=base.prediction.peak_bytes["gpu"] + int(room / 0.95),
+                      allow_nvme=True, num_steps=2, fill_gpu_updates=True)
+    assert capped.policy.gpu_updated_blocks == 1
+    assert capped.prediction.feasible

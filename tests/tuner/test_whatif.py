@@ -5,7 +5,8 @@ from helpers import GIB, make_round_profile, make_tiny_model
 from layerslide.tuner import SearchSpace
 from layerslide.tuner.whatif import across_models, across_profiles, largest_fitting
 
-SPACE = SearchSpace(windows=(2,), micro_batches=(1, 2), activations=("host",), casts=("cpu_once",), cast_workers=(False,),
+SPACE = SearchSpace(windows=(2,), micro_batches=(1, 2), activations=("host",), casts=("cpu_once",),
+                    cast_workers=(False,), fill_gpu_updates=False,
                     allow_nvme=False)
 
 
