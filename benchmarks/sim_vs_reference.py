@@ -89,6 +89,26 @@ def published_rows(profile) -> list[str]:
     return rows
 
 
+def tuned_rows(profile) -> list[str]:
+    """What tune picks per micro-batch under a 24 GiB GPU cap: a prediction for the executor
+    issue to check, next to the published system's measured step."""
+    from layerslide.tuner import SearchSpace, tune
+
+    model = PRESETS["llama-3.2-3b"]
+    rows = [("| micro-batch | tuned step s (predicted) | published s (measured) | speed-up | "
+             "tuned config | bottleneck |"), "| --- | --- | --- | --- | --- | --- |"]
+    for mb, measured in PUBLISHED_SYSTEM_S.items():
+        space = SearchSpace(micro_batches=(mb,), activations=("gpu", "host"),
+                            casts=("cpu_once", "gpu"))
+        best = tune(model, profile, space=space, gpu_memory_bytes=24 * 1024**3).best
+        r = best.row()
+        config = (f"window {r['window']}, activations {r['activations']}, cast {r['cast']}, "
+                  f"{r['gpu_updated_blocks']} GPU-updated blocks")
+        rows.append(f"| {mb} | {r['step_s']:.3f} | {measured:.2f} | "
+                    f"{measured / r['step_s']:.2f}x | {config} | {r['bottleneck']} |")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the tables as markdown to this file")
@@ -109,6 +129,11 @@ def main() -> None:
         "",
         "## The published layer-sliding system's schedule",
         *published_rows(profile),
+        "",
+        "## layerslide's tuned plans, GPU capped at 24 GiB (predicted) vs the published system",
+        "(measured, uncapped); vanilla HF kernels in our model, Liger's fused ones in theirs.",
+        "",
+        *tuned_rows(profile),
         "",
     ])
     print(text)
