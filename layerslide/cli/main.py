@@ -20,6 +20,7 @@ from layerslide.cli.options import (
     int_list,
     str_list,
 )
+from layerslide.tuner import SearchSpace
 
 UNITS = ("Units: sizes in bytes with a unit (24GiB = 24*2^30 B, 24GB = 24e9 B); times in seconds; "
          "rates per second; tables print GiB (2^30 B) and GB/s (1e9 B/s).")
@@ -70,13 +71,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile(p)
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
     p.add_argument("--max-grad-norm", type=float, default=None, help="clipping threshold")
-    p.add_argument("--windows", type=int_list, help="windows to try, e.g. 1,2,4,8")
-    p.add_argument("--micro-batches", type=int_list, help="micro-batches to try, e.g. 1,4,16")
-    p.add_argument("--grad-accums", type=int_list, help="accumulation steps to try, e.g. 1,2")
+    space = SearchSpace()
+
+    def listed(values) -> str:
+        return ",".join(str(v) for v in values)
+
+    p.add_argument("--windows", type=int_list,
+                   help=f"windows to try (default: {listed(space.windows)})")
+    p.add_argument("--micro-batches", type=int_list,
+                   help=f"micro-batches to try (default: {listed(space.micro_batches)})")
+    p.add_argument("--grad-accums", type=int_list,
+                   help=f"accumulation steps to try (default: {listed(space.grad_accums)})")
     p.add_argument("--activations", dest="activations_list", type=str_list,
-                   help="activation placements to try: gpu,host,nvme")
-    p.add_argument("--casts", type=str_list, help="cast modes to try: cpu_once,cpu_per_load,gpu")
-    p.add_argument("--optimizer-orders", type=str_list, help="arrival,deadline")
+                   help="checkpoint placements to try, of gpu,host,nvme "
+                        f"(default: {listed(space.activations)})")
+    p.add_argument("--casts", type=str_list, help="cast modes to try, of cpu_once,cpu_per_load,"
+                                                  f"gpu (default: {listed(space.casts)})")
+    p.add_argument("--optimizer-orders", type=str_list,
+                   help=f"of arrival,deadline (default: {listed(space.optimizer_orders)})")
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
