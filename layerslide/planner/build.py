@@ -162,9 +162,10 @@ class _Builder:
         if slot.content != (block, step):
             p = self.params(block)
             wire_bytes = (FP32_BYTES if self.policy.cast == "gpu" else BF16_BYTES) * p
+            unit = -1 if block in self.resident else self.slots.index(slot)
             load = self.add(Task(id=f"{consumer}.load", kind="load_weights", lane="h2d",
                                  layer=block, step=step, micro_batch=micro, bytes=wire_bytes,
-                                 params=p), key=(pos, 0))
+                                 params=p, unit=unit), key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
                 self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 1), load, "prefetch")
@@ -311,6 +312,8 @@ class _Builder:
             self.edge(self.grad_slots[slot], producer, "unit_reuse")
             self.grad_slots[slot] = off
             self.grad_slot_next += 1
+            backward = self.graph.nodes[producer]["task"]
+            self.graph.nodes[producer]["task"] = replace(backward, unit=slot)
         if self.A == 1:
             consumer = f"s{s}.optimizer_step.{self.blk(block)}"
         else:

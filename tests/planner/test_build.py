@@ -1,6 +1,7 @@
 """build_plan: task structure, lane orders, dependencies and buffers of the plan."""
 
 from collections import Counter
+from itertools import pairwise
 
 import networkx as nx
 import pytest
@@ -230,3 +231,24 @@ def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
                       Policy(gpu_updated_blocks=1), num_steps=2)
     assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.optimizer_step.emb")
     assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.grad_norm")
+
+
+def test_plan_names_the_gpu_unit_of_each_load_and_backward():
+    model = make_tiny_model(num_layers=4)
+    plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(window=2, grad_buffers=2), num_steps=2)
+    loads = [plan.task(t) for t in plan.lane_order["h2d"] if plan.task(t).kind == "load_weights"]
+    ring = [t for t in loads if 0 <= t.layer < model.num_layers]
+    assert {t.unit for t in ring} == {0, 1}
+    assert all(t.unit == -1 for t in loads if t not in ring)  # embedding, head: dedicated
+    # a unit is reloaded only after the task that last read it: the reuse edge says which
+    by_unit: dict[int, list] = {}
+    for t in ring:
+        by_unit.setdefault(t.unit, []).append(t.id)
+    for ids in by_unit.values():
+        for earlier, later in pairwise(ids):
+            consumer_of_earlier = earlier.removesuffix(".load")
+            assert nx.has_path(plan.graph, consumer_of_earlier, later)
+    backward_units = [plan.task(t).unit for t in plan.lane_order["gpu"]
+                      if plan.task(t).kind == "backward" and 0 <= plan.task(t).layer < 4]
+    assert backward_units[:4] == [0, 1, 0, 1]
