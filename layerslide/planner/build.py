@@ -202,10 +202,9 @@ class _Builder:
         ew = sizes.layer_elementwise_bytes_per_token(model) * T
         gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
         attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
-        prev = None
 
+        # (micro-batches follow each other on the strict GPU lane: no edge between them needed)
         emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
-        self.edge(prev, emb, "data")
         self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
         producers = {0: emb}  # layer i's checkpointed input is produced by this task
         prev = emb
@@ -219,7 +218,8 @@ class _Builder:
             fwd[i] = prev = producers[i + 1] = t
 
         head = self.compute(s, m, "head", L, flops=3 * model.head_forward_flops_per_token * T,
-                            nbytes=4 * hidden, host_ops=sizes.HEAD_OPS)
+                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T, pol.head_loss),
+                            host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
         self.buffer(f"{head}.workspace", "gpu",

@@ -94,6 +94,15 @@ def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
     return 2 * FP32_BYTES * model.vocab_size * chunk
 
 
+def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
+    """HBM traffic of the logits in the head's loss, forward and backward (estimate)."""
+    # materialised: write bf16 logits, upcast to fp32 (r2 w4), softmax/loss (r4), grad (w4),
+    # downcast for the GEMMs (r4 w2) ~ 20 B per logit. Fused and chunked: each chunk's fp32
+    # logits written, read for the loss and rewritten as their grad ~ 12 B per logit.
+    per_logit = 20 if head_loss == "materialized" else 12
+    return per_logit * model.vocab_size * tokens
+
+
 def head_params(model: ModelSpec) -> int:
     """Parameters updated as the head block: final norm, and the LM head when not tied."""
     return model.head_params + model.final_norm_params
