@@ -21,8 +21,9 @@ from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
 from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task
 from layerslide.planner.settings import Policy, TrainSpec
 
-STRICT_LANES = ("gpu", "h2d", "d2h")  # CUDA streams run in issue order
-PRIORITY_LANES = ("cpu", "cpu_cast", "nvme_read", "nvme_write")  # workers pick the most urgent ready task
+# CUDA streams run in issue order; the other lanes are workers that pick the most urgent ready
+# task (CPU optimizer and casts, NVMe I/O).
+STRICT_LANES = ("gpu", "h2d", "d2h")
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps: int = 3) -> Plan:

@@ -110,10 +110,6 @@ class Policy:
                   "this cast reads fp32 master weights from RAM at every load: set "
                   "master_on_nvme=0 or use cast=cpu_once")
 
-    @property
-    def uses_nvme(self) -> bool:
-        return self.activations == "nvme" or self.master_on_nvme > 0 or self.moments_on_nvme > 0
-
     def to_dict(self) -> dict:
         return asdict(self)
 
