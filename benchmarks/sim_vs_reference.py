@@ -36,6 +36,53 @@ PUBLISHED_CASTS_S = 1.1  # its two fp32->bf16 casts (+ copies) per step, one thr
 
 
 PROBE = Path(__file__).parent / "results" / "h200_probe_2026-11-29.json"
+CPU_PROBE = Path(__file__).parent / "results" / "h200_cpu_probe_2026-11-29.json"
+
+
+def _both_s(adamw_params: float, cast_bytes: float, adamw_rate: float, cast_rate: float,
+            cast_alone_rate: float, adamw_alone_rate: float) -> float:
+    """Seconds for both jobs run at once at the given rates; whichever ends first leaves the
+    other to finish alone at its alone rate."""
+    t_adamw, t_cast = adamw_params / adamw_rate, cast_bytes / cast_rate
+    if t_adamw <= t_cast:
+        return t_adamw + (cast_bytes - t_adamw * cast_rate) / cast_alone_rate
+    return t_cast + (adamw_params - t_cast * adamw_rate) / adamw_alone_rate
+
+
+def cpu_rows(profile) -> list[str]:
+    """One Llama-3.2-3B step's CPU work (AdamW over every param, one cast of every param):
+    one worker after the other vs two workers at once, measured rates vs the cost model."""
+    from layerslide.planner.plan import Task
+    from layerslide.simulator.sharing import water_fill
+
+    probe = json.loads(CPU_PROBE.read_text())
+    n = PRESETS["llama-3.2-3b"].total_params
+    cast_bytes = 4.0 * n
+    alone = probe["alone"]["16"]
+    a16, c16 = alone["adamw_params_per_s"], alone["cast_bytes_per_s"]
+    rows = ["| how | AdamW Gparam/s | cast GB/s | CPU work of one 3B step, s |",
+            "| --- | --- | --- | --- |",
+            (f"| measured, one after the other, 16 threads each | {a16 / 1e9:.2f} | "
+             f"{c16 / 1e9:.1f} | {n / a16 + cast_bytes / c16:.3f} |")]
+    for split, r in probe["together"].items():
+        a, c = r["adamw_params_per_s"], r["cast_bytes_per_s"]
+        rows.append(f"| measured, at once, AdamW+cast threads {split} | {a / 1e9:.2f} | "
+                    f"{c / 1e9:.1f} | {_both_s(n, cast_bytes, a, c, c16, a16):.3f} |")
+    costs = CostModel(profile)
+    adamw = costs.cost(Task(id="a", kind="optimizer_step", lane="cpu", layer=0, step=0,
+                            params=n))
+    cast = costs.cost(Task(id="c", kind="cast", lane="cpu", layer=0, step=0, bytes=cast_bytes,
+                           params=n))
+    demands = [adamw.uses[0][1], cast.uses[0][1]]
+    fractions = water_fill(demands, [1.0, 1.0], costs.capacities()["host_memory"])
+    rows.append(f"| cost model, one after the other | {n / adamw.solo_s / 1e9:.2f} | "
+                f"{cast_bytes / cast.solo_s / 1e9:.1f} | {adamw.solo_s + cast.solo_s:.3f} |")
+    a_rate, c_rate = n / adamw.solo_s * fractions[0], cast_bytes / cast.solo_s * fractions[1]
+    model_both = _both_s(n, cast_bytes, a_rate, c_rate, cast_bytes / cast.solo_s,
+                         n / adamw.solo_s)
+    rows.append(f"| cost model, at once (shares bandwidth, not cores) | {a_rate / 1e9:.2f} | "
+                f"{c_rate / 1e9:.1f} | {model_both:.3f} |")
+    return rows
 
 
 def layer_rows(profile) -> list[str]:
@@ -123,6 +170,13 @@ def main() -> None:
         "",
         "## One HF decoder layer (measured: benchmarks/results/h200_probe_2026-11-29.json)",
         *layer_rows(profile),
+        "",
+        "## CPU: the optimizer and the cast one after the other or at once",
+        "(measured: benchmarks/results/h200_cpu_probe_2026-11-29.json; when one job ends first",
+        "the other finishes alone on all 16 threads. The split is not worth it on this machine;",
+        "the cost model, sharing bandwidth but not cores, overrates it: tune does not try it.)",
+        "",
+        *cpu_rows(profile),
         "",
         "## All-GPU forward+backward with per-layer checkpointing",
         *all_gpu_rows(profile),
