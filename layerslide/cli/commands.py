@@ -172,7 +172,10 @@ def cmd_simulate(args) -> int:
     profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE)
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
-    pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
+    try:
+        pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
     check_writable(args.trace_out)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)

@@ -111,7 +111,8 @@ def add_policy(p: argparse.ArgumentParser) -> None:
                    help="pinned host buffers that offloaded grads land in (default: one per "
                         "block; fewer saves RAM but makes the backward wait for the CPU)")
     p.add_argument("--steps", type=int, default=3,
-                   help="consecutive training steps to plan (>= 2; the last whole one is reported)")
+                   help="consecutive training steps to plan (simulate needs >= 3: the last "
+                        "cycle is the steady-state step it reports)")
 
 
 def add_json(p: argparse.ArgumentParser) -> None:

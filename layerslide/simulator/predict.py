@@ -12,6 +12,9 @@ from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
 
 GIB = 1024**3
+# With 2 steps the measured cycle can start while the CPU already works on that step's early
+# grads (the head's), which makes it look shorter than steady state; from 3 steps on it is not.
+MIN_SIMULATED_STEPS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,6 +127,10 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
              label: str = "", costs: CostModel | None = None) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
     overflow a tier are rejected without simulating; others are simulated and then checked."""
+    if plan.num_steps < MIN_SIMULATED_STEPS:
+        raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
+                         f"{MIN_SIMULATED_STEPS} so that the last one is a steady-state step "
+                         "(the first starts with no optimizer work behind it)")
     limits = memory_limits(profile, gpu_memory_bytes)
     tokens = plan.train.tokens_per_step
     static = {t: plan.static_bytes(t) for t in TIERS}

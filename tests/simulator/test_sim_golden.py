@@ -28,7 +28,7 @@ US = 1e-6  # one microsecond, in seconds
 def golden_prediction():
     """The plan the golden file describes: tiny 2-layer model, 1 x 16 tokens, default policy."""
     plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy(),
-                      num_steps=2)
+                      num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
@@ -42,7 +42,7 @@ def regenerate(path: Path = GOLDEN_PATH) -> None:
     _, prediction = golden_prediction()
     data = {
         "what": "build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy(), "
-                "num_steps=2) simulated on make_round_profile()",
+                "num_steps=3) simulated on make_round_profile()",
         "regenerate": "python tests/simulator/test_sim_golden.py --regenerate",
         "step_s": prediction.step_s,
         "events": event_rows(prediction),
@@ -79,8 +79,8 @@ def test_golden_trace_has_every_task_once(golden):
     plan, prediction = golden
     ids = [e.task_id for e in prediction.trace.events]
     assert sorted(ids) == sorted(plan.graph.nodes)
-    # 2 steps x (7 GPU + 6 h2d + 6 d2h + 8 CPU) tasks
-    assert len(ids) == 2 * (7 + 6 + 6 + 8)
+    # 3 steps x (7 GPU + 6 h2d + 6 d2h + 8 CPU) tasks
+    assert len(ids) == 3 * (7 + 6 + 6 + 8)
 
 
 # --- hand-worked values (independent of the golden file) -----------------------------------
@@ -155,9 +155,12 @@ def test_cpu_chain_and_step_time(golden, events):
     assert cast_end_s == pytest.approx(46669.12949277 * US, abs=1e-12)
     # step 1's embedding is loaded once step 0's cast is done, then the embedding forward runs
     _assert_times(events["s1.m0.forward.emb.load"], cast_end_s, cast_end_s + EMB_LOAD_S)
-    # the step is the cycle between the ends of consecutive steps' last GPU tasks
-    step_s = events["s1.m0.backward.emb"].end_s - events["s0.m0.backward.emb"].end_s
+    # the step is the last cycle between the ends of consecutive steps' last GPU tasks; with
+    # the CPU this slow every cycle is the same (to rounding)
+    step_s = events["s2.m0.backward.emb"].end_s - events["s1.m0.backward.emb"].end_s
     assert prediction.step_s == step_s
+    first_s = events["s1.m0.backward.emb"].end_s - events["s0.m0.backward.emb"].end_s
+    assert first_s == pytest.approx(step_s, rel=1e-12)
     # step 1's head waits for the last CPU task of step 0 (the head's cast, deadline order),
     # then the head's load; behind it on H2D the L1 checkpoint (2048 B, 2.048 us, longer than
     # the head's 1.57 us) gates backward L1; then both layer backwards and the embedding's run

@@ -41,13 +41,13 @@ HOST_STATIC_BYTES = 3 * GIB + (4 + 8 + 2) * TOTAL_PARAMS  # 3221225472 + 1495424
 
 @pytest.fixture(scope="module")
 def gpu_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu"), num_steps=2)
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu"), num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
 @pytest.fixture(scope="module")
 def host_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host"), num_steps=2)
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host"), num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 

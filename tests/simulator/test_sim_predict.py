@@ -20,7 +20,7 @@ FAST_HOST = {"adamw_params_per_s": 1e12, "cast_bytes_per_s": 1e15}
 @pytest.fixture(scope="module")
 def cpu_bound():
     plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy(),
-                      num_steps=2)
+                      num_steps=3)
     profile = make_round_profile()
     return plan, profile, simulate(plan, profile, label="cpu-bound")
 
@@ -28,7 +28,7 @@ def cpu_bound():
 @pytest.fixture(scope="module")
 def gpu_bound():
     plan = build_plan(make_tiny_model(6), TrainSpec(micro_batch=8, seq_len=256), Policy(),
-                      num_steps=2)
+                      num_steps=3)
     profile = make_round_profile(**FAST_HOST)
     return plan, profile, simulate(plan, profile)
 

@@ -56,16 +56,16 @@ def test_state_spills_to_nvme_only_when_the_host_is_too_small():
     model = make_tiny_model()
     train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
     roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
-                     allow_nvme=True, num_steps=2)
+                     allow_nvme=True, num_steps=3)
     assert roomy.policy.moments_on_nvme == 0.0 and roomy.feasible
     # host RAM just above the runtime: the state (12 B/param + bf16 copy) no longer fits
-    static = build_plan(model, train, policy, num_steps=2).static_bytes("host")
+    static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     tight = make_round_profile(ram_bytes=static - 4 * model.total_params)
     spilled = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
-                       num_steps=2)
+                       num_steps=3)
     assert spilled.policy.moments_on_nvme > 0
     refused = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=False,
-                       num_steps=2)
+                       num_steps=3)
     assert not refused.feasible and refused.prediction.overflows[0].tier == "host"
 
 
@@ -84,9 +84,9 @@ def test_empty_search_space_is_refused():
 def test_gpu_overflow_is_not_blamed_on_the_host_or_spilled_to_nvme():
     model = make_tiny_model()
     train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
-    cap = build_plan(model, train, policy, num_steps=2).static_bytes("gpu") - 1
+    cap = build_plan(model, train, policy, num_steps=3).static_bytes("gpu") - 1
     c = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=cap,
-                 allow_nvme=True, num_steps=2)
+                 allow_nvme=True, num_steps=3)
     assert [o.tier for o in c.prediction.overflows] == ["gpu"]
     assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
 
@@ -95,18 +95,18 @@ def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilli
     model = make_tiny_model(num_layers=6)
     train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
     roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
-                     allow_nvme=True, num_steps=2)
-    static = build_plan(model, train, policy, num_steps=2).static_bytes("host")
+                     allow_nvme=True, num_steps=3)
+    static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     peak = roomy.prediction.peak_bytes["host"]
     assert peak > static
-    bounded = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=2)
+    bounded = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
     bounded_peak = simulate(bounded, make_round_profile()).peak_bytes["host"]
     assert static < bounded_peak < peak  # grads wait for the slow CPU: fewer buffers, less RAM
     # RAM between the two peaks: the plan passes the static check and only overflows while it
     # runs; four pinned grad buffers then make it fit without NVMe
     tight = make_round_profile(ram_bytes=(bounded_peak + peak) // 2)
     c = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
-                 num_steps=2)
+                 num_steps=3)
     assert c.feasible
     assert c.policy.host_grad_buffers == 4
     assert c.policy.moments_on_nvme == 0.0
@@ -125,9 +125,9 @@ def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
     train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
     profile = make_round_profile()  # the CPU is the bottleneck: GPU updates take work off it
     base = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
-                    num_steps=2)
+                    num_steps=3)
     filled = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
-                      num_steps=2, fill_gpu_updates=True)
+                      num_steps=3, fill_gpu_updates=True)
     assert base.policy.gpu_updated_blocks == 0
     assert filled.policy.gpu_updated_blocks == model.num_layers + 2  # plenty of room: all
     assert filled.prediction.tokens_per_s > 10 * base.prediction.tokens_per_s
@@ -135,6 +135,6 @@ def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
     room = 18 * model.embedding_params + 1000
     capped = evaluate(model, train, policy, profile,
                       gpu_memory_bytes=base.prediction.peak_bytes["gpu"] + int(room / 0.95),
-                      allow_nvme=True, num_steps=2, fill_gpu_updates=True)
+                      allow_nvme=True, num_steps=3, fill_gpu_updates=True)
     assert capped.policy.gpu_updated_blocks == 1
     assert capped.prediction.feasible
