@@ -41,3 +41,20 @@ def test_round_profile_floor_is_reached_when_one_lane_dominates():
     # the CPU is ~1000x slower than everything else here: the step is its work, to 1%
     assert pred.bottleneck == "cpu"
     assert pred.step_s == pytest.approx(pred.floors_s["lane:cpu"], rel=0.01)
+
+
+@pytest.mark.parametrize("policy", [Policy(), Policy(cast="gpu", gpu_updated_blocks=3),
+                                    Policy(optimizer_order="arrival", cast="cpu_per_load")])
+@pytest.mark.parametrize("micro_batch", [1, 16])
+def test_three_planned_steps_already_give_the_steady_step(policy, micro_batch):
+    model, profile = PRESETS["llama-3.2-1b"], load_profile("h200-bench")
+    train = TrainSpec(micro_batch=micro_batch)
+    three = simulate(build_plan(model, train, policy, num_steps=3), profile).step_s
+    six = simulate(build_plan(model, train, policy, num_steps=6), profile).step_s
+    assert three == pytest.approx(six, rel=1e-6)
+
+
+def test_two_planned_steps_are_refused_by_the_simulator(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy(), num_steps=2)
+    with pytest.raises(ValueError, match="at least 3"):
+        simulate(plan, make_round_profile())
