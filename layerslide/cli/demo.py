@@ -92,7 +92,8 @@ Simulated, not measured: predictions of the SimPy model from the hardware profil
 
 - Default policy, micro-batch 8: {line(default)}
 - Tuned (micro-batch {best['micro_batch']}, window {best['window']}, activations on
-  {best['activations']}, cast {best['cast']}): {line(tuned)}
+  {best['activations']}, cast {best['cast']}, {best['gpu_updated_blocks']} blocks updated on the
+  GPU): {line(tuned)}
 - Tuning: {len(result.candidates)} candidates, {len(result.feasible)} fit; rejected: {rejected}
 
 | file | what |
