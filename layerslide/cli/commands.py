@@ -30,7 +30,13 @@ from layerslide.reports import (
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
-from layerslide.tuner.whatif import WhatIfRow, across_models, across_profiles, largest_fitting
+from layerslide.tuner.whatif import (
+    WhatIfRow,
+    across_models,
+    across_profiles,
+    capacity_bounds,
+    largest_fitting,
+)
 
 
 def _print_json(data) -> None:
@@ -273,15 +279,16 @@ def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
     return table
 
 
-def _largest_by_size(rows: list[WhatIfRow]) -> list[dict]:
-    """The largest fitting model for each (RAM, NVMe) size tried."""
-    sizes = dict.fromkeys((r.ram_bytes, r.nvme_bytes) for r in rows)
+def _largest_by_size(rows: list[WhatIfRow], profile) -> list[dict]:
+    """The largest fitting model for each (RAM, NVMe) size tried, and the state-only bound."""
+    combos = dict.fromkeys((r.ram_bytes, r.nvme_bytes) for r in rows)
     out = []
-    for ram, nvme in sizes:
+    for ram, nvme in combos:
         best = largest_fitting([r for r in rows if (r.ram_bytes, r.nvme_bytes) == (ram, nvme)])
+        sized = profile.with_overrides(ram_bytes=ram, nvme_capacity_bytes=nvme)
         out.append({"ram_bytes": ram, "nvme_bytes": nvme,
                     "largest_fitting_model": best.model if best else None,
-                    "params": best.params if best else None})
+                    "params": best.params if best else None, **capacity_bounds(sized)})
     return out
 
 
@@ -313,7 +320,7 @@ def cmd_whatif(args) -> int:
     except ValueError as err:
         raise UsageError(str(err)) from err
     table = _whatif_table(rows)
-    largest = _largest_by_size(rows) if args.profile_axis else []
+    largest = _largest_by_size(rows, profile) if args.profile_axis else []
     if args.json:
         _print_json({"rows": _records(table), "largest": largest})
         return 0
@@ -326,5 +333,7 @@ def cmd_whatif(args) -> int:
         name = entry["largest_fitting_model"]
         print(f"largest model that fits with {gib(entry['ram_bytes']):.0f} GiB RAM and "
               f"{gib(entry['nvme_bytes']):.0f} GiB NVMe: "
-              + (f"{name} ({entry['params'] / 1e9:.1f}B params)" if name else "none"))
+              + (f"{name} ({entry['params'] / 1e9:.1f}B params)" if name else "none")
+              + f"; state-only bound {entry['all_in_ram_params'] / 1e9:.1f}B params in RAM, "
+                f"{entry['ram_and_nvme_params'] / 1e9:.1f}B with NVMe")
     return 0

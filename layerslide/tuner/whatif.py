@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner import ModelSpec
+from layerslide.planner import ModelSpec, sizes
 from layerslide.trace import TIERS
 from layerslide.tuner.search import SearchSpace, TuneResult, tune
 
@@ -106,3 +106,21 @@ def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
     """The row with the most parameters that has a feasible configuration."""
     fitting = [r for r in rows if r.result.best is not None]
     return max(fitting, key=lambda r: r.params) if fitting else None
+
+
+# Per-parameter state in this plan family: fp32 master 4 + AdamW m, v 8 + the bf16 copy that
+# loads read 2; the bf16 copy must stay in RAM, the rest may go to NVMe.
+STATE_BYTES_PER_PARAM = 14
+RAM_ONLY_BYTES_PER_PARAM = 2
+
+
+def capacity_bounds(profile: HardwareProfile) -> dict[str, float]:
+    """Most parameters whose training state fits the host: all in RAM, or spread over RAM and
+    NVMe. Counts state only (no activations, pinned buffers or GPU): an upper bound."""
+    ram = profile.host.ram_bytes - sizes.HOST_RUNTIME_BYTES
+    nvme = profile.storage.capacity_bytes
+    return {
+        "all_in_ram_params": ram / STATE_BYTES_PER_PARAM,
+        "ram_and_nvme_params": min(ram / RAM_ONLY_BYTES_PER_PARAM,
+                                   (ram + nvme) / STATE_BYTES_PER_PARAM),
+    }

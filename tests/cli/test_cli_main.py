@@ -66,9 +66,12 @@ def test_whatif_both_axes(capsys):
     code, out, _ = run(capsys, "whatif", "--on-profile", "rtx4090-256gb",
                        "--models", "llama-3.2-1b,llama-3.1-70b", "--ram", "64GiB", "--json")
     data = json.loads(out)
-    assert data["largest"] == [{"ram_bytes": 64 * 1024**3, "nvme_bytes": 2 * 10**12,
-                                "largest_fitting_model": "llama-3.2-1b",
-                                "params": 1_235_814_400}]
+    (largest,) = data["largest"]
+    assert largest["ram_bytes"] == 64 * 1024**3 and largest["nvme_bytes"] == 2 * 10**12
+    assert largest["largest_fitting_model"] == "llama-3.2-1b"
+    assert largest["params"] == 1_235_814_400
+    # state-only bound: (64 - 3 GiB runtime) / 14 B per param
+    assert largest["all_in_ram_params"] == pytest.approx(61 * 1024**3 / 14)
     assert not data["rows"][1]["feasible"] and "host" in data["rows"][1]["reason"]
 
 

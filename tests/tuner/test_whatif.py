@@ -34,3 +34,17 @@ def test_profile_across_models_and_ram_sizes_finds_the_largest_fit():
     assert by[(big.name, 64 * GIB)]["feasible"]
     assert largest_fitting(rows).model == big.name
     assert largest_fitting([r for r in rows if r.ram_bytes == ram_small]).model == small.name
+
+
+def test_capacity_bounds_by_hand():
+    from layerslide.tuner.whatif import capacity_bounds
+
+    gib = 1024**3
+    bounds = capacity_bounds(make_round_profile(ram_bytes=131 * gib))  # NVMe 100 GiB
+    # 128 GiB free after the 3 GiB runtime: 14 B/param all in RAM; with NVMe the bf16 copy
+    # (2 B/param) stays in RAM and the 12 B/param rest may go to disk: (128 + 100) / 14
+    assert bounds["all_in_ram_params"] == 128 * gib / 14
+    assert bounds["ram_and_nvme_params"] == (128 + 100) * gib / 14
+    huge_nvme = make_round_profile(ram_bytes=131 * gib).with_overrides(
+        nvme_capacity_bytes=10**15)
+    assert capacity_bounds(huge_nvme)["ram_and_nvme_params"] == 128 * gib / 2  # RAM-bound
