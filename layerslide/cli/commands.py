@@ -31,6 +31,7 @@ from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.whatif import (
+    STATE_BYTES_PER_PARAM,
     WhatIfRow,
     across_models,
     across_profiles,
@@ -53,7 +54,7 @@ def _gib_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Rename *_bytes columns to *_GiB with values in GiB, for people."""
     out = df.copy()
     for col in [c for c in df.columns if c.endswith("_bytes")]:
-        out[col.removesuffix("_bytes") + "_GiB"] = out.pop(col) / 1024**3
+        out[col.removesuffix("_bytes") + "_GiB"] = gib(out.pop(col))
     return out
 
 
@@ -84,7 +85,7 @@ def cmd_models(args) -> int:
         "model": m.name, "params_B": m.total_params / 1e9, "layers": m.num_layers,
         "hidden": m.hidden_size, "ffn": m.intermediate_size, "heads": m.num_attention_heads,
         "kv_heads": m.num_key_value_heads, "vocab": m.vocab_size, "tied": m.tie_word_embeddings,
-        "state_GiB_all_in_RAM": gib(14 * m.total_params),
+        "state_GiB_all_in_RAM": gib(STATE_BYTES_PER_PARAM * m.total_params),
     } for m in models]
     print(format_table(pd.DataFrame(rows)))
     print("\nparams_B in 1e9. state_GiB_all_in_RAM: fp32 master + AdamW m, v + bf16 copy "

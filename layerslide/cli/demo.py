@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from layerslide.cli.options import gib
 from layerslide.hwprofiles import builtin_profiles, load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.reports import (
@@ -30,7 +31,7 @@ DEMO_SPACE = SearchSpace(windows=(1, 2, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / 1024**3:.1f} GiB"
+    return f"{gib(nbytes):.1f} GiB"
 
 
 def run_demo(out: Path, log=print) -> Path:

@@ -9,7 +9,7 @@ from layerslide.trace import Trace
 GIB = 1024**3  # reports show memory in GiB (2**30 bytes), never GB
 
 # Lanes in the order a reader expects them; unknown lanes follow in order of first appearance.
-LANE_ORDER = ("gpu", "gpu_compute", "h2d", "d2h", "cpu", "cpu_cast", "nvme_read", "nvme_write")
+LANE_ORDER = ("gpu", "h2d", "d2h", "cpu", "cpu_cast", "nvme_read", "nvme_write")
 
 # Kinds in a fixed order so that a kind keeps its colour across figures and traces.
 KIND_ORDER = (

@@ -110,8 +110,8 @@ def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
 
 # Per-parameter state in this plan family: fp32 master 4 + AdamW m, v 8 + the bf16 copy that
 # loads read 2; the bf16 copy must stay in RAM, the rest may go to NVMe.
-STATE_BYTES_PER_PARAM = 14
-RAM_ONLY_BYTES_PER_PARAM = 2
+STATE_BYTES_PER_PARAM = 3 * sizes.FP32_BYTES + sizes.BF16_BYTES
+RAM_ONLY_BYTES_PER_PARAM = sizes.BF16_BYTES
 
 
 def capacity_bounds(profile: HardwareProfile) -> dict[str, float]:
