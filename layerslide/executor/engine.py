@@ -1,0 +1,210 @@
+"""Run a Plan's tasks on their lanes, ordered only by the plan's edges and lane orders.
+
+One thread per lane. A strict lane (a CUDA stream) takes its tasks in lane order; a priority
+lane (a CPU or I/O worker) takes the first task in lane order whose inputs are ready. An edge
+between two stream lanes becomes a CUDA event the consumer's stream waits on (the host never
+blocks); an edge from a stream lane into a host lane makes the worker wait for that event. The
+engine knows nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
+
+Serial mode runs the same tasks one at a time in a topological order, synchronising the GPU
+after each: the correctness oracle for the overlapped mode.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
+
+import networkx as nx
+
+from layerslide.executor.device import STREAM_LANES, LaneDevice
+from layerslide.planner.plan import Plan, Task
+
+POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
+ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
+
+
+class TaskFailedError(RuntimeError):
+    """A task raised: names the task; the original exception is the cause."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskTiming:
+    """When one task ran, in seconds from the engine's time zero."""
+
+    task: Task
+    start_s: float
+    end_s: float
+
+
+class PlanEngine:
+    """Executes one plan once; `run` returns each task's timing."""
+
+    def __init__(self, plan: Plan, device: LaneDevice, run_task: Callable[[Task], None], *,
+                 serial: bool = False):
+        self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
+        self.graph = plan.graph
+        self._host_done = {tid: threading.Event() for tid in self.graph}
+        self._end_event: dict[str, object] = {}
+        self._timing: dict[str, tuple[object, object]] = {}
+        self._error: tuple[str, BaseException] | None = None
+        self._abort = threading.Event()
+        # priority lanes: tasks whose predecessors have all run, kept in lane order
+        self._rank = {tid: i for order in plan.lane_order.values() for i, tid in enumerate(order)}
+        self._missing = {tid: self.graph.in_degree(tid) for tid in self.graph}
+        self._ready: dict[str, list[tuple[int, str]]] = {}
+        self._cond: dict[str, threading.Condition] = {}
+        for lane, discipline in plan.lane_discipline.items():
+            if discipline == "priority":
+                self._cond[lane] = threading.Condition()
+                self._ready[lane] = sorted((self._rank[t], t) for t in plan.lane_order[lane]
+                                           if self._missing[t] == 0)
+
+    # --- public ----------------------------------------------------------------------------------
+    def run(self) -> list[TaskTiming]:
+        if self.serial:
+            self._run_serial()
+        else:
+            self._run_threads()
+        self.device.synchronize()
+        return self._timings()
+
+    # --- overlapped ------------------------------------------------------------------------------
+    def _run_threads(self) -> None:
+        threads = []
+        for lane, order in self.plan.lane_order.items():
+            if not order:
+                continue
+            target = (self._strict_worker if self.plan.lane_discipline[lane] == "strict"
+                      else self._priority_worker)
+            threads.append(threading.Thread(target=self._guard, args=(target, lane),
+                                            name=f"layerslide-{lane}", daemon=True))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self._error is not None:
+            tid, exc = self._error
+            raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _guard(self, worker: Callable[[str], None], lane: str) -> None:
+        try:
+            worker(lane)
+        except _Aborted:
+            pass
+
+    def _strict_worker(self, lane: str) -> None:
+        for tid in self.plan.lane_order[lane]:
+            self._execute(self.plan.task(tid))
+
+    def _priority_worker(self, lane: str) -> None:
+        cond, ready = self._cond[lane], self._ready[lane]
+        for _ in range(len(self.plan.lane_order[lane])):
+            with cond:
+                while True:
+                    self._check_abort()
+                    pick = next((entry for entry in ready if self._inputs_landed(entry[1])), None)
+                    if pick is not None:
+                        ready.remove(pick)
+                        break
+                    # nothing ready: sleep until a predecessor finishes, or poll GPU events
+                    cond.wait(timeout=POLL_S if ready else ABORT_CHECK_S)
+            self._execute(self.plan.task(pick[1]))
+
+    def _inputs_landed(self, tid: str) -> bool:
+        """All predecessors' GPU work is complete (their host part is, or tid is not ready)."""
+        return all(self.device.is_done(self._end_event.get(p))
+                   for p in self.graph.predecessors(tid))
+
+    def _execute(self, task: Task) -> None:
+        on_stream = task.lane in STREAM_LANES
+        for pred in self.graph.predecessors(task.id):
+            self._wait_host(pred)
+            event = self._end_event.get(pred)
+            pred_lane = self.plan.task(pred).lane
+            if on_stream and pred_lane != task.lane:
+                self.device.wait(task.lane, event)
+            elif not on_stream:
+                self.device.block_on(event)
+        try:
+            if on_stream and self.device.is_cuda:
+                start = self.device.record(task.lane, timing=True)
+                with self.device.on(task.lane):
+                    self.run_task(task)
+                end = self.device.record(task.lane, timing=True)
+                self._end_event[task.id] = end
+            else:
+                start = self.device.host_now_s()
+                with self.device.on(task.lane):
+                    self.run_task(task)
+                end = self.device.host_now_s()
+        except Exception as exc:
+            self._fail(task.id, exc)
+            raise _Aborted from exc
+        self._timing[task.id] = (start, end)
+        self._finish(task.id)
+
+    def _finish(self, tid: str) -> None:
+        self._host_done[tid].set()
+        for succ in self.graph.successors(tid):
+            lane = self.plan.task(succ).lane
+            cond = self._cond.get(lane)
+            if cond is None:
+                continue
+            with cond:
+                self._missing[succ] -= 1
+                if self._missing[succ] == 0:
+                    bisect.insort(self._ready[lane], (self._rank[succ], succ))
+                    cond.notify()
+
+    def _wait_host(self, tid: str) -> None:
+        while not self._host_done[tid].wait(timeout=ABORT_CHECK_S):
+            self._check_abort()
+
+    def _check_abort(self) -> None:
+        if self._abort.is_set():
+            raise _Aborted
+
+    def _fail(self, tid: str, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = (tid, exc)
+        self._abort.set()
+        for cond in self._cond.values():
+            with cond:
+                cond.notify_all()
+
+    # --- serial ----------------------------------------------------------------------------------
+    def _run_serial(self) -> None:
+        combined = nx.DiGraph(self.graph.edges)
+        combined.add_nodes_from(self.graph.nodes)
+        for lane, order in self.plan.lane_order.items():
+            if self.plan.lane_discipline[lane] == "strict":
+                combined.add_edges_from(pairwise(order))
+        key = {tid: f"{self._rank[tid]:09d}{self.plan.task(tid).lane}" for tid in self.graph}
+        for tid in nx.lexicographical_topological_sort(combined, key=key.__getitem__):
+            task = self.plan.task(tid)
+            start = self.device.host_now_s()
+            try:
+                with self.device.on(task.lane):
+                    self.run_task(task)
+                self.device.synchronize()
+            except Exception as exc:
+                raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
+            self._timing[tid] = (start, self.device.host_now_s())
+            self._host_done[tid].set()
+
+    # --- timings ---------------------------------------------------------------------------------
+    def _timings(self) -> list[TaskTiming]:
+        out = []
+        for tid, (start, end) in self._timing.items():
+            if not isinstance(start, float):  # CUDA timing events
+                start, end = self.device.event_time_s(start), self.device.event_time_s(end)
+            out.append(TaskTiming(task=self.plan.task(tid), start_s=start, end_s=end))
+        return sorted(out, key=lambda t: t.start_s)
+
+
+class _Aborted(Exception):
+    """Another lane failed: stop this one quietly (the failure is reported once)."""

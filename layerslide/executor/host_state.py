@@ -1,0 +1,140 @@
+"""Training state on the host: per block fp32 master weights, AdamW moments and the buffers the
+plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads).
+
+Each block's state is one flat buffer, so one fused AdamW call (torch's, multi-threaded and as
+fast as DeepSpeed's on the benchmark machine) updates it: the decayed matrices are a view at the
+front, norms and biases a view behind them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from layerslide.executor.blocks import ModelBlocks
+from layerslide.executor.device import LaneDevice
+from layerslide.executor.optim import OptimConfig
+from layerslide.planner.settings import Policy, TrainSpec
+
+
+class HostState:
+    """Owns the host tensors of every block and one AdamW per block."""
+
+    def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
+                 optim: OptimConfig):
+        self.blocks, self.device, self.policy, self.train, self.optim = (
+            blocks, device, policy, train, optim)
+        # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
+        pin_master = policy.cast == "gpu"
+        self.master = {b: device.host_empty(blocks.numel(b), torch.float32, pinned=pin_master)
+                       for b in blocks.blocks}
+        self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
+                        for b in blocks.blocks} if policy.cast == "cpu_once" else {})
+        self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
+                        for b in blocks.blocks}
+        if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
+            self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
+                           for b in blocks.blocks}
+            self._scratch = None
+        else:  # one reusable fp32 upcast buffer: the optimizer runs one block at a time
+            self.grad32 = {}
+            self._scratch = torch.empty(max(blocks.numel(b) for b in blocks.blocks),
+                                        dtype=torch.float32)
+        self._params: dict[int, list[nn.Parameter]] = {}
+        self.optimizers: dict[int, torch.optim.AdamW] = {}
+        for b in blocks.blocks:
+            self._params[b], self.optimizers[b] = self._make_optimizer(b)
+
+    def _make_optimizer(self, block: int) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
+        split = self.blocks.decay_numel(block)
+        flat = self.master[block]
+        groups, params = [], []
+        for view, decay in ((flat[:split], self.optim.weight_decay), (flat[split:], 0.0)):
+            if view.numel():
+                param = nn.Parameter(view)  # shares the flat buffer's storage
+                params.append(param)
+                groups.append({"params": [param], "weight_decay": decay})
+        opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=(self.optim.beta1,
+                                self.optim.beta2), eps=self.optim.eps, fused=True)
+        return params, opt
+
+    # --- weights -------------------------------------------------------------------------------
+    def set_master(self, block: int, values: torch.Tensor) -> None:
+        self.master[block].copy_(values.reshape(-1))
+
+    def load_named(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy named HF tensors into the master weights; returns the names it placed."""
+        where = {s.name: (b, s) for b in self.blocks.blocks for s in self.blocks.layouts[b]}
+        placed = set()
+        for name, tensor in tensors:
+            if name not in where:
+                continue
+            block, slot = where[name]
+            if tuple(tensor.shape) != slot.shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} in the checkpoint, "
+                                 f"{slot.shape} in config.json")
+            self.master[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
+            placed.add(name)
+        return placed
+
+    def named_master(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """(state-dict name, fp32 view) of every parameter, block by block."""
+        for b in self.blocks.blocks:
+            for slot, view in self.blocks.views(b, self.master[b]):
+                yield slot.name, view
+
+    def cast_to_upload(self, block: int) -> torch.Tensor:
+        """fp32 master -> the bf16 copy the GPU loads (cast=cpu_once), or a fresh staging copy."""
+        target = self.upload.get(block)
+        if target is None:
+            target = self.device.host_empty(self.blocks.numel(block), torch.bfloat16)
+        target.copy_(self.master[block])
+        return target
+
+    # --- gradients and the update --------------------------------------------------------------
+    def accumulate(self, block: int, micro_batch: int) -> None:
+        """Add the landed bf16 grads of one micro-batch into the block's fp32 sum."""
+        if micro_batch == 0:
+            self.grad32[block].copy_(self.landing[block])
+        else:
+            self.grad32[block].add_(self.landing[block])
+
+    def host_grad_sq_norm(self, block: int) -> float:
+        """Squared L2 norm of the block's accumulated fp32 grads (fp64 sum)."""
+        return float(torch.linalg.vector_norm(self.grad32[block], dtype=torch.float64) ** 2)
+
+    def step(self, block: int, lr: float, clip_coef: float) -> None:
+        """One AdamW step of the block with its grads scaled by clip_coef."""
+        n = self.blocks.numel(block)
+        if self.train.grad_accum > 1:
+            grads = self.grad32[block]
+            if clip_coef != 1.0:
+                grads.mul_(clip_coef)
+        else:
+            grads = self._scratch[:n]
+            if clip_coef != 1.0:
+                torch.mul(self.landing[block], clip_coef, out=grads)
+            else:
+                grads.copy_(self.landing[block])
+        offset = 0
+        for param in self._params[block]:
+            param.grad = grads[offset:offset + param.numel()]
+            offset += param.numel()
+        opt = self.optimizers[block]
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        for param in self._params[block]:
+            param.grad = None
+
+    def state_bytes(self) -> int:
+        """Host bytes held by this state (master, moments, upload and grad buffers)."""
+        tensors = [*self.master.values(), *self.upload.values(), *self.landing.values(),
+                   *self.grad32.values()]
+        if self._scratch is not None:
+            tensors.append(self._scratch)
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        moments = sum(2 * p.numel() * 4 for ps in self._params.values() for p in ps)
+        return total + moments

@@ -1,0 +1,375 @@
+"""What each plan task does. The engine calls `TaskRunner.run(task)` on the task's lane; GPU work
+is enqueued on that lane's stream, host work runs in the calling worker thread.
+
+GPU memory: weight cache units are allocated once (the plan's window, plus dedicated units for
+the embedding, the head and resident layers) and decoder-layer modules compute straight from
+them. Activations, the gradient flowing backwards and weight grads come from torch's caching
+allocator; handing them between streams is declared with record_stream.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from layerslide.executor.blocks import EMBEDDING, ModelBlocks
+from layerslide.executor.device import LaneDevice
+from layerslide.executor.host_state import HostState
+from layerslide.executor.optim import OptimConfig
+from layerslide.planner import sizes
+from layerslide.planner.model import ModelSpec
+from layerslide.planner.plan import Plan, Task
+
+IGNORE_INDEX = -100
+COMPUTE_KINDS = ("forward", "head", "backward")
+
+
+@dataclass
+class WeightUnit:
+    """A GPU buffer for one block's bf16 weights (and the module computing from it)."""
+
+    flat: torch.Tensor
+    module: nn.Module | None = None
+    landing_fp32: torch.Tensor | None = None  # cast=gpu: fp32 weights arrive here first
+
+
+class Handoff:
+    """Tensors passed between tasks, dropped once their last reader has taken them."""
+
+    def __init__(self):
+        self._items: dict[tuple, list] = {}
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple, value: torch.Tensor, readers: int) -> None:
+        with self._lock:
+            assert key not in self._items, key
+            self._items[key] = [value, readers]
+
+    def take(self, key: tuple) -> torch.Tensor:
+        with self._lock:
+            item = self._items[key]
+            item[1] -= 1
+            if item[1] == 0:
+                del self._items[key]
+            return item[0]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass
+class StepOutcome:
+    """What one training step produced, gathered after its segment ran."""
+
+    loss_parts: list[torch.Tensor] = field(default_factory=list)
+    grad_norm: float | None = None
+    skipped: bool = False  # non-finite gradients: no block was updated
+    skipped_blocks: list[int] = field(default_factory=list)  # non-finite without clipping
+
+
+class TaskRunner:
+    """Owns the GPU weight units and performs every task kind of a plan."""
+
+    def __init__(self, blocks: ModelBlocks, spec: ModelSpec, state: HostState,
+                 device: LaneDevice, optim: OptimConfig):
+        policy, train = state.policy, state.train
+        self.blocks, self.spec, self.state, self.device, self.optim = (
+            blocks, spec, state, device, optim)
+        self.policy, self.train = policy, train
+        self.L = blocks.num_layers
+        dev = device.device
+        landing = policy.cast == "gpu"
+
+        def unit(block: int, with_module: bool) -> WeightUnit:
+            n = blocks.numel(block)
+            flat = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            module = None
+            if with_module:
+                with torch.device("meta"):
+                    module = blocks.make_layer(max(block, 0))
+                blocks.bind(module, block, flat)
+                assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+            fp32 = torch.empty(n, dtype=torch.float32, device=dev) if landing else None
+            return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
+
+        resident = range(min(policy.resident_layers, self.L))
+        ring = min(policy.window, self.L - len(resident))
+        self.ring = [unit(0, True) for _ in range(ring)]
+        self.dedicated = {b: unit(b, True) for b in resident}
+        self.dedicated[EMBEDDING] = unit(EMBEDDING, False)
+        head = unit(self.L, False)
+        with torch.device("meta"):  # named like the layout: norm.weight
+            head.module = nn.ModuleDict({"norm": blocks.make_norm()})
+        blocks.bind(head.module, self.L, head.flat)
+        self.dedicated[self.L] = head
+        self._rotary = blocks.make_rotary(dev)
+        self._position_embeddings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.head_chunk_tokens = (
+            sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch)
+            if policy.head_loss == "fused" else train.tokens_per_micro_batch)
+        self.act_host: dict[int, torch.Tensor] = {}  # offloaded checkpoints, one per layer
+        self._reset_segment()
+
+    def _reset_segment(self) -> None:
+        self.handoff = Handoff()
+        self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.unit_of: dict[str, WeightUnit] = {}
+        self.cast_before: set[str] = set()
+        self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+        self.staging: dict[str, torch.Tensor] = {}
+        self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
+        self.block_sq: dict[tuple[int, int], float] = {}
+        self.clip_coef: dict[int, float] = {}
+        self.outcomes: dict[int, StepOutcome] = {}
+        self.step_offset = 0
+
+    # --- a segment: one plan, run once ---------------------------------------------------------
+    def prepare(self, plan: Plan, batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]],
+                step_offset: int) -> None:
+        """Bind the plan's GPU tasks to weight units and stage the segment's token batches."""
+        self._reset_segment()
+        self.step_offset = step_offset
+        pin = self.device.is_cuda
+        self.batches = {k: (ids.pin_memory() if pin else ids, lab.pin_memory() if pin else lab)
+                        for k, (ids, lab) in batches.items()}
+        current: dict[int, WeightUnit] = {}
+        for tid in plan.lane_order["gpu"]:
+            task = plan.task(tid)
+            if task.kind not in COMPUTE_KINDS:
+                continue
+            block = task.layer
+            load = next((plan.task(p) for p in plan.graph.predecessors(tid)
+                         if plan.task(p).kind == "load_weights"), None)
+            if load is not None:
+                current[block] = self.dedicated[block] if load.unit < 0 else self.ring[load.unit]
+                if self.policy.cast == "gpu":
+                    self.cast_before.add(tid)
+            if block in self.dedicated:
+                current.setdefault(block, self.dedicated[block])
+            if block not in current:
+                raise ValueError(f"{tid}: the plan never loads block {block}'s weights")
+            self.unit_of[tid] = current[block]
+        for s in range(plan.num_steps):
+            self.outcomes[s] = StepOutcome()
+            self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
+                                          dtype=torch.float32, pin_memory=pin)
+
+    def run(self, task: Task) -> None:
+        getattr(self, f"_do_{task.kind}")(task)
+
+    # --- weights ---------------------------------------------------------------------------------
+    def _load_target(self, task: Task) -> WeightUnit:
+        return self.dedicated[task.layer] if task.unit < 0 else self.ring[task.unit]
+
+    def _do_load_weights(self, task: Task) -> None:
+        unit = self._load_target(task)
+        if self.policy.cast == "gpu":
+            unit.landing_fp32.copy_(self.state.master[task.layer], non_blocking=True)
+        elif self.policy.cast == "cpu_per_load":
+            unit.flat.copy_(self.staging.pop(task.id), non_blocking=True)
+        else:
+            unit.flat.copy_(self.state.upload[task.layer], non_blocking=True)
+
+    def _do_cast(self, task: Task) -> None:
+        staging = self.state.cast_to_upload(task.layer)
+        if self.policy.cast == "cpu_per_load":  # the cast of one load: id "<load>.cast"
+            self.staging[task.id.removesuffix(".cast")] = staging
+
+    # --- compute ---------------------------------------------------------------------------------
+    def _unit(self, task: Task) -> WeightUnit:
+        unit = self.unit_of[task.id]
+        if task.id in self.cast_before:
+            unit.flat.copy_(unit.landing_fp32)
+        return unit
+
+    def _rope(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if seq_len not in self._position_embeddings:
+            dev = self.device.device
+            positions = torch.arange(seq_len, device=dev)[None]
+            probe = torch.empty(1, dtype=torch.bfloat16, device=dev)
+            self._position_embeddings[seq_len] = self._rotary(probe, positions)
+        return self._position_embeddings[seq_len]
+
+    def _do_forward(self, task: Task) -> None:
+        s, m, i = task.step, task.micro_batch, task.layer
+        unit = self._unit(task)
+        if i == EMBEDDING:
+            ids_host, _ = self.batches[(s, m)]
+            ids = ids_host.to(self.device.device, non_blocking=True)
+            self.handoff.put(("ids", s, m), ids, readers=1)
+            hidden = nn.functional.embedding(ids, unit.flat.view(self.spec.vocab_size, -1))
+        else:
+            x = self.handoff.take(("input", s, m, i))
+            with torch.no_grad():
+                hidden = _call_layer(unit.module, x, self._rope(x.shape[1]))
+        # a layer's input is read by its forward and then by its backward (kept on the GPU) or
+        # by the offload; the final hidden state only by the head
+        nxt = i + 1
+        self.handoff.put(("input", s, m, nxt), hidden, readers=1 if nxt == self.L else 2)
+
+    def _do_offload_activation(self, task: Task) -> None:
+        x = self.handoff.take(("input", task.step, task.micro_batch, task.layer))
+        host = self.act_host.get(task.layer)
+        if host is None or host.numel() != x.numel():
+            host = self.act_host[task.layer] = self.device.host_empty(x.numel(), x.dtype)
+        self.device.keep_for(x, "d2h")
+        host.copy_(x.view(-1), non_blocking=True)
+
+    def _do_fetch_activation(self, task: Task) -> None:
+        host = self.act_host[task.layer]
+        shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
+        x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
+        x.view(-1).copy_(host, non_blocking=True)
+        self.device.keep_for(x, "gpu")
+        self.handoff.put(("fetched", task.step, task.micro_batch, task.layer), x, readers=1)
+
+    def _do_head(self, task: Task) -> None:
+        s, m = task.step, task.micro_batch
+        unit = self._unit(task)
+        x = self.handoff.take(("input", s, m, self.L)).detach().requires_grad_(True)
+        _, labels_host = self.batches[(s, m)]
+        labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
+        if self.blocks.tied:
+            weight = self.dedicated[EMBEDDING].flat.view(self.spec.vocab_size, -1)
+        else:
+            weight = unit.flat[:self.spec.vocab_size * self.spec.hidden_size].view(
+                self.spec.vocab_size, -1)
+        norm = unit.module["norm"]
+        with torch.enable_grad():
+            normed = norm(x)
+        flat = normed.detach().view(-1, normed.shape[-1])
+        count = (labels != IGNORE_INDEX).sum()
+        scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
+        loss, d_flat, d_weight = _chunked_linear_cross_entropy(
+            flat, weight, labels, scale, self.head_chunk_tokens)
+        self.outcomes[s].loss_parts.append(loss * scale)
+        normed.backward(d_flat.view_as(normed))
+        head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
+        for p in norm.parameters():
+            p.grad = None
+        if self.blocks.tied:
+            self.handoff.put(("tied", s, m), d_weight, readers=1)
+        else:
+            head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
+        self._keep_grads(s, m, self.L, head_grads)
+        self.handoff.put(("dgrad", s, m, self.L - 1), x.grad, readers=1)
+
+    def _do_backward(self, task: Task) -> None:
+        s, m, i = task.step, task.micro_batch, task.layer
+        dgrad = self.handoff.take(("dgrad", s, m, i))
+        if i == EMBEDDING:
+            ids = self.handoff.take(("ids", s, m))
+            grad = torch.ops.aten.embedding_dense_backward(
+                dgrad, ids, self.spec.vocab_size, -1, False)
+            if self.blocks.tied:
+                grad.add_(self.handoff.take(("tied", s, m)))
+            self._keep_grads(s, m, EMBEDDING, [grad])
+            return
+        unit = self._unit(task)
+        key = ("input", s, m, i) if self.policy.activations == "gpu" else ("fetched", s, m, i)
+        x = self.handoff.take(key).detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = _call_layer(unit.module, x, self._rope(x.shape[1]))
+        y.backward(dgrad)
+        params = _params_in_layout(self.blocks, i, unit.module)
+        self._keep_grads(s, m, i, [p.grad for p in params])
+        for p in params:
+            p.grad = None
+        self.handoff.put(("dgrad", s, m, i - 1), x.grad, readers=1)
+
+    def _keep_grads(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
+        norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+        grads.append(torch.stack(norms).square().sum())
+        self.grads[(s, m, block)] = grads
+
+    # --- gradients to the host -------------------------------------------------------------------
+    def _do_offload_grads(self, task: Task) -> None:
+        s, m, b = task.step, task.micro_batch, task.layer
+        *grads, sq = self.grads.pop((s, m, b))
+        landing = self.state.landing[b]
+        for (_, view), grad in zip(self.blocks.views(b, landing), grads, strict=True):
+            self.device.keep_for(grad, "d2h")
+            view.copy_(grad, non_blocking=True)
+        self.device.keep_for(sq, "d2h")
+        self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
+
+    def _do_accumulate_grads(self, task: Task) -> None:
+        s, m, b = task.step, task.micro_batch, task.layer
+        self.state.accumulate(b, m)
+        if m == self.train.grad_accum - 1 and self.train.max_grad_norm is not None:
+            self.block_sq[(s, b)] = self.state.host_grad_sq_norm(b)
+
+    def _block_sq(self, s: int, b: int) -> float:
+        if self.train.grad_accum > 1:
+            return self.block_sq[(s, b)]
+        return float(self.grad_sq[s][0, b + 1])
+
+    def _do_grad_norm(self, task: Task) -> None:
+        s = task.step
+        total = math.sqrt(sum(self._block_sq(s, b) for b in self.blocks.blocks))
+        outcome = self.outcomes[s]
+        outcome.grad_norm = total
+        if not math.isfinite(total):
+            outcome.skipped = True
+            return
+        self.clip_coef[s] = min(1.0, self.train.max_grad_norm / (total + 1e-6))
+
+    def _do_optimizer_step(self, task: Task) -> None:
+        s, b = task.step, task.layer
+        outcome = self.outcomes[s]
+        if outcome.skipped:
+            return
+        if not bool(torch.isfinite(self.grad_sq[s][:, b + 1]).all()):
+            outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
+            return
+        self.state.step(b, self.optim.lr_at(self.step_offset + s), self.clip_coef.get(s, 1.0))
+
+    def _do_nvme_read(self, task: Task) -> None:
+        raise NotImplementedError("the NVMe tier is not in the executor yet")
+
+    _do_nvme_write = _do_nvme_read
+
+
+def _call_layer(module: nn.Module, x: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    out = module(x, attention_mask=None, position_embeddings=rope)
+    return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
+
+
+def _params_in_layout(blocks: ModelBlocks, block: int, module: nn.Module) -> list[nn.Parameter]:
+    """The module's parameters in the order of the block's flat layout (the head's LM weight,
+    tied or not, is handled by the caller)."""
+    owned = dict(module.named_parameters())
+    return [owned[s.local_name] for s in blocks.layouts[block] if s.local_name in owned]
+
+
+def _chunked_linear_cross_entropy(
+        x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor,
+        chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum of token losses of logits = x @ weight.T, with the grads of (loss * scale) w.r.t.
+    x and weight, chunk by chunk so that only [chunk_tokens, vocab] logits exist at once."""
+    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    d_x = torch.empty_like(x)
+    # bf16, as liger-kernel's: an fp32 sum would add 4 B per head parameter of GPU memory
+    d_weight = torch.zeros_like(weight)
+    for start in range(0, x.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        xc, yc = x[rows], labels[rows]
+        logits = (xc @ weight.T).float()
+        valid = yc != IGNORE_INDEX
+        target = torch.where(valid, yc, 0)
+        lse = torch.logsumexp(logits, dim=-1)
+        picked = logits.gather(1, target[:, None]).squeeze(1)
+        loss += torch.where(valid, lse - picked, 0.0).sum()
+        # d(loss)/d(logits) = softmax - onehot, for the valid rows, times the loss scale
+        grad = torch.exp(logits - lse[:, None])
+        grad[torch.arange(len(yc), device=x.device), target] -= 1.0
+        grad *= (valid.float() * scale)[:, None]
+        grad = grad.to(x.dtype)
+        d_x[rows] = grad @ weight
+        d_weight.addmm_(grad.T, xc)
+    return loss, d_x, d_weight

@@ -1,0 +1,266 @@
+"""Trainer: fine-tune a Hugging Face causal LM by running the plan's tasks, segment by segment.
+
+A segment is one plan of `segment_steps` consecutive steps, built from the same model, training
+settings and policy as the plan that was simulated: inside it one step's optimizer tail overlaps
+the next step's forward, between segments the pipeline drains (where logs, and later
+checkpoints, are taken). Steps are timed like the simulator times them: from one step's last
+GPU task to the next one's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig
+
+from layerslide.executor import hf_io
+from layerslide.executor.blocks import ModelBlocks, check_supported
+from layerslide.executor.data import TokenSource
+from layerslide.executor.device import LaneDevice
+from layerslide.executor.engine import PlanEngine, TaskTiming
+from layerslide.executor.host_state import HostState
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.runner import TaskRunner
+from layerslide.planner import sizes
+from layerslide.planner.build import build_plan
+from layerslide.planner.model import ModelSpec
+from layerslide.planner.plan import Plan
+from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.trace import MemorySample, Trace, TraceEvent
+
+MEMORY_SAMPLE_S = 0.02
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepLog:
+    """One optimizer step as measured."""
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float | None
+    skipped: bool
+    skipped_blocks: tuple[int, ...]
+    step_s: float
+    tokens_per_s: float
+    model_tflops: float  # model FLOPs (no recompute) per second, in TFLOP/s
+    gpu_peak_bytes: int
+    host_rss_bytes: int
+
+
+def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
+    """Refuse, before anything is allocated, what this executor does not run yet."""
+    if policy.gpu_updated_blocks:
+        raise ValueError(f"policy.gpu_updated_blocks={policy.gpu_updated_blocks}: blocks updated "
+                         "on the GPU are not in the executor yet; set it to 0")
+    if policy.activations == "nvme" or policy.master_on_nvme or policy.moments_on_nvme:
+        raise ValueError("the NVMe tier is not in the executor yet: use activations gpu/host "
+                         "and master_on_nvme = moments_on_nvme = 0")
+    for b in blocks.blocks:
+        if blocks.numel(b) != sizes.block_params(spec, b):
+            raise ValueError(f"the plan is for {spec.name}, whose block {b} has "
+                             f"{sizes.block_params(spec, b)} parameters; this model's has "
+                             f"{blocks.numel(b)}: plan for this model (`layerslide plan/tune "
+                             "--model <its folder>`)")
+
+
+def host_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class Trainer:
+    """Owns the device lanes, host state and GPU units of one training run; close() frees them."""
+
+    def __init__(self, *, config: PretrainedConfig, spec: ModelSpec, train: TrainSpec,
+                 policy: Policy, optim: OptimConfig, device: str | torch.device = "cuda",
+                 serial: bool = False, segment_steps: int = 16,
+                 gpu_memory_bytes: int | None = None):
+        check_supported(config, train.seq_len)
+        self.blocks = ModelBlocks(config)
+        check_executable(spec, policy, self.blocks)
+        if segment_steps < 1:
+            raise ValueError(f"segment_steps={segment_steps}: must be >= 1")
+        self.spec, self.train, self.policy, self.optim = spec, train, policy, optim
+        self.serial, self.segment_steps = serial, segment_steps
+        self.device = LaneDevice(device)
+        if gpu_memory_bytes is not None and self.device.is_cuda:
+            total = torch.cuda.get_device_properties(self.device.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_bytes / total),
+                                                       self.device.device)
+        self.state = HostState(self.blocks, self.device, policy, train, optim)
+        self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
+        self.step = 0  # optimizer steps taken (or skipped) so far
+        self.trace_events: list[TraceEvent] = []
+        self.memory: list[MemorySample] = []
+        self._clock_s = 0.0  # trace time of the end of the last segment
+
+    # --- weights ---------------------------------------------------------------------------------
+    def init_random(self, seed: int = 0) -> None:
+        for b in self.blocks.blocks:
+            self.state.set_master(b, self.blocks.init_block(b, seed))
+        self._weights_changed()
+
+    def load_checkpoint(self, folder: str | Path) -> None:
+        """Read an HF folder's safetensors tensor by tensor into the fp32 master weights."""
+        ignore = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if self.blocks.tied else ())
+        hf_io.check_checkpoint(folder, self.blocks.expected_tensors(), ignore=ignore)
+        placed = self.state.load_named(hf_io.iter_checkpoint_tensors(folder))
+        missing = set(self.blocks.expected_tensors()) - placed
+        if missing:
+            raise ValueError(f"{folder}: no weights for {sorted(missing)[:3]}")
+        self._weights_changed()
+
+    def _weights_changed(self) -> None:
+        if self.policy.cast == "cpu_once":  # the first loads read the bf16 copies
+            for b in self.blocks.blocks:
+                self.state.cast_to_upload(b)
+
+    def save(self, folder: str | Path, *, overwrite: bool = False,
+             extra_files: dict[str, Path] | None = None) -> Path:
+        """Write the model as an HF folder (bf16 safetensors) that from_pretrained loads."""
+        config = self.blocks.config.to_dict()
+        config.pop("_attn_implementation_autoset", None)
+        return hf_io.save_hf_folder(folder, config, self.state.named_master(),
+                                    overwrite=overwrite, extra_files=extra_files)
+
+    # --- training --------------------------------------------------------------------------------
+    def fit(self, data: TokenSource, num_steps: int,
+            on_step: Callable[[StepLog], None] | None = None) -> list[StepLog]:
+        """Train `num_steps` optimizer steps; returns one log per step."""
+        logs: list[StepLog] = []
+        while len(logs) < num_steps:
+            count = min(self.segment_steps, num_steps - len(logs))
+            for log in self._segment(data, count):
+                logs.append(log)
+                if on_step is not None:
+                    on_step(log)
+        return logs
+
+    def _segment(self, data: TokenSource, count: int) -> list[StepLog]:
+        # a plan needs >= 2 steps; a 1-step segment runs the first step of a 2-step plan
+        plan = build_plan(self.spec, self.train, self.policy, num_steps=max(2, count))
+        plan = _first_steps(plan, count)
+        batches = {(s, m): data.next_batch(self.train.micro_batch)
+                   for s in range(count) for m in range(self.train.grad_accum)}
+        self.runner.prepare(plan, batches, self.step)
+        if self.device.is_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device.device)
+        self.device.reset_clock()
+        sampler = _MemorySampler(self.device)
+        try:
+            timings = PlanEngine(plan, self.device, self.runner.run, serial=self.serial).run()
+        finally:
+            sampler.stop()
+        return self._logs(plan, timings, sampler, count)
+
+    def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: _MemorySampler,
+              count: int) -> list[StepLog]:
+        end_of = {t.task.id: t.end_s for t in timings}
+        for t in timings:
+            task = t.task
+            self.trace_events.append(TraceEvent(
+                task_id=task.id, lane=task.lane, kind=task.kind, layer=task.layer,
+                step=self.step + task.step, start_s=self._clock_s + t.start_s,
+                end_s=self._clock_s + t.end_s))
+        self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
+                                        bytes_in_use=m.bytes_in_use) for m in sampler.samples)
+        gpu_peak = (torch.cuda.max_memory_allocated(self.device.device)
+                    if self.device.is_cuda else 0)
+        flops_per_token = self.spec.training_flops_per_token(self.train.seq_len)
+        logs, previous_end = [], 0.0
+        for s in range(count):
+            marker_end = end_of[plan.meta["step_markers"][s]]
+            step_s = max(marker_end - previous_end, 1e-9)
+            previous_end = marker_end
+            outcome = self.runner.outcomes[s]
+            loss = float(sum(float(p) for p in outcome.loss_parts))
+            tokens = self.train.tokens_per_step
+            logs.append(StepLog(
+                step=self.step, loss=loss, lr=self.optim.lr_at(self.step),
+                grad_norm=outcome.grad_norm, skipped=outcome.skipped,
+                skipped_blocks=tuple(outcome.skipped_blocks), step_s=step_s,
+                tokens_per_s=tokens / step_s,
+                model_tflops=flops_per_token * tokens / step_s / 1e12,
+                gpu_peak_bytes=gpu_peak, host_rss_bytes=sampler.peak_host_bytes))
+            self.step += 1
+        self._clock_s += max((t.end_s for t in timings), default=0.0)
+        return logs
+
+    def trace(self, label: str = "executor") -> Trace:
+        """Everything run so far, in the simulator's trace schema."""
+        return Trace(source="measured", label=label, events=tuple(self.trace_events),
+                     memory=tuple(self.memory),
+                     meta={"model": self.spec.name, "train": self.train.to_dict(),
+                           "policy": self.policy.to_dict(), "device": str(self.device.device),
+                           "serial": self.serial})
+
+    def close(self) -> None:
+        self.device.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _first_steps(plan: Plan, count: int) -> Plan:
+    """The plan restricted to its first `count` steps (tasks of later steps dropped)."""
+    if count == plan.num_steps:
+        return plan
+    keep = [n for n in plan.graph if plan.task(n).step < count]
+    graph = plan.graph.subgraph(keep).copy()
+    lane_order = {lane: tuple(t for t in order if t in graph)
+                  for lane, order in plan.lane_order.items()}
+    buffers = tuple(b for b in plan.buffers
+                    if b.alloc_task is None or b.alloc_task in graph)
+    trimmed = Plan(model=plan.model, train=plan.train, policy=plan.policy, num_steps=count,
+                   graph=graph, lane_order=lane_order, lane_discipline=plan.lane_discipline,
+                   buffers=tuple(b for b in buffers if all(r in graph for r in b.release_tasks)),
+                   meta={**plan.meta, "step_markers": plan.meta["step_markers"][:count]})
+    trimmed.validate()
+    return trimmed
+
+
+class _MemorySampler:
+    """Samples GPU allocated bytes and host RSS on a thread while a segment runs."""
+
+    def __init__(self, device: LaneDevice):
+        self.device, self.samples = device, []
+        self.peak_host_bytes = host_rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="layerslide-memory", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            now = self.device.host_now_s()
+            rss = host_rss_bytes()
+            self.peak_host_bytes = max(self.peak_host_bytes, rss)
+            self.samples.append(MemorySample(time_s=now, tier="host", bytes_in_use=rss))
+            if self.device.is_cuda:
+                self.samples.append(MemorySample(
+                    time_s=now, tier="gpu",
+                    bytes_in_use=torch.cuda.memory_allocated(self.device.device)))
+            if self._stop.wait(MEMORY_SAMPLE_S):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def loss_is_finite(logs: list[StepLog]) -> bool:
+    return all(math.isfinite(log.loss) for log in logs)
+
+
+def wall_time_s() -> float:
+    return time.perf_counter()
