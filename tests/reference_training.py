@@ -49,7 +49,8 @@ class ReferenceTrainer:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                labels.view(-1), ignore_index=-100)
             (loss / self.grad_accum).backward()
-            total_loss += float(loss) / self.grad_accum
+            loss = loss.detach()
+            total_loss += loss.item() / self.grad_accum
             for n, p in self.model.named_parameters():
                 sums[n] += p.grad.float()
         norm = math.sqrt(sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2

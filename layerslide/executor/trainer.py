@@ -9,13 +9,12 @@ GPU task to the next one's.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import torch
 from transformers import PretrainedConfig
@@ -205,7 +204,7 @@ class Trainer:
     def close(self) -> None:
         self.device.close()
 
-    def __enter__(self) -> Trainer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -256,11 +255,3 @@ class _MemorySampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def loss_is_finite(logs: list[StepLog]) -> bool:
-    return all(math.isfinite(log.loss) for log in logs)
-
-
-def wall_time_s() -> float:
-    return time.perf_counter()

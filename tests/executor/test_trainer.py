@@ -1,0 +1,193 @@
+"""The executor against plain PyTorch mixed-precision AdamW, serial against overlapped, save/load.
+
+Tolerances: the executor and the reference both compute in bf16 with fp32 master weights, but
+not with identical kernels (the head's loss gradient is formed as softmax - onehot in fp32 and
+cast to bf16, the reference goes through log_softmax's backward; the LM head's weight grad is
+summed over token chunks). Each bf16 rounding is at most 2^-8 relative, so grads agree to a few
+bf16 ulps per tensor (measured: 0.4-2% relative), while a wrong block, scale or missing term is
+off by O(1). AdamW's early updates are ~lr * sign(grad), so elements whose grad is ~0 may flip
+sign: the weights are compared relative to the size of the whole update.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference_training import ReferenceTrainer
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+
+from layerslide.executor.data import SyntheticTokens
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.trainer import Trainer
+from layerslide.planner.model import model_from_hf_config
+from layerslide.planner.settings import Policy, TrainSpec
+
+VOCAB, SEQ = 256, 32
+GPU = pytest.param("cuda", marks=pytest.mark.gpu)
+
+
+def tiny_config(family: str, tied: bool = False):
+    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+              "max_position_embeddings": 128, "tie_word_embeddings": tied}
+    if family == "qwen3":
+        return Qwen3Config(head_dim=16, **common)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[family](**common)
+
+
+def spec_of(config, tmp_path):
+    config.save_pretrained(tmp_path / "cfg")
+    return model_from_hf_config(tmp_path / "cfg")
+
+
+def run_executor(config, spec, train, policy, optim, *, steps, serial=False, device="cpu",
+                 segment_steps=3, poison=None):
+    with Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
+                 device=device, serial=serial, segment_steps=segment_steps) as trainer:
+        trainer.init_random(0)
+        if poison is not None:
+            block, index = poison
+            trainer.state.master[block][index] = float("inf")
+            trainer._weights_changed()
+        initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
+        final = {n: v.clone() for n, v in trainer.state.named_master()}
+        moments = {b: [s["exp_avg"].clone() for s in opt.state.values()]
+                   for b, opt in trainer.state.optimizers.items()}
+    return logs, initial, final, moments
+
+
+@pytest.mark.parametrize("device", ["cpu", GPU])
+@pytest.mark.parametrize(("family", "tied", "accum", "clip"), [
+    ("llama", False, 1, None), ("llama", False, 2, 1.0), ("qwen2", True, 2, None),
+    ("qwen3", True, 1, 0.5)])
+def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, clip):
+    config = tiny_config(family, tied)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
+    steps = 4
+    logs, initial, final, _ = run_executor(config, spec, train, Policy(), optim, steps=steps,
+                                           device=device)
+    reference = ReferenceTrainer(config, initial, lr_at=optim.lr_at, weight_decay=0.1,
+                                 grad_accum=accum, max_grad_norm=clip)
+    data = SyntheticTokens(VOCAB, SEQ, seed=1)
+    ref_losses = [reference.step([data.next_batch(2) for _ in range(accum)])[0]
+                  for _ in range(steps)]
+    assert [log.loss for log in logs] == pytest.approx(ref_losses, rel=1e-3)
+    update = torch.cat([(reference.params[n].detach() - initial[n]).flatten() for n in initial])
+    diff = torch.cat([(reference.params[n].detach() - final[n]).flatten() for n in initial])
+    assert update.norm() > 0
+    assert diff.norm() / update.norm() < 0.1
+    if clip is not None:
+        assert all(log.grad_norm is not None and log.grad_norm > 0 for log in logs)
+
+
+@pytest.mark.parametrize("device", ["cpu", GPU])
+@pytest.mark.parametrize("policy", [
+    Policy(), Policy(window=3, prefetch_depth=2, activations="gpu"),
+    Policy(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival"),
+    Policy(cast="gpu", resident_layers=1, head_loss="materialized")])
+def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2, max_grad_norm=1.0)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.1)
+    serial = run_executor(config, spec, train, policy, optim, steps=4, serial=True,
+                          device=device)
+    overlapped = run_executor(config, spec, train, policy, optim, steps=4, device=device)
+    assert [log.loss for log in serial[0]] == [log.loss for log in overlapped[0]]
+    for name in serial[2]:
+        assert torch.equal(serial[2][name], overlapped[2][name]), name
+    assert any(not torch.equal(serial[1][n], serial[2][n]) for n in serial[1])
+
+
+def test_segments_do_not_change_the_result(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ)
+    optim = OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=3)
+    one = run_executor(config, spec, train, Policy(), optim, steps=5, segment_steps=5)
+    many = run_executor(config, spec, train, Policy(), optim, steps=5, segment_steps=2)
+    assert [log.loss for log in one[0]] == [log.loss for log in many[0]]
+    assert [log.step for log in many[0]] == [0, 1, 2, 3, 4]
+    assert all(torch.equal(one[2][n], many[2][n]) for n in one[2])
+
+
+def test_non_finite_step_is_skipped_with_state_intact(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, max_grad_norm=1.0)
+    logs, initial, final, moments = run_executor(
+        config, spec, train, Policy(), OptimConfig(lr=1e-3), steps=2, poison=(1, 5))
+    assert all(log.skipped for log in logs)
+    assert all(torch.equal(initial[n], final[n]) for n in initial)
+    assert all(not state for state in moments.values())  # AdamW never stepped
+
+
+def test_non_finite_blocks_are_skipped_without_clipping(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    logs, initial, final, _ = run_executor(
+        config, spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy(), OptimConfig(lr=1e-3),
+        steps=1, poison=(2, 0))  # layer 2: its grads, and everything before it, are NaN
+    assert not logs[0].skipped
+    assert set(logs[0].skipped_blocks) >= {-1, 0, 1, 2}
+    assert torch.equal(initial["model.layers.0.mlp.up_proj.weight"],
+                       final["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_saved_folder_loads_in_transformers_with_the_same_logits(tmp_path):
+    config = tiny_config("qwen3", tied=True)
+    spec = spec_of(config, tmp_path)
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
+                 policy=Policy(), optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+        trainer.init_random(3)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
+        folder = trainer.save(tmp_path / "out")
+        master = {n: v.clone() for n, v in trainer.state.named_master()}
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    expected = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    expected.load_state_dict({n: v.to(torch.bfloat16) for n, v in master.items()}, strict=False)
+    expected.tie_weights()
+    # from_pretrained keeps the rotary inv_freq buffer in fp32, .to(bf16) rounds it: not weights
+    expected.model.rotary_emb.inv_freq = loaded.model.rotary_emb.inv_freq.clone()
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, expected(input_ids=ids).logits)
+
+    # and the executor reads that folder back into the same master weights (bf16-rounded)
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
+                 policy=Policy(), optim=OptimConfig(), device="cpu") as trainer:
+        trainer.load_checkpoint(folder)
+        for name, value in trainer.state.named_master():
+            assert torch.equal(value, master[name].to(torch.bfloat16).float()), name
+
+
+def test_executor_refuses_what_it_does_not_run(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ)
+    for policy, words in ((Policy(gpu_updated_blocks=1), "gpu_updated_blocks"),
+                          (Policy(moments_on_nvme=0.5), "NVMe")):
+        with pytest.raises(ValueError, match=words):
+            Trainer(config=config, spec=spec, train=train, policy=policy, optim=OptimConfig(),
+                    device="cpu")
+    other = spec_of(tiny_config("qwen2"), tmp_path / "other")  # q/k/v biases: other sizes
+    with pytest.raises(ValueError, match="plan is for"):
+        Trainer(config=config, spec=other, train=train, policy=Policy(), optim=OptimConfig(),
+                device="cpu")
+
+
+def test_trace_uses_the_plan_task_ids(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
+                 policy=Policy(), optim=OptimConfig(), device="cpu", segment_steps=3) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 3)
+        trace = trainer.trace()
+    ids = {e.task_id for e in trace.events}
+    assert {"s0.m0.forward.emb", "s2.m0.backward.L0", "s1.optimizer_step.L2"} <= ids
+    assert all(e.end_s >= e.start_s >= 0 for e in trace.events)
+    assert trace.source == "measured" and trace.peak_bytes("host") > 0
