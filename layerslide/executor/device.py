@@ -26,6 +26,8 @@ class LaneDevice:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
+        if self.is_cuda and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type not in ("cuda", "cpu"):
             raise ValueError(f"device {self.device} is not supported: use cuda or cpu")
         self._streams = {}
