@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from layerslide.executor.blocks import EMBEDDING, ModelBlocks, hf_config_from_spec
+from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import _call_layer, _chunked_linear_cross_entropy
@@ -93,7 +93,7 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
         torch.ops.aten.embedding_dense_backward(grad, ids, spec.vocab_size, -1, False)
 
     result = timed_gpu(step, repeats=3)
-    del layers
+    layers.clear()
     torch.cuda.empty_cache()
     return result
 
@@ -194,8 +194,9 @@ def main() -> None:
         {"model": spec.name, "seq_len": args.seq_len, "gpu_memory_cap_bytes": cap,
          "host_bandwidth_bytes_per_s": host_bw, "h2d_bytes_per_s": h2d_bw,
          "d2h_bytes_per_s": d2h_bw, "rows": rows}, indent=1))
-    lines = ["| micro-batch | step s | tokens/s | floor s | step/floor | all-GPU fwd+bwd s | "
-             "host traffic s | PCIe s | GPU peak GiB |", "|" + " --- |" * 9]
+    header = ("| micro-batch | step s | tokens/s | floor s | step/floor | all-GPU fwd+bwd s | "
+              "host traffic s | PCIe s | GPU peak GiB |")
+    lines = [header, "|" + " --- |" * 9]
     lines += [f"| {r['micro_batch']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['floor_s']:.3f} | {r['ratio_to_floor']:.2f} | {r['all_gpu_fwd_bwd_s']:.3f} | "
               f"{r['host_traffic_s']:.3f} | {r['pcie_s']:.3f} | "

@@ -1,4 +1,4 @@
-"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, demo."""
+"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, demo."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from layerslide.cli.options import (
     int_list,
     str_list,
 )
+from layerslide.cli.train import add_train_command
 from layerslide.tuner import SearchSpace
 
 UNITS = ("Units: sizes in bytes with a unit (24GiB = 24*2^30 B, 24GB = 24e9 B); times in seconds; "
@@ -111,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
     add_json(p)
     p.set_defaults(run=commands.cmd_whatif)
+
+    add_train_command(sub, UNITS)
 
     p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
                         "written to a report folder")

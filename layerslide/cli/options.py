@@ -78,7 +78,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
                    help="global gradient-norm clipping threshold (off by default)")
 
 
-def add_policy(p: argparse.ArgumentParser) -> None:
+def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
     d = Policy()
     g = p.add_argument_group("policy")
     g.add_argument("--window", type=int, default=d.window,
@@ -110,6 +110,8 @@ def add_policy(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
                    help="pinned host buffers that offloaded grads land in (default: one per "
                         "block; fewer saves RAM but makes the backward wait for the CPU)")
+    if not plan_steps:
+        return
     p.add_argument("--steps", type=int, default=3,
                    help="consecutive training steps to plan (simulate needs >= 3: the last "
                         "cycle is the steady-state step it reports)")

@@ -44,8 +44,14 @@ class PlanEngine:
     """Executes one plan once; `run` returns each task's timing."""
 
     def __init__(self, plan: Plan, device: LaneDevice, run_task: Callable[[Task], None], *,
-                 serial: bool = False):
+                 serial: bool = False, on_step_done: Callable[[int], None] | None = None):
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
+        self.on_step_done = on_step_done
+        self._step_left: dict[int, int] = {}
+        for tid in plan.graph:
+            step = plan.task(tid).step
+            self._step_left[step] = self._step_left.get(step, 0) + 1
+        self._step_lock = threading.Lock()
         self.graph = plan.graph
         self._host_done = {tid: threading.Event() for tid in self.graph}
         self._end_event: dict[str, object] = {}
@@ -149,6 +155,7 @@ class PlanEngine:
 
     def _finish(self, tid: str) -> None:
         self._host_done[tid].set()
+        self._count_step(tid)
         for succ in self.graph.successors(tid):
             lane = self.plan.task(succ).lane
             cond = self._cond.get(lane)
@@ -159,6 +166,16 @@ class PlanEngine:
                 if self._missing[succ] == 0:
                     bisect.insort(self._ready[lane], (self._rank[succ], succ))
                     cond.notify()
+
+    def _count_step(self, tid: str) -> None:
+        """Report a step once all its tasks have run (its GPU work is done by then: the host
+        tasks at its end wait for it)."""
+        step = self.plan.task(tid).step
+        with self._step_lock:
+            self._step_left[step] -= 1
+            done = self._step_left[step] == 0
+        if done and self.on_step_done is not None:
+            self.on_step_done(step)
 
     def _wait_host(self, tid: str) -> None:
         while not self._host_done[tid].wait(timeout=ABORT_CHECK_S):
@@ -195,6 +212,7 @@ class PlanEngine:
                 raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
             self._timing[tid] = (start, self.device.host_now_s())
             self._host_done[tid].set()
+            self._count_step(tid)
 
     # --- timings ---------------------------------------------------------------------------------
     def _timings(self) -> list[TaskTiming]:

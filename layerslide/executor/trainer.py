@@ -132,18 +132,21 @@ class Trainer:
 
     # --- training --------------------------------------------------------------------------------
     def fit(self, data: TokenSource, num_steps: int,
-            on_step: Callable[[StepLog], None] | None = None) -> list[StepLog]:
-        """Train `num_steps` optimizer steps; returns one log per step."""
+            on_step: Callable[[StepLog], None] | None = None,
+            on_step_done: Callable[[int], None] | None = None) -> list[StepLog]:
+        """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
+        comes as soon as a step has run; `on_step(log)` once its segment has drained."""
         logs: list[StepLog] = []
         while len(logs) < num_steps:
             count = min(self.segment_steps, num_steps - len(logs))
-            for log in self._segment(data, count):
+            for log in self._segment(data, count, on_step_done):
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
         return logs
 
-    def _segment(self, data: TokenSource, count: int) -> list[StepLog]:
+    def _segment(self, data: TokenSource, count: int,
+                 on_step_done: Callable[[int], None] | None) -> list[StepLog]:
         # a plan needs >= 2 steps; a 1-step segment runs the first step of a 2-step plan
         plan = build_plan(self.spec, self.train, self.policy, num_steps=max(2, count))
         plan = _first_steps(plan, count)
@@ -155,7 +158,10 @@ class Trainer:
         self.device.reset_clock()
         sampler = _MemorySampler(self.device)
         try:
-            timings = PlanEngine(plan, self.device, self.runner.run, serial=self.serial).run()
+            offset = self.step
+            done = None if on_step_done is None else (lambda s: on_step_done(offset + s))
+            timings = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
+                                 on_step_done=done).run()
         finally:
             sampler.stop()
         return self._logs(plan, timings, sampler, count)

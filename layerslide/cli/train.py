@@ -1,0 +1,203 @@
+"""`layerslide train`: fine-tune a Hugging Face model with the executor.
+
+Everything that can be wrong with the input (folder, architecture, plan for another model, data,
+a GPU cap or host RAM too small for the plan) is refused before any weight is allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from layerslide.cli.options import (
+    UsageError,
+    add_policy,
+    add_train,
+    byte_size,
+    gib,
+    policy_of,
+    profile_of,
+    train_of,
+)
+from layerslide.planner.build import build_plan
+from layerslide.planner.model import ModelSpec, resolve_model
+from layerslide.planner.plan import Plan
+from layerslide.planner.settings import Policy, TrainSpec
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "generation_config.json")
+
+
+def add_train_command(sub, units: str) -> None:
+    help = "fine-tune a Hugging Face model (or a preset with random weights) on this machine"
+    p = sub.add_parser("train", help=help, description=help, epilog=units)
+    p.add_argument("--model", required=True,
+                   help="a Hugging Face model folder (config.json + safetensors), or a preset "
+                        "name for random weights (benchmarks)")
+    p.add_argument("--plan", help="a plan file from `layerslide tune -o`: its training settings "
+                                   "and policy replace the flags below")
+    p.add_argument("--data", default="synthetic",
+                   help="a .jsonl/.txt file or a folder of them, or 'synthetic' (random tokens)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: the model folder)")
+    p.add_argument("--out", help="folder to save the fine-tuned model in (HF format)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
+    p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled decay")
+    p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1,
+                   help="cosine decay ends at lr * this after --steps")
+    p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
+                   help="cap this process's GPU memory, e.g. 24GiB")
+    p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    p.add_argument("--serial", action="store_true",
+                   help="run one task at a time (the correctness oracle; slow)")
+    p.add_argument("--segment-steps", type=int, default=16,
+                   help="steps per plan segment (the pipeline drains between segments)")
+    p.add_argument("--seed", type=int, default=0, help="seed for random weights and data")
+    p.add_argument("--random-init", action="store_true",
+                   help="random weights even when --model is a folder with weights")
+    p.add_argument("--trace-out", help="write the measured trace (layerslide JSON) here")
+    p.add_argument("--log-jsonl", help="append one JSON line per step here")
+    p.add_argument("--profile", default="h200-bench",
+                   help="hardware profile used to predict the plan's peak GPU memory")
+    add_train(p)
+    add_policy(p, plan_steps=False)
+    p.set_defaults(run=cmd_train)
+
+
+def _settings(args, spec: ModelSpec) -> tuple[TrainSpec, Policy]:
+    if not args.plan:
+        return train_of(args), policy_of(args)
+    try:
+        plan = Plan.load(args.plan)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    shape = {k: v for k, v in plan.model.to_dict().items() if k != "name"}
+    if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
+        raise UsageError(f"{args.plan} is a plan for {plan.model.name}, not for {args.model}: "
+                         f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
+    return plan.train, plan.policy
+
+
+def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None:
+    """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM."""
+    from layerslide.simulator.predict import simulate
+
+    try:
+        plan = build_plan(spec, train, policy, num_steps=3)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    profile = profile_of(args.profile)
+    prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
+    gpu_need = prediction.peak_bytes.get("gpu", plan.static_bytes("gpu"))
+    if args.gpu_memory is not None and gpu_need > args.gpu_memory:
+        raise UsageError(f"the plan needs {gib(gpu_need):.2f} GiB of GPU memory, more than "
+                         f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: lower --micro-batch or "
+                         "--window, or keep activations on the host")
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    host_need = plan.static_bytes("host")
+    if host_need > ram:
+        raise UsageError(f"the plan holds {gib(host_need):.1f} GiB of host memory, this machine "
+                         f"has {gib(ram):.1f} GiB: a smaller model, or the NVMe tier (later)")
+
+
+def cmd_train(args) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from layerslide.executor.blocks import hf_config_from_spec
+    from layerslide.executor.data import open_token_source
+    from layerslide.executor.hf_io import read_hf_config
+    from layerslide.executor.optim import OptimConfig
+    from layerslide.executor.trainer import Trainer
+
+    folder = Path(args.model).expanduser()
+    from_folder = folder.is_dir()
+    try:
+        spec = resolve_model(args.model)
+        if from_folder:
+            from transformers import AutoConfig
+            read_hf_config(folder)  # supported architecture, readable JSON
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        else:
+            config = hf_config_from_spec(spec)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    train, policy = _settings(args, spec)
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: train at least one step")
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        raise UsageError(f"--out {args.out} exists: pass --overwrite or another folder")
+    _check_fits(args, spec, train, policy)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda but torch sees no CUDA GPU: use --device cpu")
+    try:
+        optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,
+                            warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
+                            decay_steps=max(1, args.steps - args.warmup_steps))
+        tokenizer = args.tokenizer or (folder if from_folder else None)
+        data = open_token_source(None if args.data == "synthetic" else args.data,
+                                 tokenizer_dir=tokenizer, vocab_size=spec.vocab_size,
+                                 seq_len=train.seq_len, seed=args.seed)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+
+    try:
+        trainer = Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
+                          device=device, serial=args.serial, segment_steps=args.segment_steps,
+                          gpu_memory_bytes=args.gpu_memory)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    with trainer:
+        print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params on {device}; "
+              f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}; "
+              f"window {policy.window}, activations on {policy.activations}, cast "
+              f"{policy.cast}", flush=True)
+        if from_folder and not args.random_init:
+            print(f"loading weights from {folder}", flush=True)
+            try:
+                trainer.load_checkpoint(folder)
+            except ValueError as err:
+                raise UsageError(str(err)) from err
+        else:
+            trainer.init_random(args.seed)
+        log_file = open(args.log_jsonl, "a") if args.log_jsonl else None  # noqa: SIM115
+        # the bar moves as steps finish; step logs come when their segment has drained
+        bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True,
+                   disable=None)
+        try:
+            trainer.fit(data, args.steps, on_step=_step_printer(args.steps, log_file, bar),
+                        on_step_done=lambda _step: bar.update(1))
+        finally:
+            bar.close()
+            if log_file is not None:
+                log_file.close()
+            if args.trace_out:
+                trainer.trace(f"{spec.name} measured").save(args.trace_out)
+        if args.out:
+            extra = {name: folder / name for name in TOKENIZER_FILES
+                     if from_folder and (folder / name).is_file()}
+            saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
+            print(f"saved the fine-tuned model to {saved}")
+    return 0
+
+
+def _step_printer(total: int, log_file, bar):
+    def show(log) -> None:
+        status = " SKIPPED (non-finite grads)" if log.skipped else (
+            f" (skipped blocks {list(log.skipped_blocks)})" if log.skipped_blocks else "")
+        norm = "" if log.grad_norm is None else f" | grad norm {log.grad_norm:.3f}"
+        bar.write(f"step {log.step + 1}/{total} | loss {log.loss:.4f} | lr {log.lr:.2e}{norm} | "
+              f"{log.step_s:.3f} s | {log.tokens_per_s:,.0f} tok/s | "
+              f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB | "
+              f"host {gib(log.host_rss_bytes):.1f} GiB{status}", file=sys.stdout)
+        if log_file is not None:
+            log_file.write(json.dumps(asdict(log)) + "\n")
+            log_file.flush()
+
+    return show

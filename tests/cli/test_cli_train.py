@@ -1,0 +1,97 @@
+"""`layerslide train` end to end on the CPU: HF folder + JSONL in, HF folder + logs out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import PreTrainedTokenizerFast
+
+from layerslide.cli.main import main
+from layerslide.planner.build import build_plan
+from layerslide.planner.model import model_from_hf_config
+from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.trace import Trace
+
+WORDS = "the cat sat on a mat and dog ran to park with ball red blue".split()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(path)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=32,
+                         max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "data.jsonl"
+    lines = [json.dumps({"text": " ".join(WORDS[i % 7:i % 7 + 6])}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_train_saves_a_model_transformers_loads(model_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "tuned"
+    rc = main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+               "--steps", "3", "--micro-batch", "2", "--seq-len", "16", "--lr", "1e-3",
+               "--out", str(out), "--log-jsonl", str(tmp_path / "log.jsonl"),
+               "--trace-out", str(tmp_path / "trace.json"), "--max-grad-norm", "1.0"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "step 3/3" in printed and "saved the fine-tuned model" in printed
+    logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [log["step"] for log in logs] == [0, 1, 2]
+    assert all(log["loss"] > 0 and log["grad_norm"] > 0 for log in logs)
+    tuned = AutoModelForCausalLM.from_pretrained(out)
+    original = AutoModelForCausalLM.from_pretrained(model_dir)
+    changed = [n for n, p in tuned.named_parameters()
+               if not torch.equal(p, original.state_dict()[n].to(p.dtype))]
+    assert changed  # it trained
+    assert (out / "tokenizer.json").is_file()
+    assert Trace.load(tmp_path / "trace.json").events
+
+
+def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
+    plan = build_plan(model_from_hf_config(model_dir).__class__(
+        **{**model_from_hf_config(model_dir).to_dict(), "num_layers": 3}),
+        TrainSpec(micro_batch=2, seq_len=16), Policy())
+    plan.save(tmp_path / "plan.json")
+    rc = main(["train", "--model", str(model_dir), "--plan", str(tmp_path / "plan.json"),
+               "--device", "cpu", "--steps", "1"])
+    assert rc == 2
+    assert "is a plan for" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--data", "/no/such/data.jsonl"], "does not exist"),
+    (["--seq-len", "4096"], "seq_len"),
+    (["--steps", "0"], "at least one step"),
+    (["--gpu-memory", "1MiB"], "GiB of GPU memory"),
+    (["--gpu-updated-blocks", "1"], "gpu_updated_blocks"),
+])
+def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
+    rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
+               "--micro-batch", "2", "--steps", "1", *extra])
+    assert rc == 2
+    assert words in capsys.readouterr().err
+
+
+def test_train_refuses_an_existing_output_folder(model_dir, tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+               "--seq-len", "16", "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert "--overwrite" in capsys.readouterr().err
