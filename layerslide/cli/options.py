@@ -8,7 +8,12 @@ from pathlib import Path
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
-from layerslide.planner.settings import ACTIVATION_PLACEMENTS, CAST_MODES, OPTIMIZER_ORDERS
+from layerslide.planner.settings import (
+    ACTIVATION_PLACEMENTS,
+    CAST_MODES,
+    CPU_OPTIMIZERS,
+    OPTIMIZER_ORDERS,
+)
 
 GIB = 1024**3
 
@@ -110,6 +115,10 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
     g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
                    help="pinned host buffers that offloaded grads land in (default: one per "
                         "block; fewer saves RAM but makes the backward wait for the CPU)")
+    g.add_argument("--cpu-optimizer", choices=CPU_OPTIMIZERS, default=d.cpu_optimizer,
+                   help="native: one-pass AdamW on the landed bf16 grads that also writes the "
+                        "bf16 weights (28 B/param of host traffic); torch: torch's fused AdamW "
+                        "plus upcast and cast passes (40 B/param)")
     if not plan_steps:
         return
     p.add_argument("--steps", type=int, default=3,
@@ -152,7 +161,8 @@ def policy_of(args) -> Policy:
                       gpu_updated_blocks=args.gpu_updated_blocks,
                       optimizer_order=args.optimizer_order,
                       cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
-                      host_grad_buffers=args.host_grad_buffers)
+                      host_grad_buffers=args.host_grad_buffers,
+                      cpu_optimizer=args.cpu_optimizer)
     except ValueError as err:
         raise UsageError(str(err)) from err
 

@@ -1,9 +1,10 @@
 """Training state on the host: per block fp32 master weights, AdamW moments and the buffers the
 plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads).
 
-Each block's state is one flat buffer, so one fused AdamW call (torch's, multi-threaded and as
-fast as DeepSpeed's on the benchmark machine) updates it: the decayed matrices are a view at the
-front, norms and biases a view behind them.
+Each block's state is one flat buffer, so one AdamW call updates it: the decayed matrices are at
+the front, norms and biases behind them. The call is layerslide's native one-pass kernel (reads
+the landed bf16 grads, may write the bf16 upload copy) or torch's fused AdamW, multi-threaded and
+as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a separate cast.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
+from layerslide.executor.native import load_kernels
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.settings import Policy, TrainSpec
 
@@ -37,15 +39,20 @@ class HostState:
         if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
             self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
                            for b in blocks.blocks}
-            self._scratch = None
-        else:  # one reusable fp32 upcast buffer: the optimizer runs one block at a time
+        else:
             self.grad32 = {}
-            self._scratch = torch.empty(max(blocks.numel(b) for b in blocks.blocks),
-                                        dtype=torch.float32)
+        self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
+        # native: our one-pass kernel with moments and step counts kept here; else torch's
+        self.native = load_kernels() if policy.cpu_optimizer == "native" else None
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
+        self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.steps_taken = dict.fromkeys(blocks.blocks, 0)
         for b in blocks.blocks:
-            self._params[b], self.optimizers[b] = self._make_optimizer(b)
+            if self.native is not None:
+                self.moments[b] = (torch.zeros(blocks.numel(b)), torch.zeros(blocks.numel(b)))
+            else:
+                self._params[b], self.optimizers[b] = self._make_optimizer(b)
 
     def _make_optimizer(self, block: int) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
         split = self.blocks.decay_numel(block)
@@ -90,7 +97,10 @@ class HostState:
         target = self.upload.get(block)
         if target is None:
             target = self.device.host_empty(self.blocks.numel(block), torch.bfloat16)
-        target.copy_(self.master[block])
+        if self.native is not None:
+            self.native.cast(self.master[block], target)
+        else:
+            target.copy_(self.master[block])
         return target
 
     # --- gradients and the update --------------------------------------------------------------
@@ -106,18 +116,29 @@ class HostState:
         return float(torch.linalg.vector_norm(self.grad32[block], dtype=torch.float64) ** 2)
 
     def step(self, block: int, lr: float, clip_coef: float) -> None:
-        """One AdamW step of the block with its grads scaled by clip_coef."""
-        n = self.blocks.numel(block)
-        if self.train.grad_accum > 1:
-            grads = self.grad32[block]
-            if clip_coef != 1.0:
-                grads.mul_(clip_coef)
-        else:
-            grads = self._scratch[:n]
-            if clip_coef != 1.0:
-                torch.mul(self.landing[block], clip_coef, out=grads)
-            else:
-                grads.copy_(self.landing[block])
+        """One AdamW step of the block with its grads scaled by clip_coef; with
+        policy.optimizer_casts the bf16 upload copy is refreshed in the same step."""
+        grads = self.grad32[block] if self.train.grad_accum > 1 else self.landing[block]
+        self.steps_taken[block] += 1
+        if self.native is not None:
+            exp_avg, exp_avg_sq = self.moments[block]
+            self.native.adamw_step(
+                param=self.master[block], exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grads,
+                weights_out=self.upload[block] if self.policy.optimizer_casts else None,
+                decay_end=self.blocks.decay_numel(block), lr=lr, beta1=self.optim.beta1,
+                beta2=self.optim.beta2, eps=self.optim.eps,
+                weight_decay=self.optim.weight_decay, grad_scale=clip_coef,
+                step=self.steps_taken[block])
+            return
+        self._torch_step(block, grads, lr, clip_coef)
+        if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts
+            self.upload[block].copy_(self.master[block])
+
+    def _torch_step(self, block: int, grads: torch.Tensor, lr: float, clip_coef: float) -> None:
+        if grads.dtype != torch.float32:  # torch's fused AdamW needs fp32 grads
+            grads = torch.mul(grads, clip_coef, out=self._upcast(block))
+        elif clip_coef != 1.0:
+            grads.mul_(clip_coef)
         offset = 0
         for param in self._params[block]:
             param.grad = grads[offset:offset + param.numel()]
@@ -129,6 +150,12 @@ class HostState:
         for param in self._params[block]:
             param.grad = None
 
+    def _upcast(self, block: int) -> torch.Tensor:
+        if self._scratch is None:
+            self._scratch = torch.empty(max(self.blocks.numel(b) for b in self.blocks.blocks),
+                                        dtype=torch.float32)
+        return self._scratch[:self.blocks.numel(block)]
+
     def state_bytes(self) -> int:
         """Host bytes held by this state (master, moments, upload and grad buffers)."""
         tensors = [*self.master.values(), *self.upload.values(), *self.landing.values(),
@@ -137,4 +164,5 @@ class HostState:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
         moments = sum(2 * p.numel() * 4 for ps in self._params.values() for p in ps)
+        moments += sum(m.numel() * 4 + v.numel() * 4 for m, v in self.moments.values())
         return total + moments

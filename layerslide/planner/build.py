@@ -141,7 +141,7 @@ class _Builder:
         """The task after which version `step` of the block's weights may be loaded."""
         if step == 0:
             return None
-        if self.policy.cast == "cpu_once":
+        if self.policy.cast == "cpu_once" and not self.policy.optimizer_casts:
             return f"s{step - 1}.cast.{self.blk(block)}"
         return f"s{step - 1}.optimizer_step.{self.blk(block)}"
 
@@ -375,13 +375,14 @@ class _Builder:
         cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
         for b in sorted(cpu_blocks, key=io_key):
             p = self.params(b)
+            extra = sizes.cpu_optimizer_extra_bytes_per_param(pol.cpu_optimizer, A,
+                                                              pol.optimizer_casts)
             opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
-                                lane="cpu", layer=b, step=s, params=p,
-                                bytes=(0 if A > 1 else sizes.GRAD_UPCAST_BYTES_PER_PARAM * p)),
+                                lane="cpu", layer=b, step=s, params=p, bytes=extra * p),
                            key=opt_key(b))
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
-            if A == 1:  # fused AdamW wants fp32 grads: a per-block upcast buffer
+            if A == 1 and pol.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
                 self.buffer(f"{opt}.grad_fp32", "host", FP32_BYTES * p, opt, (opt,))
             state_bytes = p * (FP32_BYTES * pol.master_on_nvme + 2 * FP32_BYTES * pol.moments_on_nvme)
             if state_bytes > 0:
@@ -398,7 +399,7 @@ class _Builder:
                 self.edge(read, opt, "data")
                 self.edge(opt, write, "data")
                 self.buffer(f"{read}.staging", "host", state_bytes, read, (write,))
-            if pol.cast == "cpu_once":
+            if pol.cast == "cpu_once" and not pol.optimizer_casts:
                 cast = self.add(Task(id=f"s{s}.cast.{self.blk(b)}", kind="cast", lane=self.cast_lane,
                                      layer=b, step=s, bytes=FP32_BYTES * p, params=p),
                                 key=(opt_key(b)[0], 5))

@@ -11,6 +11,10 @@ OPTIMIZER_ORDERS = ("arrival", "deadline")
 # gpu: send fp32 over PCIe (twice the bytes) and cast on the GPU.
 CAST_MODES = ("cpu_once", "cpu_per_load", "gpu")
 HEAD_LOSS_MODES = ("fused", "materialized")
+# native: layerslide's one-pass AdamW that reads the landed bf16 grads and (cast=cpu_once) writes
+# the bf16 weights itself, no separate cast task; torch: torch's fused AdamW, which needs fp32
+# grads (an upcast pass) and a cast pass after it.
+CPU_OPTIMIZERS = ("native", "torch")
 
 
 def _fail(owner: str, name: str, value: object, what: str) -> None:
@@ -79,6 +83,12 @@ class Policy:
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     host_grad_buffers: int | None = None
+    cpu_optimizer: str = "native"
+
+    @property
+    def optimizer_casts(self) -> bool:
+        """The CPU optimizer step writes the bf16 upload copy itself (no cast tasks)."""
+        return self.cast == "cpu_once" and self.cpu_optimizer == "native"
 
     def __post_init__(self) -> None:
         for name in ("window", "grad_buffers", "prefetch_depth", "nvme_prefetch"):
@@ -98,7 +108,8 @@ class Policy:
                   f"cannot exceed window={self.window}: a prefetched layer needs a free cache unit")
         for name, allowed in (("activations", ACTIVATION_PLACEMENTS),
                               ("optimizer_order", OPTIMIZER_ORDERS),
-                              ("cast", CAST_MODES), ("head_loss", HEAD_LOSS_MODES)):
+                              ("cast", CAST_MODES), ("head_loss", HEAD_LOSS_MODES),
+                              ("cpu_optimizer", CPU_OPTIMIZERS)):
             if getattr(self, name) not in allowed:
                 _fail("Policy", name, getattr(self, name), f"choose one of {', '.join(allowed)}")
         for name in ("master_on_nvme", "moments_on_nvme"):

@@ -19,6 +19,19 @@ HOST_RUNTIME_BYTES = int(3 * GIB)
 
 # AdamW needs fp32 grads: reading bf16 grads (2 B) and writing fp32 (4 B) adds to its traffic.
 GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES
+
+
+def cpu_optimizer_extra_bytes_per_param(cpu_optimizer: str, grad_accum: int,
+                                        writes_bf16: bool) -> int:
+    """Host bytes per parameter of a CPU optimizer step beyond the profile's AdamW traffic
+    (which reads fp32 grads). torch: an upcast pass when the grads land as bf16. native: one
+    pass that reads bf16 grads (2 B less) or the fp32 sums, and may write the bf16 weights."""
+    if cpu_optimizer == "torch":
+        return GRAD_UPCAST_BYTES_PER_PARAM if grad_accum == 1 else 0
+    reads_bf16 = grad_accum == 1
+    return max(0, (BF16_BYTES if writes_bf16 else 0) - (BF16_BYTES if reads_bf16 else 0))
+
+
 # Fused AdamW on the GPU: read fp32 grad, param, m, v; write param, m, v and the bf16 weights.
 GPU_ADAMW_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + BF16_BYTES
 GPU_ADAMW_OPS = 4

@@ -7,8 +7,12 @@ import json
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-from transformers import PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from layerslide.cli.main import main
 from layerslide.planner.build import build_plan
@@ -16,7 +20,7 @@ from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import Trace
 
-WORDS = "the cat sat on a mat and dog ran to park with ball red blue".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park", "with", "ball", "red", "blue"]
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,8 @@ def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
 
 def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(master_on_nvme=1.0, moments_on_nvme=1.0), num_steps=2)
+                      Policy(master_on_nvme=1.0, moments_on_nvme=1.0, cpu_optimizer="torch"),
+                      num_steps=2)
     for blk in ("emb", "L0", "L1", "head"):
         assert nx.has_path(plan.graph, f"s0.cast.{blk}", f"s0.write_state.{blk}")
 
@@ -252,3 +253,19 @@ def test_plan_names_the_gpu_unit_of_each_load_and_backward():
     backward_units = [plan.task(t).unit for t in plan.lane_order["gpu"]
                       if plan.task(t).kind == "backward" and 0 <= plan.task(t).layer < 4]
     assert backward_units[:4] == [0, 1, 0, 1]
+
+
+def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    native = build_plan(tiny_model, train, Policy(cast="cpu_once"), num_steps=2)
+    torch_ = build_plan(tiny_model, train, Policy(cast="cpu_once", cpu_optimizer="torch"),
+                        num_steps=2)
+    assert not [t for t in native.tasks if t.kind == "cast"]
+    assert len([t for t in torch_.tasks if t.kind == "cast"]) == 2 * 4
+    # step 1's first load of a block waits for step 0's optimizer step of that block
+    assert native.graph.has_edge("s0.optimizer_step.L0", "s1.m0.forward.L0.load")
+    assert torch_.graph.has_edge("s0.cast.L0", "s1.m0.forward.L0.load")
+    # one pass over bf16 grads that writes bf16 weights: no upcast traffic, no fp32 buffer
+    opt = native.task("s0.optimizer_step.L0")
+    assert opt.bytes == 0 and torch_.task("s0.optimizer_step.L0").bytes == 6 * opt.params
+    assert not [b for b in native.buffers if b.id.endswith("grad_fp32")]

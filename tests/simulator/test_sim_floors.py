@@ -10,7 +10,8 @@ from layerslide.simulator.predict import step_floors
 
 
 def test_cpu_floor_is_the_sum_of_one_steps_cpu_work_by_hand(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy(), num_steps=3)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(cpu_optimizer="torch"), num_steps=3)
     floors = step_floors(plan, CostModel(make_round_profile()))
     m = tiny_model
     params = [m.embedding_params, m.layer_params, m.layer_params, m.head_params + m.hidden_size]

@@ -47,7 +47,8 @@ def gpu_acts():
 
 @pytest.fixture(scope="module")
 def host_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host"), num_steps=3)
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host", cpu_optimizer="torch"),
+                      num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 

@@ -1,0 +1,93 @@
+"""The native CPU kernels of csrc/adamw.c, compiled with the system C compiler on first use.
+
+ctypes releases the GIL for the call and the kernel runs on OpenMP threads, like torch's own
+fused AdamW. Where no compiler is found (or LAYERSLIDE_NATIVE=0), `load_kernels` returns None
+and the executor uses torch's kernels instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
+_F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
+_ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "layerslide"
+
+
+def _build(source: Path) -> Path | None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"adamw-{digest}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            print(f"layerslide: native AdamW did not compile, using torch's: {result.stderr}",
+                  file=sys.stderr)
+            return None
+        os.replace(built, target)  # atomic: concurrent builders each land a whole file
+    return target
+
+
+class NativeKernels:
+    """Typed entry points into the compiled library."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._lib = library
+        for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
+            getattr(library, name).argtypes = _ADAMW_ARGS
+            getattr(library, name).restype = None
+        library.cast_f32_to_bf16.argtypes = [_P, _P, _I]
+        library.cast_f32_to_bf16.restype = None
+
+    def adamw_step(self, *, param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                   grad: torch.Tensor, weights_out: torch.Tensor | None, decay_end: int,
+                   lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                   grad_scale: float, step: int) -> None:
+        """AdamW step `step` (1-based) in place; writes bf16 weights to weights_out if given."""
+        n = param.numel()
+        for t in (exp_avg, exp_avg_sq, grad) + ((weights_out,) if weights_out is not None else ()):
+            assert t.is_contiguous() and t.numel() == n and t.device.type == "cpu"
+        assert grad.dtype in (torch.bfloat16, torch.float32) and param.dtype == torch.float32
+        kernel = (self._lib.adamw_step_bf16_grads if grad.dtype == torch.bfloat16
+                  else self._lib.adamw_step_f32_grads)
+        bias_correction1 = 1.0 - beta1 ** step
+        bias_correction2_sqrt = (1.0 - beta2 ** step) ** 0.5
+        kernel(param.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), grad.data_ptr(),
+               None if weights_out is None else weights_out.data_ptr(), n, decay_end, lr,
+               beta1, beta2, eps, weight_decay, grad_scale, bias_correction1,
+               bias_correction2_sqrt)
+
+    def cast(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        assert src.dtype == torch.float32 and dst.dtype == torch.bfloat16
+        assert src.is_contiguous() and dst.is_contiguous() and src.numel() == dst.numel()
+        self._lib.cast_f32_to_bf16(src.data_ptr(), dst.data_ptr(), src.numel())
+
+
+def load_kernels() -> NativeKernels | None:
+    """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0)."""
+    if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
+        return None
+    path = _build(SOURCE)
+    return None if path is None else NativeKernels(ctypes.CDLL(str(path)))

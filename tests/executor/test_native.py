@@ -1,0 +1,62 @@
+"""The native one-pass AdamW and cast against torch's fused AdamW and tensor cast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layerslide.executor.native import load_kernels
+
+KERNELS = load_kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason="no C compiler for the native kernels")
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.bfloat16, torch.float32])
+def test_adamw_matches_torch_fused_adamw_to_float_rounding(grad_dtype):
+    n, decay_end, wd, scale = 100_003, 60_000, 0.1, 0.7
+    gen = torch.Generator().manual_seed(0)
+    param = torch.randn(n, generator=gen)
+    exp_avg, exp_avg_sq = torch.zeros(n), torch.zeros(n)
+    reference = param.clone()
+    groups = [torch.nn.Parameter(reference[:decay_end]), torch.nn.Parameter(reference[decay_end:])]
+    opt = torch.optim.AdamW([{"params": [groups[0]], "weight_decay": wd},
+                             {"params": [groups[1]], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    weights = torch.empty(n, dtype=torch.bfloat16)
+    for step in range(1, 5):
+        grad = torch.randn(n, generator=gen).to(grad_dtype)
+        lr = 1e-3 * step
+        KERNELS.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grad,
+                           weights_out=weights, decay_end=decay_end, lr=lr, beta1=0.9,
+                           beta2=0.95, eps=1e-8, weight_decay=wd, grad_scale=scale, step=step)
+        scaled = grad.float() * scale
+        groups[0].grad, groups[1].grad = scaled[:decay_end], scaled[decay_end:]
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+    torch.testing.assert_close(param, reference, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(param, torch.randn(n, generator=torch.Generator().manual_seed(0)))
+    state = opt.state[groups[0]]
+    torch.testing.assert_close(exp_avg[:decay_end], state["exp_avg"], rtol=1e-5, atol=1e-7)
+    assert torch.equal(weights, param.to(torch.bfloat16))  # the bf16 copy is of the new weights
+
+
+def test_without_weights_out_nothing_else_is_written():
+    n = 1000
+    param, m, v = torch.ones(n), torch.zeros(n), torch.zeros(n)
+    KERNELS.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=torch.ones(n), weights_out=None,
+                       decay_end=0, lr=0.1, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.5,
+                       grad_scale=1.0, step=1)
+    # step 1 moves every element by lr * m_hat / (sqrt(v_hat) + eps) = lr (grads all 1)
+    torch.testing.assert_close(param, torch.full((n,), 0.9), rtol=0, atol=1e-6)
+
+
+def test_cast_rounds_like_torch_including_specials():
+    values = torch.randn(1 << 16, generator=torch.Generator().manual_seed(1)) * 1e3
+    values[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    values[4] = 1.0 + 2**-8  # a tie: rounds to even
+    out = torch.empty(values.numel(), dtype=torch.bfloat16)
+    KERNELS.cast(values, out)
+    expected = values.to(torch.bfloat16)
+    assert torch.isnan(out[0])
+    assert torch.equal(out[1:], expected[1:])
