@@ -99,16 +99,51 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
 
 
 def host_bandwidth_bytes_per_s(threads: int) -> float:
-    """Read + write bytes per second of a large fp32 -> fp32 copy with torch's threads."""
+    """Host memory bytes per second: the best of a copy (read + write) and an in-place update
+    (read 2, write 1: AdamW's access pattern), over 1 GiB fp32 arrays, torch's threads."""
     torch.set_num_threads(threads)
-    src = torch.ones(512 * 2**20 // 4 * 4)  # 2 GiB
-    dst = torch.empty_like(src)
-    dst.copy_(src)
+    a, b = torch.ones(GIB // 4), torch.ones(GIB // 4)
+
+    def rate(fn, touched: int) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(5):
+            fn()
+        return touched * GIB / ((time.perf_counter() - start) / 5)
+
+    return max(rate(lambda: a.copy_(b), 2), rate(lambda: a.add_(b, alpha=0.5), 3))
+
+
+def shared_host_bandwidth_bytes_per_s(threads: int) -> float:
+    """Host memory bytes per second while the CPU updates arrays in place AND both copy
+    engines stream pinned buffers to and from the GPU: the capacity that AdamW, casts and DMA
+    share (the CPU alone cannot saturate it)."""
+    torch.set_num_threads(threads)
+    a, b = torch.ones(GIB // 4), torch.ones(GIB // 4)
+    chunk = GIB // 2
+    host_up, host_down = (torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+                          for _ in range(2))
+    gpu_up, gpu_down = (torch.empty(chunk, dtype=torch.uint8, device="cuda") for _ in range(2))
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    copies = 40
+    torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(5):
-        dst.copy_(src)
-    elapsed = (time.perf_counter() - start) / 5
-    return 2 * src.numel() * 4 / elapsed
+    with torch.cuda.stream(streams[0]):
+        for _ in range(copies):
+            gpu_up.copy_(host_up, non_blocking=True)
+    with torch.cuda.stream(streams[1]):
+        for _ in range(copies):
+            host_down.copy_(gpu_down, non_blocking=True)
+    done = [torch.cuda.Event() for _ in streams]
+    for event, stream in zip(done, streams, strict=True):
+        event.record(stream)
+    cpu_bytes = 0
+    while not all(e.query() for e in done):
+        a.add_(b, alpha=0.5)
+        cpu_bytes += 3 * GIB
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    return (cpu_bytes + 2 * copies * chunk) / elapsed
 
 
 def pcie_bytes_per_s() -> tuple[float, float]:
@@ -120,15 +155,21 @@ def pcie_bytes_per_s() -> tuple[float, float]:
     return h2d, d2h
 
 
-def plan_bytes(plan, step: int) -> dict[str, float]:
-    """Per-step bytes of one steady step: over PCIe each way, and through host memory."""
-    params = sum(sizes.block_params(plan.model, b)
-                 for b in range(-1, plan.model.num_layers + 1))
-    h2d = sum(t.bytes for t in plan.tasks if t.step == step and t.lane == "h2d")
-    d2h = sum(t.bytes for t in plan.tasks if t.step == step and t.lane == "d2h")
-    # host memory: the DMA of both directions once, fused AdamW (read p g m v, write p m v:
-    # 28 B/param), the fp32 upcast of bf16 grads (read 2, write 4), the cast (read 4, write 2)
-    host = h2d + d2h + (28 + 6 + 6) * params
+def plan_bytes(plan, step: int, adamw_bytes_per_param: float = 28.0) -> dict[str, float]:
+    """One steady step's bytes over PCIe each way and through host memory: the DMA of both
+    directions once, each optimizer step's AdamW traffic (read p g m v, write p m v) plus what
+    its task adds (upcast, bf16 write), casts (read fp32, write bf16), accumulations."""
+    tasks = [t for t in plan.tasks if t.step == step]
+    h2d = sum(t.bytes for t in tasks if t.lane == "h2d")
+    d2h = sum(t.bytes for t in tasks if t.lane == "d2h")
+    host = h2d + d2h
+    for t in tasks:
+        if t.kind == "optimizer_step" and t.lane == "cpu":
+            host += adamw_bytes_per_param * t.params + t.bytes
+        elif t.kind == "cast":
+            host += 1.5 * t.bytes
+        elif t.kind == "accumulate_grads":
+            host += t.bytes
     return {"h2d_bytes": h2d, "d2h_bytes": d2h, "host_bytes": host}
 
 
@@ -140,6 +181,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--gpu-memory", default="24GiB")
     parser.add_argument("--window", type=int, default=2)
+    parser.add_argument("--optimizers", default="native",
+                        help="CPU optimizers to run side by side at each batch: native,torch")
     parser.add_argument("--profile", default="h200-bench")
     parser.add_argument("--trace-batch", type=int, default=8)
     parser.add_argument("--out", type=Path, required=True)
@@ -150,15 +193,22 @@ def main() -> None:
     blocks = ModelBlocks(config)
     cap = parse_bytes(args.gpu_memory)
     threads = torch.get_num_threads()
-    host_bw = host_bandwidth_bytes_per_s(threads)
+    cpu_bw = host_bandwidth_bytes_per_s(threads)
+    shared_bw = shared_host_bandwidth_bytes_per_s(threads)
+    host_bw = max(cpu_bw, shared_bw)  # the larger: a lower floor, a stricter ratio
     h2d_bw, d2h_bw = pcie_bytes_per_s()
-    print(f"host copy bandwidth {host_bw / 1e9:.1f} GB/s ({threads} threads); "
+    print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, CPU + both DMA "
+          f"directions {shared_bw / 1e9:.1f} GB/s ({threads} threads); "
           f"H2D {h2d_bw / 1e9:.1f} GB/s, D2H {d2h_bw / 1e9:.1f} GB/s", flush=True)
     rows = []
-    for mb in (int(b) for b in args.batches.split(",")):
+    configs = [(int(b), o) for b in args.batches.split(",") for o in args.optimizers.split(",")]
+    gpu_s_of: dict[int, float] = {}
+    for mb, optimizer in configs:
         train = TrainSpec(micro_batch=mb, seq_len=args.seq_len)
-        policy = Policy(window=args.window)
-        gpu_s = all_gpu_forward_backward_s(blocks, spec, train)
+        policy = Policy(window=args.window, cpu_optimizer=optimizer)
+        if mb not in gpu_s_of:
+            gpu_s_of[mb] = all_gpu_forward_backward_s(blocks, spec, train)
+        gpu_s = gpu_s_of[mb]
         plan = build_plan(spec, train, policy, num_steps=3)
         moved = plan_bytes(plan, step=1)
         host_s = moved["host_bytes"] / host_bw
@@ -170,20 +220,24 @@ def main() -> None:
                      gpu_memory_bytes=cap) as trainer:
             trainer.init_random(0)
             logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)
-            if mb == args.trace_batch:
+            if mb == args.trace_batch and optimizer == "native":
                 trainer.trace(f"measured mb{mb}").save(args.out / f"trace_measured_mb{mb}.json")
-                predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
+            predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
+            if mb == args.trace_batch and optimizer == "native":
                 predicted.trace.save(args.out / f"trace_predicted_mb{mb}.json")
             host_state_bytes = trainer.state.state_bytes()
         step_s = statistics.median(log.step_s for log in logs[1:])
         row = {
-            "micro_batch": mb, "step_s": step_s, "tokens_per_s": train.tokens_per_step / step_s,
+            "micro_batch": mb, "cpu_optimizer": optimizer, "predicted_step_s": predicted.step_s,
+            "step_s": step_s, "tokens_per_s": train.tokens_per_step / step_s,
             "floor_s": floor_s, "ratio_to_floor": step_s / floor_s,
             "all_gpu_fwd_bwd_s": gpu_s, "host_traffic_s": host_s, "pcie_s": pcie_s,
             "gpu_peak_bytes": max(log.gpu_peak_bytes for log in logs),
             "gpu_reserved_peak_bytes": torch.cuda.max_memory_reserved(),
             "host_rss_peak_bytes": max(log.host_rss_bytes for log in logs),
             "host_state_bytes": host_state_bytes,
+            "host_rss_gb_per_billion_params": max(log.host_rss_bytes for log in logs)
+            / spec.total_params,
             "losses": [log.loss for log in logs], "step_times_s": [log.step_s for log in logs],
             **moved,
         }
@@ -192,12 +246,14 @@ def main() -> None:
         torch.cuda.empty_cache()
     (args.out / "executor_bench.json").write_text(json.dumps(
         {"model": spec.name, "seq_len": args.seq_len, "gpu_memory_cap_bytes": cap,
-         "host_bandwidth_bytes_per_s": host_bw, "h2d_bytes_per_s": h2d_bw,
+         "host_bandwidth_bytes_per_s": host_bw, "cpu_alone_bandwidth_bytes_per_s": cpu_bw,
+         "shared_bandwidth_bytes_per_s": shared_bw, "h2d_bytes_per_s": h2d_bw,
          "d2h_bytes_per_s": d2h_bw, "rows": rows}, indent=1))
-    header = ("| micro-batch | step s | tokens/s | floor s | step/floor | all-GPU fwd+bwd s | "
-              "host traffic s | PCIe s | GPU peak GiB |")
-    lines = [header, "|" + " --- |" * 9]
-    lines += [f"| {r['micro_batch']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
+    header = ("| micro-batch | CPU optimizer | step s | predicted s | tokens/s | floor s | "
+              "step/floor | all-GPU fwd+bwd s | host traffic s | PCIe s | GPU peak GiB |")
+    lines = [header, "|" + " --- |" * 11]
+    lines += [f"| {r['micro_batch']} | {r['cpu_optimizer']} | {r['step_s']:.3f} | "
+              f"{r['predicted_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['floor_s']:.3f} | {r['ratio_to_floor']:.2f} | {r['all_gpu_fwd_bwd_s']:.3f} | "
               f"{r['host_traffic_s']:.3f} | {r['pcie_s']:.3f} | "
               f"{r['gpu_peak_bytes'] / GIB:.1f} |" for r in rows]
