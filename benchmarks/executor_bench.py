@@ -49,6 +49,7 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
     """Forward + recompute/backward of the whole model with every layer's weights resident,
     the executor's kernels (HF layers, chunked head), no copies and no optimizer."""
     dev = torch.device("cuda")
+    torch.cuda.set_per_process_memory_fraction(1.0)  # the reference runs uncapped
     with torch.device(dev):
         layers = []
         for i in range(spec.num_layers):
