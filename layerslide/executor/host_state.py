@@ -25,20 +25,22 @@ class HostState:
     """Owns the host tensors of every block and one AdamW per block."""
 
     def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
-                 optim: OptimConfig):
+                 optim: OptimConfig, *, gpu_updated: tuple[int, ...] = ()):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
+        # blocks updated on the GPU keep only their master weights here (for load and save)
+        cpu_blocks = [b for b in blocks.blocks if b not in gpu_updated]
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b), torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
-                        for b in blocks.blocks} if policy.cast == "cpu_once" else {})
+                        for b in cpu_blocks} if policy.cast == "cpu_once" else {})
         self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
-                        for b in blocks.blocks}
+                        for b in cpu_blocks}
         if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
             self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
-                           for b in blocks.blocks}
+                           for b in cpu_blocks}
         else:
             self.grad32 = {}
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
@@ -47,8 +49,8 @@ class HostState:
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
         self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.steps_taken = dict.fromkeys(blocks.blocks, 0)
-        for b in blocks.blocks:
+        self.steps_taken = dict.fromkeys(cpu_blocks, 0)
+        for b in cpu_blocks:
             if self.native is not None:
                 self.moments[b] = (torch.zeros(blocks.numel(b)), torch.zeros(blocks.numel(b)))
             else:
@@ -152,7 +154,7 @@ class HostState:
 
     def _upcast(self, block: int) -> torch.Tensor:
         if self._scratch is None:
-            self._scratch = torch.empty(max(self.blocks.numel(b) for b in self.blocks.blocks),
+            self._scratch = torch.empty(max(self.blocks.numel(b) for b in self.master),
                                         dtype=torch.float32)
         return self._scratch[:self.blocks.numel(block)]
 

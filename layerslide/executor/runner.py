@@ -18,6 +18,7 @@ from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING, ModelBlocks
 from layerslide.executor.device import LaneDevice
+from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner import sizes
@@ -96,16 +97,20 @@ class TaskRunner:
             fp32 = torch.empty(n, dtype=torch.float32, device=dev) if landing else None
             return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
 
-        resident = range(min(policy.resident_layers, self.L))
+        # as the planner does: blocks updated on the GPU and resident layers never slide
+        self.gpu_updated = gpu_updated_blocks(policy, self.L)
+        resident = {*range(min(policy.resident_layers, self.L)),
+                    *(b for b in self.gpu_updated if 0 <= b < self.L)}
         ring = min(policy.window, self.L - len(resident))
         self.ring = [unit(0, True) for _ in range(ring)]
-        self.dedicated = {b: unit(b, True) for b in resident}
+        self.dedicated = {b: unit(b, True) for b in sorted(resident)}
         self.dedicated[EMBEDDING] = unit(EMBEDDING, False)
         head = unit(self.L, False)
         with torch.device("meta"):  # named like the layout: norm.weight
             head.module = nn.ModuleDict({"norm": blocks.make_norm()})
         blocks.bind(head.module, self.L, head.flat)
         self.dedicated[self.L] = head
+        self.gpu_blocks = GpuUpdatedBlocks(blocks, self.gpu_updated, dev, optim)
         self._rotary = blocks.make_rotary(dev)
         self._position_embeddings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.head_chunk_tokens = (
@@ -122,6 +127,7 @@ class TaskRunner:
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
         self.staging: dict[str, torch.Tensor] = {}
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
+        self.final_sq: dict[int, torch.Tensor] = {}  # step -> [L + 2]: GPU-updated blocks' sums
         self.block_sq: dict[tuple[int, int], float] = {}
         self.clip_coef: dict[int, float] = {}
         self.outcomes: dict[int, StepOutcome] = {}
@@ -157,6 +163,7 @@ class TaskRunner:
             self.outcomes[s] = StepOutcome()
             self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
                                           dtype=torch.float32, pin_memory=pin)
+            self.final_sq[s] = torch.zeros(self.L + 2, dtype=torch.float32, pin_memory=pin)
 
     def run(self, task: Task) -> None:
         getattr(self, f"_do_{task.kind}")(task)
@@ -281,7 +288,23 @@ class TaskRunner:
             p.grad = None
         self.handoff.put(("dgrad", s, m, i - 1), x.grad, readers=1)
 
+    def load_gpu_state(self) -> None:
+        """Put the GPU-updated blocks' master weights (from the host) and bf16 weights in place."""
+        for b in self.gpu_updated:
+            self.gpu_blocks.load(b, self.state.master[b], self.dedicated[b].flat)
+
+    def store_gpu_state(self) -> None:
+        """Copy the GPU-updated blocks' master weights back into the host state."""
+        for b in self.gpu_updated:
+            self.gpu_blocks.store(b, self.state.master[b])
+
     def _keep_grads(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
+        if block in self.gpu_blocks:  # summed in fp32 on the GPU, never offloaded
+            self.gpu_blocks.accumulate(block, m, grads)
+            if m == self.train.grad_accum - 1:
+                self.final_sq[s][block + 1].copy_(self.gpu_blocks.grad_sq_norm(block),
+                                                  non_blocking=True)
+            return
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         grads.append(torch.stack(norms).square().sum())
         self.grads[(s, m, block)] = grads
@@ -304,6 +327,8 @@ class TaskRunner:
             self.block_sq[(s, b)] = self.state.host_grad_sq_norm(b)
 
     def _block_sq(self, s: int, b: int) -> float:
+        if b in self.gpu_blocks:
+            return float(self.final_sq[s][b + 1])
         if self.train.grad_accum > 1:
             return self.block_sq[(s, b)]
         return float(self.grad_sq[s][0, b + 1])
@@ -323,15 +348,32 @@ class TaskRunner:
         outcome = self.outcomes[s]
         if outcome.skipped:
             return
+        lr, coef = self.optim.lr_at(self.step_offset + s), self.clip_coef.get(s, 1.0)
+        if b in self.gpu_blocks:  # on the GPU lane: non-finite grads are skipped there
+            self.gpu_blocks.step(b, s, lr, coef)
+            self.gpu_blocks.refresh(b, self.dedicated[b].flat)
+            return
         if not bool(torch.isfinite(self.grad_sq[s][:, b + 1]).all()):
             outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
             return
-        self.state.step(b, self.optim.lr_at(self.step_offset + s), self.clip_coef.get(s, 1.0))
+        self.state.step(b, lr, coef)
+
+    def collect_gpu_skips(self) -> None:
+        """After a segment: record GPU-updated blocks whose update the GPU skipped."""
+        for (s, b), found_inf in self.gpu_blocks.found_inf.items():
+            if float(found_inf) and not self.outcomes[s].skipped:
+                self.outcomes[s].skipped_blocks.append(b)
+        self.gpu_blocks.found_inf.clear()
 
     def _do_nvme_read(self, task: Task) -> None:
         raise NotImplementedError("the NVMe tier is not in the executor yet")
 
     _do_nvme_write = _do_nvme_read
+
+
+def gpu_updated_blocks(policy, num_layers: int) -> list[int]:
+    """The blocks the plan updates on the GPU: embedding, layer 0, 1, ..., head, in that order."""
+    return [EMBEDDING, *range(num_layers), num_layers][:policy.gpu_updated_blocks]
 
 
 def _call_layer(module: nn.Module, x: torch.Tensor,

@@ -26,7 +26,7 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
 from layerslide.executor.host_state import HostState
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.runner import TaskRunner
+from layerslide.executor.runner import TaskRunner, gpu_updated_blocks
 from layerslide.planner import sizes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import ModelSpec
@@ -56,9 +56,6 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if policy.gpu_updated_blocks:
-        raise ValueError(f"policy.gpu_updated_blocks={policy.gpu_updated_blocks}: blocks updated "
-                         "on the GPU are not in the executor yet; set it to 0")
     if policy.activations == "nvme" or policy.master_on_nvme or policy.moments_on_nvme:
         raise ValueError("the NVMe tier is not in the executor yet: use activations gpu/host "
                          "and master_on_nvme = moments_on_nvme = 0")
@@ -94,7 +91,8 @@ class Trainer:
             total = torch.cuda.get_device_properties(self.device.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_bytes / total),
                                                        self.device.device)
-        self.state = HostState(self.blocks, self.device, policy, train, optim)
+        self.state = HostState(self.blocks, self.device, policy, train, optim,
+                               gpu_updated=tuple(gpu_updated_blocks(policy, spec.num_layers)))
         self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
         self.step = 0  # optimizer steps taken (or skipped) so far
         self.trace_events: list[TraceEvent] = []
@@ -119,12 +117,15 @@ class Trainer:
 
     def _weights_changed(self) -> None:
         if self.policy.cast == "cpu_once":  # the first loads read the bf16 copies
-            for b in self.blocks.blocks:
+            for b in self.state.upload:
                 self.state.cast_to_upload(b)
+        self.runner.load_gpu_state()
 
     def save(self, folder: str | Path, *, overwrite: bool = False,
              extra_files: dict[str, Path] | None = None) -> Path:
         """Write the model as an HF folder (bf16 safetensors) that from_pretrained loads."""
+        self.runner.store_gpu_state()
+        self.device.synchronize()
         config = self.blocks.config.to_dict()
         config.pop("_attn_implementation_autoset", None)
         return hf_io.save_hf_folder(folder, config, self.state.named_master(),
@@ -143,6 +144,8 @@ class Trainer:
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
+        self.runner.store_gpu_state()  # the host's master weights are whole again
+        self.device.synchronize()
         return logs
 
     def _segment(self, data: TokenSource, count: int,
@@ -164,6 +167,7 @@ class Trainer:
                                  on_step_done=done).run()
         finally:
             sampler.stop()
+        self.runner.collect_gpu_skips()
         return self._logs(plan, timings, sampler, count)
 
     def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: _MemorySampler,
