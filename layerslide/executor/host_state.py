@@ -36,8 +36,17 @@ class HostState:
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
                         for b in cpu_blocks} if policy.cast == "cpu_once" else {})
-        self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
-                        for b in cpu_blocks}
+        # where offloaded bf16 grads land: one buffer per block, or (policy.host_grad_buffers,
+        # no clipping) a pool the plan's backpressure edges make safe to reuse in d2h order
+        self.landing_pool: list[torch.Tensor] = []
+        self.landing: dict[int, torch.Tensor] = {}
+        pool = policy.host_grad_buffers
+        if pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks):
+            largest = max(blocks.numel(b) for b in cpu_blocks)
+            self.landing_pool = [device.host_empty(largest, torch.bfloat16) for _ in range(pool)]
+        else:
+            self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
+                            for b in cpu_blocks}
         if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
             self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
                            for b in cpu_blocks}
@@ -106,21 +115,28 @@ class HostState:
         return target
 
     # --- gradients and the update --------------------------------------------------------------
-    def accumulate(self, block: int, micro_batch: int) -> None:
+    def landing_buffer(self, block: int, pool_slot: int) -> torch.Tensor:
+        """The bf16 buffer a block's offloaded grads land in (pool_slot: its turn in the pool)."""
+        if self.landing_pool:
+            return self.landing_pool[pool_slot % len(self.landing_pool)][:self.blocks.numel(block)]
+        return self.landing[block]
+
+    def accumulate(self, block: int, micro_batch: int, landed: torch.Tensor) -> None:
         """Add the landed bf16 grads of one micro-batch into the block's fp32 sum."""
         if micro_batch == 0:
-            self.grad32[block].copy_(self.landing[block])
+            self.grad32[block].copy_(landed)
         else:
-            self.grad32[block].add_(self.landing[block])
+            self.grad32[block].add_(landed)
 
     def host_grad_sq_norm(self, block: int) -> float:
         """Squared L2 norm of the block's accumulated fp32 grads (fp64 sum)."""
         return float(torch.linalg.vector_norm(self.grad32[block], dtype=torch.float64) ** 2)
 
-    def step(self, block: int, lr: float, clip_coef: float) -> None:
-        """One AdamW step of the block with its grads scaled by clip_coef; with
-        policy.optimizer_casts the bf16 upload copy is refreshed in the same step."""
-        grads = self.grad32[block] if self.train.grad_accum > 1 else self.landing[block]
+    def step(self, block: int, lr: float, clip_coef: float, landed: torch.Tensor | None) -> None:
+        """One AdamW step of the block with its grads (the fp32 sum, or the landed bf16 grads
+        when not accumulating) scaled by clip_coef; with policy.optimizer_casts the bf16 upload
+        copy is refreshed in the same pass."""
+        grads = self.grad32[block] if self.train.grad_accum > 1 else landed
         self.steps_taken[block] += 1
         if self.native is not None:
             exp_avg, exp_avg_sq = self.moments[block]
@@ -161,7 +177,7 @@ class HostState:
     def state_bytes(self) -> int:
         """Host bytes held by this state (master, moments, upload and grad buffers)."""
         tensors = [*self.master.values(), *self.upload.values(), *self.landing.values(),
-                   *self.grad32.values()]
+                   *self.landing_pool, *self.grad32.values()]
         if self._scratch is not None:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)

@@ -126,6 +126,7 @@ class TaskRunner:
         self.cast_before: set[str] = set()
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
         self.staging: dict[str, torch.Tensor] = {}
+        self.landing_slot: dict[tuple[int, int, int], int] = {}
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
         self.final_sq: dict[int, torch.Tensor] = {}  # step -> [L + 2]: GPU-updated blocks' sums
         self.block_sq: dict[tuple[int, int], float] = {}
@@ -159,6 +160,9 @@ class TaskRunner:
             if block not in current:
                 raise ValueError(f"{tid}: the plan never loads block {block}'s weights")
             self.unit_of[tid] = current[block]
+        offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
+        self.landing_slot = {(plan.task(t).step, plan.task(t).micro_batch, plan.task(t).layer): k
+                             for k, t in enumerate(offloads)}
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
             self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
@@ -313,16 +317,19 @@ class TaskRunner:
     def _do_offload_grads(self, task: Task) -> None:
         s, m, b = task.step, task.micro_batch, task.layer
         *grads, sq = self.grads.pop((s, m, b))
-        landing = self.state.landing[b]
+        landing = self._landed(s, m, b)
         for (_, view), grad in zip(self.blocks.views(b, landing), grads, strict=True):
             self.device.keep_for(grad, "d2h")
             view.copy_(grad, non_blocking=True)
         self.device.keep_for(sq, "d2h")
         self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
 
+    def _landed(self, s: int, m: int, b: int) -> torch.Tensor:
+        return self.state.landing_buffer(b, self.landing_slot[(s, m, b)])
+
     def _do_accumulate_grads(self, task: Task) -> None:
         s, m, b = task.step, task.micro_batch, task.layer
-        self.state.accumulate(b, m)
+        self.state.accumulate(b, m, self._landed(s, m, b))
         if m == self.train.grad_accum - 1 and self.train.max_grad_norm is not None:
             self.block_sq[(s, b)] = self.state.host_grad_sq_norm(b)
 
@@ -356,7 +363,8 @@ class TaskRunner:
         if not bool(torch.isfinite(self.grad_sq[s][:, b + 1]).all()):
             outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
             return
-        self.state.step(b, lr, coef)
+        landed = self._landed(s, 0, b) if self.train.grad_accum == 1 else None
+        self.state.step(b, lr, coef, landed)
 
     def collect_gpu_skips(self) -> None:
         """After a segment: record GPU-updated blocks whose update the GPU skipped."""

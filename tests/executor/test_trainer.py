@@ -61,16 +61,20 @@ def run_executor(config, spec, train, policy, optim, *, steps, serial=False, dev
     ("llama", False, 1, None, "native"), ("llama", False, 2, 1.0, "native"),
     ("qwen2", True, 2, None, "native"), ("qwen3", True, 1, 0.5, "native"),
     ("llama", False, 1, 1.0, "torch"), ("qwen2", True, 2, None, "torch"),
-    ("llama", False, 2, 1.0, "gpu:3"), ("qwen2", True, 1, None, "gpu:5")])
+    ("llama", False, 2, 1.0, "gpu:3"), ("qwen2", True, 1, None, "gpu:5"),
+    ("llama", False, 1, None, "pool:2"), ("qwen2", True, 2, None, "pool:1")])
 def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, clip, optimizer):
-    """optimizer: the CPU optimizer, or gpu:N for the first N blocks updated on the GPU."""
+    """optimizer: the CPU optimizer, gpu:N for the first N blocks updated on the GPU, or
+    pool:N for N pinned host grad buffers shared by all blocks (and cast on the GPU)."""
     config = tiny_config(family, tied)
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
     optim = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
     steps = 4
-    policy = (Policy(gpu_updated_blocks=int(optimizer[4:])) if optimizer.startswith("gpu:")
-              else Policy(cpu_optimizer=optimizer))
+    kind, _, count = optimizer.partition(":")
+    policy = {"gpu": lambda: Policy(gpu_updated_blocks=int(count)),
+              "pool": lambda: Policy(host_grad_buffers=int(count), cast="gpu")}.get(
+                  kind, lambda: Policy(cpu_optimizer=optimizer))()
     logs, initial, final, _ = run_executor(config, spec, train, policy, optim, steps=steps,
                                            device=device)
     reference = ReferenceTrainer(config, initial, lr_at=optim.lr_at, weight_decay=0.1,
@@ -93,7 +97,8 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     Policy(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival"),
     Policy(cast="gpu", resident_layers=1, head_loss="materialized"),
     Policy(cpu_optimizer="torch"), Policy(gpu_updated_blocks=2),
-    Policy(gpu_updated_blocks=5, activations="gpu")])
+    Policy(gpu_updated_blocks=5, activations="gpu"),
+    Policy(host_grad_buffers=2, cast="gpu")])
 def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
