@@ -12,6 +12,7 @@ the simulator's prediction.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -31,6 +32,7 @@ from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.simulator.predict import simulate
+from layerslide.tuner import SearchSpace, tune
 
 GIB = 2**30
 
@@ -174,6 +176,27 @@ def plan_bytes(plan, step: int, adamw_bytes_per_param: float = 28.0) -> dict[str
     return {"h2d_bytes": h2d, "d2h_bytes": d2h, "host_bytes": host}
 
 
+def policy_label(p: dict) -> str:
+    return (f"window {p['window']}, activations {p['activations']}, cast {p['cast']}, "
+            f"GPU-updated blocks {p['gpu_updated_blocks']}"
+            + (f", {p['host_grad_buffers']} grad buffers" if p["host_grad_buffers"] else ""))
+
+
+def policy_for(args, spec, train: TrainSpec, optimizer: str, cap: int) -> Policy:
+    if args.policy == "lean":
+        return Policy(window=args.window, cast="gpu", host_grad_buffers=2,
+                      cpu_optimizer=optimizer)
+    if args.policy == "default":
+        return Policy(window=args.window, cpu_optimizer=optimizer)
+    space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
+    result = tune(spec, load_profile(args.profile), seq_len=train.seq_len, space=space,
+                  base_policy=Policy(cpu_optimizer=optimizer),
+                  gpu_memory_bytes=int(0.85 * cap))
+    if result.best is None:
+        raise SystemExit(f"tune found nothing that fits at micro-batch {train.micro_batch}")
+    return result.best.policy
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama-3.2-3b")
@@ -182,6 +205,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--gpu-memory", default="24GiB")
     parser.add_argument("--window", type=int, default=2)
+    parser.add_argument("--policy", choices=("default", "tuned", "lean"), default="default",
+                        help="default: Policy(window); tuned: the simulator's pick per batch "
+                             "(layerslide.tuner, no NVMe, tuned under 85%% of the GPU cap); "
+                             "lean: least host RAM (cast on the GPU, 2 pooled grad buffers)")
     parser.add_argument("--optimizers", default="native",
                         help="CPU optimizers to run side by side at each batch: native,torch")
     parser.add_argument("--profile", default="h200-bench")
@@ -203,10 +230,11 @@ def main() -> None:
           f"H2D {h2d_bw / 1e9:.1f} GB/s, D2H {d2h_bw / 1e9:.1f} GB/s", flush=True)
     rows = []
     configs = [(int(b), o) for b in args.batches.split(",") for o in args.optimizers.split(",")]
+    print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params, policy {args.policy}", flush=True)
     gpu_s_of: dict[int, float] = {}
     for mb, optimizer in configs:
         train = TrainSpec(micro_batch=mb, seq_len=args.seq_len)
-        policy = Policy(window=args.window, cpu_optimizer=optimizer)
+        policy = policy_for(args, spec, train, optimizer, cap)
         if mb not in gpu_s_of:
             gpu_s_of[mb] = all_gpu_forward_backward_s(blocks, spec, train)
         gpu_s = gpu_s_of[mb]
@@ -216,20 +244,28 @@ def main() -> None:
         pcie_s = max(moved["h2d_bytes"] / h2d_bw, moved["d2h_bytes"] / d2h_bw)
         floor_s = max(gpu_s, host_s, pcie_s)
         torch.cuda.reset_peak_memory_stats()
-        with Trainer(config=config, spec=spec, train=train, policy=policy,
-                     optim=OptimConfig(lr=1e-5), device="cuda", segment_steps=args.steps,
-                     gpu_memory_bytes=cap) as trainer:
-            trainer.init_random(0)
-            logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)
-            if mb == args.trace_batch and optimizer == "native":
-                trainer.trace(f"measured mb{mb}").save(args.out / f"trace_measured_mb{mb}.json")
-            predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
-            if mb == args.trace_batch and optimizer == "native":
-                predicted.trace.save(args.out / f"trace_predicted_mb{mb}.json")
-            host_state_bytes = trainer.state.state_bytes()
+        try:
+            with Trainer(config=config, spec=spec, train=train, policy=policy,
+                         optim=OptimConfig(lr=1e-5), device="cuda", segment_steps=args.steps,
+                         gpu_memory_bytes=cap) as trainer:
+                trainer.init_random(0)
+                logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)
+                host_state_bytes = trainer.state.state_bytes()
+                if mb == args.trace_batch and optimizer == "native":
+                    trainer.trace(f"measured mb{mb}").save(
+                        args.out / f"trace_measured_mb{mb}.json")
+        except torch.OutOfMemoryError as err:
+            print(f"micro-batch {mb}: out of GPU memory under the cap ({policy}): "
+                  f"{str(err).splitlines()[0]}", flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
+        predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
+        if mb == args.trace_batch and optimizer == "native":
+            predicted.trace.save(args.out / f"trace_predicted_mb{mb}.json")
         step_s = statistics.median(log.step_s for log in logs[1:])
         row = {
-            "micro_batch": mb, "cpu_optimizer": optimizer, "predicted_step_s": predicted.step_s,
+            "micro_batch": mb, "cpu_optimizer": optimizer, "policy": policy.to_dict(), "predicted_step_s": predicted.step_s,
             "step_s": step_s, "tokens_per_s": train.tokens_per_step / step_s,
             "floor_s": floor_s, "ratio_to_floor": step_s / floor_s,
             "all_gpu_fwd_bwd_s": gpu_s, "host_traffic_s": host_s, "pcie_s": pcie_s,
@@ -250,10 +286,11 @@ def main() -> None:
          "host_bandwidth_bytes_per_s": host_bw, "cpu_alone_bandwidth_bytes_per_s": cpu_bw,
          "shared_bandwidth_bytes_per_s": shared_bw, "h2d_bytes_per_s": h2d_bw,
          "d2h_bytes_per_s": d2h_bw, "rows": rows}, indent=1))
-    header = ("| micro-batch | CPU optimizer | step s | predicted s | tokens/s | floor s | "
+    header = ("| micro-batch | policy | CPU optimizer | step s | predicted s | tokens/s | floor s | "
               "step/floor | all-GPU fwd+bwd s | host traffic s | PCIe s | GPU peak GiB |")
-    lines = [header, "|" + " --- |" * 11]
-    lines += [f"| {r['micro_batch']} | {r['cpu_optimizer']} | {r['step_s']:.3f} | "
+    lines = [header, "|" + " --- |" * 12]
+    lines += [f"| {r['micro_batch']} | {policy_label(r['policy'])} | {r['cpu_optimizer']} | "
+              f"{r['step_s']:.3f} | "
               f"{r['predicted_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['floor_s']:.3f} | {r['ratio_to_floor']:.2f} | {r['all_gpu_fwd_bwd_s']:.3f} | "
               f"{r['host_traffic_s']:.3f} | {r['pcie_s']:.3f} | "
