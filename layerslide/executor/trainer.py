@@ -91,9 +91,13 @@ class Trainer:
             total = torch.cuda.get_device_properties(self.device.device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, gpu_memory_bytes / total),
                                                        self.device.device)
-        self.state = HostState(self.blocks, self.device, policy, train, optim,
-                               gpu_updated=tuple(gpu_updated_blocks(policy, spec.num_layers)))
-        self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
+        try:
+            self.state = HostState(self.blocks, self.device, policy, train, optim,
+                                   gpu_updated=tuple(gpu_updated_blocks(policy, spec.num_layers)))
+            self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
+        except BaseException:
+            self.device.close()  # unpin what was pinned before the failure
+            raise
         self.step = 0  # optimizer steps taken (or skipped) so far
         self.trace_events: list[TraceEvent] = []
         self.memory: list[MemorySample] = []
