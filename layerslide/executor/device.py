@@ -8,6 +8,7 @@ soon as it exists; the executor's logic is otherwise identical.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import Self
@@ -26,6 +27,11 @@ class LaneDevice:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
+        if self.is_cuda and not torch.cuda.is_initialized():
+            # cache units, activations and per-layer grads of many sizes: without expandable
+            # segments the caching allocator's reserved memory ran to ~1.7x the allocated peak
+            # under a 24 GiB cap on the H200 (benchmarks/results/executor_tuned_2026-11-29)
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         if self.is_cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type not in ("cuda", "cpu"):
