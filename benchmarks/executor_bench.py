@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import time
 from pathlib import Path
 
-import torch
+# as the executor does when it initialises CUDA itself (here the probes initialise it first)
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
