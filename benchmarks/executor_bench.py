@@ -21,7 +21,7 @@ from pathlib import Path
 
 # as the executor does when it initialises CUDA itself (here the probes initialise it first)
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-import torch  # noqa: E402
+import torch
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
