@@ -51,7 +51,8 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--min-lr-ratio", type=float, default=0.1,
                    help="cosine decay ends at lr * this after --steps")
     p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
-                   help="cap this process's GPU memory, e.g. 24GiB")
+                   help="cap this process's GPU memory, e.g. 24GiB (default: the cap a tuned "
+                        "--plan was made for)")
     p.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     p.add_argument("--serial", action="store_true",
                    help="run one task at a time (the correctness oracle; slow)")
@@ -80,6 +81,8 @@ def _settings(args, spec: ModelSpec) -> tuple[TrainSpec, Policy]:
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
         raise UsageError(f"{args.plan} is a plan for {plan.model.name}, not for {args.model}: "
                          f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
+    if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
+        args.gpu_memory = plan.meta.get("gpu_memory_bytes")
     return plan.train, plan.policy
 
 

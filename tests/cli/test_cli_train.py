@@ -99,3 +99,18 @@ def test_train_refuses_an_existing_output_folder(model_dir, tmp_path, capsys):
                "--seq-len", "16", "--out", str(tmp_path / "out")])
     assert rc == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_train_runs_a_tuned_plan_with_its_settings(model_dir, tmp_path, capsys):
+    plan_file = tmp_path / "tuned.json"
+    assert main(["tune", "--model", str(model_dir), "--seq-len", "16", "--micro-batches", "2",
+                 "--windows", "1", "--no-nvme", "-o", str(plan_file)]) == 0
+    tuned = json.loads(plan_file.read_text())
+    capsys.readouterr()
+    rc = main(["train", "--model", str(model_dir), "--plan", str(plan_file), "--device", "cpu",
+               "--steps", "2", "--log-jsonl", str(tmp_path / "log.jsonl")])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert f"micro-batch {tuned['train']['micro_batch']} x 16 tokens" in printed
+    assert f"window {tuned['policy']['window']}" in printed
+    assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
