@@ -168,7 +168,12 @@ class ModelBlocks:
 
 
 def check_supported(config: PretrainedConfig, seq_len: int) -> None:
-    """Refuse configs whose attention the executor does not reproduce (sliding windows)."""
+    """Refuse configs the executor does not reproduce: attention dropout (the backward
+    recomputes each layer's forward, which must come out the same) and sliding windows."""
+    if getattr(config, "attention_dropout", 0.0):
+        raise ValueError(f"attention_dropout={config.attention_dropout}: the backward recomputes "
+                         "each layer's forward and needs it deterministic; set it to 0.0 in "
+                         "config.json")
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None) or ()
     sliding = getattr(config, "use_sliding_window", window is not None)

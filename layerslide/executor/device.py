@@ -75,6 +75,11 @@ class LaneDevice:
         if stream is not None and event is not None:
             stream.wait_event(event)
 
+    def bind_thread(self) -> None:
+        """Make this thread's CUDA calls go to our device (threads start on the default one)."""
+        if self.is_cuda:
+            torch.cuda.set_device(self.device)
+
     @staticmethod
     def is_done(event: torch.cuda.Event | None) -> bool:
         return event is None or event.query()

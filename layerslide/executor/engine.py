@@ -90,17 +90,26 @@ class PlanEngine:
                                             name=f"layerslide-{lane}", daemon=True))
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException as exc:  # e.g. Ctrl-C: stop the lanes, then let it through
+            self._fail("(interrupted)", exc)
+            for t in threads:
+                t.join()
+            raise
         if self._error is not None:
             tid, exc = self._error
             raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
 
     def _guard(self, worker: Callable[[str], None], lane: str) -> None:
         try:
+            self.device.bind_thread()
             worker(lane)
         except _Aborted:
             pass
+        except BaseException as exc:  # noqa: BLE001 (a lane thread must hand every failure on)
+            self._fail(f"(lane {lane})", exc)
 
     def _strict_worker(self, lane: str) -> None:
         for tid in self.plan.lane_order[lane]:
@@ -168,8 +177,8 @@ class PlanEngine:
                     cond.notify()
 
     def _count_step(self, tid: str) -> None:
-        """Report a step once all its tasks have run (its GPU work is done by then: the host
-        tasks at its end wait for it)."""
+        """Report a step once all its tasks have run on the host (the GPU work of its last GPU
+        tasks, e.g. GPU-updated blocks' optimizer steps, may still be in flight)."""
         step = self.plan.task(tid).step
         with self._step_lock:
             self._step_left[step] -= 1

@@ -106,8 +106,10 @@ class HostState:
     def cast_to_upload(self, block: int) -> torch.Tensor:
         """fp32 master -> the bf16 copy the GPU loads (cast=cpu_once), or a fresh staging copy."""
         target = self.upload.get(block)
-        if target is None:
-            target = self.device.host_empty(self.blocks.numel(block), torch.bfloat16)
+        if target is None:  # cast per load: staging from torch's pinned caching allocator,
+            # which recycles a buffer once the copy that reads it has finished
+            target = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16,
+                                 pin_memory=self.device.is_cuda)
         if self.native is not None:
             self.native.cast(self.master[block], target)
         else:
@@ -154,8 +156,8 @@ class HostState:
 
     def _torch_step(self, block: int, grads: torch.Tensor, lr: float, clip_coef: float) -> None:
         if grads.dtype != torch.float32:  # torch's fused AdamW needs fp32 grads
-            grads = torch.mul(grads, clip_coef, out=self._upcast(block))
-        elif clip_coef != 1.0:
+            grads = self._upcast(block).copy_(grads)  # then scale in fp32, not in bf16
+        if clip_coef != 1.0:
             grads.mul_(clip_coef)
         offset = 0
         for param in self._params[block]:

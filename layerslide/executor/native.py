@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,19 +31,36 @@ def _cache_dir() -> Path:
     return Path(root) / "layerslide"
 
 
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
 def _build(source: Path) -> Path | None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC", "")) or [
+        c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
+    if not compiler:
         return None
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    # -march=native: a library built on one CPU may not run on another sharing this cache
+    machine = f"{platform.machine()} {_cpu_flags()}".encode()
+    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()
+                            + machine).hexdigest()[:16]
     target = _cache_dir() / f"adamw-{digest}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
-                                capture_output=True, text=True, check=False)
+        try:
+            result = subprocess.run([*compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
+                                    capture_output=True, text=True, check=False)
+        except OSError as err:
+            print(f"layerslide: cannot run {compiler[0]} ({err}), using torch's AdamW",
+                  file=sys.stderr)
+            return None
         if result.returncode != 0:
             print(f"layerslide: native AdamW did not compile, using torch's: {result.stderr}",
                   file=sys.stderr)

@@ -84,6 +84,7 @@ class TaskRunner:
         self.L = blocks.num_layers
         dev = device.device
         landing = policy.cast == "gpu"
+        self.gpu_updated = gpu_updated_blocks(policy, self.L)
 
         def unit(block: int, with_module: bool) -> WeightUnit:
             n = blocks.numel(block)
@@ -94,11 +95,12 @@ class TaskRunner:
                     module = blocks.make_layer(max(block, 0))
                 blocks.bind(module, block, flat)
                 assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
-            fp32 = torch.empty(n, dtype=torch.float32, device=dev) if landing else None
+            # blocks updated on the GPU are never loaded: no fp32 landing for them
+            fp32 = (torch.empty(n, dtype=torch.float32, device=dev)
+                    if landing and block not in self.gpu_updated else None)
             return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
 
         # as the planner does: blocks updated on the GPU and resident layers never slide
-        self.gpu_updated = gpu_updated_blocks(policy, self.L)
         resident = {*range(min(policy.resident_layers, self.L)),
                     *(b for b in self.gpu_updated if 0 <= b < self.L)}
         ring = min(policy.window, self.L - len(resident))

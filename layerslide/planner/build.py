@@ -67,7 +67,9 @@ class _Builder:
         self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
         self.grad_slot_next = 0
         self.dedicated_grad_last: dict[int, str | None] = {EMBEDDING: None, self.L: None}
-        blocks = self.L + 2
+        # blocks whose grads are offloaded (those updated on the GPU never are): with one
+        # landing buffer each, an offload reuses its block's buffer from the previous micro-batch
+        blocks = self.L + 2 - len(self.gpu_updated)
         pool = blocks
         if train.max_grad_norm is None and policy.host_grad_buffers is not None:
             pool = min(policy.host_grad_buffers, blocks)

@@ -269,3 +269,18 @@ def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
     opt = native.task("s0.optimizer_step.L0")
     assert opt.bytes == 0 and torch_.task("s0.optimizer_step.L0").bytes == 6 * opt.params
     assert not [b for b in native.buffers if b.id.endswith("grad_fp32")]
+
+
+@pytest.mark.parametrize("gpu_updated", [0, 1, 3])
+@pytest.mark.parametrize("host_grad_buffers", [None, 2])
+def test_an_offload_never_overtakes_the_reader_of_the_buffer_it_reuses(tiny_model, gpu_updated,
+                                                                       host_grad_buffers):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+                      Policy(gpu_updated_blocks=gpu_updated, host_grad_buffers=host_grad_buffers),
+                      num_steps=2)
+    offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
+    readers = [next(iter(plan.graph.successors(t))) for t in offloads]
+    assert all(plan.task(r).kind == "accumulate_grads" for r in readers)
+    pool = host_grad_buffers or len({plan.task(t).layer for t in offloads})
+    for i in range(pool, len(offloads)):  # buffer i % pool: the reader of offload i - pool first
+        assert nx.has_path(plan.graph, readers[i - pool], offloads[i]), offloads[i]
