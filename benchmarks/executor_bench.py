@@ -266,6 +266,12 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
             continue
+        # release this trainer's GPU and host memory before the next one is built (a live
+        # `trainer` binding kept it until the next constructor returned: the next one's state
+        # then ran out of the cap while being allocated)
+        del trainer
+        gc.collect()
+        torch.cuda.empty_cache()
         predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
         if mb == args.trace_batch and optimizer == "native":
             predicted.trace.save(args.out / f"trace_predicted_mb{mb}.json")

@@ -238,10 +238,6 @@ class _Builder:
                                   attention_flops=attn_flops, nbytes=3 * ew,
                                   host_ops=sizes.LAYER_BACKWARD_OPS)
         emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
-        # CUDA's embedding backward sums rows in an fp32 [vocab, hidden] buffer before its bf16
-        # result (measured on the H200: a 1.47 GiB request for Llama-3.2-3B)
-        self.buffer(f"{emb_bwd}.workspace", "gpu", sizes.embedding_backward_workspace_bytes(model),
-                    emb_bwd, (emb_bwd,))
         if model.tie_word_embeddings:  # the head's LM-weight grad waits for the embedding's
             self.buffer(f"{head}.tied_grad", "gpu", BF16_BYTES * model.embedding_params, head,
                         (emb_bwd,))

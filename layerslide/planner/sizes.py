@@ -85,11 +85,6 @@ def backward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
     return saved + forward_workspace_bytes(model, tokens)
 
 
-def embedding_backward_workspace_bytes(model: ModelSpec) -> int:
-    """Transient GPU bytes of the embedding backward: an fp32 [vocab, hidden] sum."""
-    return FP32_BYTES * model.embedding_params
-
-
 def hidden_bytes(model: ModelSpec, tokens: int) -> int:
     """One [tokens, hidden] bf16 tensor: a checkpoint or the gradient flowing between layers."""
     return model.layer_checkpoint_bytes_per_token * tokens
