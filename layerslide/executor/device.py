@@ -28,9 +28,10 @@ class LaneDevice:
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
         if self.is_cuda and not torch.cuda.is_initialized():
-            # cache units, activations and per-layer grads of many sizes: without expandable
-            # segments the caching allocator's reserved memory ran to ~1.7x the allocated peak
-            # under a 24 GiB cap on the H200 (benchmarks/results/executor_tuned_2026-11-29)
+            # cache units, activations and per-layer grads of many sizes fragment the caching
+            # allocator: reserved ran 1.25x the allocated peak without expandable segments
+            # (micro-batch 1, default policy) and 1.10x with them (tuned micro-batch 8) on the
+            # H200 (benchmarks/results/executor_*_2026-11-29); a memory cap counts reserved
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
         if self.is_cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
