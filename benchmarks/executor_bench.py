@@ -24,9 +24,9 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
+from layerslide.executor.compute import call_layer, chunked_linear_cross_entropy
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.runner import _call_layer, _chunked_linear_cross_entropy
 from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
 from layerslide.hwprofiles.units import parse_bytes
@@ -79,11 +79,11 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
         with torch.no_grad():
             for layer in layers:
                 saved.append(x)
-                x = _call_layer(layer, x, rope)
+                x = call_layer(layer, x, rope)
         x = x.detach().requires_grad_(True)
         with torch.enable_grad():
             normed = norm(x)
-        _, d_flat, _ = _chunked_linear_cross_entropy(
+        _, d_flat, _ = chunked_linear_cross_entropy(
             normed.detach().view(-1, spec.hidden_size), emb, labels,
             torch.tensor(1.0 / tokens, device=dev), chunk)
         normed.backward(d_flat.view_as(normed))
@@ -91,7 +91,7 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
         for layer, inp in zip(reversed(layers), reversed(saved), strict=True):
             inp = inp.detach().requires_grad_(True)
             with torch.enable_grad():
-                y = _call_layer(layer, inp, rope)
+                y = call_layer(layer, inp, rope)
             y.backward(grad)
             grad = inp.grad
             for p in layer.parameters():

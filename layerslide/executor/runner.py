@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING, ModelBlocks
+from layerslide.executor.compute import IGNORE_INDEX, call_layer, chunked_linear_cross_entropy
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
@@ -25,7 +26,6 @@ from layerslide.planner import sizes
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan, Task
 
-IGNORE_INDEX = -100
 COMPUTE_KINDS = ("forward", "head", "backward")
 
 
@@ -218,7 +218,7 @@ class TaskRunner:
         else:
             x = self.handoff.take(("input", s, m, i))
             with torch.no_grad():
-                hidden = _call_layer(unit.module, x, self._rope(x.shape[1]))
+                hidden = call_layer(unit.module, x, self._rope(x.shape[1]))
         # a layer's input is read by its forward and then by its backward (kept on the GPU) or
         # by the offload; the final hidden state only by the head
         nxt = i + 1
@@ -257,7 +257,7 @@ class TaskRunner:
         flat = normed.detach().view(-1, normed.shape[-1])
         count = (labels != IGNORE_INDEX).sum()
         scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
-        loss, d_flat, d_weight = _chunked_linear_cross_entropy(
+        loss, d_flat, d_weight = chunked_linear_cross_entropy(
             flat, weight, labels, scale, self.head_chunk_tokens)
         self.outcomes[s].loss_parts.append(loss * scale)
         normed.backward(d_flat.view_as(normed))
@@ -286,7 +286,7 @@ class TaskRunner:
         key = ("input", s, m, i) if self.policy.activations == "gpu" else ("fetched", s, m, i)
         x = self.handoff.take(key).detach().requires_grad_(True)
         with torch.enable_grad():
-            y = _call_layer(unit.module, x, self._rope(x.shape[1]))
+            y = call_layer(unit.module, x, self._rope(x.shape[1]))
         y.backward(dgrad)
         params = _params_in_layout(self.blocks, i, unit.module)
         self._keep_grads(s, m, i, [p.grad for p in params])
@@ -386,42 +386,8 @@ def gpu_updated_blocks(policy, num_layers: int) -> list[int]:
     return [EMBEDDING, *range(num_layers), num_layers][:policy.gpu_updated_blocks]
 
 
-def _call_layer(module: nn.Module, x: torch.Tensor,
-                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    out = module(x, attention_mask=None, position_embeddings=rope)
-    return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
-
-
 def _params_in_layout(blocks: ModelBlocks, block: int, module: nn.Module) -> list[nn.Parameter]:
     """The module's parameters in the order of the block's flat layout (the head's LM weight,
     tied or not, is handled by the caller)."""
     owned = dict(module.named_parameters())
     return [owned[s.local_name] for s in blocks.layouts[block] if s.local_name in owned]
-
-
-def _chunked_linear_cross_entropy(
-        x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, scale: torch.Tensor,
-        chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sum of token losses of logits = x @ weight.T, with the grads of (loss * scale) w.r.t.
-    x and weight, chunk by chunk so that only [chunk_tokens, vocab] logits exist at once."""
-    loss = torch.zeros((), dtype=torch.float32, device=x.device)
-    d_x = torch.empty_like(x)
-    # bf16, as liger-kernel's: an fp32 sum would add 4 B per head parameter of GPU memory
-    d_weight = torch.zeros_like(weight)
-    for start in range(0, x.shape[0], chunk_tokens):
-        rows = slice(start, start + chunk_tokens)
-        xc, yc = x[rows], labels[rows]
-        logits = (xc @ weight.T).float()
-        valid = yc != IGNORE_INDEX
-        target = torch.where(valid, yc, 0)
-        lse = torch.logsumexp(logits, dim=-1)
-        picked = logits.gather(1, target[:, None]).squeeze(1)
-        loss += torch.where(valid, lse - picked, 0.0).sum()
-        # d(loss)/d(logits) = softmax - onehot, for the valid rows, times the loss scale
-        grad = torch.exp(logits - lse[:, None])
-        grad[torch.arange(len(yc), device=x.device), target] -= 1.0
-        grad *= (valid.float() * scale)[:, None]
-        grad = grad.to(x.dtype)
-        d_x[rows] = grad @ weight
-        d_weight.addmm_(grad.T, xc)
-    return loss, d_x, d_weight
