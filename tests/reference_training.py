@@ -36,8 +36,11 @@ class ReferenceTrainer:
         self.lr_at, self.grad_accum, self.max_grad_norm = lr_at, grad_accum, max_grad_norm
         self.step_count = 0
 
-    def step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, bool]:
-        """One optimizer step over grad_accum micro-batches: (loss, skipped)."""
+    def grad_sums(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        """fp32 sums of the micro-batches' bf16 grads at the current weights (no update)."""
+        return self._forward_backward(batches)[0]
+
+    def _forward_backward(self, batches) -> tuple[dict[str, torch.Tensor], float]:
         with torch.no_grad():
             for n, p in self.model.named_parameters():
                 p.copy_(self.params[n])
@@ -49,10 +52,14 @@ class ReferenceTrainer:
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                labels.view(-1), ignore_index=-100)
             (loss / self.grad_accum).backward()
-            loss = loss.detach()
-            total_loss += loss.item() / self.grad_accum
+            total_loss += loss.detach().item() / self.grad_accum
             for n, p in self.model.named_parameters():
                 sums[n] += p.grad.float()
+        return sums, total_loss
+
+    def step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, bool]:
+        """One optimizer step over grad_accum micro-batches: (loss, skipped)."""
+        sums, total_loss = self._forward_backward(batches)
         norm = math.sqrt(sum(float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
                              for g in sums.values()))
         skipped = not math.isfinite(norm)

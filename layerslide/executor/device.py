@@ -58,9 +58,6 @@ class LaneDevice:
         with torch.cuda.stream(stream):
             yield
 
-    def stream(self, lane: str) -> torch.cuda.Stream | None:
-        return self._streams.get(lane)
-
     def record(self, lane: str, *, timing: bool = False) -> torch.cuda.Event | None:
         """An event marking everything enqueued on the lane so far (None on the CPU)."""
         stream = self._streams.get(lane)

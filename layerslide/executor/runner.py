@@ -23,6 +23,7 @@ from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner import sizes
+from layerslide.planner.build import gpu_layout
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan, Task
 
@@ -58,9 +59,6 @@ class Handoff:
                 del self._items[key]
             return item[0]
 
-    def __len__(self) -> int:
-        return len(self._items)
-
 
 @dataclass
 class StepOutcome:
@@ -84,7 +82,8 @@ class TaskRunner:
         self.L = blocks.num_layers
         dev = device.device
         landing = policy.cast == "gpu"
-        self.gpu_updated = gpu_updated_blocks(policy, self.L)
+        layout = gpu_layout(self.L, policy)  # the planner's: the same units it plans with
+        self.gpu_updated = list(layout.gpu_updated)
 
         def unit(block: int, with_module: bool) -> WeightUnit:
             n = blocks.numel(block)
@@ -100,12 +99,8 @@ class TaskRunner:
                     if landing and block not in self.gpu_updated else None)
             return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
 
-        # as the planner does: blocks updated on the GPU and resident layers never slide
-        resident = {*range(min(policy.resident_layers, self.L)),
-                    *(b for b in self.gpu_updated if 0 <= b < self.L)}
-        ring = min(policy.window, self.L - len(resident))
-        self.ring = [unit(0, True) for _ in range(ring)]
-        self.dedicated = {b: unit(b, True) for b in sorted(resident)}
+        self.ring = [unit(0, True) for _ in range(layout.ring_units)]
+        self.dedicated = {b: unit(b, True) for b in layout.dedicated_layers}
         self.dedicated[EMBEDDING] = unit(EMBEDDING, False)
         head = unit(self.L, False)
         with torch.device("meta"):  # named like the layout: norm.weight
@@ -379,11 +374,6 @@ class TaskRunner:
         raise NotImplementedError("the NVMe tier is not in the executor yet")
 
     _do_nvme_write = _do_nvme_read
-
-
-def gpu_updated_blocks(policy, num_layers: int) -> list[int]:
-    """The blocks the plan updates on the GPU: embedding, layer 0, 1, ..., head, in that order."""
-    return [EMBEDDING, *range(num_layers), num_layers][:policy.gpu_updated_blocks]
 
 
 def _params_in_layout(blocks: ModelBlocks, block: int, module: nn.Module) -> list[nn.Parameter]:

@@ -26,9 +26,9 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
 from layerslide.executor.host_state import HostState
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.runner import TaskRunner, gpu_updated_blocks
+from layerslide.executor.runner import TaskRunner
 from layerslide.planner import sizes
-from layerslide.planner.build import build_plan
+from layerslide.planner.build import build_plan, gpu_layout
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import Policy, TrainSpec
@@ -93,7 +93,7 @@ class Trainer:
                                                        self.device.device)
         try:
             self.state = HostState(self.blocks, self.device, policy, train, optim,
-                                   gpu_updated=tuple(gpu_updated_blocks(policy, spec.num_layers)))
+                                   gpu_updated=gpu_layout(spec.num_layers, policy).gpu_updated)
             self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
         except BaseException:
             self.device.close()  # unpin what was pinned before the failure
@@ -234,10 +234,10 @@ def _first_steps(plan: Plan, count: int) -> Plan:
     lane_order = {lane: tuple(t for t in order if t in graph)
                   for lane, order in plan.lane_order.items()}
     buffers = tuple(b for b in plan.buffers
-                    if b.alloc_task is None or b.alloc_task in graph)
+                    if all(t in graph for t in (b.alloc_task, *b.release_tasks) if t is not None))
     trimmed = Plan(model=plan.model, train=plan.train, policy=plan.policy, num_steps=count,
                    graph=graph, lane_order=lane_order, lane_discipline=plan.lane_discipline,
-                   buffers=tuple(b for b in buffers if all(r in graph for r in b.release_tasks)),
+                   buffers=buffers,
                    meta={**plan.meta, "step_markers": plan.meta["step_markers"][:count]})
     trimmed.validate()
     return trimmed

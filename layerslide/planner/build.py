@@ -37,6 +37,25 @@ def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps:
     return _Builder(model, train, policy, num_steps).build()
 
 
+@dataclass(frozen=True, kw_only=True)
+class GpuLayout:
+    """Which blocks stay on the GPU and how many cache units the other layers slide through;
+    the planner plans with it and the executor allocates by it."""
+
+    gpu_updated: tuple[int, ...]  # updated on the GPU, in the order the next forward needs them
+    dedicated_layers: tuple[int, ...]  # decoder layers with a unit of their own (never slide)
+    ring_units: int  # units the sliding layers share
+
+
+def gpu_layout(num_layers: int, policy: Policy) -> GpuLayout:
+    """The policy's GPU layout for a model of num_layers decoder layers."""
+    gpu_updated = tuple([EMBEDDING, *range(num_layers), num_layers][:policy.gpu_updated_blocks])
+    dedicated = sorted({*range(min(policy.resident_layers, num_layers)),
+                        *(b for b in gpu_updated if 0 <= b < num_layers)})
+    return GpuLayout(gpu_updated=gpu_updated, dedicated_layers=tuple(dedicated),
+                     ring_units=min(policy.window, num_layers - len(dedicated)))
+
+
 @dataclass
 class _Slot:
     """A GPU weight buffer: which (layer, version) it holds and its last reader."""
@@ -56,13 +75,11 @@ class _Builder:
         self.keys: dict[str, tuple[float, int]] = {}
         self.gpu_order: list[str] = []
         self.buffers: list[Buffer] = []
-        # blocks updated on the GPU, in the order the next forward needs them
-        self.gpu_updated = [EMBEDDING, *range(self.L), self.L][:policy.gpu_updated_blocks]
+        layout = gpu_layout(self.L, policy)
+        self.gpu_updated = list(layout.gpu_updated)
         self.gpu_grad_producer: dict[tuple[int, int], str] = {}
-        self.resident = {EMBEDDING, self.L, *range(min(policy.resident_layers, self.L)),
-                         *self.gpu_updated}
-        ring_layers = self.L - (len(self.resident) - 2)
-        self.slots = [_Slot() for _ in range(min(policy.window, ring_layers))]
+        self.resident = {EMBEDDING, self.L, *layout.dedicated_layers, *self.gpu_updated}
+        self.slots = [_Slot() for _ in range(layout.ring_units)]
         self.resident_slots = {b: _Slot() for b in self.resident}
         self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
         self.grad_slot_next = 0

@@ -235,3 +235,24 @@ def test_the_bf16_upload_copy_follows_every_update(tmp_path, monkeypatch, native
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
         for block, upload in trainer.state.upload.items():
             assert torch.equal(upload, trainer.state.master[block].to(torch.bfloat16)), block
+
+
+@pytest.mark.parametrize(("family", "tied"), [("llama", False), ("qwen2", True)])
+def test_first_step_grads_match_the_reference_per_tensor(tmp_path, family, tied):
+    """Before AdamW amplifies differences: every tensor's accumulated grad within a few bf16
+    ulps of plain autograd's (measured 0.4-2% relative; a wrong block would be O(1))."""
+    config = tiny_config(family, tied)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    with Trainer(config=config, spec=spec_of(config, tmp_path), train=train, policy=Policy(),
+                 optim=OptimConfig(lr=1e-3), device="cpu", segment_steps=1) as trainer:
+        trainer.init_random(0)
+        initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)
+        ours = {s.name: trainer.state.grad32[b][s.offset:s.offset + s.numel].view(s.shape)
+                for b in trainer.blocks.blocks for s in trainer.blocks.layouts[b]}
+    reference = ReferenceTrainer(config, initial, lr_at=lambda _: 0.0, grad_accum=2)
+    data = SyntheticTokens(VOCAB, SEQ, seed=1)
+    sums = reference.grad_sums([data.next_batch(2) for _ in range(2)])
+    assert set(ours) <= set(sums)
+    for name, grad in ours.items():
+        assert (grad - sums[name]).norm() / sums[name].norm() < 3e-2, name
