@@ -12,6 +12,7 @@ from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
     CPU_OPTIMIZERS,
+    LAYER_KERNEL_MODES,
     OPTIMIZER_ORDERS,
 )
 
@@ -112,6 +113,9 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                    help="run casts on a CPU worker of their own, beside the optimizer's")
     g.add_argument("--head-loss", choices=("fused", "materialized"), default=d.head_loss,
                    help="fused linear cross-entropy or materialised logits")
+    g.add_argument("--layer-kernels", choices=LAYER_KERNEL_MODES, default=d.layer_kernels,
+                   help="compiled: decoder layers under torch.compile (fused RMSNorm, RoPE, "
+                        "SwiGLU; ~25%% faster on the GPU); eager: Hugging Face's modules as is")
     g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
                    help="pinned host buffers that offloaded grads land in (default: one per "
                         "block; fewer saves RAM but makes the backward wait for the CPU)")
@@ -161,6 +165,7 @@ def policy_of(args) -> Policy:
                       gpu_updated_blocks=args.gpu_updated_blocks,
                       optimizer_order=args.optimizer_order,
                       cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
+                      layer_kernels=args.layer_kernels,
                       host_grad_buffers=args.host_grad_buffers,
                       cpu_optimizer=args.cpu_optimizer)
     except ValueError as err:

@@ -219,7 +219,7 @@ class _Builder:
     def micro_batch(self, s: int, m: int) -> None:
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
         hidden = sizes.hidden_bytes(model, T)
-        ew = sizes.layer_elementwise_bytes_per_token(model) * T
+        ew = sizes.layer_elementwise_bytes_per_token(model, pol.layer_kernels) * T
         gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
         attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
 
@@ -269,7 +269,8 @@ class _Builder:
             t = bwd[i]
             pos = self.pos(s, m, "bwd", i)
             self.ensure_weights(i, s, m, t, pos)
-            self.buffer(f"{t}.workspace", "gpu", sizes.backward_workspace_bytes(model, T), t, (t,))
+            self.buffer(f"{t}.workspace", "gpu",
+                        sizes.backward_workspace_bytes(model, T, pol.layer_kernels), t, (t,))
             self.checkpoint(s, m, i, producers[i], fwd[i], t, pos)
 
         self.grads(s, m, L, head)

@@ -11,6 +11,8 @@ OPTIMIZER_ORDERS = ("arrival", "deadline")
 # gpu: send fp32 over PCIe (twice the bytes) and cast on the GPU.
 CAST_MODES = ("cpu_once", "cpu_per_load", "gpu")
 HEAD_LOSS_MODES = ("fused", "materialized")
+# compiled: decoder layers under torch.compile (fused elementwise kernels); eager: HF's modules
+LAYER_KERNEL_MODES = ("compiled", "eager")
 # native: layerslide's one-pass AdamW that reads the landed bf16 grads and (cast=cpu_once) writes
 # the bf16 weights itself, no separate cast task; torch: torch's fused AdamW, which needs fp32
 # grads (an upcast pass) and a cast pass after it.
@@ -78,6 +80,7 @@ class Policy:
     # bandwidth (and, in the executor, the cores) instead of taking turns.
     cast_worker: bool = False
     head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
+    layer_kernels: str = "compiled"  # how decoder layers run on the GPU: see LAYER_KERNEL_MODES
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
@@ -109,6 +112,7 @@ class Policy:
         for name, allowed in (("activations", ACTIVATION_PLACEMENTS),
                               ("optimizer_order", OPTIMIZER_ORDERS),
                               ("cast", CAST_MODES), ("head_loss", HEAD_LOSS_MODES),
+                              ("layer_kernels", LAYER_KERNEL_MODES),
                               ("cpu_optimizer", CPU_OPTIMIZERS)):
             if getattr(self, name) not in allowed:
                 _fail("Policy", name, getattr(self, name), f"choose one of {', '.join(allowed)}")

@@ -59,19 +59,36 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return model.layer_forward_flops_per_token(seq_len) - layer_matmul_flops_per_token(model)
 
 
-def layer_elementwise_bytes_per_token(model: ModelSpec) -> int:
-    """HBM bytes per token that a layer's forward moves outside GEMMs and attention, as the
-    vanilla Hugging Face modules do it (unfused, RMSNorm in fp32)."""
+def layer_elementwise_bytes_per_token(model: ModelSpec, layer_kernels: str) -> int:
+    """HBM bytes per token that a layer's forward moves outside GEMMs and attention."""
     h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
-    # RMSNorm: to fp32 (r2 w4), pow (r4 w4), mean (r4), * rsqrt (r4 w4), to bf16 (r4 w2),
-    # * weight (r2 w2) = 36 B per element, twice per layer.
+    attention_layout = 4 * q  # attention output transpose(1, 2).contiguous(): r2 w2
+    if layer_kernels == "compiled":
+        # Inductor fuses each chain into one kernel: residual add + RMSNorm (r2 r2 w2 w2, twice),
+        # RoPE on q and k (r2 w2), silu(gate) * up (r2 r2 w2)
+        return 2 * 8 * h + 4 * (q + kv) + 6 * f + attention_layout
+    # Hugging Face's modules, unfused. RMSNorm: to fp32 (r2 w4), pow (r4 w4), mean (r4),
+    # * rsqrt (r4 w4), to bf16 (r4 w2), * weight (r2 w2) = 36 B per element, twice per layer.
     norms = 2 * 36 * h
     # RoPE on q and k: q*cos, rotate_half (neg + cat), *sin, add: ~20 B per element.
     rope = 20 * (q + kv)
     swiglu = 10 * f  # silu(gate): r2 w2; * up: r2 r2 w2
     residuals = 2 * 6 * h  # two adds: r2 r2 w2
-    attention_layout = 4 * q  # attention output transpose(1, 2).contiguous(): r2 w2
     return norms + rope + swiglu + residuals + attention_layout
+
+
+def layer_saved_bytes_per_token(model: ModelSpec, layer_kernels: str) -> int:
+    """Bytes per token a layer's recompute saves for its backward (ModelSpec's list for HF's
+    eager modules). Compiled, the min-cut partitioner keeps the GEMM and attention inputs and
+    outputs and recomputes the cheap elementwise results (norms, RoPE, silu(gate) * up) in the
+    backward: 2h + 2q + 2kv + 2f bf16 values plus the attention's fp32 logsumexp. On the H200, a
+    Llama-3.2-3B layer at 64k tokens peaked at 7.6 GiB compiled, 11.4 eager
+    (benchmarks/results/layer_kernels_2026-11-29)."""
+    if layer_kernels == "compiled":
+        h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
+        return BF16_BYTES * (2 * h + 2 * q + 2 * kv + 2 * f) + FP32_BYTES * (
+            2 + model.num_attention_heads)
+    return model.layer_activation_bytes_per_token
 
 
 def forward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
@@ -79,10 +96,14 @@ def forward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
     return BF16_BYTES * 3 * model.intermediate_size * tokens
 
 
-def backward_workspace_bytes(model: ModelSpec, tokens: int) -> int:
+def backward_workspace_bytes(model: ModelSpec, tokens: int, layer_kernels: str) -> int:
     """Transient GPU bytes of one layer's recompute + backward: saved tensors and their grads."""
-    saved = model.layer_activation_bytes_per_token * tokens
+    saved = layer_saved_bytes_per_token(model, layer_kernels) * tokens
     return saved + forward_workspace_bytes(model, tokens)
+
+
+# GPU bytes one chunk of the fused head's bf16 logits may take: at a 128k vocab, 4k-row chunks
+HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
 
 def hidden_bytes(model: ModelSpec, tokens: int) -> int:
@@ -91,9 +112,11 @@ def hidden_bytes(model: ModelSpec, tokens: int) -> int:
 
 
 def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
-    """Rows per chunk of a fused linear cross-entropy (chunk logits ~ the size of the input)."""
-    chunks = math.ceil(model.vocab_size / model.hidden_size)
-    return min(tokens, 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / chunks)))))
+    """Rows per chunk of the fused linear cross-entropy: as many as keep one chunk's bf16 logits
+    within HEAD_CHUNK_LOGIT_BYTES (a power of two, at least 256), so that the head's three GEMMs
+    see thousands of rows rather than hundreds."""
+    rows = HEAD_CHUNK_LOGIT_BYTES // (BF16_BYTES * model.vocab_size)
+    return min(tokens, max(256, 2 ** int(math.log2(max(1, rows)))))
 
 
 def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
@@ -102,16 +125,17 @@ def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
     if head_loss == "materialized":
         # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
         return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
+    # one chunk's bf16 logits, overwritten by their grad in place, and its rows' fp32 losses
     chunk = fused_head_chunk_tokens(model, tokens)
-    # one chunk's fp32 logits and their grad
-    return 2 * FP32_BYTES * model.vocab_size * chunk
+    return (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
 
 
 def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
     """HBM traffic of the logits in the head's loss, forward and backward (estimate)."""
     # materialised: write bf16 logits, upcast to fp32 (r2 w4), softmax/loss (r4), grad (w4),
-    # downcast for the GEMMs (r4 w2) ~ 20 B per logit. Fused and chunked: each chunk's fp32
-    # logits written, read for the loss and rewritten as their grad ~ 12 B per logit.
+    # downcast for the GEMMs (r4 w2) ~ 20 B per logit. Fused: bf16 logits written by the GEMM
+    # (w2), read for the logsumexp (r2), rewritten as their grad (r2 w2), read by the two
+    # backward GEMMs (r4) = 12 B per logit.
     per_logit = 20 if head_loss == "materialized" else 12
     return per_logit * model.vocab_size * tokens
 

@@ -1,11 +1,19 @@
-"""The head's chunked linear cross-entropy against PyTorch's materialised logits + autograd."""
+"""The head's chunked linear cross-entropy against PyTorch's materialised logits + autograd, and
+the compiled decoder-layer call against the eager one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig
 
-from layerslide.executor.compute import IGNORE_INDEX, chunked_linear_cross_entropy
+from layerslide.executor.blocks import ModelBlocks
+from layerslide.executor.compute import (
+    IGNORE_INDEX,
+    call_layer,
+    chunked_linear_cross_entropy,
+    layer_call,
+)
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 16, 64])
@@ -28,3 +36,50 @@ def test_loss_and_grads_match_autograd(chunk_tokens):
     torch.testing.assert_close(d_x, x_ref.grad, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(d_weight, w_ref.grad, rtol=1e-5, atol=1e-7)
     assert d_x[::5].abs().sum() == 0  # ignored tokens get no gradient
+
+
+def _bound_layers(count: int):
+    """`count` tiny Llama decoder layers, each bound to its own flat buffer (as cache units are)."""
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    blocks = ModelBlocks(config)
+    layers = []
+    for seed in range(count):
+        with torch.device("meta"):
+            layer = blocks.make_layer(0)
+        blocks.bind(layer, 0, blocks.init_block(0, seed))
+        layers.append(layer)
+    return blocks, layers
+
+
+def test_compiled_layer_call_matches_eager_and_serves_every_unit():
+    # aot_eager: Dynamo's tracing and AOTAutograd's joint graph, the parts that meet our
+    # rebound parameters, without Inductor's code generation (compile time on a CPU)
+    torch._dynamo.reset()
+    blocks, layers = _bound_layers(3)
+    compiled = layer_call("compiled", torch.device("cpu"), backend="aot_eager")
+    assert compiled is not call_layer
+    rope = blocks.make_rotary(torch.device("cpu"))(torch.empty(1), torch.arange(8)[None])
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(0))
+    for layer in layers:
+        outputs, grads = [], []
+        for fn in (call_layer, compiled):
+            xi = x.clone().requires_grad_(True)
+            y = fn(layer, xi, rope)
+            y.square().sum().backward()
+            outputs.append(y.detach())
+            grads.append([xi.grad, *(p.grad.clone() for p in layer.parameters())])
+            for p in layer.parameters():
+                p.grad = None
+        torch.testing.assert_close(outputs[1], outputs[0])
+        for got, want in zip(grads[1], grads[0], strict=True):
+            torch.testing.assert_close(got, want)
+    # one graph for all three modules: guards are on shapes, not on which module it is
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_layer_call_runs_eager_where_inductor_would_only_cost_compile_time():
+    assert layer_call("compiled", torch.device("cpu")) is call_layer
+    assert layer_call("eager", torch.device("cpu")) is call_layer
+    with pytest.raises(ValueError, match="choose one of compiled, eager"):
+        layer_call("fast", torch.device("cpu"))

@@ -22,10 +22,10 @@ FWD_WORKSPACE_BYTES = 2 * 3 * 128 * 32  # gate, up, act in bf16: 24576
 # layer_activation_bytes_per_token: bf16 (3h + 3q_dim + 2kv_dim + 4f) = 960 elements = 1920 B,
 # fp32 (2 norms + 4 heads) = 24 B: 1944 B/token.
 BWD_WORKSPACE_BYTES = 1944 * 32 + FWD_WORKSPACE_BYTES  # 62208 + 24576 = 86784
-# fused head: ceil(V/h) = 4 chunks, chunk rows 2**ceil(log2(ceil(32/4))) = 8;
-# fp32 logits + their grad for one chunk 2*4*256*8 = 16384 (the grad of the head's input is
-# its dgrad buffer).
-HEAD_WORKSPACE_BYTES = 2 * 4 * 256 * 8  # 16384
+# fused head: 1 GiB of bf16 logits allows 2**21 rows, so one chunk of all 32; its bf16 logits
+# (overwritten by their grad) and fp32 row losses: (2*256 + 4)*32 = 16512 (the grad of the
+# head's input is its dgrad buffer).
+HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32  # 16512
 
 # Static GPU buffers (build.static_buffers), default window 2 and 2 grad buffers:
 GPU_STATIC_BYTES = (
@@ -41,14 +41,15 @@ HOST_STATIC_BYTES = 3 * GIB + (4 + 8 + 2) * TOTAL_PARAMS  # 3221225472 + 1495424
 
 @pytest.fixture(scope="module")
 def gpu_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu"), num_steps=3)
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu", layer_kernels="eager"),
+                      num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
 @pytest.fixture(scope="module")
 def host_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host", cpu_optimizer="torch"),
-                      num_steps=3)
+    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host", cpu_optimizer="torch",
+                                                     layer_kernels="eager"), num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
