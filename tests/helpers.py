@@ -1,7 +1,9 @@
-"""Round-number model and hardware for tests whose expected values are worked out by hand."""
+"""Round-number model and hardware for tests whose expected values are worked out by hand, and
+tiny HF configs for the executor's tests."""
 
 from layerslide.hwprofiles import GPUSpec, HardwareProfile, HostSpec, LinkSpec, StorageSpec
 from layerslide.planner import ModelSpec
+from layerslide.planner.model import model_from_hf_config
 
 GIB = 1024**3
 
@@ -33,3 +35,25 @@ def make_round_profile(**host_overrides) -> HardwareProfile:
                             capacity_bytes=100 * GIB),
         sources={},
     )
+
+
+# tiny HF models for the executor's tests
+VOCAB, SEQ = 256, 32
+
+
+def tiny_config(family: str, tied: bool = False):
+    """A 3-layer HF config of the family (llama, qwen2, qwen3) with a 256-token vocab."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
+              "max_position_embeddings": 128, "tie_word_embeddings": tied}
+    if family == "qwen3":
+        return Qwen3Config(head_dim=16, **common)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[family](**common)
+
+
+def spec_of(config, tmp_path):
+    """The planner's ModelSpec of an HF config, through a config.json as users give it."""
+    config.save_pretrained(tmp_path / "cfg")
+    return model_from_hf_config(tmp_path / "cfg")

@@ -34,9 +34,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def add_train_command(sub, units: str) -> None:
     help = "fine-tune a Hugging Face model (or a preset with random weights) on this machine"
     p = sub.add_parser("train", help=help, description=help, epilog=units)
-    p.add_argument("--model", required=True,
+    p.add_argument("--model",
                    help="a Hugging Face model folder (config.json + safetensors), or a preset "
-                        "name for random weights (benchmarks)")
+                        "name for random weights (benchmarks); required unless --resume")
     p.add_argument("--plan", help="a plan file from `layerslide tune -o`: its training settings "
                                    "and policy replace the flags below")
     p.add_argument("--data", default="synthetic",
@@ -65,6 +65,23 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--log-jsonl", help="append one JSON line per step here")
     p.add_argument("--profile", default="h200-bench",
                    help="hardware profile used to predict the plan's peak GPU memory")
+    g = p.add_argument_group("checkpoints of the full training state (weights, AdamW moments, "
+                             "step, data position)")
+    g.add_argument("--checkpoint-dir", help="write checkpoints here (atomic, checksummed)")
+    g.add_argument("--checkpoint-every", type=int, default=None, metavar="STEPS",
+                   help="checkpoint every this many steps (and at the end)")
+    g.add_argument("--checkpoint-minutes", type=float, default=None, metavar="MIN",
+                   help="checkpoint once this many minutes have passed since the last one")
+    g.add_argument("--keep-checkpoints", type=int, default=2, metavar="K",
+                   help="keep the newest K complete checkpoints")
+    g.add_argument("--resume", metavar="DIR",
+                   help="continue the run whose checkpoints are in DIR from its newest good "
+                        "one; the run's settings come from the checkpoint (flags other than "
+                        "--device, --serial, --trace-out, --log-jsonl and --resume-fallback "
+                        "are ignored)")
+    g.add_argument("--resume-fallback", action="store_true",
+                   help="if the newest checkpoint fails its checksums, resume from the one "
+                        "before it instead of stopping")
     add_train(p)
     add_policy(p, plan_steps=False)
     p.set_defaults(run=cmd_train)
@@ -108,11 +125,57 @@ def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None
                          f"has {gib(ram):.1f} GiB: a smaller model, or the NVMe tier (later)")
 
 
+# what a resumed run may change: how it runs, not what it computes
+RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "resume", "resume_fallback",
+                "run", "command")
+
+
+def _resumed_args(args):
+    """The arguments of the run whose checkpoints are in args.resume, with this invocation's
+    runtime-only options; checkpoints keep going to that folder."""
+    import argparse
+
+    from layerslide.executor.checkpoint_store import CheckpointError, CheckpointStore
+
+    try:
+        store = CheckpointStore(args.resume)
+        newest = store.latest()
+    except CheckpointError as err:
+        raise UsageError(str(err)) from err
+    if newest is None:
+        raise UsageError(f"--resume {args.resume}: no complete checkpoint there (a run writes "
+                         "them with --checkpoint-dir and --checkpoint-every/--checkpoint-minutes)")
+    saved = newest.meta.get("run", {}).get("args")
+    if saved is None:
+        raise UsageError(f"{newest.path} holds no `layerslide train` arguments to resume with")
+    merged = {**saved, **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
+    merged["checkpoint_dir"] = args.resume
+    return argparse.Namespace(**merged)
+
+
+def _run_args(args) -> dict:
+    """The arguments to store with checkpoints, paths made absolute so that a resume from
+    another working directory finds the same files."""
+    kept = {k: v for k, v in vars(args).items()
+            if k != "run" and isinstance(v, str | int | float | bool | type(None))}
+    for key in ("model", "data", "tokenizer", "plan", "out"):
+        value = kept.get(key)
+        if value and (key == "out" or Path(value).expanduser().exists()):
+            kept[key] = str(Path(value).expanduser().resolve())
+    return kept
+
+
 def cmd_train(args) -> int:
     import torch
     from tqdm import tqdm
 
+    if args.resume:
+        args = _resumed_args(args)
+    elif not args.model:
+        raise UsageError("--model is required (or --resume DIR to continue a run)")
+
     from layerslide.executor.blocks import hf_config_from_spec
+    from layerslide.executor.checkpoint_store import CheckpointError
     from layerslide.executor.data import open_token_source
     from layerslide.executor.hf_io import read_hf_config
     from layerslide.executor.optim import OptimConfig
@@ -133,6 +196,7 @@ def cmd_train(args) -> int:
     train, policy = _settings(args, spec)
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: train at least one step")
+    schedule = _checkpoint_schedule(args)
     if args.out and Path(args.out).exists() and not args.overwrite:
         raise UsageError(f"--out {args.out} exists: pass --overwrite or another folder")
     _check_fits(args, spec, train, policy)
@@ -161,7 +225,13 @@ def cmd_train(args) -> int:
               f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}; "
               f"window {policy.window}, activations on {policy.activations}, cast "
               f"{policy.cast}", flush=True)
-        if from_folder and not args.random_init:
+        if args.resume:
+            try:
+                info = trainer.restore_state(schedule.store, data, fallback=args.resume_fallback)
+            except (ValueError, CheckpointError) as err:
+                raise UsageError(str(err)) from err
+            print(f"resuming from {info.path} after step {trainer.step}", flush=True)
+        elif from_folder and not args.random_init:
             print(f"loading weights from {folder}", flush=True)
             try:
                 trainer.load_checkpoint(folder)
@@ -171,11 +241,14 @@ def cmd_train(args) -> int:
             trainer.init_random(args.seed)
         log_file = open(args.log_jsonl, "a") if args.log_jsonl else None  # noqa: SIM115
         # the bar moves as steps finish; step logs come when their segment has drained
-        bar = tqdm(total=args.steps, unit="step", file=sys.stderr, dynamic_ncols=True,
-                   disable=None)
+        bar = tqdm(total=args.steps, initial=trainer.step, unit="step", file=sys.stderr,
+                   dynamic_ncols=True, disable=None)
         try:
-            trainer.fit(data, args.steps, on_step=_step_printer(args.steps, log_file, bar),
-                        on_step_done=lambda _step: bar.update(1))
+            trainer.fit(data, args.steps - trainer.step,
+                        on_step=_step_printer(args.steps, log_file, bar),
+                        on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
+                        on_checkpoint=lambda info: bar.write(
+                            f"checkpoint of step {info.step} in {info.path}", file=sys.stdout))
         finally:
             bar.close()
             if log_file is not None:
@@ -188,6 +261,26 @@ def cmd_train(args) -> int:
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
             print(f"saved the fine-tuned model to {saved}")
     return 0
+
+
+def _checkpoint_schedule(args):
+    """The CheckpointSchedule the flags ask for (None without --checkpoint-dir)."""
+    from layerslide.executor.checkpoint_store import CheckpointError, CheckpointStore
+    from layerslide.executor.trainer import CheckpointSchedule
+
+    if not args.checkpoint_dir:
+        if args.checkpoint_every or args.checkpoint_minutes:
+            raise UsageError("--checkpoint-every/--checkpoint-minutes need --checkpoint-dir")
+        return None
+    if args.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints {args.keep_checkpoints}: keep at least 1")
+    try:
+        store = CheckpointStore(args.checkpoint_dir, keep_last=args.keep_checkpoints)
+        return CheckpointSchedule(store=store, every_steps=args.checkpoint_every,
+                                  every_minutes=args.checkpoint_minutes,
+                                  meta={"args": _run_args(args)})
+    except (ValueError, CheckpointError) as err:
+        raise UsageError(str(err)) from err
 
 
 def _step_printer(total: int, log_file, bar):

@@ -53,30 +53,43 @@ class HostState:
         else:
             self.grad32 = {}
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
-        # native: our one-pass kernel with moments and step counts kept here; else torch's
+        # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
+        # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         self.native = load_kernels() if policy.cpu_optimizer == "native" else None
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
         self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
         for b in cpu_blocks:
-            if self.native is not None:
-                self.moments[b] = (torch.zeros(blocks.numel(b)), torch.zeros(blocks.numel(b)))
-            else:
+            self.moments[b] = (torch.zeros(blocks.numel(b)), torch.zeros(blocks.numel(b)))
+            if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)
 
     def _make_optimizer(self, block: int) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
         split = self.blocks.decay_numel(block)
         flat = self.master[block]
-        groups, params = [], []
-        for view, decay in ((flat[:split], self.optim.weight_decay), (flat[split:], 0.0)):
-            if view.numel():
-                param = nn.Parameter(view)  # shares the flat buffer's storage
+        exp_avg, exp_avg_sq = self.moments[block]
+        groups, params, parts = [], [], []
+        for part, decay in ((slice(0, split), self.optim.weight_decay),
+                            (slice(split, None), 0.0)):
+            if flat[part].numel():
+                param = nn.Parameter(flat[part])  # shares the flat buffer's storage
                 params.append(param)
+                parts.append(part)
                 groups.append({"params": [param], "weight_decay": decay})
         opt = torch.optim.AdamW(groups, lr=self.optim.lr, betas=(self.optim.beta1,
                                 self.optim.beta2), eps=self.optim.eps, fused=True)
+        for param, part in zip(params, parts, strict=True):
+            # AdamW only initialises a parameter's state when it finds none
+            opt.state[param] = {"step": torch.tensor(0.0), "exp_avg": exp_avg[part],
+                                "exp_avg_sq": exp_avg_sq[part]}
         return params, opt
+
+    def set_steps_taken(self, block: int, steps: int) -> None:
+        """The optimizer steps a block has taken (its AdamW bias correction), e.g. on resume."""
+        self.steps_taken[block] = steps
+        for param in self._params.get(block, ()):
+            self.optimizers[block].state[param]["step"].fill_(steps)
 
     # --- weights -------------------------------------------------------------------------------
     def set_master(self, block: int, values: torch.Tensor) -> None:
@@ -183,6 +196,5 @@ class HostState:
         if self._scratch is not None:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
-        moments = sum(2 * p.numel() * 4 for ps in self._params.values() for p in ps)
-        moments += sum(m.numel() * 4 + v.numel() * 4 for m, v in self.moments.values())
+        moments = sum(m.numel() * 4 + v.numel() * 4 for m, v in self.moments.values())
         return total + moments

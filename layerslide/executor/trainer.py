@@ -2,8 +2,8 @@
 
 A segment is one plan of `segment_steps` consecutive steps, built from the same model, training
 settings and policy as the plan that was simulated: inside it one step's optimizer tail overlaps
-the next step's forward, between segments the pipeline drains (where logs, and later
-checkpoints, are taken). Steps are timed like the simulator times them: from one step's last
+the next step's forward, between segments the pipeline drains (where logs and checkpoints of
+the full training state are taken: segments end on checkpoint steps). Steps are timed like the simulator times them: from one step's last
 GPU task to the next one's.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
@@ -21,6 +22,7 @@ from transformers import PretrainedConfig
 
 from layerslide.executor import hf_io
 from layerslide.executor.blocks import ModelBlocks, check_supported
+from layerslide.executor.checkpoint_store import CheckpointInfo, CheckpointStore
 from layerslide.executor.data import TokenSource
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
@@ -35,6 +37,25 @@ from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import MemorySample, Trace, TraceEvent
 
 MEMORY_SAMPLE_S = 0.02
+STATE_FORMAT = "layerslide-train-state/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSchedule:
+    """When fit() writes the full training state: every `every_steps` steps and/or once
+    `every_minutes` have passed since the last one (checked where segments end), and at the end.
+    `meta` is stored with it (the CLI keeps its arguments there to resume from)."""
+
+    store: CheckpointStore
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ValueError(f"checkpoint every_steps={self.every_steps}: must be >= 1")
+        if self.every_minutes is not None and not self.every_minutes > 0:
+            raise ValueError(f"checkpoint every_minutes={self.every_minutes}: must be > 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,19 +156,105 @@ class Trainer:
         return hf_io.save_hf_folder(folder, config, self.state.named_master(),
                                     overwrite=overwrite, extra_files=extra_files)
 
+    # --- the full training state ------------------------------------------------------------------
+    def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every tensor of the training state by block, on the host: fp32 master weights and
+        AdamW moments. GPU-updated blocks' moments get host staging buffers (8 B/param, for the
+        time of a save or restore)."""
+        gpu, groups = self.runner.gpu_blocks, {}
+        for b in self.blocks.blocks:
+            if b in gpu:
+                moments = (torch.empty(self.blocks.numel(b)), torch.empty(self.blocks.numel(b)))
+            else:
+                moments = self.state.moments[b]
+            groups[f"block_{b}"] = {"master": self.state.master[b], "exp_avg": moments[0],
+                                    "exp_avg_sq": moments[1]}
+        return groups
+
+    def _identity(self) -> dict:
+        return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
+                "policy": self.policy.to_dict(), "optim": self.optim.to_dict()}
+
+    def save_state(self, store: CheckpointStore, data: TokenSource, *,
+                   meta: dict | None = None) -> CheckpointInfo:
+        """Write the full training state (weights, moments, step counts, data position) as one
+        checkpoint; call where the pipeline is drained (between fit() calls or segments)."""
+        self.runner.store_gpu_state()
+        groups = self._state_groups()
+        gpu = self.runner.gpu_blocks
+        for b in gpu.ids:
+            groups[f"block_{b}"]["exp_avg"].copy_(gpu.exp_avg[b])
+            groups[f"block_{b}"]["exp_avg_sq"].copy_(gpu.exp_avg_sq[b])
+        self.device.synchronize()
+        steps_taken = {str(b): n for b, n in self.state.steps_taken.items()}
+        steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
+        state_meta = {"format": STATE_FORMAT, "step": self.step, "steps_taken": steps_taken,
+                      "data": data.state_dict(), **self._identity(), "run": meta or {}}
+        store.check_space(groups)
+        return store.save(self.step, groups, state_meta)
+
+    def restore_state(self, store: CheckpointStore, data: TokenSource, *,
+                      fallback: bool = False) -> CheckpointInfo:
+        """Continue from the newest good checkpoint in `store` (with `fallback`, an older one
+        when the newest fails its checksums): weights, moments, step counts, data position.
+        It reads into the live state: after a failure, restore again or discard the trainer."""
+        groups = self._state_groups()
+        info, meta = store.load_latest_good(groups, fallback=fallback)
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"{info.path}: not a layerslide training state "
+                             f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
+        mine = self._identity()
+        for key, value in mine.items():
+            if meta.get(key) != value:
+                raise ValueError(f"{info.path} was written with other {key} settings "
+                                 f"({meta.get(key)}) than this run's ({value}): resume with "
+                                 "the settings of the run that wrote it")
+        gpu = self.runner.gpu_blocks
+        for b in self.blocks.blocks:
+            taken = meta["steps_taken"][str(b)]
+            if b in gpu:
+                gpu.exp_avg[b].copy_(groups[f"block_{b}"]["exp_avg"])
+                gpu.exp_avg_sq[b].copy_(groups[f"block_{b}"]["exp_avg_sq"])
+                gpu.steps[b].fill_(taken)
+            else:
+                self.state.set_steps_taken(b, taken)
+        data.load_state_dict(meta["data"])
+        self.step = meta["step"]
+        self._weights_changed()
+        self.device.synchronize()
+        return info
+
     # --- training --------------------------------------------------------------------------------
     def fit(self, data: TokenSource, num_steps: int,
             on_step: Callable[[StepLog], None] | None = None,
-            on_step_done: Callable[[int], None] | None = None) -> list[StepLog]:
+            on_step_done: Callable[[int], None] | None = None,
+            checkpoints: CheckpointSchedule | None = None,
+            on_checkpoint: Callable[[CheckpointInfo], None] | None = None) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
-        comes as soon as a step has run; `on_step(log)` once its segment has drained."""
+        comes as soon as a step has run; `on_step(log)` once its segment has drained. With
+        `checkpoints`, segments end on checkpoint steps and the state is saved there."""
         logs: list[StepLog] = []
+        last_save_s = time.monotonic()
         while len(logs) < num_steps:
             count = min(self.segment_steps, num_steps - len(logs))
+            if checkpoints is not None and checkpoints.every_steps is not None:
+                count = min(count, checkpoints.every_steps - self.step % checkpoints.every_steps)
             for log in self._segment(data, count, on_step_done):
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
+            if checkpoints is None:
+                continue
+            due = len(logs) == num_steps or (
+                checkpoints.every_steps is not None
+                and self.step % checkpoints.every_steps == 0) or (
+                checkpoints.every_minutes is not None
+                and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
+            if due:
+                info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                last_save_s = time.monotonic()
+                if on_checkpoint is not None:
+                    on_checkpoint(info)
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs

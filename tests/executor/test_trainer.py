@@ -13,31 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import SEQ, VOCAB, spec_of, tiny_config
 from reference_training import ReferenceTrainer
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
-from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
 
-VOCAB, SEQ = 256, 32
 GPU = pytest.param("cuda", marks=pytest.mark.gpu)
-
-
-def tiny_config(family: str, tied: bool = False):
-    common = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": VOCAB,
-              "max_position_embeddings": 128, "tie_word_embeddings": tied}
-    if family == "qwen3":
-        return Qwen3Config(head_dim=16, **common)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config}[family](**common)
-
-
-def spec_of(config, tmp_path):
-    config.save_pretrained(tmp_path / "cfg")
-    return model_from_hf_config(tmp_path / "cfg")
 
 
 def run_executor(config, spec, train, policy, optim, *, steps, serial=False, device="cpu",

@@ -1,0 +1,112 @@
+"""`layerslide train --resume` after kill -9: mid-step and mid-checkpoint-write. The resumed run
+must log the same losses, bit for bit on the CPU, as a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from layerslide.cli.main import main
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def config_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-config")
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                max_position_embeddings=64).save_pretrained(path)
+    return path
+
+
+def train_args(config_dir: Path, ckpt: Path, log: Path) -> list[str]:
+    return ["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+            "--steps", str(STEPS), "--micro-batch", "2", "--seq-len", "16", "--lr", "1e-3",
+            "--warmup-steps", "2", "--max-grad-norm", "1.0", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "2", "--log-jsonl", str(log)]
+
+
+def losses(log: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, log.read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("whole")
+    assert main(train_args(config_dir, tmp / "ckpt", tmp / "log.jsonl")) == 0
+    return losses(tmp / "log.jsonl")
+
+
+# run the CLI in a child that SIGKILLs itself at a chosen point
+KILL_MID_STEP_5 = """
+    from layerslide.executor import runner
+    run = runner.TaskRunner.run
+    def dying_run(self, task):
+        if self.step_offset + task.step == 5 and task.kind == "backward":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run(self, task)
+    runner.TaskRunner.run = dying_run
+"""
+KILL_WRITING_CHECKPOINT_4 = """
+    from layerslide.executor import checkpoint_store
+    write = checkpoint_store._write_group
+    def dying_write(path, tensors, run):
+        if "step-000000004" in str(path) and "block_0" in str(path):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write(path, tensors, run)
+    checkpoint_store._write_group = dying_write
+"""
+
+
+def run_killed(args: list[str], patch: str) -> int:
+    script = textwrap.dedent("""
+        import os, signal, sys
+    """) + textwrap.dedent(patch) + textwrap.dedent(f"""
+        from layerslide.cli.main import main
+        sys.exit(main({args!r}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", script], check=False, env=env,
+                          capture_output=True, timeout=300).returncode
+
+
+@pytest.mark.parametrize(("patch", "resumes_after"), [
+    (KILL_MID_STEP_5, 4), (KILL_WRITING_CHECKPOINT_4, 2)])
+def test_resume_after_kill_9_logs_the_uninterrupted_losses(config_dir, tmp_path, uninterrupted,
+                                                           patch, resumes_after, capsys):
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
+    assert run_killed(train_args(config_dir, ckpt, log), patch) == -signal.SIGKILL
+    before = losses(log)
+    assert set(before) >= set(range(resumes_after))  # steps logged before the kill
+    # nothing partial is taken for complete: the newest complete checkpoint is the last whole one
+    complete = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
+    assert complete[-1] == f"step-{resumes_after:09d}"
+
+    resumed_log = tmp_path / "resumed.jsonl"
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu",
+                 "--log-jsonl", str(resumed_log)]) == 0
+    assert f"after step {resumes_after}" in capsys.readouterr().out
+    after = losses(resumed_log)
+    assert sorted(after) == list(range(resumes_after, STEPS))
+    assert after == {s: uninterrupted[s] for s in after}  # bit for bit
+    assert not any(p.name.startswith(".tmp") for p in ckpt.iterdir())  # the stale one is gone
+
+
+def test_resume_refuses_a_folder_without_checkpoints(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path), "--device", "cpu"]) == 2
+    assert "no complete checkpoint there" in capsys.readouterr().err
+
+
+def test_checkpoint_flags_need_a_folder(config_dir, capsys):
+    assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+                 "--checkpoint-every", "2"]) == 2
+    assert "need --checkpoint-dir" in capsys.readouterr().err

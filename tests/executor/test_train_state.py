@@ -1,0 +1,119 @@
+"""Checkpoints of the full training state: a resumed run continues bit for bit on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import SEQ, VOCAB, spec_of, tiny_config
+
+from layerslide.executor.checkpoint_store import CheckpointCorruptError, CheckpointStore
+from layerslide.executor.data import SyntheticTokens
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.trainer import CheckpointSchedule, Trainer
+from layerslide.planner.settings import Policy, TrainSpec
+
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=6)
+
+
+def make_trainer(config, spec, train, policy, segment_steps=4):
+    return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+                   device="cpu", segment_steps=segment_steps)
+
+
+def final_state(trainer):
+    weights = {n: v.clone() for n, v in trainer.state.named_master()}
+    moments = {b: (m.clone(), v.clone()) for b, (m, v) in trainer.state.moments.items()}
+    return weights, moments
+
+
+@pytest.mark.parametrize(("family", "tied", "accum", "clip", "policy"), [
+    ("llama", False, 1, None, Policy()),
+    ("qwen2", True, 2, 1.0, Policy(cpu_optimizer="torch")),
+    ("llama", False, 2, None, Policy(gpu_updated_blocks=3)),
+    ("qwen3", True, 1, 0.5, Policy(host_grad_buffers=2, cast="gpu")),
+])
+def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, family, tied, accum,
+                                                              clip, policy):
+    config = tiny_config(family, tied)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
+    with make_trainer(config, spec, train, policy) as whole:
+        whole.init_random(0)
+        expected_logs = whole.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6)
+        expected = final_state(whole)
+
+    store = CheckpointStore(tmp_path / "ckpt")
+    with make_trainer(config, spec, train, policy) as first:  # "crashes" after step 3
+        first.init_random(0)
+        first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 3,
+                  checkpoints=CheckpointSchedule(store=store, every_steps=3))
+    # a fresh process: other segment boundaries, random weights that the restore replaces
+    with make_trainer(config, spec, train, policy, segment_steps=2) as second:
+        second.init_random(7)
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        info = second.restore_state(store, data)
+        assert info.step == 3 and second.step == 3
+        resumed_logs = second.fit(data, 3)
+        got = final_state(second)
+
+    assert [log.step for log in resumed_logs] == [3, 4, 5]
+    assert [log.loss for log in resumed_logs] == [log.loss for log in expected_logs[3:]]
+    assert [log.lr for log in resumed_logs] == [log.lr for log in expected_logs[3:]]
+    for name, value in expected[0].items():
+        assert torch.equal(got[0][name], value), name
+    for block, (m, v) in expected[1].items():
+        assert torch.equal(got[1][block][0], m) and torch.equal(got[1][block][1], v), block
+
+
+def test_schedule_saves_on_its_steps_and_at_the_end_and_keeps_the_newest(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt", keep_last=2)
+    seen = []
+    with make_trainer(config, spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy(),
+                      segment_steps=16) as trainer:
+        trainer.init_random(0)
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ), 5,
+                           checkpoints=CheckpointSchedule(store=store, every_steps=2,
+                                                          meta={"note": "x"}),
+                           on_checkpoint=lambda info: seen.append(info.step))
+    assert len(logs) == 5
+    assert seen == [2, 4, 5]
+    assert [info.step for info in store.list()] == [4, 5]
+    assert store.latest().meta["run"] == {"note": "x"}
+
+
+def test_restore_refuses_a_checkpoint_of_other_settings(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt")
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+    with make_trainer(config, spec, train, Policy()) as trainer:
+        trainer.init_random(0)
+        trainer.save_state(store, SyntheticTokens(VOCAB, SEQ))
+    other = TrainSpec(micro_batch=2, seq_len=SEQ)
+    with make_trainer(config, spec, other, Policy()) as trainer, \
+            pytest.raises(ValueError, match="other train settings"):
+        trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+
+
+def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt", keep_last=3)
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+    with make_trainer(config, spec, train, Policy()) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 2,
+                    checkpoints=CheckpointSchedule(store=store, every_steps=1))
+    newest = store.latest()
+    victim = next(newest.path.glob("block_0.bin"))
+    raw = bytearray(victim.read_bytes())
+    raw[100] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    with make_trainer(config, spec, train, Policy()) as trainer:
+        with pytest.raises(CheckpointCorruptError, match="block_0"):
+            trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+        with pytest.warns(RuntimeWarning, match="skipping checkpoint .*step-000000002"):
+            info = trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ), fallback=True)
+        assert info.step == 1 and trainer.step == 1
