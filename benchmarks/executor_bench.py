@@ -24,12 +24,13 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
-from layerslide.executor.compute import call_layer, chunked_linear_cross_entropy
+from layerslide.executor.compute import layer_call
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
 from layerslide.hwprofiles.units import parse_bytes
+from layerslide.kernels.linear_cross_entropy import fused_linear_cross_entropy
 from layerslide.planner import sizes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
@@ -50,9 +51,10 @@ def timed_gpu(fn, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> float:
+def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec,
+                               layer_kernels: str) -> float:
     """Forward + recompute/backward of the whole model with every layer's weights resident,
-    the executor's kernels (HF layers, chunked head), no copies and no optimizer."""
+    the executor's kernels (its layer call, the Triton head), no copies and no optimizer."""
     dev = torch.device("cuda")
     torch.cuda.set_per_process_memory_fraction(1.0)  # the reference runs uncapped
     with torch.device(dev):
@@ -72,6 +74,7 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
     rope = rotary(torch.empty(1, dtype=torch.bfloat16, device=dev),
                   torch.arange(train.seq_len, device=dev)[None])
     chunk = sizes.fused_head_chunk_tokens(spec, tokens)
+    call_layer = layer_call(layer_kernels, dev)
 
     def step() -> None:
         x = torch.nn.functional.embedding(ids, emb)
@@ -83,7 +86,7 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec) -> f
         x = x.detach().requires_grad_(True)
         with torch.enable_grad():
             normed = norm(x)
-        _, d_flat, _ = chunked_linear_cross_entropy(
+        _, d_flat, _ = fused_linear_cross_entropy(
             normed.detach().view(-1, spec.hidden_size), emb, labels,
             torch.tensor(1.0 / tokens, device=dev), chunk)
         normed.backward(d_flat.view_as(normed))
@@ -185,15 +188,15 @@ def policy_label(p: dict) -> str:
             + (f", {p['host_grad_buffers']} grad buffers" if p["host_grad_buffers"] else ""))
 
 
-def policy_for(args, spec, train: TrainSpec, optimizer: str, cap: int) -> Policy:
+def policy_for(args, spec, train: TrainSpec, optimizer: str, kernels: str, cap: int) -> Policy:
     if args.policy == "lean":
         return Policy(window=args.window, cast="gpu", host_grad_buffers=2,
-                      cpu_optimizer=optimizer)
+                      cpu_optimizer=optimizer, layer_kernels=kernels)
     if args.policy == "default":
-        return Policy(window=args.window, cpu_optimizer=optimizer)
+        return Policy(window=args.window, cpu_optimizer=optimizer, layer_kernels=kernels)
     space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
     result = tune(spec, load_profile(args.profile), seq_len=train.seq_len, space=space,
-                  base_policy=Policy(cpu_optimizer=optimizer),
+                  base_policy=Policy(cpu_optimizer=optimizer, layer_kernels=kernels),
                   gpu_memory_bytes=int(args.tune_cap_fraction * cap))
     if result.best is None:
         raise SystemExit(f"tune found nothing that fits at micro-batch {train.micro_batch}")
@@ -217,6 +220,8 @@ def main() -> None:
                              "count every transient (e.g. the embedding's fp32 grad on CUDA)")
     parser.add_argument("--optimizers", default="native",
                         help="CPU optimizers to run side by side at each batch: native,torch")
+    parser.add_argument("--layer-kernels", default="compiled",
+                        help="layer kernels to run side by side at each batch: compiled,eager")
     parser.add_argument("--profile", default="h200-bench")
     parser.add_argument("--trace-batch", type=int, default=8)
     parser.add_argument("--out", type=Path, required=True)
@@ -235,15 +240,16 @@ def main() -> None:
           f"directions {shared_bw / 1e9:.1f} GB/s ({threads} threads); "
           f"H2D {h2d_bw / 1e9:.1f} GB/s, D2H {d2h_bw / 1e9:.1f} GB/s", flush=True)
     rows = []
-    configs = [(int(b), o) for b in args.batches.split(",") for o in args.optimizers.split(",")]
+    configs = [(int(b), o, k) for b in args.batches.split(",")
+               for o in args.optimizers.split(",") for k in args.layer_kernels.split(",")]
     print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params, policy {args.policy}", flush=True)
-    gpu_s_of: dict[int, float] = {}
-    for mb, optimizer in configs:
+    gpu_s_of: dict[tuple[int, str], float] = {}
+    for mb, optimizer, kernels in configs:
         train = TrainSpec(micro_batch=mb, seq_len=args.seq_len)
-        policy = policy_for(args, spec, train, optimizer, cap)
-        if mb not in gpu_s_of:
-            gpu_s_of[mb] = all_gpu_forward_backward_s(blocks, spec, train)
-        gpu_s = gpu_s_of[mb]
+        policy = policy_for(args, spec, train, optimizer, kernels, cap)
+        if (mb, kernels) not in gpu_s_of:
+            gpu_s_of[mb, kernels] = all_gpu_forward_backward_s(blocks, spec, train, kernels)
+        gpu_s = gpu_s_of[mb, kernels]
         plan = build_plan(spec, train, policy, num_steps=3)
         moved = plan_bytes(plan, step=1)
         host_s = moved["host_bytes"] / host_bw
@@ -257,7 +263,7 @@ def main() -> None:
                 trainer.init_random(0)
                 logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)
                 host_state_bytes = trainer.state.state_bytes()
-                if mb == args.trace_batch and optimizer == "native":
+                if mb == args.trace_batch and optimizer == "native" and kernels == "compiled":
                     trainer.trace(f"measured mb{mb}").save(
                         args.out / f"trace_measured_mb{mb}.json")
         except torch.OutOfMemoryError as err:
@@ -273,11 +279,12 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         predicted = simulate(plan, load_profile(args.profile), gpu_memory_bytes=cap)
-        if mb == args.trace_batch and optimizer == "native":
+        if mb == args.trace_batch and optimizer == "native" and kernels == "compiled":
             predicted.trace.save(args.out / f"trace_predicted_mb{mb}.json")
         step_s = statistics.median(log.step_s for log in logs[1:])
         row = {
-            "micro_batch": mb, "cpu_optimizer": optimizer, "policy": policy.to_dict(), "predicted_step_s": predicted.step_s,
+            "micro_batch": mb, "cpu_optimizer": optimizer, "layer_kernels": kernels,
+            "policy": policy.to_dict(), "predicted_step_s": predicted.step_s,
             "step_s": step_s, "tokens_per_s": train.tokens_per_step / step_s,
             "floor_s": floor_s, "ratio_to_floor": step_s / floor_s,
             "all_gpu_fwd_bwd_s": gpu_s, "host_traffic_s": host_s, "pcie_s": pcie_s,
@@ -298,10 +305,11 @@ def main() -> None:
          "host_bandwidth_bytes_per_s": host_bw, "cpu_alone_bandwidth_bytes_per_s": cpu_bw,
          "shared_bandwidth_bytes_per_s": shared_bw, "h2d_bytes_per_s": h2d_bw,
          "d2h_bytes_per_s": d2h_bw, "rows": rows}, indent=1))
-    header = ("| micro-batch | policy | CPU optimizer | step s | predicted s | tokens/s | floor s | "
+    header = ("| micro-batch | policy | CPU optimizer | layers | step s | predicted s | tokens/s | floor s | "
               "step/floor | all-GPU fwd+bwd s | host traffic s | PCIe s | GPU peak GiB |")
-    lines = [header, "|" + " --- |" * 12]
+    lines = [header, "|" + " --- |" * 13]
     lines += [f"| {r['micro_batch']} | {policy_label(r['policy'])} | {r['cpu_optimizer']} | "
+              f"{r['layer_kernels']} | "
               f"{r['step_s']:.3f} | "
               f"{r['predicted_step_s']:.3f} | {r['tokens_per_s']:.0f} | "
               f"{r['floor_s']:.3f} | {r['ratio_to_floor']:.2f} | {r['all_gpu_fwd_bwd_s']:.3f} | "

@@ -17,11 +17,15 @@ import torch
 from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING, ModelBlocks
-from layerslide.executor.compute import IGNORE_INDEX, call_layer, chunked_linear_cross_entropy
+from layerslide.executor.compute import IGNORE_INDEX, chunked_linear_cross_entropy, layer_call
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
 from layerslide.executor.optim import OptimConfig
+from layerslide.kernels.linear_cross_entropy import (
+    fused_linear_cross_entropy,
+    triton_head_available,
+)
 from layerslide.planner import sizes
 from layerslide.planner.build import gpu_layout
 from layerslide.planner.model import ModelSpec
@@ -110,6 +114,13 @@ class TaskRunner:
         self.gpu_blocks = GpuUpdatedBlocks(blocks, self.gpu_updated, dev, optim)
         self._rotary = blocks.make_rotary(dev)
         self._position_embeddings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._call_layer = layer_call(policy.layer_kernels, dev)
+        # fused: the Triton head on the GPU, its PyTorch twin (same math, more memory) on the
+        # CPU; materialized: the PyTorch one over all tokens at once
+        fused_on_gpu = (policy.head_loss == "fused" and dev.type == "cuda"
+                        and triton_head_available(dev))
+        self._head_loss = (fused_linear_cross_entropy if fused_on_gpu
+                           else chunked_linear_cross_entropy)
         self.head_chunk_tokens = (
             sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch)
             if policy.head_loss == "fused" else train.tokens_per_micro_batch)
@@ -213,7 +224,7 @@ class TaskRunner:
         else:
             x = self.handoff.take(("input", s, m, i))
             with torch.no_grad():
-                hidden = call_layer(unit.module, x, self._rope(x.shape[1]))
+                hidden = self._call_layer(unit.module, x, self._rope(x.shape[1]))
         # a layer's input is read by its forward and then by its backward (kept on the GPU) or
         # by the offload; the final hidden state only by the head
         nxt = i + 1
@@ -252,7 +263,7 @@ class TaskRunner:
         flat = normed.detach().view(-1, normed.shape[-1])
         count = (labels != IGNORE_INDEX).sum()
         scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
-        loss, d_flat, d_weight = chunked_linear_cross_entropy(
+        loss, d_flat, d_weight = self._head_loss(
             flat, weight, labels, scale, self.head_chunk_tokens)
         self.outcomes[s].loss_parts.append(loss * scale)
         normed.backward(d_flat.view_as(normed))
@@ -281,7 +292,7 @@ class TaskRunner:
         key = ("input", s, m, i) if self.policy.activations == "gpu" else ("fetched", s, m, i)
         x = self.handoff.take(key).detach().requires_grad_(True)
         with torch.enable_grad():
-            y = call_layer(unit.module, x, self._rope(x.shape[1]))
+            y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
         y.backward(dgrad)
         params = _params_in_layout(self.blocks, i, unit.module)
         self._keep_grads(s, m, i, [p.grad for p in params])

@@ -1,0 +1,1 @@
+"""Triton kernels the executor uses where they bound the step."""
