@@ -144,10 +144,13 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
                   memory=trace.memory, meta={"profile": profile.name})
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
 
-    # Steady state: the last whole cycle, from the end of one step's last GPU task to the next.
+    # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
+    # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
+    # the CPU's updates can fall one and a half steps into one cycle and half a step into the
+    # next, so the last cycle alone can be shorter than the CPU's work per step.
     ends = {e.task_id: e.end_s for e in trace.events}
     markers = [ends[t] for t in plan.meta["step_markers"]]
-    step_s = markers[-1] - markers[-2]
+    step_s = max(markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1))
     busy = _busy_fractions(trace, markers[-2], markers[-1])
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
