@@ -247,8 +247,10 @@ def cmd_train(args) -> int:
             trainer.fit(data, args.steps - trainer.step,
                         on_step=_step_printer(args.steps, log_file, bar),
                         on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
-                        on_checkpoint=lambda info: bar.write(
-                            f"checkpoint of step {info.step} in {info.path}", file=sys.stdout))
+                        on_checkpoint=lambda info, seconds: bar.write(
+                            f"checkpoint of step {info.step} in {info.path}: "
+                            f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
+                            file=sys.stdout))
         finally:
             bar.close()
             if log_file is not None:

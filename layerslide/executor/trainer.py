@@ -229,10 +229,12 @@ class Trainer:
             on_step: Callable[[StepLog], None] | None = None,
             on_step_done: Callable[[int], None] | None = None,
             checkpoints: CheckpointSchedule | None = None,
-            on_checkpoint: Callable[[CheckpointInfo], None] | None = None) -> list[StepLog]:
+            on_checkpoint: Callable[[CheckpointInfo, float], None] | None = None,
+            ) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
         comes as soon as a step has run; `on_step(log)` once its segment has drained. With
-        `checkpoints`, segments end on checkpoint steps and the state is saved there."""
+        `checkpoints`, segments end on checkpoint steps and the state is saved there;
+        `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall)."""
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
         while len(logs) < num_steps:
@@ -251,10 +253,11 @@ class Trainer:
                 checkpoints.every_minutes is not None
                 and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
             if due:
+                start_s = time.monotonic()
                 info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
                 last_save_s = time.monotonic()
                 if on_checkpoint is not None:
-                    on_checkpoint(info)
+                    on_checkpoint(info, last_save_s - start_s)
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs

@@ -15,9 +15,12 @@ from layerslide.planner.settings import Policy, TrainSpec
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=6)
 
 
-def make_trainer(config, spec, train, policy, segment_steps=4):
+GPU = pytest.param("cuda", marks=pytest.mark.gpu)
+
+
+def make_trainer(config, spec, train, policy, segment_steps=4, device="cpu"):
     return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
-                   device="cpu", segment_steps=segment_steps)
+                   device=device, segment_steps=segment_steps)
 
 
 def final_state(trainer):
@@ -26,29 +29,31 @@ def final_state(trainer):
     return weights, moments
 
 
+@pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize(("family", "tied", "accum", "clip", "policy"), [
     ("llama", False, 1, None, Policy()),
     ("qwen2", True, 2, 1.0, Policy(cpu_optimizer="torch")),
     ("llama", False, 2, None, Policy(gpu_updated_blocks=3)),
     ("qwen3", True, 1, 0.5, Policy(host_grad_buffers=2, cast="gpu")),
 ])
-def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, family, tied, accum,
-                                                              clip, policy):
+def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, family, tied,
+                                                              accum, clip, policy):
+    """Bit for bit on the CPU and, the kernels being deterministic for one shape, on CUDA."""
     config = tiny_config(family, tied)
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
-    with make_trainer(config, spec, train, policy) as whole:
+    with make_trainer(config, spec, train, policy, device=device) as whole:
         whole.init_random(0)
         expected_logs = whole.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6)
         expected = final_state(whole)
 
     store = CheckpointStore(tmp_path / "ckpt")
-    with make_trainer(config, spec, train, policy) as first:  # "crashes" after step 3
+    with make_trainer(config, spec, train, policy, device=device) as first:  # "crashes" at 3
         first.init_random(0)
         first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 3,
                   checkpoints=CheckpointSchedule(store=store, every_steps=3))
     # a fresh process: other segment boundaries, random weights that the restore replaces
-    with make_trainer(config, spec, train, policy, segment_steps=2) as second:
+    with make_trainer(config, spec, train, policy, segment_steps=2, device=device) as second:
         second.init_random(7)
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
         info = second.restore_state(store, data)
@@ -76,7 +81,7 @@ def test_schedule_saves_on_its_steps_and_at_the_end_and_keeps_the_newest(tmp_pat
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ), 5,
                            checkpoints=CheckpointSchedule(store=store, every_steps=2,
                                                           meta={"note": "x"}),
-                           on_checkpoint=lambda info: seen.append(info.step))
+                           on_checkpoint=lambda info, _s: seen.append(info.step))
     assert len(logs) == 5
     assert seen == [2, 4, 5]
     assert [info.step for info in store.list()] == [4, 5]
