@@ -217,7 +217,7 @@ def cmd_train(args) -> int:
     try:
         trainer = Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
                           device=device, serial=args.serial, segment_steps=args.segment_steps,
-                          gpu_memory_bytes=args.gpu_memory)
+                          gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out))
     except ValueError as err:
         raise UsageError(str(err)) from err
     with trainer:

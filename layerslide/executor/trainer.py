@@ -9,11 +9,13 @@ GPU task to the next one's.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Self
 
@@ -99,7 +101,7 @@ class Trainer:
     def __init__(self, *, config: PretrainedConfig, spec: ModelSpec, train: TrainSpec,
                  policy: Policy, optim: OptimConfig, device: str | torch.device = "cuda",
                  serial: bool = False, segment_steps: int = 16,
-                 gpu_memory_bytes: int | None = None):
+                 gpu_memory_bytes: int | None = None, keep_trace: bool = True):
         check_supported(config, train.seq_len)
         self.blocks = ModelBlocks(config)
         check_executable(spec, policy, self.blocks)
@@ -120,6 +122,9 @@ class Trainer:
             self.device.close()  # unpin what was pinned before the failure
             raise
         self.step = 0  # optimizer steps taken (or skipped) so far
+        # the measured trace grows by every task of every step: a long run that does not ask for
+        # it (keep_trace=False) keeps none, so its memory stays flat
+        self.keep_trace = keep_trace
         self.trace_events: list[TraceEvent] = []
         self.memory: list[MemorySample] = []
         self._clock_s = 0.0  # trace time of the end of the last segment
@@ -282,19 +287,20 @@ class Trainer:
         finally:
             sampler.stop()
         self.runner.collect_gpu_skips()
-        return self._logs(plan, timings, sampler, count)
+        logs = self._logs(plan, timings, sampler, count)
+        _return_freed_heap()
+        return logs
 
     def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: _MemorySampler,
               count: int) -> list[StepLog]:
         end_of = {t.task.id: t.end_s for t in timings}
-        for t in timings:
-            task = t.task
-            self.trace_events.append(TraceEvent(
-                task_id=task.id, lane=task.lane, kind=task.kind, layer=task.layer,
-                step=self.step + task.step, start_s=self._clock_s + t.start_s,
-                end_s=self._clock_s + t.end_s))
-        self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
-                                        bytes_in_use=m.bytes_in_use) for m in sampler.samples)
+        if self.keep_trace:
+            self.trace_events.extend(TraceEvent(
+                task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, layer=t.task.layer,
+                step=self.step + t.task.step, start_s=self._clock_s + t.start_s,
+                end_s=self._clock_s + t.end_s) for t in timings)
+            self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
+                                            bytes_in_use=m.bytes_in_use) for m in sampler.samples)
         gpu_peak = (torch.cuda.max_memory_allocated(self.device.device)
                     if self.device.is_cuda else 0)
         flops_per_token = self.spec.training_flops_per_token(self.train.seq_len)
@@ -333,6 +339,24 @@ class Trainer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@cache
+def _libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:  # not glibc
+        return None
+
+
+def _return_freed_heap() -> None:
+    """Give the heap's free pages back to the OS where a segment ends. Each segment's lane
+    threads and per-step tensors leave freed holes in glibc's arenas, and without this a long
+    run's RSS creeps up (measured: +55 MB over 1,000 small steps) though nothing leaks."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _first_steps(plan: Plan, count: int) -> Plan:
