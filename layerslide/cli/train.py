@@ -61,6 +61,8 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and data")
     p.add_argument("--random-init", action="store_true",
                    help="random weights even when --model is a folder with weights")
+    p.add_argument("--nvme-dir", help="folder on the NVMe drive for the optimizer state the "
+                                      "policy keeps there (--moments-on-nvme)")
     p.add_argument("--trace-out", help="write the measured trace (layerslide JSON) here")
     p.add_argument("--log-jsonl", help="append one JSON line per step here")
     p.add_argument("--profile", default="h200-bench",
@@ -177,7 +179,9 @@ def cmd_train(args) -> int:
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.executor.checkpoint_store import CheckpointError
     from layerslide.executor.data import open_token_source
+    from layerslide.executor.engine import TaskFailedError
     from layerslide.executor.hf_io import read_hf_config
+    from layerslide.executor.nvme import NvmeSpaceError
     from layerslide.executor.optim import OptimConfig
     from layerslide.executor.trainer import Trainer
 
@@ -217,8 +221,9 @@ def cmd_train(args) -> int:
     try:
         trainer = Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
                           device=device, serial=args.serial, segment_steps=args.segment_steps,
-                          gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out))
-    except ValueError as err:
+                          gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out),
+                          nvme_dir=args.nvme_dir)
+    except (ValueError, NvmeSpaceError) as err:
         raise UsageError(str(err)) from err
     with trainer:
         print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params on {device}; "
@@ -251,6 +256,14 @@ def cmd_train(args) -> int:
                             f"checkpoint of step {info.step} in {info.path}: "
                             f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
                             file=sys.stdout))
+        except (TaskFailedError, CheckpointError) as err:
+            bar.close()
+            print(f"layerslide train: training stopped: {err}", file=sys.stderr)
+            if schedule is not None and schedule.store.latest() is not None:
+                print(f"the last complete checkpoint, {schedule.store.latest().path}, is "
+                      f"intact: continue with `layerslide train --resume "
+                      f"{schedule.store.root}`", file=sys.stderr)
+            return 1
         finally:
             bar.close()
             if log_file is not None:

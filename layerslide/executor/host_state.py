@@ -10,6 +10,7 @@ as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a sep
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from torch import nn
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
+from layerslide.executor.nvme import NvmeMoments
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.settings import Policy, TrainSpec
 
@@ -25,11 +27,29 @@ class HostState:
     """Owns the host tensors of every block and one AdamW per block."""
 
     def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
-                 optim: OptimConfig, *, gpu_updated: tuple[int, ...] = ()):
+                 optim: OptimConfig, *, gpu_updated: tuple[int, ...] = (),
+                 nvme_dir: str | Path | None = None):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
         # blocks updated on the GPU keep only their master weights here (for load and save)
         cpu_blocks = [b for b in blocks.blocks if b not in gpu_updated]
+        # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
+        # the same flat moments, so that both keep (and checkpoint) one m and one v per block
+        self.native = load_kernels() if policy.cpu_optimizer == "native" else None
+        # moments_on_nvme = f: the first round(f * n) moments of each block live on disk, the
+        # rest here (self.moments holds that rest)
+        self.disk_numel = {b: round(policy.moments_on_nvme * blocks.numel(b)) for b in cpu_blocks}
+        self.nvme = None  # checked (room, writable) before the RAM state is allocated
+        if policy.moments_on_nvme > 0:
+            if nvme_dir is None:
+                raise ValueError("the policy keeps moments on NVMe (moments_on_nvme="
+                                 f"{policy.moments_on_nvme}): pass a folder on that disk "
+                                 "(--nvme-dir)")
+            if self.native is None:
+                raise ValueError("moments on NVMe need layerslide's native CPU AdamW "
+                                 "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
+                                 "not 0): torch's AdamW keeps whole moments in RAM")
+            self.nvme = NvmeMoments(nvme_dir, self.disk_numel, policy.nvme_prefetch)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b), torch.float32, pinned=pin_master)
@@ -53,15 +73,13 @@ class HostState:
         else:
             self.grad32 = {}
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
-        # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
-        # the same flat moments, so that both keep (and checkpoint) one m and one v per block
-        self.native = load_kernels() if policy.cpu_optimizer == "native" else None
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
         self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
         for b in cpu_blocks:
-            self.moments[b] = (torch.zeros(blocks.numel(b)), torch.zeros(blocks.numel(b)))
+            ram = blocks.numel(b) - self.disk_numel[b]
+            self.moments[b] = (torch.zeros(ram), torch.zeros(ram))
             if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)
 
@@ -154,14 +172,24 @@ class HostState:
         grads = self.grad32[block] if self.train.grad_accum > 1 else landed
         self.steps_taken[block] += 1
         if self.native is not None:
-            exp_avg, exp_avg_sq = self.moments[block]
-            self.native.adamw_step(
-                param=self.master[block], exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grads,
-                weights_out=self.upload[block] if self.policy.optimizer_casts else None,
-                decay_end=self.blocks.decay_numel(block), lr=lr, beta1=self.optim.beta1,
-                beta2=self.optim.beta2, eps=self.optim.eps,
-                weight_decay=self.optim.weight_decay, grad_scale=clip_coef,
-                step=self.steps_taken[block])
+            weights_out = self.upload[block] if self.policy.optimizer_casts else None
+            decay_end, k = self.blocks.decay_numel(block), self.disk_numel[block]
+            parts = [(slice(k, None), self.moments[block])]
+            if k:  # the on-disk part, read into its staging buffer by the plan's nvme_read
+                slot = self.nvme.slot_of_block[block]
+                parts.insert(0, (slice(0, k), self.nvme.views(block, slot)))
+            for part, (exp_avg, exp_avg_sq) in parts:
+                if exp_avg.numel() == 0:  # all of the block's moments are on disk
+                    continue
+                start = part.start
+                self.native.adamw_step(
+                    param=self.master[block][part], exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
+                    grad=grads[part], weights_out=None if weights_out is None
+                    else weights_out[part], decay_end=min(max(decay_end - start, 0),
+                                                          exp_avg.numel()),
+                    lr=lr, beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
+                    weight_decay=self.optim.weight_decay, grad_scale=clip_coef,
+                    step=self.steps_taken[block])
             return
         self._torch_step(block, grads, lr, clip_coef)
         if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts

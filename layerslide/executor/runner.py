@@ -171,6 +171,7 @@ class TaskRunner:
         offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
         self.landing_slot = {(plan.task(t).step, plan.task(t).micro_batch, plan.task(t).layer): k
                              for k, t in enumerate(offloads)}
+        self.nvme_slot = nvme_slots(plan)
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
             self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
@@ -381,10 +382,29 @@ class TaskRunner:
                 self.outcomes[s].skipped_blocks.append(b)
         self.gpu_blocks.found_inf.clear()
 
+    # --- the NVMe tier: each block's on-disk moments, around its optimizer step -------------------
     def _do_nvme_read(self, task: Task) -> None:
-        raise NotImplementedError("the NVMe tier is not in the executor yet")
+        self.state.nvme.read(task.layer, self.nvme_slot[task.id])
 
-    _do_nvme_write = _do_nvme_read
+    def _do_nvme_write(self, task: Task) -> None:
+        self.state.nvme.write(task.layer, self.nvme_slot[task.id.replace("write_state",
+                                                                          "read_state")])
+
+
+def nvme_slots(plan: Plan) -> dict[str, int]:
+    """The staging buffer each state read fills: a read that waits for an earlier block's write
+    (the plan's unit_reuse edge) takes that block's buffer, the first reads take fresh ones."""
+    slots: dict[str, int] = {}
+    for tid in plan.lane_order.get("nvme_read", ()):
+        if plan.task(tid).kind != "nvme_read" or ".read_state." not in tid:
+            continue
+        freed = [src for src in plan.graph.predecessors(tid)
+                 if plan.graph.edges[src, tid].get("reason") == "unit_reuse"]
+        if freed:
+            slots[tid] = slots[freed[0].replace("write_state", "read_state")]
+        else:
+            slots[tid] = len(slots)
+    return slots
 
 
 def _params_in_layout(blocks: ModelBlocks, block: int, module: nn.Module) -> list[nn.Parameter]:

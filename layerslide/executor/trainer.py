@@ -79,9 +79,13 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if policy.activations == "nvme" or policy.master_on_nvme or policy.moments_on_nvme:
-        raise ValueError("the NVMe tier is not in the executor yet: use activations gpu/host "
-                         "and master_on_nvme = moments_on_nvme = 0")
+    if policy.activations == "nvme" or policy.master_on_nvme:
+        raise ValueError("the executor keeps only AdamW moments on NVMe so far: use "
+                         "activations gpu/host and master_on_nvme = 0 (moments_on_nvme may be "
+                         "> 0)")
+    if policy.moments_on_nvme and policy.cpu_optimizer != "native":
+        raise ValueError("moments on NVMe need cpu_optimizer='native' (torch's AdamW keeps "
+                         "whole moments in RAM)")
     for b in blocks.blocks:
         if blocks.numel(b) != sizes.block_params(spec, b):
             raise ValueError(f"the plan is for {spec.name}, whose block {b} has "
@@ -101,7 +105,8 @@ class Trainer:
     def __init__(self, *, config: PretrainedConfig, spec: ModelSpec, train: TrainSpec,
                  policy: Policy, optim: OptimConfig, device: str | torch.device = "cuda",
                  serial: bool = False, segment_steps: int = 16,
-                 gpu_memory_bytes: int | None = None, keep_trace: bool = True):
+                 gpu_memory_bytes: int | None = None, keep_trace: bool = True,
+                 nvme_dir: str | Path | None = None):
         check_supported(config, train.seq_len)
         self.blocks = ModelBlocks(config)
         check_executable(spec, policy, self.blocks)
@@ -116,7 +121,8 @@ class Trainer:
                                                        self.device.device)
         try:
             self.state = HostState(self.blocks, self.device, policy, train, optim,
-                                   gpu_updated=gpu_layout(spec.num_layers, policy).gpu_updated)
+                                   gpu_updated=gpu_layout(spec.num_layers, policy).gpu_updated,
+                                   nvme_dir=nvme_dir)
             self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
         except BaseException:
             self.device.close()  # unpin what was pinned before the failure
@@ -195,8 +201,12 @@ class Trainer:
         steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
         state_meta = {"format": STATE_FORMAT, "step": self.step, "steps_taken": steps_taken,
                       "data": data.state_dict(), **self._identity(), "run": meta or {}}
-        store.check_space(groups)
-        return store.save(self.step, groups, state_meta)
+        # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
+        # file by rename, never in place, so a linked checkpoint stays as it was)
+        nvme = self.state.nvme
+        links = {} if nvme is None else {nvme.path(b).name: nvme.path(b) for b in nvme.disk_numel}
+        store.check_space(groups, link_files=links)
+        return store.save(self.step, groups, state_meta, link_files=links)
 
     def restore_state(self, store: CheckpointStore, data: TokenSource, *,
                       fallback: bool = False) -> CheckpointInfo:
@@ -223,6 +233,9 @@ class Trainer:
                 gpu.steps[b].fill_(taken)
             else:
                 self.state.set_steps_taken(b, taken)
+        nvme = self.state.nvme
+        for b in () if nvme is None else nvme.disk_numel:
+            nvme.restore_file(b, info.path / nvme.path(b).name)
         data.load_state_dict(meta["data"])
         self.step = meta["step"]
         self._weights_changed()

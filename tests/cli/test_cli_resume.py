@@ -15,6 +15,7 @@ import pytest
 from transformers import LlamaConfig
 
 from layerslide.cli.main import main
+from layerslide.executor.checkpoint_store import CheckpointStore
 
 STEPS = 8
 
@@ -110,3 +111,25 @@ def test_checkpoint_flags_need_a_folder(config_dir, capsys):
     assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
                  "--checkpoint-every", "2"]) == 2
     assert "need --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_a_disk_filling_mid_run_stops_with_the_checkpoint_to_resume_from(config_dir, tmp_path,
+                                                                         monkeypatch, capsys):
+    from layerslide.executor import nvme
+
+    real_pwritev, writes = nvme.os.pwritev, []
+
+    def filling(fd, buffers, offset):  # room for the O_DIRECT probe and two steps' moment files
+        writes.append(fd)
+        if len(writes) > 1 + 2 * 4:
+            raise OSError(28, "No space left on device")
+        return real_pwritev(fd, buffers, offset)
+    monkeypatch.setattr(nvme.os, "pwritev", filling)
+    ckpt = tmp_path / "ckpt"
+    rc = main([*train_args(config_dir, ckpt, tmp_path / "log.jsonl"), "--moments-on-nvme", "1",
+               "--nvme-dir", str(tmp_path / "nvme")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "training stopped" in err and "No space left" in err
+    assert f"layerslide train --resume {ckpt}" in err
+    assert [info.step for info in CheckpointStore(ckpt).list()] == [2]

@@ -1,0 +1,170 @@
+"""The NVMe tier: the part of each block's AdamW moments that the policy keeps on disk.
+
+With `moments_on_nvme = f`, the first round(f * n) elements of a block's exp_avg and exp_avg_sq
+live in the file `moments_<block>.bin` ([exp_avg part | exp_avg_sq part], padded to 4 KiB) and
+the rest in RAM. The plan reads a block's file into a staging buffer before its optimizer step
+and writes it back after; the plan's edges bound how many reads run ahead (policy.nvme_prefetch
+buffers, reused in the order its edges say).
+
+A write goes to a new file that then replaces the old one (os.replace), never into the old one:
+a checkpoint can hard-link the files instead of copying them, and a write that fails (a full
+disk) leaves the previous file whole. Reads and writes use O_DIRECT where the filesystem takes
+it (no page-cache copy, no cache growth), page-aligned buffers and whole 4 KiB blocks.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+ALIGN = 4096
+CHUNK_BYTES = 64 << 20  # one read or write call moves at most this much
+
+
+class NvmeSpaceError(OSError):
+    """The disk has too little room, or the folder cannot be written."""
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def aligned_buffer(nbytes: int) -> torch.Tensor:
+    """A page-aligned uint8 host tensor (anonymous mmap), as O_DIRECT needs."""
+    region = mmap.mmap(-1, max(_padded(nbytes), ALIGN))
+    return torch.frombuffer(region, dtype=torch.uint8)
+
+
+class NvmeMoments:
+    """Per-block moment files under `folder`, and the staging buffers the plan reads them into."""
+
+    def __init__(self, folder: str | Path, disk_numel: dict[int, int], staging_buffers: int):
+        self.folder = Path(folder).expanduser()
+        self.disk_numel = {b: k for b, k in disk_numel.items() if k > 0}
+        self.file_bytes = {b: _padded(8 * k) for b, k in self.disk_numel.items()}
+        check_nvme_folder(self.folder, self.required_bytes())
+        largest = max(self.file_bytes.values(), default=ALIGN)
+        self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
+        self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
+        self.direct = _supports_direct(self.folder)
+        for b in self.disk_numel:  # moments start at zero: sparse files of zeros
+            with open(self.path(b), "wb") as f:
+                f.truncate(self.file_bytes[b])
+
+    def required_bytes(self) -> int:
+        """Disk bytes the files take, plus one more of the largest (a write's new file exists
+        beside the old until it replaces it) per staging buffer."""
+        largest = max(self.file_bytes.values(), default=0)
+        return sum(self.file_bytes.values()) + 2 * largest
+
+    def path(self, block: int) -> Path:
+        return self.folder / f"moments_{block}.bin"
+
+    def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block's on-disk exp_avg and exp_avg_sq parts, as fp32 views of a staging buffer."""
+        k = self.disk_numel[block]
+        both = self.staging[slot][:8 * k].view(torch.float32)
+        return both[:k], both[k:]
+
+    def read(self, block: int, slot: int) -> None:
+        view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
+        fd = self._open(self.path(block), os.O_RDONLY)
+        try:
+            done = 0
+            while done < len(view):
+                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], done)
+                if got <= 0:
+                    raise OSError(errno.EIO, f"{self.path(block)} ended after {done} bytes of "
+                                  f"{len(view)}: the NVMe state is damaged; resume from a "
+                                  "checkpoint")
+                done += got
+        finally:
+            os.close(fd)
+        self.slot_of_block[block] = slot
+
+    def write(self, block: int, slot: int) -> None:
+        """Write the staging buffer to a new file that then replaces the block's file."""
+        final = self.path(block)
+        fresh = final.with_suffix(".next")
+        view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
+        fd = self._open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            done = 0
+            while done < len(view):
+                done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+        except OSError as err:
+            os.close(fd)
+            fresh.unlink(missing_ok=True)
+            raise NvmeSpaceError(err.errno, f"writing {fresh} failed ({err.strerror}); "
+                                 f"{final} still holds the previous state") from err
+        os.close(fd)
+        os.replace(fresh, final)
+        self.slot_of_block.pop(block, None)
+
+    def _open(self, path: Path, flags: int) -> int:
+        if self.direct:
+            return os.open(path, flags | os.O_DIRECT, 0o644)
+        return os.open(path, flags, 0o644)
+
+    def restore_file(self, block: int, source: Path) -> None:
+        """Make a checkpoint's copy of the block's file the current one: a hard link where the
+        filesystem allows (the tier never writes into a file, so the checkpoint stays as is)."""
+        if source.stat().st_size != self.file_bytes[block]:
+            raise ValueError(f"{source} holds {source.stat().st_size} bytes, this run's "
+                             f"moments file of block {block} {self.file_bytes[block]}: resume "
+                             "with the policy that wrote the checkpoint")
+        fresh = self.path(block).with_suffix(".next")
+        fresh.unlink(missing_ok=True)
+        try:
+            os.link(source, fresh)
+        except OSError:  # another filesystem
+            shutil.copyfile(source, fresh)
+        os.replace(fresh, self.path(block))
+
+    def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of a block's on-disk parts (outside a segment, e.g. for a checkpoint)."""
+        self.read(block, 0)
+        self.slot_of_block.pop(block, None)
+        m, v = self.views(block, 0)
+        return m.clone(), v.clone()
+
+
+def check_nvme_folder(folder: Path, needed_bytes: int) -> None:
+    """Refuse a folder that cannot be written or lacks room, before anything is allocated."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".layerslide-write-test"
+        probe.write_bytes(b"x")
+        probe.unlink()
+    except OSError as err:
+        raise NvmeSpaceError(err.errno, f"the NVMe folder {folder} cannot be written "
+                             f"({err.strerror}): pass --nvme-dir a writable folder") from err
+    free = shutil.disk_usage(folder).free
+    if needed_bytes > free:
+        raise NvmeSpaceError(errno.ENOSPC, f"the NVMe tier needs {needed_bytes / 1e9:.2f} GB in "
+                             f"{folder}, which has {free / 1e9:.2f} GB free: free space, pass "
+                             "another --nvme-dir, or keep less on NVMe (--moments-on-nvme)")
+
+
+def _supports_direct(folder: Path) -> bool:
+    """Whether the filesystem takes O_DIRECT (tmpfs, for one, does not)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / ".layerslide-direct-test"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    try:
+        os.pwritev(fd, [memoryview(aligned_buffer(ALIGN).numpy())], 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)

@@ -1,0 +1,156 @@
+"""The NVMe tier for AdamW moments: the same training as with all moments in RAM, bit for bit;
+staging buffers reused only where the plan's edges make it safe; refusals and a full disk."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import networkx as nx
+import pytest
+import torch
+from helpers import SEQ, VOCAB, spec_of, tiny_config
+
+from layerslide.executor import nvme as nvme_module
+from layerslide.executor.checkpoint_store import CheckpointStore
+from layerslide.executor.data import SyntheticTokens
+from layerslide.executor.engine import TaskFailedError
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.runner import nvme_slots
+from layerslide.executor.trainer import CheckpointSchedule, Trainer
+from layerslide.planner.build import build_plan
+from layerslide.planner.settings import Policy, TrainSpec
+
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=1)
+
+
+def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama", tied=False):
+    config = tiny_config(family, tied)
+    spec = spec_of(config, tmp_path)
+    with Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+                 device="cpu", serial=serial, nvme_dir=tmp_path / "nvme") as trainer:
+        trainer.init_random(0)
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
+        weights = {n: v.clone() for n, v in trainer.state.named_master()}
+        moments = {}
+        for b, (m, v) in trainer.state.moments.items():
+            k = trainer.state.disk_numel[b]
+            if k:
+                disk_m, disk_v = trainer.state.nvme.read_block(b)
+                m, v = torch.cat([disk_m, m]), torch.cat([disk_v, v])
+            moments[b] = (m.clone(), v.clone())
+    return [log.loss for log in logs], weights, moments
+
+
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(("fraction", "accum", "clip", "family", "tied"), [
+    (1.0, 1, None, "llama", False), (0.5, 2, 1.0, "qwen2", True), (0.3, 1, 0.5, "qwen3", True)])
+def test_moments_on_nvme_train_exactly_as_in_ram(tmp_path, serial, fraction, accum, clip,
+                                                 family, tied):
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
+    in_ram = train_run(tmp_path / "ram", Policy(), train, family=family, tied=tied)
+    on_disk = train_run(tmp_path / "disk", Policy(moments_on_nvme=fraction, nvme_prefetch=2),
+                        train, serial=serial, family=family, tied=tied)
+    assert on_disk[0] == in_ram[0]
+    for name, value in in_ram[1].items():
+        assert torch.equal(on_disk[1][name], value), name
+    for block, (m, v) in in_ram[2].items():
+        assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_staging_buffers_are_reused_only_after_their_write(tmp_path, prefetch):
+    spec = spec_of(tiny_config("llama"), tmp_path)
+    plan = build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ),
+                      Policy(moments_on_nvme=1.0, nvme_prefetch=prefetch), num_steps=3)
+    slots = nvme_slots(plan)
+    reads = [t for t in plan.lane_order["nvme_read"] if ".read_state." in t]
+    assert sorted(slots) == sorted(reads) and set(slots.values()) == set(range(prefetch))
+    for a in reads:  # two reads sharing a buffer: the later waits for the earlier's write
+        for b in reads:
+            if a != b and slots[a] == slots[b] and nx.has_path(plan.graph, a, b):
+                assert nx.has_path(plan.graph, a.replace("read_state", "write_state"), b)
+
+
+def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+
+    def make(policy, nvme_dir):
+        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+                       device="cpu", nvme_dir=nvme_dir)
+
+    with pytest.raises(ValueError, match="--nvme-dir"):
+        make(Policy(moments_on_nvme=0.5), None)
+    with pytest.raises(ValueError, match="cpu_optimizer='native'"):
+        make(Policy(moments_on_nvme=0.5, cpu_optimizer="torch"), tmp_path)
+    with pytest.raises(ValueError, match="master_on_nvme = 0"):
+        make(Policy(master_on_nvme=1.0), tmp_path)
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(nvme_module.NvmeSpaceError, match="cannot be written"):
+        make(Policy(moments_on_nvme=0.5), tmp_path / "a_file" / "nvme")
+
+    class Tiny:
+        free = 1000
+    monkeypatch.setattr(nvme_module.shutil, "disk_usage", lambda _path: Tiny())
+    with pytest.raises(nvme_module.NvmeSpaceError, match=r"needs 0\.\d+ GB .* 0\.00 GB free"):
+        make(Policy(moments_on_nvme=0.5), tmp_path / "nvme")
+
+
+def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_path,
+                                                                          monkeypatch):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt")
+    policy = Policy(moments_on_nvme=1.0)
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
+                 policy=policy, optim=OPTIM, device="cpu",
+                 nvme_dir=tmp_path / "nvme") as trainer:
+        trainer.init_random(0)
+        data = SyntheticTokens(VOCAB, SEQ)
+        trainer.fit(data, 2, checkpoints=CheckpointSchedule(store=store, every_steps=2))
+        before = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("moments_*.bin")}
+        real_pwritev = os.pwritev
+
+        def full(fd, buffers, offset):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".next"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_pwritev(fd, buffers, offset)
+        monkeypatch.setattr(nvme_module.os, "pwritev", full)
+        with pytest.raises(TaskFailedError, match=r"write_state.*No space left.*previous state"):
+            trainer.fit(data, 1)
+    after = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("moments_*.bin")}
+    assert after == before  # every file is still the one the last good step wrote
+    assert not list((tmp_path / "nvme").glob("*.next"))
+    store.verify(store.latest())  # and the checkpoint (its links) is intact
+
+
+def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    policy = Policy(moments_on_nvme=0.5)
+
+    def trainer(folder):
+        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+                       device="cpu", nvme_dir=folder)
+
+    with trainer(tmp_path / "whole") as whole:
+        whole.init_random(0)
+        expected = [log.loss for log in whole.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 4)]
+    store = CheckpointStore(tmp_path / "ckpt")
+    with trainer(tmp_path / "first") as first:
+        first.init_random(0)
+        first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
+                  checkpoints=CheckpointSchedule(store=store, every_steps=2))
+        linked = store.latest().path / "moments_0.bin"
+        assert linked.stat().st_ino == (tmp_path / "first" / "moments_0.bin").stat().st_ino
+        first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)  # replaces the file, not the link
+        assert linked.stat().st_ino != (tmp_path / "first" / "moments_0.bin").stat().st_ino
+    store.verify(store.latest())
+    with trainer(tmp_path / "second") as second:
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        second.restore_state(store, data)
+        resumed = [log.loss for log in second.fit(data, 2)]
+    assert resumed == expected[2:]
