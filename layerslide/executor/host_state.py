@@ -10,6 +10,7 @@ as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a sep
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
-from layerslide.executor.nvme import NvmeMoments
+from layerslide.executor.nvme import NvmeState
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.settings import Policy, TrainSpec
 
@@ -36,23 +37,29 @@ class HostState:
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         self.native = load_kernels() if policy.cpu_optimizer == "native" else None
-        # moments_on_nvme = f: the first round(f * n) moments of each block live on disk, the
-        # rest here (self.moments holds that rest)
-        self.disk_numel = {b: round(policy.moments_on_nvme * blocks.numel(b)) for b in cpu_blocks}
+        # master_on_nvme = f_m, moments_on_nvme = f_v: the first round(f * n) of each block's
+        # master weights / moments live on disk, the rest here (self.master and self.moments
+        # hold that rest; blocks updated on the GPU keep theirs whole)
+        self.disk_master = {b: round(policy.master_on_nvme * blocks.numel(b)) for b in cpu_blocks}
+        self.disk_moments = {b: round(policy.moments_on_nvme * blocks.numel(b))
+                             for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
-        if policy.moments_on_nvme > 0:
+        if policy.moments_on_nvme > 0 or policy.master_on_nvme > 0:
             if nvme_dir is None:
-                raise ValueError("the policy keeps moments on NVMe (moments_on_nvme="
+                raise ValueError("the policy keeps optimizer state on NVMe (master_on_nvme="
+                                 f"{policy.master_on_nvme}, moments_on_nvme="
                                  f"{policy.moments_on_nvme}): pass a folder on that disk "
                                  "(--nvme-dir)")
             if self.native is None:
-                raise ValueError("moments on NVMe need layerslide's native CPU AdamW "
+                raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
                                  "not 0): torch's AdamW keeps whole moments in RAM")
-            self.nvme = NvmeMoments(nvme_dir, self.disk_numel, policy.nvme_prefetch)
+            self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
+                                  policy.nvme_prefetch)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.cast == "gpu"
-        self.master = {b: device.host_empty(blocks.numel(b), torch.float32, pinned=pin_master)
+        self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
+                                            torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
                         for b in cpu_blocks} if policy.cast == "cpu_once" else {})
@@ -78,7 +85,7 @@ class HostState:
         self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
         for b in cpu_blocks:
-            ram = blocks.numel(b) - self.disk_numel[b]
+            ram = blocks.numel(b) - self.disk_moments[b]
             self.moments[b] = (torch.zeros(ram), torch.zeros(ram))
             if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)
@@ -110,13 +117,27 @@ class HostState:
             self.optimizers[block].state[param]["step"].fill_(steps)
 
     # --- weights -------------------------------------------------------------------------------
+    def block_master(self, block: int) -> torch.Tensor:
+        """The block's whole fp32 master weights: the RAM tensor itself, or (part on NVMe) a
+        fresh copy of disk part + RAM part. Not for the training loop: it reads the disk."""
+        k = self.disk_master.get(block, 0)
+        if not k:
+            return self.master[block]
+        disk_part = self.nvme.read_block(block)[0]
+        return torch.cat([disk_part, self.master[block]])
+
     def set_master(self, block: int, values: torch.Tensor) -> None:
-        self.master[block].copy_(values.reshape(-1))
+        values = values.reshape(-1)
+        k = self.disk_master.get(block, 0)
+        self.master[block].copy_(values[k:])
+        if k:
+            self.nvme.update_block(block, master=values[:k])
 
     def load_named(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy named HF tensors into the master weights; returns the names it placed."""
+        """Copy named HF tensors into the master weights; returns the names it placed. A block
+        with master weights on NVMe is gathered whole, then written once all of it is in."""
         where = {s.name: (b, s) for b in self.blocks.blocks for s in self.blocks.layouts[b]}
-        placed = set()
+        placed, gathering, missing = set(), {}, {}
         for name, tensor in tensors:
             if name not in where:
                 continue
@@ -124,14 +145,25 @@ class HostState:
             if tuple(tensor.shape) != slot.shape:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} in the checkpoint, "
                                  f"{slot.shape} in config.json")
-            self.master[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
             placed.add(name)
+            if not self.disk_master.get(block, 0):
+                self.master[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
+                continue
+            if block not in gathering:
+                gathering[block] = self.block_master(block)
+                missing[block] = {s.name for s in self.blocks.layouts[block]}
+            gathering[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
+            missing[block].discard(name)
+            if not missing[block]:
+                self.set_master(block, gathering.pop(block))
+        for block, whole in gathering.items():  # partly placed: the caller reports what's missing
+            self.set_master(block, whole)
         return placed
 
     def named_master(self) -> Iterable[tuple[str, torch.Tensor]]:
         """(state-dict name, fp32 view) of every parameter, block by block."""
         for b in self.blocks.blocks:
-            for slot, view in self.blocks.views(b, self.master[b]):
+            for slot, view in self.blocks.views(b, self.block_master(b)):
                 yield slot.name, view
 
     def cast_to_upload(self, block: int) -> torch.Tensor:
@@ -141,10 +173,11 @@ class HostState:
             # which recycles a buffer once the copy that reads it has finished
             target = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16,
                                  pin_memory=self.device.is_cuda)
+        master = self.block_master(block)
         if self.native is not None:
-            self.native.cast(self.master[block], target)
+            self.native.cast(master, target)
         else:
-            target.copy_(self.master[block])
+            target.copy_(master)
         return target
 
     # --- gradients and the update --------------------------------------------------------------
@@ -173,20 +206,12 @@ class HostState:
         self.steps_taken[block] += 1
         if self.native is not None:
             weights_out = self.upload[block] if self.policy.optimizer_casts else None
-            decay_end, k = self.blocks.decay_numel(block), self.disk_numel[block]
-            parts = [(slice(k, None), self.moments[block])]
-            if k:  # the on-disk part, read into its staging buffer by the plan's nvme_read
-                slot = self.nvme.slot_of_block[block]
-                parts.insert(0, (slice(0, k), self.nvme.views(block, slot)))
-            for part, (exp_avg, exp_avg_sq) in parts:
-                if exp_avg.numel() == 0:  # all of the block's moments are on disk
-                    continue
-                start = part.start
+            for part, param, exp_avg, exp_avg_sq in self._state_parts(block):
                 self.native.adamw_step(
-                    param=self.master[block][part], exp_avg=exp_avg, exp_avg_sq=exp_avg_sq,
-                    grad=grads[part], weights_out=None if weights_out is None
-                    else weights_out[part], decay_end=min(max(decay_end - start, 0),
-                                                          exp_avg.numel()),
+                    param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grads[part],
+                    weights_out=None if weights_out is None else weights_out[part],
+                    decay_end=min(max(self.blocks.decay_numel(block) - part.start, 0),
+                                  param.numel()),
                     lr=lr, beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
                     weight_decay=self.optim.weight_decay, grad_scale=clip_coef,
                     step=self.steps_taken[block])
@@ -194,6 +219,21 @@ class HostState:
         self._torch_step(block, grads, lr, clip_coef)
         if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts
             self.upload[block].copy_(self.master[block])
+
+    def _state_parts(self, block: int):
+        """(slice of the block, master, exp_avg, exp_avg_sq) runs of its parameters, each run
+        wholly in one place per tensor: the disk parts (in the staging buffer the plan's read
+        filled) come first, then the RAM parts."""
+        n, km, kv = self.blocks.numel(block), self.disk_master[block], self.disk_moments[block]
+        if km or kv:
+            disk_p, disk_m, disk_v = self.nvme.views(block, self.nvme.slot_of_block[block])
+        ram_p, (ram_m, ram_v) = self.master[block], self.moments[block]
+        cuts = sorted({0, km, kv, n})
+        for a, b in pairwise(cuts):
+            param = disk_p[a:b] if b <= km else ram_p[a - km:b - km]
+            exp_avg, exp_avg_sq = ((disk_m[a:b], disk_v[a:b]) if b <= kv
+                                   else (ram_m[a - kv:b - kv], ram_v[a - kv:b - kv]))
+            yield slice(a, b), param, exp_avg, exp_avg_sq
 
     def _torch_step(self, block: int, grads: torch.Tensor, lr: float, clip_coef: float) -> None:
         if grads.dtype != torch.float32:  # torch's fused AdamW needs fp32 grads

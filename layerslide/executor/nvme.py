@@ -1,10 +1,11 @@
-"""The NVMe tier: the part of each block's AdamW moments that the policy keeps on disk.
+"""The NVMe tier: the part of each block's optimizer state that the policy keeps on disk.
 
-With `moments_on_nvme = f`, the first round(f * n) elements of a block's exp_avg and exp_avg_sq
-live in the file `moments_<block>.bin` ([exp_avg part | exp_avg_sq part], padded to 4 KiB) and
-the rest in RAM. The plan reads a block's file into a staging buffer before its optimizer step
-and writes it back after; the plan's edges bound how many reads run ahead (policy.nvme_prefetch
-buffers, reused in the order its edges say).
+With `master_on_nvme = f_m` and `moments_on_nvme = f_v`, the first round(f_m * n) fp32 master
+weights and the first round(f_v * n) elements of exp_avg and exp_avg_sq of a block of n
+parameters live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part],
+padded to 4 KiB), the rest in RAM. The plan reads a block's file into a staging buffer before
+its optimizer step and writes it back after; its edges bound how many reads run ahead
+(policy.nvme_prefetch buffers, reused in the order the edges say).
 
 A write goes to a new file that then replaces the old one (os.replace), never into the old one:
 a checkpoint can hard-link the files instead of copying them, and a write that fails (a full
@@ -40,19 +41,24 @@ def aligned_buffer(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
-class NvmeMoments:
-    """Per-block moment files under `folder`, and the staging buffers the plan reads them into."""
+class NvmeState:
+    """Per-block state files under `folder`, and the staging buffers the plan reads them into."""
 
-    def __init__(self, folder: str | Path, disk_numel: dict[int, int], staging_buffers: int):
+    def __init__(self, folder: str | Path, master_numel: dict[int, int],
+                 moments_numel: dict[int, int], staging_buffers: int):
         self.folder = Path(folder).expanduser()
-        self.disk_numel = {b: k for b, k in disk_numel.items() if k > 0}
-        self.file_bytes = {b: _padded(8 * k) for b, k in self.disk_numel.items()}
+        self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
+        self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
+        self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel))
+        self.file_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
+                                      + 8 * self.moments_numel.get(b, 0))
+                           for b in self.disk_blocks}
         check_nvme_folder(self.folder, self.required_bytes())
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
         self.direct = _supports_direct(self.folder)
-        for b in self.disk_numel:  # moments start at zero: sparse files of zeros
+        for b in self.disk_blocks:  # moments start at zero: sparse files of zeros
             with open(self.path(b), "wb") as f:
                 f.truncate(self.file_bytes[b])
 
@@ -63,13 +69,14 @@ class NvmeMoments:
         return sum(self.file_bytes.values()) + 2 * largest
 
     def path(self, block: int) -> Path:
-        return self.folder / f"moments_{block}.bin"
+        return self.folder / f"state_{block}.bin"
 
-    def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block's on-disk exp_avg and exp_avg_sq parts, as fp32 views of a staging buffer."""
-        k = self.disk_numel[block]
-        both = self.staging[slot][:8 * k].view(torch.float32)
-        return both[:k], both[k:]
+    def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The block's on-disk master, exp_avg and exp_avg_sq parts: fp32 views of a staging
+        buffer (empty where the block keeps that state wholly in RAM)."""
+        km, kv = self.master_numel.get(block, 0), self.moments_numel.get(block, 0)
+        flat = self.staging[slot][:4 * (km + 2 * kv)].view(torch.float32)
+        return flat[:km], flat[km:km + kv], flat[km + kv:]
 
     def read(self, block: int, slot: int) -> None:
         view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
@@ -126,12 +133,19 @@ class NvmeMoments:
             shutil.copyfile(source, fresh)
         os.replace(fresh, self.path(block))
 
-    def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of a block's on-disk parts (outside a segment, e.g. for a checkpoint)."""
+    def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Copies of a block's on-disk master, exp_avg and exp_avg_sq parts (outside a segment:
+        through staging buffer 0)."""
         self.read(block, 0)
         self.slot_of_block.pop(block, None)
-        m, v = self.views(block, 0)
-        return m.clone(), v.clone()
+        return tuple(part.clone() for part in self.views(block, 0))
+
+    def update_block(self, block: int, master: torch.Tensor | None = None) -> None:
+        """Replace a block's on-disk master part (outside a segment), keeping its moments."""
+        self.read(block, 0)
+        if master is not None:
+            self.views(block, 0)[0].copy_(master)
+        self.write(block, 0)
 
 
 def check_nvme_folder(folder: Path, needed_bytes: int) -> None:

@@ -79,13 +79,13 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if policy.activations == "nvme" or policy.master_on_nvme:
-        raise ValueError("the executor keeps only AdamW moments on NVMe so far: use "
-                         "activations gpu/host and master_on_nvme = 0 (moments_on_nvme may be "
-                         "> 0)")
-    if policy.moments_on_nvme and policy.cpu_optimizer != "native":
-        raise ValueError("moments on NVMe need cpu_optimizer='native' (torch's AdamW keeps "
-                         "whole moments in RAM)")
+    if policy.activations == "nvme":
+        raise ValueError("the executor keeps optimizer state on NVMe, not activation "
+                         "checkpoints yet: use activations gpu/host (master_on_nvme and "
+                         "moments_on_nvme may be > 0)")
+    if (policy.moments_on_nvme or policy.master_on_nvme) and policy.cpu_optimizer != "native":
+        raise ValueError("optimizer state on NVMe needs cpu_optimizer='native' (torch's AdamW "
+                         "keeps whole moments in RAM)")
     for b in blocks.blocks:
         if blocks.numel(b) != sizes.block_params(spec, b):
             raise ValueError(f"the plan is for {spec.name}, whose block {b} has "
@@ -204,7 +204,7 @@ class Trainer:
         # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
         # file by rename, never in place, so a linked checkpoint stays as it was)
         nvme = self.state.nvme
-        links = {} if nvme is None else {nvme.path(b).name: nvme.path(b) for b in nvme.disk_numel}
+        links = {} if nvme is None else {nvme.path(b).name: nvme.path(b) for b in nvme.disk_blocks}
         store.check_space(groups, link_files=links)
         return store.save(self.step, groups, state_meta, link_files=links)
 
@@ -234,7 +234,7 @@ class Trainer:
             else:
                 self.state.set_steps_taken(b, taken)
         nvme = self.state.nvme
-        for b in () if nvme is None else nvme.disk_numel:
+        for b in () if nvme is None else nvme.disk_blocks:
             nvme.restore_file(b, info.path / nvme.path(b).name)
         data.load_state_dict(meta["data"])
         self.step = meta["step"]

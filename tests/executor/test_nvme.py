@@ -1,4 +1,5 @@
-"""The NVMe tier for AdamW moments: the same training as with all moments in RAM, bit for bit;
+"""The NVMe tier for master weights and AdamW moments: the same training as with all state in
+RAM, bit for bit;
 staging buffers reused only where the plan's edges make it safe; refusals and a full disk."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import networkx as nx
 import pytest
 import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
+from safetensors.torch import load_file
 
 from layerslide.executor import nvme as nvme_module
 from layerslide.executor.checkpoint_store import CheckpointStore
@@ -34,23 +36,24 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
         weights = {n: v.clone() for n, v in trainer.state.named_master()}
         moments = {}
         for b, (m, v) in trainer.state.moments.items():
-            k = trainer.state.disk_numel[b]
-            if k:
-                disk_m, disk_v = trainer.state.nvme.read_block(b)
+            if trainer.state.disk_moments[b]:
+                _, disk_m, disk_v = trainer.state.nvme.read_block(b)
                 m, v = torch.cat([disk_m, m]), torch.cat([disk_v, v])
             moments[b] = (m.clone(), v.clone())
     return [log.loss for log in logs], weights, moments
 
 
 @pytest.mark.parametrize("serial", [False, True])
-@pytest.mark.parametrize(("fraction", "accum", "clip", "family", "tied"), [
-    (1.0, 1, None, "llama", False), (0.5, 2, 1.0, "qwen2", True), (0.3, 1, 0.5, "qwen3", True)])
-def test_moments_on_nvme_train_exactly_as_in_ram(tmp_path, serial, fraction, accum, clip,
-                                                 family, tied):
+@pytest.mark.parametrize(("master", "moments", "accum", "clip", "family", "tied"), [
+    (0.0, 1.0, 1, None, "llama", False), (0.0, 0.5, 2, 1.0, "qwen2", True),
+    (0.0, 0.3, 1, 0.5, "qwen3", True), (1.0, 1.0, 2, None, "llama", False),
+    (0.7, 0.2, 1, 1.0, "qwen2", True), (0.25, 0.0, 2, None, "qwen3", True)])
+def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moments, accum, clip,
+                                                family, tied):
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
     in_ram = train_run(tmp_path / "ram", Policy(), train, family=family, tied=tied)
-    on_disk = train_run(tmp_path / "disk", Policy(moments_on_nvme=fraction, nvme_prefetch=2),
-                        train, serial=serial, family=family, tied=tied)
+    policy = Policy(master_on_nvme=master, moments_on_nvme=moments, nvme_prefetch=2)
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
@@ -85,8 +88,8 @@ def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
         make(Policy(moments_on_nvme=0.5), None)
     with pytest.raises(ValueError, match="cpu_optimizer='native'"):
         make(Policy(moments_on_nvme=0.5, cpu_optimizer="torch"), tmp_path)
-    with pytest.raises(ValueError, match="master_on_nvme = 0"):
-        make(Policy(master_on_nvme=1.0), tmp_path)
+    with pytest.raises(ValueError, match="activations gpu/host"):
+        make(Policy(activations="nvme"), tmp_path)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(nvme_module.NvmeSpaceError, match="cannot be written"):
         make(Policy(moments_on_nvme=0.5), tmp_path / "a_file" / "nvme")
@@ -110,7 +113,7 @@ def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_pa
         trainer.init_random(0)
         data = SyntheticTokens(VOCAB, SEQ)
         trainer.fit(data, 2, checkpoints=CheckpointSchedule(store=store, every_steps=2))
-        before = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("moments_*.bin")}
+        before = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("state_*.bin")}
         real_pwritev = os.pwritev
 
         def full(fd, buffers, offset):
@@ -120,7 +123,7 @@ def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_pa
         monkeypatch.setattr(nvme_module.os, "pwritev", full)
         with pytest.raises(TaskFailedError, match=r"write_state.*No space left.*previous state"):
             trainer.fit(data, 1)
-    after = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("moments_*.bin")}
+    after = {p.name: p.read_bytes() for p in (tmp_path / "nvme").glob("state_*.bin")}
     assert after == before  # every file is still the one the last good step wrote
     assert not list((tmp_path / "nvme").glob("*.next"))
     store.verify(store.latest())  # and the checkpoint (its links) is intact
@@ -130,7 +133,7 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
     config = tiny_config("qwen2", tied=True)
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
-    policy = Policy(moments_on_nvme=0.5)
+    policy = Policy(moments_on_nvme=0.5, master_on_nvme=0.5)
 
     def trainer(folder):
         return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
@@ -144,13 +147,39 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
         first.init_random(0)
         first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
                   checkpoints=CheckpointSchedule(store=store, every_steps=2))
-        linked = store.latest().path / "moments_0.bin"
-        assert linked.stat().st_ino == (tmp_path / "first" / "moments_0.bin").stat().st_ino
+        linked = store.latest().path / "state_0.bin"
+        assert linked.stat().st_ino == (tmp_path / "first" / "state_0.bin").stat().st_ino
         first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)  # replaces the file, not the link
-        assert linked.stat().st_ino != (tmp_path / "first" / "moments_0.bin").stat().st_ino
+        assert linked.stat().st_ino != (tmp_path / "first" / "state_0.bin").stat().st_ino
     store.verify(store.latest())
     with trainer(tmp_path / "second") as second:
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
         second.restore_state(store, data)
         resumed = [log.loss for log in second.fit(data, 2)]
     assert resumed == expected[2:]
+
+
+def test_master_on_nvme_loads_and_saves_hugging_face_folders_whole(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+
+    def trainer(policy, folder):
+        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+                       device="cpu", nvme_dir=folder)
+
+    with trainer(Policy(), None) as in_ram:
+        in_ram.init_random(3)
+        in_ram.save(tmp_path / "hf")
+        expected = {n: v.clone() for n, v in in_ram.state.named_master()}
+    with trainer(Policy(master_on_nvme=0.6, moments_on_nvme=0.4), tmp_path / "nvme") as on_disk:
+        on_disk.load_checkpoint(tmp_path / "hf")
+        got = dict(on_disk.state.named_master())
+        assert on_disk.state.master[0].numel() < on_disk.blocks.numel(0)  # most of it is on disk
+        on_disk.save(tmp_path / "hf_again")
+    for name, value in expected.items():  # bf16 on disk: the round trip keeps bf16 values
+        assert torch.equal(got[name], value.bfloat16().float()), name
+    first = load_file(next((tmp_path / "hf").glob("*.safetensors")))
+    again = load_file(next((tmp_path / "hf_again").glob("*.safetensors")))
+    assert first.keys() == again.keys()
+    assert all(torch.equal(first[k], again[k]) for k in first)
