@@ -19,7 +19,7 @@ from torch import nn
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
-from layerslide.executor.nvme import NvmeState
+from layerslide.executor.nvme import NvmeState, check_nvme_folder
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.settings import Policy, TrainSpec
 
@@ -44,18 +44,25 @@ class HostState:
         self.disk_moments = {b: round(policy.moments_on_nvme * blocks.numel(b))
                              for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
-        if policy.moments_on_nvme > 0 or policy.master_on_nvme > 0:
-            if nvme_dir is None:
-                raise ValueError("the policy keeps optimizer state on NVMe (master_on_nvme="
-                                 f"{policy.master_on_nvme}, moments_on_nvme="
-                                 f"{policy.moments_on_nvme}): pass a folder on that disk "
-                                 "(--nvme-dir)")
+        self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
+        state_on_nvme = policy.moments_on_nvme > 0 or policy.master_on_nvme > 0
+        if (state_on_nvme or policy.activations == "nvme") and nvme_dir is None:
+            raise ValueError("the policy keeps state on NVMe (master_on_nvme="
+                             f"{policy.master_on_nvme}, moments_on_nvme={policy.moments_on_nvme}"
+                             f", activations={policy.activations}): pass a folder on that disk "
+                             "(--nvme-dir)")
+        # activation checkpoints on NVMe: one file per layer
+        activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size
+                            * blocks.num_layers if policy.activations == "nvme" else 0)
+        if state_on_nvme:
             if self.native is None:
                 raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
                                  "not 0): torch's AdamW keeps whole moments in RAM")
             self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
-                                  policy.nvme_prefetch)
+                                  policy.nvme_prefetch, extra_bytes=activation_bytes)
+        elif activation_bytes:
+            check_nvme_folder(self.nvme_dir, activation_bytes)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),

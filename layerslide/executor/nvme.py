@@ -45,7 +45,8 @@ class NvmeState:
     """Per-block state files under `folder`, and the staging buffers the plan reads them into."""
 
     def __init__(self, folder: str | Path, master_numel: dict[int, int],
-                 moments_numel: dict[int, int], staging_buffers: int):
+                 moments_numel: dict[int, int], staging_buffers: int, *,
+                 extra_bytes: int = 0):
         self.folder = Path(folder).expanduser()
         self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
         self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
@@ -53,7 +54,8 @@ class NvmeState:
         self.file_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
                                       + 8 * self.moments_numel.get(b, 0))
                            for b in self.disk_blocks}
-        check_nvme_folder(self.folder, self.required_bytes())
+        # extra_bytes: what else the run keeps in the folder (activation checkpoints)
+        check_nvme_folder(self.folder, self.required_bytes() + extra_bytes)
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
@@ -182,3 +184,36 @@ def _supports_direct(folder: Path) -> bool:
     finally:
         os.close(fd)
         probe.unlink(missing_ok=True)
+
+
+class ActivationFiles:
+    """Activation checkpoints on disk, one file per layer (`activations_<layer>.bin`): a layer's
+    checkpoint is written after its forward and read back before its backward, and the plan
+    orders the next micro-batch's write of that layer after the read. Buffered I/O: the pinned
+    buffers the GPU copies use need not be page-aligned."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder).expanduser()
+
+    def path(self, layer: int) -> Path:
+        return self.folder / f"activations_{layer}.bin"
+
+    def write(self, layer: int, host: torch.Tensor) -> None:
+        view = memoryview(host.view(torch.uint8).numpy())
+        try:
+            with open(self.path(layer), "wb") as f:
+                f.write(view)
+        except OSError as err:
+            raise NvmeSpaceError(err.errno, f"writing the activation checkpoint "
+                                 f"{self.path(layer)} failed ({err.strerror})") from err
+
+    def read(self, layer: int, host: torch.Tensor) -> None:
+        view = memoryview(host.view(torch.uint8).numpy())
+        with open(self.path(layer), "rb", buffering=0) as f:
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise OSError(errno.EIO, f"{self.path(layer)} ended after {done} of "
+                                  f"{len(view)} bytes")
+                done += got

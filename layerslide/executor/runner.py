@@ -21,6 +21,7 @@ from layerslide.executor.compute import IGNORE_INDEX, chunked_linear_cross_entro
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
+from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
 from layerslide.kernels.linear_cross_entropy import (
     fused_linear_cross_entropy,
@@ -125,6 +126,10 @@ class TaskRunner:
             sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch)
             if policy.head_loss == "fused" else train.tokens_per_micro_batch)
         self.act_host: dict[int, torch.Tensor] = {}  # offloaded checkpoints, one per layer
+        # activations on NVMe: checkpoints between offload and disk write, or read and fetch
+        self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.activation_files = (ActivationFiles(self.state.nvme_dir)
+                                 if policy.activations == "nvme" else None)
         self._reset_segment()
 
     def _reset_segment(self) -> None:
@@ -232,15 +237,25 @@ class TaskRunner:
         self.handoff.put(("input", s, m, nxt), hidden, readers=1 if nxt == self.L else 2)
 
     def _do_offload_activation(self, task: Task) -> None:
-        x = self.handoff.take(("input", task.step, task.micro_batch, task.layer))
-        host = self.act_host.get(task.layer)
-        if host is None or host.numel() != x.numel():
-            host = self.act_host[task.layer] = self.device.host_empty(x.numel(), x.dtype)
+        key = (task.step, task.micro_batch, task.layer)
+        x = self.handoff.take(("input", *key))
+        if self.policy.activations == "nvme":
+            # only between the copy and the disk write: from torch's pinned caching allocator,
+            # which reuses the memory for the next layer's checkpoint
+            host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
+            self.act_passing[key] = host
+        else:
+            host = self.act_host.get(task.layer)
+            if host is None or host.numel() != x.numel():
+                host = self.act_host[task.layer] = self.device.host_empty(x.numel(), x.dtype)
         self.device.keep_for(x, "d2h")
         host.copy_(x.view(-1), non_blocking=True)
 
     def _do_fetch_activation(self, task: Task) -> None:
-        host = self.act_host[task.layer]
+        if self.policy.activations == "nvme":  # read back from disk by the plan's nvme_read
+            host = self.act_passing.pop((task.step, task.micro_batch, task.layer))
+        else:
+            host = self.act_host[task.layer]
         shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
         x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
         x.view(-1).copy_(host, non_blocking=True)
@@ -384,11 +399,22 @@ class TaskRunner:
 
     # --- the NVMe tier: each block's on-disk moments, around its optimizer step -------------------
     def _do_nvme_read(self, task: Task) -> None:
-        self.state.nvme.read(task.layer, self.nvme_slot[task.id])
+        if ".read_state." in task.id:
+            self.state.nvme.read(task.layer, self.nvme_slot[task.id])
+            return
+        # an activation checkpoint, into a pinned buffer the fetch copies to the GPU
+        shape_numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
+        host = torch.empty(shape_numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
+        self.activation_files.read(task.layer, host)
+        self.act_passing[(task.step, task.micro_batch, task.layer)] = host
 
     def _do_nvme_write(self, task: Task) -> None:
-        self.state.nvme.write(task.layer, self.nvme_slot[task.id.replace("write_state",
-                                                                          "read_state")])
+        if ".write_state." in task.id:
+            self.state.nvme.write(task.layer, self.nvme_slot[task.id.replace("write_state",
+                                                                              "read_state")])
+            return
+        host = self.act_passing.pop((task.step, task.micro_batch, task.layer))
+        self.activation_files.write(task.layer, host)
 
 
 def nvme_slots(plan: Plan) -> dict[str, int]:

@@ -79,10 +79,6 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if policy.activations == "nvme":
-        raise ValueError("the executor keeps optimizer state on NVMe, not activation "
-                         "checkpoints yet: use activations gpu/host (master_on_nvme and "
-                         "moments_on_nvme may be > 0)")
     if (policy.moments_on_nvme or policy.master_on_nvme) and policy.cpu_optimizer != "native":
         raise ValueError("optimizer state on NVMe needs cpu_optimizer='native' (torch's AdamW "
                          "keeps whole moments in RAM)")

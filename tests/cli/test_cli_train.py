@@ -86,7 +86,7 @@ def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
     (["--gpu-memory", "1MiB"], "GiB of GPU memory"),
     (["--moments-on-nvme", "0.5"], "--nvme-dir"),
     (["--moments-on-nvme", "0.5", "--nvme-dir", "/proc/no"], "cannot be written"),
-    (["--activations", "nvme"], "activations gpu/host"),
+    (["--activations", "nvme"], "--nvme-dir"),
 ])
 def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",

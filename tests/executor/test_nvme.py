@@ -47,13 +47,19 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
 @pytest.mark.parametrize(("master", "moments", "accum", "clip", "family", "tied"), [
     (0.0, 1.0, 1, None, "llama", False), (0.0, 0.5, 2, 1.0, "qwen2", True),
     (0.0, 0.3, 1, 0.5, "qwen3", True), (1.0, 1.0, 2, None, "llama", False),
-    (0.7, 0.2, 1, 1.0, "qwen2", True), (0.25, 0.0, 2, None, "qwen3", True)])
+    (0.7, 0.2, 1, 1.0, "qwen2", True), (0.25, 0.0, 2, None, "qwen3", True),
+    (0.0, 0.0, 2, None, "llama", False), (0.5, 0.5, 1, 1.0, "qwen2", True)])
+@pytest.mark.parametrize("activations", ["host", "nvme"])
 def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moments, accum, clip,
-                                                family, tied):
+                                                family, tied, activations):
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
     in_ram = train_run(tmp_path / "ram", Policy(), train, family=family, tied=tied)
-    policy = Policy(master_on_nvme=master, moments_on_nvme=moments, nvme_prefetch=2)
+    policy = Policy(master_on_nvme=master, moments_on_nvme=moments, nvme_prefetch=2,
+                    activations=activations)
     on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
+    if activations == "nvme":  # every layer's checkpoint went through its file
+        files = sorted(p.name for p in (tmp_path / "disk" / "nvme").glob("activations_*.bin"))
+        assert files == [f"activations_{i}.bin" for i in range(3)]
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
@@ -88,8 +94,8 @@ def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
         make(Policy(moments_on_nvme=0.5), None)
     with pytest.raises(ValueError, match="cpu_optimizer='native'"):
         make(Policy(moments_on_nvme=0.5, cpu_optimizer="torch"), tmp_path)
-    with pytest.raises(ValueError, match="activations gpu/host"):
-        make(Policy(activations="nvme"), tmp_path)
+    with pytest.raises(ValueError, match="--nvme-dir"):
+        make(Policy(activations="nvme"), None)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(nvme_module.NvmeSpaceError, match="cannot be written"):
         make(Policy(moments_on_nvme=0.5), tmp_path / "a_file" / "nvme")
