@@ -98,8 +98,10 @@ def test_h200_bench_matches_design_md_and_the_probe():
     assert p.host.adamw_bytes_per_param == pytest.approx(28)
     assert p.host.cast_bytes_per_s == pytest.approx(48.9 * GB)  # h200_cpu_probe
     assert p.host.dma_share == pytest.approx(0.8)
-    assert p.storage.read_bytes_per_s == pytest.approx(1.6 * GB)
-    assert p.storage.write_bytes_per_s == pytest.approx(0.53 * GB)
+    # the disk as the NVMe tier uses it (O_DIRECT, 64 MiB calls), benchmarks/nvme_bench.py;
+    # DESIGN.md's 1.6 / 0.53 GB/s are buffered reads and writes
+    assert p.storage.read_bytes_per_s == pytest.approx(1.8 * GB)
+    assert p.storage.write_bytes_per_s == pytest.approx(2.0 * GB)
     assert p.storage.capacity_bytes == 64 * GiB
 
 

@@ -136,10 +136,11 @@ def test_h2d_and_d2h_together_move_the_measured_duplex(costs):
 
 
 def test_disk_reads_and_writes_take_turns(costs):
-    # read 1.6 GB (1 s alone at 1.6 GB/s) and write 0.53 GB (1 s alone): each gets half of
-    # the device's time, so both end at 2 s
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1.6e9))
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=0.53e9))
+    # read and write 1 s of bytes alone each: each gets half of the device's time, so both
+    # end at 2 s
+    disk = costs.profile.storage
+    read = costs.cost(_task("nvme_read", "nvme_read", bytes=disk.read_bytes_per_s))
+    write = costs.cost(_task("nvme_write", "nvme_write", bytes=disk.write_bytes_per_s))
     assert read.solo_s == pytest.approx(1.0) and write.solo_s == pytest.approx(1.0)
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities())
@@ -154,8 +155,9 @@ def test_disk_reads_and_writes_take_turns(costs):
 def test_disk_alone_runs_at_its_solo_speed_and_a_late_task_shares_the_rest(costs):
     # a 1 s read; a 1 s write starts at 0.5 s: the read has 0.5 s of work left, done at half
     # speed -> ends at 1.5 s; the write did 0.5 s of its work by then, the rest alone -> 2.0 s
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1.6e9))
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=0.53e9))
+    disk = costs.profile.storage
+    read = costs.cost(_task("nvme_read", "nvme_read", bytes=disk.read_bytes_per_s))
+    write = costs.cost(_task("nvme_write", "nvme_write", bytes=disk.write_bytes_per_s))
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities())
     log: dict[str, tuple[float, float]] = {}
