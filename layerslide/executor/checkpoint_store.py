@@ -45,6 +45,8 @@ from pathlib import Path
 
 import torch
 
+from layerslide.executor.hf_io import fsync_path
+
 FORMAT, VERSION = "layerslide-checkpoint", 1
 ALIGN = 4096  # tensor starts are page-aligned: a reader may mmap them or use O_DIRECT
 CHUNK = 64 << 20  # big enough for full disk speed; small enough for steady progress and stopping
@@ -148,15 +150,6 @@ def _scratch() -> memoryview:
     return _bytes_of(torch.empty(SCRATCH, dtype=torch.uint8))
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or directory by name."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_group(path: Path, tensors: Mapping[str, torch.Tensor], run: _Run) -> dict:
     entries, offset = [], 0
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -197,7 +190,7 @@ def _link(src: Path, dst: Path, run: _Run) -> dict:
         os.link(src, dst)  # no copy; the caller must replace src by rename, never edit it in place
     except OSError:  # another filesystem, or one without hard links
         shutil.copy2(src, dst)
-    _fsync(dst)  # a linked file's data may not have reached the disk yet either
+    fsync_path(dst)  # a linked file's data may not have reached the disk yet either
     size, crc = _crc_file(dst, run)
     return {"size": size, "crc32": crc}
 
@@ -350,11 +343,11 @@ class CheckpointStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            _fsync(tmp)
+            fsync_path(tmp)
             if final.exists():  # replaced only now that the new one is complete
                 os.rename(final, old)
             os.rename(tmp, final)
-            _fsync(self.root)
+            fsync_path(self.root)
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if old.exists() and not final.exists():

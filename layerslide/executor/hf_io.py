@@ -146,7 +146,8 @@ def iter_checkpoint_tensors(
                     yield name, f.get_tensor(name)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or directory by name."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -182,7 +183,7 @@ def _write_shards(
     def flush() -> None:
         path = tmp / f"shard-{len(shards) + 1:05d}.safetensors.tmp"
         save_file(buffer, path, metadata={"format": "pt"})
-        _fsync(path)
+        fsync_path(path)
         shards.append(path)
         buffer.clear()
 
@@ -266,8 +267,8 @@ def save_hf_folder(
             shutil.copyfile(source, tmp / name)
             written.append(tmp / name)
         for path in written:
-            _fsync(path)
-        _fsync(tmp)
+            fsync_path(path)
+        fsync_path(tmp)
         _replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -288,4 +289,4 @@ def _replace(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         tmp.rename(target)
-    _fsync(target.parent)
+    fsync_path(target.parent)
