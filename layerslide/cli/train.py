@@ -160,9 +160,11 @@ def _run_args(args) -> dict:
     another working directory finds the same files."""
     kept = {k: v for k, v in vars(args).items()
             if k != "run" and isinstance(v, str | int | float | bool | type(None))}
-    for key in ("model", "data", "tokenizer", "plan", "out"):
+    for key in ("model", "data", "tokenizer", "plan", "profile", "out", "nvme_dir",
+                "checkpoint_dir"):
         value = kept.get(key)
-        if value and (key == "out" or Path(value).expanduser().exists()):
+        made_here = key in ("out", "nvme_dir", "checkpoint_dir")  # may not exist yet
+        if value and (made_here or Path(value).expanduser().exists()):
             kept[key] = str(Path(value).expanduser().resolve())
     return kept
 
@@ -222,7 +224,8 @@ def cmd_train(args) -> int:
         trainer = Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
                           device=device, serial=args.serial, segment_steps=args.segment_steps,
                           gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out),
-                          nvme_dir=args.nvme_dir)
+                          nvme_dir=args.nvme_dir,
+                          nvme_checkpoint_copies=_checkpoints_beside(args, schedule))
     except (ValueError, NvmeSpaceError) as err:
         raise UsageError(str(err)) from err
     with trainer:
@@ -233,14 +236,14 @@ def cmd_train(args) -> int:
         if args.resume:
             try:
                 info = trainer.restore_state(schedule.store, data, fallback=args.resume_fallback)
-            except (ValueError, CheckpointError) as err:
+            except (ValueError, OSError, CheckpointError) as err:
                 raise UsageError(str(err)) from err
             print(f"resuming from {info.path} after step {trainer.step}", flush=True)
         elif from_folder and not args.random_init:
             print(f"loading weights from {folder}", flush=True)
             try:
                 trainer.load_checkpoint(folder)
-            except ValueError as err:
+            except (ValueError, OSError) as err:  # OSError: writing weights kept on NVMe
                 raise UsageError(str(err)) from err
         else:
             trainer.init_random(args.seed)
@@ -276,6 +279,22 @@ def cmd_train(args) -> int:
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
             print(f"saved the fine-tuned model to {saved}")
     return 0
+
+
+def _checkpoints_beside(args, schedule) -> int:
+    """Checkpoints kept on the NVMe folder's filesystem: each one keeps a copy of the NVMe
+    state once training has replaced the files it linked."""
+    if schedule is None or not args.nvme_dir:
+        return 0
+
+    def device_of(path: Path) -> int:
+        path = path.expanduser().resolve()
+        while not path.exists():
+            path = path.parent
+        return path.stat().st_dev
+
+    same = device_of(Path(args.nvme_dir)) == device_of(schedule.store.root)
+    return args.keep_checkpoints if same else 0
 
 
 def _checkpoint_schedule(args):

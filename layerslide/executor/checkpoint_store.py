@@ -197,7 +197,8 @@ def _link(src: Path, dst: Path, run: _Run) -> dict:
 
 def _corrupt(path: Path, what: str) -> CheckpointCorruptError:
     return CheckpointCorruptError(f"{what}: the checkpoint {path.parent} is damaged; resume from "
-                                  "an earlier one (load_latest_good(fallback=True)) or delete it")
+                                  "an earlier one (`layerslide train --resume-fallback`, or "
+                                  "load_latest_good(fallback=True)) or delete it")
 
 
 def _read_group(path: Path, entry: dict, into: Mapping[str, torch.Tensor] | None, run: _Run,

@@ -29,7 +29,7 @@ class HostState:
 
     def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
                  optim: OptimConfig, *, gpu_updated: tuple[int, ...] = (),
-                 nvme_dir: str | Path | None = None):
+                 nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
         # blocks updated on the GPU keep only their master weights here (for load and save)
@@ -60,7 +60,8 @@ class HostState:
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
                                  "not 0): torch's AdamW keeps whole moments in RAM")
             self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
-                                  policy.nvme_prefetch, extra_bytes=activation_bytes)
+                                  policy.nvme_prefetch, extra_bytes=activation_bytes,
+                                  checkpoint_copies=nvme_checkpoint_copies)
         elif activation_bytes:
             check_nvme_folder(self.nvme_dir, activation_bytes)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked

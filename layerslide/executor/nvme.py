@@ -46,7 +46,7 @@ class NvmeState:
 
     def __init__(self, folder: str | Path, master_numel: dict[int, int],
                  moments_numel: dict[int, int], staging_buffers: int, *,
-                 extra_bytes: int = 0):
+                 extra_bytes: int = 0, checkpoint_copies: int = 0):
         self.folder = Path(folder).expanduser()
         self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
         self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
@@ -54,15 +54,21 @@ class NvmeState:
         self.file_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
                                       + 8 * self.moments_numel.get(b, 0))
                            for b in self.disk_blocks}
-        # extra_bytes: what else the run keeps in the folder (activation checkpoints)
-        check_nvme_folder(self.folder, self.required_bytes() + extra_bytes)
+        # extra_bytes: what else the run keeps in the folder (activation checkpoints);
+        # checkpoint_copies: checkpoints kept on this filesystem, each of which ends up owning a
+        # copy of the files it hard-linked once the tier has replaced them
+        check_nvme_folder(self.folder, self.required_bytes() + extra_bytes
+                          + checkpoint_copies * sum(self.file_bytes.values()))
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
         self.direct = _supports_direct(self.folder)
-        for b in self.disk_blocks:  # moments start at zero: sparse files of zeros
-            with open(self.path(b), "wb") as f:
+        for b in self.disk_blocks:  # fresh state: sparse files of zeros, put in by replace
+            # like every write here (a checkpoint may hard-link the file that was there)
+            fresh = self.path(b).with_suffix(".next")
+            with open(fresh, "wb") as f:
                 f.truncate(self.file_bytes[b])
+            os.replace(fresh, self.path(b))
 
     def required_bytes(self) -> int:
         """Disk bytes the files take, plus one more of the largest (a write's new file exists
@@ -81,6 +87,8 @@ class NvmeState:
         return flat[:km], flat[km:km + kv], flat[km + kv:]
 
     def read(self, block: int, slot: int) -> None:
+        if block not in self.file_bytes:  # its share of the state rounds to nothing: no file
+            return
         view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
         fd = self._open(self.path(block), os.O_RDONLY)
         try:
@@ -98,6 +106,8 @@ class NvmeState:
 
     def write(self, block: int, slot: int) -> None:
         """Write the staging buffer to a new file that then replaces the block's file."""
+        if block not in self.file_bytes:
+            return
         final = self.path(block)
         fresh = final.with_suffix(".next")
         view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -125,6 +126,12 @@ class TaskRunner:
         self.head_chunk_tokens = (
             sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch)
             if policy.head_loss == "fused" else train.tokens_per_micro_batch)
+        if policy.head_loss == "fused" and dev.type == "cuda" and not fused_on_gpu:
+            # the plan sized chunks for the Triton head's 2 B per logit; the PyTorch one holds
+            # ~10 (fp32 logits, exp, grad): a fifth of the rows keeps to the planned memory
+            warnings.warn("Triton is not available: the head runs in PyTorch, slower, with "
+                          "chunks of a fifth of the planned rows", RuntimeWarning, stacklevel=2)
+            self.head_chunk_tokens = max(1, self.head_chunk_tokens // 5)
         self.act_host: dict[int, torch.Tensor] = {}  # offloaded checkpoints, one per layer
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}

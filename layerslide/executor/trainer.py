@@ -96,13 +96,17 @@ def host_rss_bytes() -> int:
 
 
 class Trainer:
-    """Owns the device lanes, host state and GPU units of one training run; close() frees them."""
+    """Owns the device lanes, host state and GPU units of one training run; close() frees them.
+
+    nvme_dir: the folder for state the policy keeps on NVMe; nvme_checkpoint_copies: how many
+    checkpoints will be kept on that filesystem (each ends up owning a copy of the state files
+    it hard-linked), counted when the folder's room is checked."""
 
     def __init__(self, *, config: PretrainedConfig, spec: ModelSpec, train: TrainSpec,
                  policy: Policy, optim: OptimConfig, device: str | torch.device = "cuda",
                  serial: bool = False, segment_steps: int = 16,
                  gpu_memory_bytes: int | None = None, keep_trace: bool = True,
-                 nvme_dir: str | Path | None = None):
+                 nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
         check_supported(config, train.seq_len)
         self.blocks = ModelBlocks(config)
         check_executable(spec, policy, self.blocks)
@@ -118,7 +122,8 @@ class Trainer:
         try:
             self.state = HostState(self.blocks, self.device, policy, train, optim,
                                    gpu_updated=gpu_layout(spec.num_layers, policy).gpu_updated,
-                                   nvme_dir=nvme_dir)
+                                   nvme_dir=nvme_dir,
+                                   nvme_checkpoint_copies=nvme_checkpoint_copies)
             self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
         except BaseException:
             self.device.close()  # unpin what was pinned before the failure

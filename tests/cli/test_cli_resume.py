@@ -133,3 +133,14 @@ def test_a_disk_filling_mid_run_stops_with_the_checkpoint_to_resume_from(config_
     assert "training stopped" in err and "No space left" in err
     assert f"layerslide train --resume {ckpt}" in err
     assert [info.step for info in CheckpointStore(ckpt).list()] == [2]
+
+
+def test_stored_arguments_name_folders_absolutely(config_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative folders, as a user types them
+    assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+                 "--steps", "1", "--micro-batch", "1", "--seq-len", "16",
+                 "--moments-on-nvme", "0.5", "--nvme-dir", "nvme", "--checkpoint-dir", "ckpt",
+                 "--checkpoint-every", "1"]) == 0
+    args = CheckpointStore(tmp_path / "ckpt").latest().meta["run"]["args"]
+    assert args["nvme_dir"] == str(tmp_path / "nvme")
+    assert args["checkpoint_dir"] == str(tmp_path / "ckpt")

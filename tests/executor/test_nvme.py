@@ -75,9 +75,10 @@ def test_staging_buffers_are_reused_only_after_their_write(tmp_path, prefetch):
     slots = nvme_slots(plan)
     reads = [t for t in plan.lane_order["nvme_read"] if ".read_state." in t]
     assert sorted(slots) == sorted(reads) and set(slots.values()) == set(range(prefetch))
+    order = {t: k for k, t in enumerate(reads)}
     for a in reads:  # two reads sharing a buffer: the later waits for the earlier's write
         for b in reads:
-            if a != b and slots[a] == slots[b] and nx.has_path(plan.graph, a, b):
+            if order[a] < order[b] and slots[a] == slots[b]:
                 assert nx.has_path(plan.graph, a.replace("read_state", "write_state"), b)
 
 
@@ -155,10 +156,14 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
                   checkpoints=CheckpointSchedule(store=store, every_steps=2))
         linked = store.latest().path / "state_0.bin"
         assert linked.stat().st_ino == (tmp_path / "first" / "state_0.bin").stat().st_ino
-        first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)  # replaces the file, not the link
+    # the run ends; a new one in the same folder starts from fresh (zero) state files
+    with trainer(tmp_path / "first"):
         assert linked.stat().st_ino != (tmp_path / "first" / "state_0.bin").stat().st_ino
     store.verify(store.latest())
-    with trainer(tmp_path / "second") as second:
+    store.verify(store.latest())
+    # a fresh process resuming in the run's own folder: starting the tier must not touch the
+    # files the checkpoint links
+    with trainer(tmp_path / "first") as second:
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
         second.restore_state(store, data)
         resumed = [log.loss for log in second.fit(data, 2)]
@@ -189,3 +194,37 @@ def test_master_on_nvme_loads_and_saves_hugging_face_folders_whole(tmp_path):
     again = load_file(next((tmp_path / "hf_again").glob("*.safetensors")))
     assert first.keys() == again.keys()
     assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_blocks_whose_share_rounds_to_nothing_have_no_file_and_train(tmp_path):
+    # the tied head block holds only the final norm (64 params): 0.5% of it rounds to 0
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+    in_ram = train_run(tmp_path / "ram", Policy(), train, family="qwen2", tied=True)
+    on_disk = train_run(tmp_path / "disk", Policy(moments_on_nvme=0.005), train,
+                        family="qwen2", tied=True)
+    assert on_disk[0] == in_ram[0]
+    assert not (tmp_path / "disk" / "nvme" / "state_3.bin").exists()
+
+
+def test_room_counts_the_copies_kept_checkpoints_end_up_owning(tmp_path, monkeypatch):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    state = {}
+
+    class Room:
+        free = 0
+
+    def make(copies):
+        return Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
+                       policy=Policy(moments_on_nvme=1.0), optim=OPTIM, device="cpu",
+                       nvme_dir=tmp_path / "nvme", nvme_checkpoint_copies=copies)
+
+    with make(0) as trainer:
+        state["files"] = sum(trainer.state.nvme.file_bytes.values())
+        state["needed"] = trainer.state.nvme.required_bytes()
+    Room.free = state["needed"] + state["files"]  # room for the tier and one checkpoint's copy
+    monkeypatch.setattr(nvme_module.shutil, "disk_usage", lambda _path: Room())
+    with make(1):
+        pass
+    with pytest.raises(nvme_module.NvmeSpaceError, match="needs"):
+        make(2)
