@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from layerslide.calibrate.host import disk
 from layerslide.executor.blocks import hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
-from layerslide.executor.nvme import CHUNK_BYTES, _supports_direct, aligned_buffer
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
@@ -37,26 +36,9 @@ GIB = 2**30
 
 
 def disk_rates(folder: Path, nbytes: int) -> tuple[float, float]:
-    """(write, read) bytes/s of one file of nbytes, O_DIRECT where the filesystem allows."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "disk-probe.bin"
-    direct = os.O_DIRECT if _supports_direct(folder) else 0
-    buf = memoryview(aligned_buffer(CHUNK_BYTES).numpy())
-    start = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
-    for offset in range(0, nbytes, CHUNK_BYTES):
-        os.pwritev(fd, [buf], offset)
-    os.fsync(fd)
-    os.close(fd)
-    write_s = time.perf_counter() - start
-    start = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY | direct)
-    for offset in range(0, nbytes, CHUNK_BYTES):
-        os.preadv(fd, [buf], offset)
-    os.close(fd)
-    read_s = time.perf_counter() - start
-    path.unlink()
-    return nbytes / write_s, nbytes / read_s
+    """(write, read) bytes/s of one file of nbytes, as `layerslide calibrate` measures them."""
+    rates = {m.key: m.value for m in disk(folder, nbytes)}
+    return rates["storage.write"], rates["storage.read"]
 
 
 def main() -> None:

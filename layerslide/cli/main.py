@@ -1,4 +1,5 @@
-"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, demo."""
+"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, calibrate,
+demo."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 from layerslide.cli import commands
+from layerslide.cli.calibrate import add_calibrate_command
 from layerslide.cli.demo import run_demo
 from layerslide.cli.options import (
     UsageError,
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=commands.cmd_whatif)
 
     add_train_command(sub, UNITS)
+    add_calibrate_command(sub, UNITS)
 
     p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
                         "written to a report folder")

@@ -62,7 +62,7 @@ class NvmeState:
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
-        self.direct = _supports_direct(self.folder)
+        self.direct = supports_direct(self.folder)
         for b in self.disk_blocks:  # fresh state: sparse files of zeros, put in by replace
             # like every write here (a checkpoint may hard-link the file that was there)
             fresh = self.path(b).with_suffix(".next")
@@ -177,7 +177,7 @@ def check_nvme_folder(folder: Path, needed_bytes: int) -> None:
                              "another --nvme-dir, or keep less on NVMe (--moments-on-nvme)")
 
 
-def _supports_direct(folder: Path) -> bool:
+def supports_direct(folder: Path) -> bool:
     """Whether the filesystem takes O_DIRECT (tmpfs, for one, does not)."""
     if not hasattr(os, "O_DIRECT"):
         return False

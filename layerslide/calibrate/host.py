@@ -1,0 +1,129 @@
+"""Host measurements: memory bandwidth, the CPU AdamW and the fp32->bf16 cast, and the disk as
+the NVMe tier uses it. Each returns a Measurement in the profile's SI units."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from layerslide.executor.native import load_kernels
+from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer, supports_direct
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One profile field: its dotted key, the SI value and where it came from."""
+
+    key: str  # e.g. "host.adamw_throughput"
+    value: float | str | tuple[tuple[int, float], ...]  # SI number, name, or efficiency table
+    how: str  # what was run, for the profile's source string
+
+
+def best_rate(fn: Callable[[], None], units: float, repeats: int) -> float:
+    """units per second of fn's fastest run after a warm-up (the least disturbed one)."""
+    fn()
+    fastest = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        fastest = min(fastest, time.perf_counter() - start)
+    return units / fastest
+
+
+def memory_bandwidth(numel: int, repeats: int) -> Measurement:
+    """Bytes/s of the better of a copy (r + w) and an in-place update (r 2, w 1)."""
+    a, b = torch.ones(numel), torch.ones(numel)
+    nbytes = 4 * numel
+    rate = max(best_rate(lambda: a.copy_(b), 2 * nbytes, repeats),
+               best_rate(lambda: a.add_(b, alpha=0.5), 3 * nbytes, repeats))
+    return Measurement(key="host.memory_bandwidth", value=rate,
+                       how=f"fp32 copy / in-place add over {nbytes / GIB:.2f} GiB arrays, "
+                           f"{torch.get_num_threads()} threads, best of {repeats}")
+
+
+def adamw_throughput(numel: int, repeats: int) -> Measurement:
+    """Params/s of one fp32 AdamW step over fp32 grads (28 B/param), the profile's definition:
+    layerslide's native kernel where it builds, else torch's fused CPU AdamW."""
+    param, grad = torch.randn(numel), torch.randn(numel) * 1e-3
+    exp_avg, exp_avg_sq = torch.zeros(numel), torch.zeros(numel)
+    native = load_kernels()
+    if native is not None:
+        def step() -> None:
+            native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grad,
+                              weights_out=None, decay_end=numel, lr=1e-5, beta1=0.9, beta2=0.95,
+                              eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
+        kernel = "layerslide's native AdamW"
+    else:
+        p = torch.nn.Parameter(param)
+        p.grad = grad
+        opt = torch.optim.AdamW([p], lr=1e-5, fused=True)
+        step = opt.step
+        kernel = "torch's fused CPU AdamW"
+    rate = best_rate(step, numel, repeats)
+    return Measurement(key="host.adamw_throughput", value=rate,
+                       how=f"{kernel}, fp32 grads, {numel / 2**20:.0f} Mi params, "
+                           f"{torch.get_num_threads()} threads, best of {repeats}")
+
+
+def cast_throughput(numel: int, repeats: int) -> Measurement:
+    """fp32 bytes read per second by the fp32->bf16 cast (the one the executor runs)."""
+    src, dst = torch.randn(numel), torch.empty(numel, dtype=torch.bfloat16)
+    native = load_kernels()
+    if native is not None:
+        cast, kernel = (lambda: native.cast(src, dst)), "layerslide's native cast"
+    else:
+        cast, kernel = (lambda: dst.copy_(src)), "torch copy_"
+    rate = best_rate(cast, 4 * numel, repeats)
+    return Measurement(key="host.cast_throughput", value=rate,
+                       how=f"{kernel}, {numel / 2**20:.0f} Mi params, "
+                           f"{torch.get_num_threads()} threads, best of {repeats}")
+
+
+def machine_sizes() -> list[Measurement]:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return [Measurement(key="host.cores", value=os.cpu_count() or 1, how="os.cpu_count()"),
+            Measurement(key="host.ram", value=ram, how="physical pages x page size")]
+
+
+def disk(folder: Path, nbytes: int) -> list[Measurement]:
+    """Write then read one file of nbytes as the NVMe tier does (O_DIRECT where the filesystem
+    takes it, 64 MiB calls, page-aligned buffers), and the free space there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".layerslide-calibrate.bin"
+    direct = os.O_DIRECT if supports_direct(folder) else 0
+    buf = memoryview(aligned_buffer(CHUNK_BYTES).numpy())
+    nbytes = max(CHUNK_BYTES, nbytes // CHUNK_BYTES * CHUNK_BYTES)
+    try:
+        start = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+        try:
+            for offset in range(0, nbytes, CHUNK_BYTES):
+                os.pwritev(fd, [buf], offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        write = nbytes / (time.perf_counter() - start)
+        start = time.perf_counter()
+        fd = os.open(path, os.O_RDONLY | direct)
+        try:
+            for offset in range(0, nbytes, CHUNK_BYTES):
+                os.preadv(fd, [buf], offset)
+        finally:
+            os.close(fd)
+        read = nbytes / (time.perf_counter() - start)
+    finally:
+        path.unlink(missing_ok=True)
+    how = (f"{'O_DIRECT' if direct else 'buffered'} 64 MiB calls, {nbytes / GIB:.2f} GiB "
+           f"file in {folder}")
+    free = shutil.disk_usage(folder).free
+    return [Measurement(key="storage.write", value=write, how=how + ", then fsync"),
+            Measurement(key="storage.read", value=read, how=how),
+            Measurement(key="storage.capacity", value=free, how=f"free space in {folder}")]

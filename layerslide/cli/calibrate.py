@@ -1,0 +1,68 @@
+"""`layerslide calibrate`: measure this machine into a hardware profile file."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from layerslide.cli.options import UsageError, profile_of
+
+
+def add_calibrate_command(sub, units: str) -> None:
+    help = ("measure this machine (host, disk, and the GPU where there is one) and write a "
+            "hardware profile for simulate/tune/train --profile")
+    p = sub.add_parser("calibrate", help=help, description=help, epilog=units)
+    p.add_argument("--out", required=True, help="profile file to write (.toml)")
+    p.add_argument("--name", help="the profile's name (default: the file's stem)")
+    p.add_argument("--base", default="h200-bench",
+                   help="profile whose values stand for what is not measured (the GPU's bf16 "
+                        "peak, the DMA's share of host bandwidth; the GPU part on a machine "
+                        "without one)")
+    p.add_argument("--model", default="llama-3.2-3b",
+                   help="model whose layer shapes the GEMMs and attention are measured at")
+    p.add_argument("--disk-dir", help="folder on the disk to measure (the NVMe tier's); "
+                                      "default: no disk measurement")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller arrays, fewer repeats and token counts (under a minute)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(run=cmd_calibrate)
+
+
+def cmd_calibrate(args) -> int:
+    import torch
+
+    from layerslide.calibrate import measure, merged_profile
+    from layerslide.hwprofiles.loader import load_profile
+    from layerslide.hwprofiles.writer import save_profile
+    from layerslide.planner.model import resolve_model
+
+    out = Path(args.out)
+    if out.suffix != ".toml":
+        raise UsageError(f"--out {out}: a profile file ends in .toml")
+    if out.exists() and not args.overwrite:
+        raise UsageError(f"--out {out} exists: pass --overwrite or another file")
+    base = profile_of(args.base)
+    try:
+        model = resolve_model(args.model)
+    except ValueError as err:
+        raise UsageError(str(err)) from err
+    gpu = torch.cuda.is_available()
+    print(f"calibrating {'host, disk and GPU' if gpu else 'host and disk (no GPU here)'}"
+          f"{' (quick)' if args.quick else ''}; unmeasured fields from {base.name}", flush=True)
+    start = time.perf_counter()
+
+    def progress(step: str) -> None:
+        print(f"  [{time.perf_counter() - start:6.1f} s] {step}", file=sys.stderr, flush=True)
+
+    found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
+                    disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
+                    progress=progress)
+    profile = merged_profile(base, found, name=args.name or out.stem, quick=args.quick)
+    save_profile(profile, out)
+    load_profile(out)  # what was written must read back
+    for m in found:
+        shown = m.value if isinstance(m.value, str | tuple) else f"{m.value:.4g}"
+        print(f"  {m.key:34s} {shown}")
+    print(f"wrote {out} in {time.perf_counter() - start:.0f} s: use it with --profile {out}")
+    return 0

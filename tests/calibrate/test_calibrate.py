@@ -1,0 +1,75 @@
+"""`layerslide calibrate`: the profile it writes reads back, measured fields replace the base's
+with their sources, the rest stays the base's; the GPU part on the GPU machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from layerslide.calibrate import measure, merged_profile
+from layerslide.calibrate.host import Measurement
+from layerslide.cli.main import main
+from layerslide.hwprofiles import builtin_profile_names, load_profile
+from layerslide.hwprofiles.writer import save_profile, to_toml
+from layerslide.planner.model import resolve_model
+
+
+@pytest.mark.parametrize("name", builtin_profile_names())
+def test_written_profiles_read_back_equal(tmp_path, name):
+    profile = load_profile(name)
+    again = load_profile(save_profile(profile, tmp_path / f"{name}.toml"))
+    assert dataclasses.replace(again, path=profile.path) == profile
+
+
+def test_measured_fields_replace_the_base_with_their_sources():
+    base = load_profile("h200-bench")
+    found = [Measurement(key="host.adamw_throughput", value=2.5e9, how="a test"),
+             Measurement(key="host.ram", value=1e11 + 0.4, how="pages"),
+             Measurement(key="gpu.matmul_efficiency", value=((1024, 0.5), (8192, 0.7)),
+                         how="gemms")]
+    got = merged_profile(base, found, name="mine", quick=True)
+    assert got.name == "mine" and got.host.adamw_params_per_s == 2.5e9
+    assert got.host.ram_bytes == 100_000_000_000  # a whole number of bytes
+    assert got.gpu.matmul_efficiency == ((1024, 0.5), (8192, 0.7))
+    assert got.sources["host.adamw_throughput"].endswith("layerslide calibrate --quick: a test")
+    assert got.host.cast_bytes_per_s == base.host.cast_bytes_per_s  # not measured: the base's
+    assert got.sources["host.cast_throughput"] == base.sources["host.cast_throughput"]
+    assert '"mine"' in to_toml(got)
+
+
+def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, capsys,
+                                                                     monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "here.toml"
+    assert main(["calibrate", "--quick", "--out", str(out), "--disk-dir",
+                 str(tmp_path / "disk")]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    profile, base = load_profile(out), load_profile("h200-bench")
+    assert profile.name == "here"
+    for key in ("host.memory_bandwidth", "host.adamw_throughput", "host.cast_throughput",
+                "host.cores", "host.ram", "storage.read", "storage.write", "storage.capacity"):
+        assert "layerslide calibrate --quick" in profile.sources[key], key
+    assert profile.host.adamw_params_per_s > 1e6 and profile.storage.read_bytes_per_s > 1e6
+    assert profile.gpu == base.gpu and profile.link == base.link  # no GPU: the base's
+    assert not list((tmp_path / "disk").iterdir())  # the probe file is gone
+
+
+def test_calibrate_refuses_bad_output_paths(tmp_path, capsys):
+    assert main(["calibrate", "--out", str(tmp_path / "p.json")]) == 2
+    assert "ends in .toml" in capsys.readouterr().err
+    (tmp_path / "p.toml").write_text("")
+    assert main(["calibrate", "--out", str(tmp_path / "p.toml")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_measurements_are_plausible():
+    found = {m.key: m.value for m in measure(
+        quick=True, model=resolve_model("llama-3.2-1b"), peak_flops=989e12, disk_dir=None,
+        gpu=True)}
+    assert all(0.05 < e < 1.2 for _, e in found["gpu.matmul_efficiency"])
+    assert all(0.01 < e < 1.5 for _, e in found["gpu.attention_forward_efficiency"])
+    assert 1e10 < found["link.h2d"] < 2e11 and found["link.duplex"] > found["link.h2d"]
+    assert 1e11 < found["gpu.hbm_bandwidth"] < 2e13 and 0 < found["gpu.kernel_launch"] < 1e-3
