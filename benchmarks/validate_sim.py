@@ -1,0 +1,166 @@
+"""The simulator against the executor: each configuration trained in a fresh process and
+simulated on a (calibrated) profile; a table, a figure and the summary of errors and ranks.
+
+    layerslide calibrate --out results/h200.toml --disk-dir /tmp/nvme
+    python benchmarks/validate_sim.py --profile results/h200.toml --nvme-dir /tmp/nvme \
+        --out results/validation
+
+Configurations (CONFIGS): two model shapes, micro-batches from CPU-bound (1) to compute-bound
+(64), windows 1-4, checkpoints on the GPU and on the host, one with moments on NVMe, and tune's
+pick at 3B micro-batch 8 (to see whether it is within 3% of the best measured there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CONFIGS = {
+    "1b-mb1-w2-host": {"model": "llama-3.2-1b", "micro_batch": 1, "window": 2},
+    "1b-mb8-w2-host": {"model": "llama-3.2-1b", "micro_batch": 8, "window": 2},
+    "1b-mb8-w1-gpu": {"model": "llama-3.2-1b", "micro_batch": 8, "window": 1,
+                      "activations": "gpu"},
+    "1b-mb8-w4-host": {"model": "llama-3.2-1b", "micro_batch": 8, "window": 4},
+    "1b-mb32-w2-gpu": {"model": "llama-3.2-1b", "micro_batch": 32, "window": 2,
+                       "activations": "gpu"},
+    "1b-mb8-w2-nvme0.5": {"model": "llama-3.2-1b", "micro_batch": 8, "window": 2,
+                          "moments_on_nvme": 0.5},
+    "3b-mb1-w2-host": {"model": "llama-3.2-3b", "micro_batch": 1, "window": 2},
+    "3b-mb4-w2-gpu": {"model": "llama-3.2-3b", "micro_batch": 4, "window": 2,
+                      "activations": "gpu"},
+    "3b-mb8-w2-host": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2},
+    "3b-mb8-w4-gpu": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 4,
+                      "activations": "gpu"},
+    "3b-mb8-tuned": {"model": "llama-3.2-3b", "micro_batch": 8, "tuned": True},
+    "3b-mb16-w1-host": {"model": "llama-3.2-3b", "micro_batch": 16, "window": 1},
+    "3b-mb32-w2-host": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2},
+    "3b-mb64-w2-host": {"model": "llama-3.2-3b", "micro_batch": 64, "window": 2},
+}
+
+
+def run_one(label: str, cfg: dict, args) -> dict:
+    """Train one configuration here and simulate its plan; the measured and predicted row."""
+    import torch
+
+    from layerslide.executor.blocks import hf_config_from_spec
+    from layerslide.executor.data import SyntheticTokens
+    from layerslide.executor.optim import OptimConfig
+    from layerslide.executor.trainer import Trainer
+    from layerslide.hwprofiles import load_profile
+    from layerslide.hwprofiles.units import parse_bytes
+    from layerslide.planner.build import build_plan
+    from layerslide.planner.model import resolve_model
+    from layerslide.planner.settings import Policy, TrainSpec
+    from layerslide.simulator.predict import simulate
+    from layerslide.tuner import SearchSpace, tune
+
+    spec = resolve_model(args.model_override or cfg["model"])
+    train = TrainSpec(micro_batch=cfg["micro_batch"], seq_len=args.seq_len)
+    profile = load_profile(args.profile)
+    cap = parse_bytes(args.gpu_memory)
+    if cfg.get("tuned"):
+        space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
+        best = tune(spec, profile, seq_len=train.seq_len, space=space, base_policy=Policy(),
+                    gpu_memory_bytes=int(0.9 * cap)).best
+        if best is None:
+            raise SystemExit(f"{label}: tune found nothing that fits")
+        policy = best.policy
+    else:
+        policy = Policy(window=cfg["window"], activations=cfg.get("activations", "host"),
+                        moments_on_nvme=cfg.get("moments_on_nvme", 0.0))
+    predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
+                         gpu_memory_bytes=cap)
+    config = (hf_config_from_spec(spec) if not args.model_override
+              else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
+    with Trainer(config=config, spec=spec, train=train, policy=policy,
+                 optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=cap,
+                 nvme_dir=args.nvme_dir, keep_trace=False) as trainer:
+        trainer.init_random(0)
+        logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
+        cuda = args.device.startswith("cuda")
+        reserved = torch.cuda.max_memory_reserved() if cuda else 0
+    steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
+    return {
+        "label": label, "config": cfg, "policy": policy.to_dict(),
+        "measured_step_s": statistics.median(log.step_s for log in steady),
+        "predicted_step_s": predicted.step_s,
+        "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
+        "predicted_gpu_allocated_bytes": predicted.peak_bytes["gpu"],
+        # the simulator counts allocations, not the caching allocator's reserve: the same number
+        "measured_gpu_reserved_bytes": reserved,
+        "predicted_gpu_reserved_bytes": predicted.peak_bytes["gpu"],
+        "measured_host_bytes": max(log.host_rss_bytes for log in logs),
+        "predicted_host_bytes": predicted.peak_bytes["host"],
+        "step_times_s": [log.step_s for log in logs],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="h200-bench", help="profile name or calibrated file")
+    ap.add_argument("--configs", default="all", help="comma-separated CONFIGS labels, or all")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--gpu-memory", default="24GiB")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--nvme-dir", default="/tmp/layerslide-nvme")
+    ap.add_argument("--model-override", help="a config.json folder every configuration uses "
+                                             "instead of its model (smoke tests)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this label, print its row
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.one:
+        print("ROW " + json.dumps(run_one(args.one, CONFIGS[args.one], args)), flush=True)
+        return
+    if args.out is None:
+        ap.error("--out is required")
+    labels = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    unknown = [label for label in labels if label not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for k, label in enumerate(labels):
+        print(f"[{k + 1}/{len(labels)}] {label}", flush=True)
+        child = [sys.executable, __file__, "--one", label, *sys.argv[1:]]
+        done = subprocess.run(child, capture_output=True, text=True, check=False,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
+                    if line.startswith("ROW ")), None)
+        if row is None:
+            print(f"  failed (exit {done.returncode}): {done.stderr.strip()[-600:]}", flush=True)
+            continue
+        rows.append(row)
+        print(f"  step {row['measured_step_s']:.3f} s measured, {row['predicted_step_s']:.3f} "
+              "predicted", flush=True)
+        (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
+    report(rows, args.out)
+
+
+def report(rows: list[dict], out: Path) -> None:
+    from layerslide.reports.validation import figure, markdown, summarize
+
+    summary = summarize(rows)
+    tuned = next((r for r in rows if r["config"].get("tuned")), None)
+    if tuned is not None:
+        group = [r for r in rows if r["config"]["model"] == tuned["config"]["model"]
+                 and r["config"]["micro_batch"] == tuned["config"]["micro_batch"]]
+        best = min(r["measured_step_s"] for r in group)
+        summary["tuned_vs_best_measured"] = tuned["measured_step_s"] / best - 1.0
+    (out / "validation_summary.json").write_text(json.dumps(summary, indent=1))
+    table = markdown(rows)
+    if "tuned_vs_best_measured" in summary:
+        table += (f"- tune's pick against the best measured at its micro-batch: "
+                  f"{summary['tuned_vs_best_measured']:+.1%}\n")
+    (out / "validation.md").write_text(table)
+    figure(rows, out / "validation.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The simulator against measured runs: errors per configuration, their summary (mean absolute
+error, worst case, rank agreement), a markdown table and a predicted-vs-measured figure.
+
+A row is one configuration: a `label` and, for each quantity in QUANTITIES, `predicted_<q>` and
+`measured_<q>` (seconds or bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+GIB = 2**30
+# quantity -> how it is shown; targets of issue 5: step within 3% on average (8% at worst),
+# GPU peak within 3%, host peak within 5%
+QUANTITIES = {"step_s": "step time", "gpu_allocated_bytes": "GPU peak allocated",
+              "gpu_reserved_bytes": "GPU peak reserved", "host_bytes": "host peak RSS"}
+
+
+def relative_error(row: dict, quantity: str) -> float:
+    """(predicted - measured) / measured."""
+    return row[f"predicted_{quantity}"] / row[f"measured_{quantity}"] - 1.0
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return result
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation: Pearson's over the ranks."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError("spearman needs two sequences of equal length >= 2")
+    ra, rb = ranks(a), ranks(b)
+    mean_a, mean_b = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(ra, rb, strict=True))
+    var_a = sum((x - mean_a) ** 2 for x in ra)
+    var_b = sum((y - mean_b) ** 2 for y in rb)
+    return cov / (var_a * var_b) ** 0.5 if var_a and var_b else 0.0
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """Per quantity: mean absolute and worst relative error; for step time, the rank
+    correlation of predicted against measured."""
+    summary: dict = {"configurations": len(rows)}
+    for quantity in QUANTITIES:
+        have = [r for r in rows if r.get(f"measured_{quantity}") and
+                r.get(f"predicted_{quantity}") is not None]
+        if not have:
+            continue
+        errors = [relative_error(r, quantity) for r in have]
+        worst = max(range(len(have)), key=lambda i: abs(errors[i]))
+        summary[quantity] = {"mean_abs_error": sum(map(abs, errors)) / len(errors),
+                             "worst_error": errors[worst], "worst": have[worst]["label"]}
+    steps = [r for r in rows if r.get("measured_step_s")]
+    if len(steps) >= 2:
+        summary["step_s"]["spearman"] = spearman([r["predicted_step_s"] for r in steps],
+                                                 [r["measured_step_s"] for r in steps])
+    return summary
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    head = ["configuration", "step s measured", "predicted", "error"]
+    for quantity in list(QUANTITIES)[1:]:
+        head += [f"{QUANTITIES[quantity]} GiB", "predicted", "error"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        cells = [r["label"], f"{r['measured_step_s']:.3f}", f"{r['predicted_step_s']:.3f}",
+                 f"{relative_error(r, 'step_s'):+.1%}"]
+        for quantity in list(QUANTITIES)[1:]:
+            if not r.get(f"measured_{quantity}"):  # not measured (e.g. no GPU)
+                cells += ["-", f"{r[f'predicted_{quantity}'] / GIB:.2f}", "-"]
+                continue
+            cells += [f"{r[f'measured_{quantity}'] / GIB:.2f}",
+                      f"{r[f'predicted_{quantity}'] / GIB:.2f}",
+                      f"{relative_error(r, quantity):+.1%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    summary = summarize(rows)
+    lines.append("")
+    for quantity, name in QUANTITIES.items():
+        if quantity in summary:
+            s = summary[quantity]
+            lines.append(f"- {name}: mean absolute error {s['mean_abs_error']:.1%}, worst "
+                         f"{s['worst_error']:+.1%} ({s['worst']})")
+    if "spearman" in summary.get("step_s", {}):
+        lines.append(f"- step-time rank correlation (Spearman): "
+                     f"{summary['step_s']['spearman']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def figure(rows: Sequence[dict], path: str | Path) -> Path:
+    """Predicted against measured, one panel per quantity, with the y = x line."""
+    fig = Figure(figsize=(4.2 * len(QUANTITIES), 4.2))
+    FigureCanvasAgg(fig)
+    for k, (quantity, name) in enumerate(QUANTITIES.items()):
+        ax = fig.add_subplot(1, len(QUANTITIES), k + 1)
+        scale = 1.0 if quantity == "step_s" else 1 / GIB
+        have = [r for r in rows if r.get(f"measured_{quantity}")]
+        measured = [r[f"measured_{quantity}"] * scale for r in have]
+        predicted = [r[f"predicted_{quantity}"] * scale for r in have]
+        if not have:
+            ax.set_title(f"{name}: not measured")
+            continue
+        ax.scatter(measured, predicted, s=18)
+        top = max(measured + predicted) * 1.05
+        ax.plot([0, top], [0, top], color="grey", linewidth=0.8)
+        unit = "s" if quantity == "step_s" else "GiB"
+        ax.set(xlabel=f"measured ({unit})", ylabel=f"predicted ({unit})", title=name,
+               xlim=(0, top), ylim=(0, top))
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

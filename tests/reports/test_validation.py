@@ -1,0 +1,64 @@
+"""The predicted-vs-measured report: errors, rank correlation, table and figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from layerslide.reports.validation import (
+    GIB,
+    figure,
+    markdown,
+    ranks,
+    relative_error,
+    spearman,
+    summarize,
+)
+
+
+def row(label, step, predicted_step, gpu=1.0, host=10.0, error=0.0):
+    return {"label": label, "measured_step_s": step, "predicted_step_s": predicted_step,
+            "measured_gpu_allocated_bytes": gpu * GIB,
+            "predicted_gpu_allocated_bytes": gpu * GIB * (1 + error),
+            "measured_gpu_reserved_bytes": 1.2 * gpu * GIB,
+            "predicted_gpu_reserved_bytes": gpu * GIB,
+            "measured_host_bytes": host * GIB, "predicted_host_bytes": host * GIB}
+
+
+def test_ranks_share_ties_and_spearman_matches_hand_values():
+    assert ranks([3.0, 1.0, 2.0, 1.0]) == [4.0, 1.5, 3.0, 1.5]
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # one swapped pair out of 4: 1 - 6 * (1 + 1) / (4 * 15) = 0.8
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    with pytest.raises(ValueError, match="equal length"):
+        spearman([1], [1])
+
+
+def test_summary_reports_mean_and_worst_errors_and_the_rank_agreement():
+    rows = [row("a", 1.0, 1.02), row("b", 2.0, 1.90, error=0.03), row("c", 3.0, 3.3)]
+    assert relative_error(rows[1], "step_s") == pytest.approx(-0.05)
+    s = summarize(rows)
+    assert s["configurations"] == 3
+    assert s["step_s"]["mean_abs_error"] == pytest.approx((0.02 + 0.05 + 0.10) / 3)
+    assert s["step_s"]["worst"] == "c" and s["step_s"]["worst_error"] == pytest.approx(0.10)
+    assert s["step_s"]["spearman"] == pytest.approx(1.0)
+    assert s["gpu_allocated_bytes"]["worst"] == "b"
+    assert s["gpu_reserved_bytes"]["mean_abs_error"] == pytest.approx(1 - 1 / 1.2)
+
+
+def test_table_and_figure_are_written(tmp_path):
+    rows = [row("1B mb1", 0.4, 0.41), row("3B mb64", 3.0, 2.9)]
+    table = markdown(rows)
+    assert "| 1B mb1 | 0.400 | 0.410 | +2.5% |" in table
+    assert "Spearman" in table and "mean absolute error" in table
+    png = figure(rows, tmp_path / "fig" / "validation.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_quantities_not_measured_show_as_dashes(tmp_path):
+    rows = [row("cpu run", 0.4, 0.41, gpu=0.0)]
+    rows[0]["predicted_gpu_allocated_bytes"] = GIB
+    table = markdown(rows)
+    assert "| cpu run | 0.400 | 0.410 | +2.5% | - | 1.00 | - |" in table
+    assert "gpu_allocated_bytes" not in summarize(rows)
+    figure(rows, tmp_path / "v.png")
