@@ -150,8 +150,10 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     # next, so the last cycle alone can be shorter than the CPU's work per step.
     ends = {e.task_id: e.end_s for e in trace.events}
     markers = [ends[t] for t in plan.meta["step_markers"]]
-    step_s = max(markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1))
-    busy = _busy_fractions(trace, markers[-2], markers[-1])
+    last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
+    step_s = max(last, mean)
+    # lane busy fractions over the same window the step time comes from
+    busy = _busy_fractions(trace, markers[-2] if last >= mean else markers[0], markers[-1])
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
     return Prediction(
