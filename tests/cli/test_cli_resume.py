@@ -80,12 +80,16 @@ def run_killed(args: list[str], patch: str) -> int:
                           capture_output=True, timeout=300).returncode
 
 
-@pytest.mark.parametrize(("patch", "resumes_after"), [
-    (KILL_MID_STEP_5, 4), (KILL_WRITING_CHECKPOINT_4, 2)])
+@pytest.mark.parametrize(("patch", "resumes_after", "nvme"), [
+    (KILL_MID_STEP_5, 4, False), (KILL_WRITING_CHECKPOINT_4, 2, False),
+    (KILL_MID_STEP_5, 4, True)])
 def test_resume_after_kill_9_logs_the_uninterrupted_losses(config_dir, tmp_path, uninterrupted,
-                                                           patch, resumes_after, capsys):
+                                                           patch, resumes_after, nvme, capsys):
+    """With half the state on NVMe too: bit-identical to RAM, so the same losses."""
     ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
-    assert run_killed(train_args(config_dir, ckpt, log), patch) == -signal.SIGKILL
+    extra = (["--master-on-nvme", "0.5", "--moments-on-nvme", "0.5", "--nvme-dir",
+              str(tmp_path / "nvme")] if nvme else [])
+    assert run_killed([*train_args(config_dir, ckpt, log), *extra], patch) == -signal.SIGKILL
     before = losses(log)
     assert set(before) >= set(range(resumes_after))  # steps logged before the kill
     # nothing partial is taken for complete: the newest complete checkpoint is the last whole one
