@@ -124,7 +124,9 @@ def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None
     host_need = plan.static_bytes("host")
     if host_need > ram:
         raise UsageError(f"the plan holds {gib(host_need):.1f} GiB of host memory, this machine "
-                         f"has {gib(ram):.1f} GiB: a smaller model, or the NVMe tier (later)")
+                         f"has {gib(ram):.1f} GiB: keep part of the state on NVMe "
+                         "(--moments-on-nvme/--master-on-nvme with --nvme-dir; `layerslide "
+                         "tune` picks the fractions), or a smaller model")
 
 
 # what a resumed run may change: how it runs, not what it computes

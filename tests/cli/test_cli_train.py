@@ -87,6 +87,7 @@ def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
     (["--moments-on-nvme", "0.5"], "--nvme-dir"),
     (["--moments-on-nvme", "0.5", "--nvme-dir", "/proc/no"], "cannot be written"),
     (["--activations", "nvme"], "--nvme-dir"),
+    (["--model", "llama-3.1-70b"], "keep part of the state on NVMe"),  # more than this RAM
 ])
 def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
