@@ -19,7 +19,7 @@ import torch
 from layerslide.calibrate import host
 from layerslide.calibrate.host import GIB, Measurement
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.hwprofiles.loader import _INTEGER_ATTRS, _SECTIONS
+from layerslide.hwprofiles.loader import INTEGER_ATTRS, PROFILE_FIELDS
 from layerslide.planner.model import ModelSpec
 
 QUICK_TOKENS = [1024, 8192, 32768]
@@ -67,8 +67,8 @@ def merged_profile(base: HardwareProfile, found: list[Measurement], *, name: str
              f"{' --quick' if quick else ''}")
     for m in found:
         section, key = m.key.split(".")
-        attr = _SECTIONS[section][1][key][0]
-        value = round(m.value) if attr in _INTEGER_ATTRS else m.value
+        attr = PROFILE_FIELDS[section][1][key][0]
+        value = round(m.value) if attr in INTEGER_ATTRS else m.value
         parts[section] = dataclasses.replace(parts[section], **{attr: value})
         sources[m.key] = f"{stamp}: {m.how}"
     return dataclasses.replace(

@@ -55,9 +55,13 @@ def cmd_calibrate(args) -> int:
     def progress(step: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {step}", file=sys.stderr, flush=True)
 
-    found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
-                    disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
-                    progress=progress)
+    try:
+        found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
+                        disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
+                        progress=progress)
+    except OSError as err:  # the disk part: a folder that cannot be written, a full disk
+        raise UsageError(f"--disk-dir {args.disk_dir}: {err}: pass a writable folder on the "
+                         "disk to measure, with 4 GiB free (0.25 GiB with --quick)") from err
     profile = merged_profile(base, found, name=args.name or out.stem, quick=args.quick)
     save_profile(profile, out)
     load_profile(out)  # what was written must read back

@@ -15,7 +15,7 @@ BUILTIN_DIR = Path(__file__).parent / "builtin"
 
 # TOML field -> (dataclass attribute, unit kind). "text" is a plain string, "efficiency" the
 # GEMM table; every other kind is a {value, unit, source} table converted to SI.
-_SECTIONS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
+PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
     "gpu": (
         GPUSpec,
         {
@@ -59,9 +59,9 @@ _SECTIONS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
         },
     ),
 }
-_TOP_LEVEL = ("name", "description", *_SECTIONS)
+_TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
-_INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
+INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
 
 
 class ProfileError(ValueError):
@@ -115,7 +115,7 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
     _check_keys(data, _TOP_LEVEL, file=file, prefix="")
     sources: dict[str, str] = {}
     parts: dict[str, Any] = {}
-    for section, (cls, fields) in _SECTIONS.items():
+    for section, (cls, fields) in PROFILE_FIELDS.items():
         table = data[section]
         if not isinstance(table, dict):
             raise ProfileError(file, section, f"must be a table ([{section}]), got {_type(table)}")
@@ -130,7 +130,7 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
                 kwargs[attr], sources[dotted] = _efficiency(table[key], file=file, field=dotted)
                 continue
             value, sources[dotted] = _quantity(table[key], kind, file=file, field=dotted)
-            if attr in _INTEGER_ATTRS:
+            if attr in INTEGER_ATTRS:
                 value = round(value)
             kwargs[attr] = value
         parts[section] = cls(**kwargs)

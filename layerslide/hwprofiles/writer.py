@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .loader import _SECTIONS
+from .loader import PROFILE_FIELDS
 from .profile import HardwareProfile
 
 # the SI spelling of each unit kind the loader accepts
@@ -23,7 +23,7 @@ def to_toml(profile: HardwareProfile) -> str:
     lines = [f"name = {_string(profile.name)}", f"description = {_string(profile.description)}"]
     parts = {"gpu": profile.gpu, "link": profile.link, "host": profile.host,
              "storage": profile.storage}
-    for section, (_, fields) in _SECTIONS.items():
+    for section, (_, fields) in PROFILE_FIELDS.items():
         lines += ["", f"[{section}]"]
         tables = []
         for key, (attr, kind) in fields.items():

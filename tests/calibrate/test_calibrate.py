@@ -56,6 +56,15 @@ def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, c
     assert not list((tmp_path / "disk").iterdir())  # the probe file is gone
 
 
+def test_calibrate_refuses_a_disk_folder_it_cannot_write(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "file").write_text("")
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "p.toml"), "--disk-dir",
+                 str(tmp_path / "file" / "disk")]) == 2
+    assert "pass a writable folder" in capsys.readouterr().err
+    assert not (tmp_path / "p.toml").exists()
+
+
 def test_calibrate_refuses_bad_output_paths(tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "p.json")]) == 2
     assert "ends in .toml" in capsys.readouterr().err
