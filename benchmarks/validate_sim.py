@@ -87,6 +87,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(),
+        "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
         "measured_step_s": statistics.median(log.step_s for log in steady),
         "predicted_step_s": predicted.step_s,
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),

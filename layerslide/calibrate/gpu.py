@@ -13,18 +13,20 @@ from layerslide.calibrate.host import GIB, Measurement
 from layerslide.planner.model import ModelSpec
 
 
-def _cuda_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds of fn on the current stream, after a warm-up."""
+def _cuda_ms(fn: Callable[[], object], repeats: int, batch: int = 10) -> float:
+    """Median milliseconds of one fn call on the current stream, after a warm-up; each sample
+    times `batch` calls back to back, so Python's launch time hides behind the GPU's work."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(batch):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / batch)
     return sorted(times)[len(times) // 2]
 
 
@@ -56,17 +58,23 @@ def matmul_efficiency(model: ModelSpec, tokens: list[int], peak_flops: float,
                            "TFLOP/s")
 
 
+def attention_batches(tokens: list[int], seq_len: int) -> list[int]:
+    """Micro-batches of whole sequences for the token counts asked; counts below one sequence
+    are one sequence, measured once (the profile's tokens must strictly increase)."""
+    return sorted({max(1, t // seq_len) for t in tokens})
+
+
 def attention_efficiency(model: ModelSpec, seq_len: int, tokens: list[int], peak_flops: float,
                          repeats: int) -> list[Measurement]:
     """Causal SDPA forward, and forward + backward, at micro-batch tokens / seq_len."""
     dev = torch.device("cuda")
     a, g, d = model.num_attention_heads, model.num_key_value_heads, model.head_dim
     forward, both = [], []
-    for t in tokens:
-        b = max(1, t // seq_len)
+    for b in attention_batches(tokens, seq_len):
         q = torch.randn(b, a, seq_len, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(b, g, seq_len, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(b, g, seq_len, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        grad_out = torch.randn(b, a, seq_len, d, device=dev, dtype=torch.bfloat16)
         flops = 4.0 * seq_len * a * d * b * seq_len  # non-causal count, as the cost model
 
         def run_forward(q=q, k=k, v=v) -> torch.Tensor:
@@ -74,10 +82,10 @@ def attention_efficiency(model: ModelSpec, seq_len: int, tokens: list[int], peak
                 return functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                enable_gqa=g != a)
 
-        def run_both(q=q, k=k, v=v) -> None:
+        def run_both(q=q, k=k, v=v, grad_out=grad_out) -> None:
             out = functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                           enable_gqa=g != a)
-            out.backward(torch.ones_like(out))
+            torch.autograd.grad(out, (q, k, v), grad_out)
 
         forward.append((b * seq_len, round(flops / (_cuda_ms(run_forward, repeats) / 1e3)
                                            / peak_flops, 3)))
@@ -95,7 +103,7 @@ def device_basics(repeats: int) -> list[Measurement]:
     props = torch.cuda.get_device_properties(dev)
     src = torch.empty(GIB, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    hbm = 2 * GIB / (_cuda_ms(lambda: dst.copy_(src), repeats) / 1e3)
+    hbm = 2 * GIB / (_cuda_ms(lambda: dst.copy_(src), repeats, batch=1) / 1e3)
     tiny = torch.zeros(1, device=dev)
     launches = 2000
     torch.cuda.synchronize()
@@ -113,6 +121,34 @@ def device_basics(repeats: int) -> list[Measurement]:
                         how=f"{launches} tiny kernel launches from Python")]
 
 
+def shared_host_bandwidth(numel: int, nbytes: int) -> float:
+    """Host memory bytes/s while the CPU updates fp32 arrays in place and both copy engines
+    stream pinned buffers: the capacity AdamW, casts and DMA share (the profile's
+    host.memory_bandwidth), which the CPU alone does not reach."""
+    a, b = torch.ones(numel), torch.ones(numel)
+    up_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    down_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    up_gpu, down_gpu = (torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(2))
+    streams, copies = (torch.cuda.Stream(), torch.cuda.Stream()), 20
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    with torch.cuda.stream(streams[0]):
+        for _ in range(copies):
+            up_gpu.copy_(up_host, non_blocking=True)
+    with torch.cuda.stream(streams[1]):
+        for _ in range(copies):
+            down_host.copy_(down_gpu, non_blocking=True)
+    done = [torch.cuda.Event() for _ in streams]
+    for event, stream in zip(done, streams, strict=True):
+        event.record(stream)
+    cpu_bytes = 0
+    while not all(e.query() for e in done):
+        a.add_(b, alpha=0.5)
+        cpu_bytes += 3 * 4 * numel
+    torch.cuda.synchronize()
+    return (cpu_bytes + 2 * copies * nbytes) / (time.perf_counter() - start)
+
+
 def link(nbytes: int, repeats: int) -> list[Measurement]:
     """Pinned H2D and D2H alone and at once (total of both), and H2D from pageable memory."""
     dev = torch.device("cuda")
@@ -121,10 +157,11 @@ def link(nbytes: int, repeats: int) -> list[Measurement]:
     pageable = torch.empty(nbytes, dtype=torch.uint8)
     on_gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     from_gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    h2d = nbytes / (_cuda_ms(lambda: on_gpu.copy_(pinned, non_blocking=True), repeats) / 1e3)
+    h2d = nbytes / (_cuda_ms(lambda: on_gpu.copy_(pinned, non_blocking=True), repeats,
+                             batch=1) / 1e3)
     d2h = nbytes / (_cuda_ms(lambda: pinned_back.copy_(from_gpu, non_blocking=True),
-                             repeats) / 1e3)
-    pageable_rate = nbytes / (_cuda_ms(lambda: on_gpu.copy_(pageable), repeats) / 1e3)
+                             repeats, batch=1) / 1e3)
+    pageable_rate = nbytes / (_cuda_ms(lambda: on_gpu.copy_(pageable), repeats, batch=1) / 1e3)
     up, down = torch.cuda.Stream(), torch.cuda.Stream()
 
     def both() -> None:
@@ -135,7 +172,7 @@ def link(nbytes: int, repeats: int) -> list[Measurement]:
         torch.cuda.current_stream().wait_stream(up)
         torch.cuda.current_stream().wait_stream(down)
 
-    duplex = 2 * nbytes / (_cuda_ms(both, repeats) / 1e3)
+    duplex = 2 * nbytes / (_cuda_ms(both, repeats, batch=1) / 1e3)
     how = f"{nbytes / GIB:.2f} GiB copies, median of {repeats}"
     return [Measurement(key="link.h2d", value=h2d, how="pinned H2D, " + how),
             Measurement(key="link.d2h", value=d2h, how="pinned D2H, " + how),

@@ -87,10 +87,15 @@ def cast_throughput(numel: int, repeats: int) -> Measurement:
                            f"{torch.get_num_threads()} threads, best of {repeats}")
 
 
-def machine_sizes() -> list[Measurement]:
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return [Measurement(key="host.cores", value=os.cpu_count() or 1, how="os.cpu_count()"),
-            Measurement(key="host.ram", value=ram, how="physical pages x page size")]
+def machine_sizes(ram_bytes: int | None = None) -> list[Measurement]:
+    """Cores, and RAM: as given (a machine whose RAM grows as used reports less), else the
+    physical pages."""
+    if ram_bytes is None:
+        ram = Measurement(key="host.ram", value=os.sysconf("SC_PAGE_SIZE")
+                          * os.sysconf("SC_PHYS_PAGES"), how="physical pages x page size")
+    else:
+        ram = Measurement(key="host.ram", value=ram_bytes, how="given (--ram)")
+    return [Measurement(key="host.cores", value=os.cpu_count() or 1, how="os.cpu_count()"), ram]
 
 
 def disk(folder: Path, nbytes: int) -> list[Measurement]:
@@ -108,6 +113,8 @@ def disk(folder: Path, nbytes: int) -> list[Measurement]:
             for offset in range(0, nbytes, CHUNK_BYTES):
                 os.pwritev(fd, [buf], offset)
             os.fsync(fd)
+            if not direct:  # read from the disk, not from the page cache the write filled
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
         write = nbytes / (time.perf_counter() - start)

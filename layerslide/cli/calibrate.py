@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from layerslide.cli.options import UsageError, profile_of
+from layerslide.cli.options import UsageError, byte_size, profile_of
 
 
 def add_calibrate_command(sub, units: str) -> None:
@@ -23,6 +23,12 @@ def add_calibrate_command(sub, units: str) -> None:
                    help="model whose layer shapes the GEMMs and attention are measured at")
     p.add_argument("--disk-dir", help="folder on the disk to measure (the NVMe tier's); "
                                       "default: no disk measurement")
+    p.add_argument("--seq-len", type=int, default=1024,
+                   help="sequence length attention is measured at (the profile's attention "
+                        "tables hold for it)")
+    p.add_argument("--ram", type=byte_size, default=None, metavar="SIZE",
+                   help="RAM to record, e.g. 128GiB, where the machine reports less than it "
+                        "has (RAM that grows as used); default: the physical pages")
     p.add_argument("--quick", action="store_true",
                    help="smaller arrays, fewer repeats and token counts (under a minute)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -55,16 +61,28 @@ def cmd_calibrate(args) -> int:
     def progress(step: str) -> None:
         print(f"  [{time.perf_counter() - start:6.1f} s] {step}", file=sys.stderr, flush=True)
 
+    if args.seq_len < 1:
+        raise UsageError(f"--seq-len {args.seq_len}: must be >= 1")
     try:
         found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
                         disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
-                        progress=progress)
-    except OSError as err:  # the disk part: a folder that cannot be written, a full disk
-        raise UsageError(f"--disk-dir {args.disk_dir}: {err}: pass a writable folder on the "
-                         "disk to measure, with 4 GiB free (0.25 GiB with --quick)") from err
-    profile = merged_profile(base, found, name=args.name or out.stem, quick=args.quick)
-    save_profile(profile, out)
-    load_profile(out)  # what was written must read back
+                        seq_len=args.seq_len, ram_bytes=args.ram, progress=progress)
+    except OSError as err:
+        hint = (": pass a writable --disk-dir with 4 GiB free (0.25 GiB with --quick)"
+                if args.disk_dir else "")
+        raise UsageError(f"calibration failed: {err}{hint}") from err
+    # written beside, read back, then put in place: a profile the loader refuses (e.g. GEMMs
+    # faster than the base's bf16 peak) never lands as --out
+    draft = out.with_name(f".{out.stem}.draft.toml")
+    try:
+        profile = merged_profile(base, found, name=args.name or out.stem, quick=args.quick)
+        load_profile(save_profile(profile, draft))
+    except ValueError as err:
+        draft.unlink(missing_ok=True)
+        raise UsageError(f"the measurements do not make a valid profile: {err}; if GEMMs "
+                         f"beat {base.name}'s bf16 peak, pass a --base whose peak is this "
+                         "GPU's") from err
+    draft.replace(out)
     for m in found:
         shown = m.value if isinstance(m.value, str | tuple) else f"{m.value:.4g}"
         print(f"  {m.key:34s} {shown}")

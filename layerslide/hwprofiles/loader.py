@@ -127,7 +127,10 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
                 kwargs[attr] = _text(table[key], file=file, field=dotted)
                 continue
             if kind == "efficiency":
-                kwargs[attr], sources[dotted] = _efficiency(table[key], file=file, field=dotted)
+                # attention FLOPs are counted non-causal, so a causal kernel can pass 1 (up to 2)
+                ceiling = 2.0 if key.startswith("attention") else 1.0
+                kwargs[attr], sources[dotted] = _efficiency(table[key], file=file, field=dotted,
+                                                            ceiling=ceiling)
                 continue
             value, sources[dotted] = _quantity(table[key], kind, file=file, field=dotted)
             if attr in INTEGER_ATTRS:
@@ -187,7 +190,8 @@ def _quantity(entry: Any, kind: str, *, file: str, field: str) -> tuple[float, s
     return to_si(value, unit, kind), source
 
 
-def _efficiency(entry: Any, *, file: str, field: str) -> tuple[tuple[tuple[int, float], ...], str]:
+def _efficiency(entry: Any, *, file: str, field: str,
+                ceiling: float = 1.0) -> tuple[tuple[tuple[int, float], ...], str]:
     """Read {tokens = [...], efficiency = [...], source} into sorted (tokens, fraction) pairs."""
     if not isinstance(entry, dict):
         raise ProfileError(
@@ -212,9 +216,9 @@ def _efficiency(entry: Any, *, file: str, field: str) -> tuple[tuple[tuple[int, 
     if any(b <= a for a, b in pairwise(tokens)):
         raise ProfileError(file, f"{field}.tokens", f"must be strictly increasing, got {tokens}")
     for e in effs:
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e <= 1:
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0 < e <= ceiling:
             raise ProfileError(
-                file, f"{field}.efficiency", f"must be fractions in (0, 1], got {e!r}"
+                file, f"{field}.efficiency", f"must be fractions in (0, {ceiling:g}], got {e!r}"
             )
     return tuple((t, float(e)) for t, e in zip(tokens, effs)), source
 

@@ -1,8 +1,9 @@
 """The simulator against measured runs: errors per configuration, their summary (mean absolute
 error, worst case, rank agreement), a markdown table and a predicted-vs-measured figure.
 
-A row is one configuration: a `label` and, for each quantity in QUANTITIES, `predicted_<q>` and
-`measured_<q>` (seconds or bytes).
+A row is one configuration: a `label`, optionally a `group` (configurations that differ only in
+policy: the same model and micro-batch), and for each quantity in QUANTITIES `predicted_<q>` and
+`measured_<q>` (seconds or bytes; a predicted step of None: the plan overflows memory).
 """
 
 from __future__ import annotations
@@ -57,18 +58,28 @@ def summarize(rows: Sequence[dict]) -> dict:
     correlation of predicted against measured."""
     summary: dict = {"configurations": len(rows)}
     for quantity in QUANTITIES:
-        have = [r for r in rows if r.get(f"measured_{quantity}") and
-                r.get(f"predicted_{quantity}") is not None]
+        have = [r for r in rows if r.get(f"measured_{quantity}")
+                and r.get(f"predicted_{quantity}") is not None]
         if not have:
             continue
         errors = [relative_error(r, quantity) for r in have]
         worst = max(range(len(have)), key=lambda i: abs(errors[i]))
         summary[quantity] = {"mean_abs_error": sum(map(abs, errors)) / len(errors),
                              "worst_error": errors[worst], "worst": have[worst]["label"]}
-    steps = [r for r in rows if r.get("measured_step_s")]
+    steps = [r for r in rows if r.get("measured_step_s") and r.get("predicted_step_s")]
     if len(steps) >= 2:
         summary["step_s"]["spearman"] = spearman([r["predicted_step_s"] for r in steps],
                                                  [r["measured_step_s"] for r in steps])
+    # across models and micro-batches the ranking is mostly the batch size's; what tune relies
+    # on is the order of policies for one model and batch
+    groups: dict[str, list[dict]] = {}
+    for r in steps:
+        if r.get("group"):
+            groups.setdefault(r["group"], []).append(r)
+    within = {g: spearman([r["predicted_step_s"] for r in rs], [r["measured_step_s"] for r in rs])
+              for g, rs in groups.items() if len(rs) >= 3}
+    if within:
+        summary["step_s"]["spearman_within_groups"] = within
     return summary
 
 
@@ -78,6 +89,10 @@ def markdown(rows: Sequence[dict]) -> str:
         head += [f"{QUANTITIES[quantity]} GiB", "predicted", "error"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
+        if r.get("predicted_step_s") is None:  # the plan overflows: nothing predicted to compare
+            lines.append(f"| {r['label']} | {r['measured_step_s']:.3f} | overflow |"
+                         + " - |" * (len(head) - 3))
+            continue
         cells = [r["label"], f"{r['measured_step_s']:.3f}", f"{r['predicted_step_s']:.3f}",
                  f"{relative_error(r, 'step_s'):+.1%}"]
         for quantity in list(QUANTITIES)[1:]:
@@ -96,8 +111,10 @@ def markdown(rows: Sequence[dict]) -> str:
             lines.append(f"- {name}: mean absolute error {s['mean_abs_error']:.1%}, worst "
                          f"{s['worst_error']:+.1%} ({s['worst']})")
     if "spearman" in summary.get("step_s", {}):
-        lines.append(f"- step-time rank correlation (Spearman): "
+        lines.append(f"- step-time rank correlation (Spearman), all configurations: "
                      f"{summary['step_s']['spearman']:.3f}")
+    for group, rho in summary.get("step_s", {}).get("spearman_within_groups", {}).items():
+        lines.append(f"- rank correlation among the policies of {group}: {rho:.3f}")
     return "\n".join(lines) + "\n"
 
 
@@ -108,7 +125,8 @@ def figure(rows: Sequence[dict], path: str | Path) -> Path:
     for k, (quantity, name) in enumerate(QUANTITIES.items()):
         ax = fig.add_subplot(1, len(QUANTITIES), k + 1)
         scale = 1.0 if quantity == "step_s" else 1 / GIB
-        have = [r for r in rows if r.get(f"measured_{quantity}")]
+        have = [r for r in rows if r.get(f"measured_{quantity}")
+                and r.get(f"predicted_{quantity}") is not None]
         measured = [r[f"measured_{quantity}"] * scale for r in have]
         predicted = [r[f"predicted_{quantity}"] * scale for r in have]
         if not have:

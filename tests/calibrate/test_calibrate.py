@@ -61,7 +61,7 @@ def test_calibrate_refuses_a_disk_folder_it_cannot_write(tmp_path, capsys, monke
     (tmp_path / "file").write_text("")
     assert main(["calibrate", "--quick", "--out", str(tmp_path / "p.toml"), "--disk-dir",
                  str(tmp_path / "file" / "disk")]) == 2
-    assert "pass a writable folder" in capsys.readouterr().err
+    assert "pass a writable --disk-dir" in capsys.readouterr().err
     assert not (tmp_path / "p.toml").exists()
 
 
@@ -82,3 +82,39 @@ def test_gpu_measurements_are_plausible():
     assert all(0.01 < e < 1.5 for _, e in found["gpu.attention_forward_efficiency"])
     assert 1e10 < found["link.h2d"] < 2e11 and found["link.duplex"] > found["link.h2d"]
     assert 1e11 < found["gpu.hbm_bandwidth"] < 2e13 and 0 < found["gpu.kernel_launch"] < 1e-3
+
+
+def test_attention_is_measured_at_whole_sequences_each_once():
+    from layerslide.calibrate.gpu import attention_batches
+    assert attention_batches([512, 1024, 2048, 65536], 1024) == [1, 2, 64]
+    assert attention_batches([1024, 8192, 32768], 4096) == [1, 2, 8]
+
+
+def test_host_bandwidth_is_the_largest_traffic_measured():
+    from layerslide.calibrate import _shared_host_bandwidth
+    found = [Measurement(key="host.memory_bandwidth", value=30e9, how="copy"),
+             Measurement(key="host.adamw_throughput", value=2e9, how="adamw"),
+             Measurement(key="host.cast_throughput", value=20e9, how="cast")]
+    bandwidth = {m.key: m for m in _shared_host_bandwidth(found)}["host.memory_bandwidth"]
+    assert bandwidth.value == 56e9 and "(AdamW x 28 B)" in bandwidth.how
+    with_dma = [*found, Measurement(key="shared", value=140e9, how="")]
+    got = {m.key: m for m in _shared_host_bandwidth(with_dma)}
+    assert got["host.memory_bandwidth"].value == 140e9 and "shared" not in got
+
+
+def test_a_profile_the_loader_refuses_is_not_written(tmp_path, capsys, monkeypatch):
+    from layerslide import calibrate
+    monkeypatch.setattr(calibrate, "measure", lambda **_kw: [Measurement(
+        key="gpu.matmul_efficiency", value=((1024, 0.9), (8192, 1.03)), how="gemms")])
+    assert main(["calibrate", "--out", str(tmp_path / "p.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "do not make a valid profile" in err and "--base" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ram_can_be_given_for_machines_whose_ram_grows_as_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "p.toml"),
+                 "--ram", "128GiB"]) == 0
+    profile = load_profile(tmp_path / "p.toml")
+    assert profile.host.ram_bytes == 128 * 2**30 and "given" in profile.sources["host.ram"]

@@ -62,3 +62,15 @@ def test_quantities_not_measured_show_as_dashes(tmp_path):
     assert "| cpu run | 0.400 | 0.410 | +2.5% | - | 1.00 | - |" in table
     assert "gpu_allocated_bytes" not in summarize(rows)
     figure(rows, tmp_path / "v.png")
+
+
+def test_overflowing_plans_and_policy_groups(tmp_path):
+    rows = [row("a", 1.0, 1.1), row("b", 2.0, 1.9), row("c", 3.0, 2.5), row("d", 4.0, None)]
+    for r in rows[:3]:
+        r["group"] = "3B mb8"
+    rows[2]["predicted_step_s"], rows[1]["predicted_step_s"] = 1.8, 2.5  # c and b swapped
+    s = summarize(rows)
+    assert s["step_s"]["spearman_within_groups"] == {"3B mb8": pytest.approx(0.5)}
+    table = markdown(rows)
+    assert "| d | 4.000 | overflow |" in table and "among the policies of 3B mb8" in table
+    figure(rows, tmp_path / "v.png")
