@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 
 from layerslide.executor.data import SyntheticTokens
+from layerslide.executor.memory import host_rss_bytes
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer, host_rss_bytes
+from layerslide.executor.trainer import Trainer
 from layerslide.planner.settings import Policy, TrainSpec
 
 

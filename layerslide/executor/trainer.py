@@ -9,13 +9,9 @@ GPU task to the next one's.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Self
 
@@ -29,6 +25,7 @@ from layerslide.executor.data import TokenSource
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
 from layerslide.executor.host_state import HostState
+from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner
 from layerslide.planner import sizes
@@ -38,7 +35,6 @@ from layerslide.planner.plan import Plan
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import MemorySample, Trace, TraceEvent
 
-MEMORY_SAMPLE_S = 0.02
 STATE_FORMAT = "layerslide-train-state/1"
 
 
@@ -88,11 +84,6 @@ def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> No
                              f"{sizes.block_params(spec, b)} parameters; this model's has "
                              f"{blocks.numel(b)}: plan for this model (`layerslide plan/tune "
                              "--model <its folder>`)")
-
-
-def host_rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 class Trainer:
@@ -292,7 +283,7 @@ class Trainer:
         if self.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device.device)
         self.device.reset_clock()
-        sampler = _MemorySampler(self.device)
+        sampler = MemorySampler(self.device)
         try:
             offset = self.step
             done = None if on_step_done is None else (lambda s: on_step_done(offset + s))
@@ -302,10 +293,10 @@ class Trainer:
             sampler.stop()
         self.runner.collect_gpu_skips()
         logs = self._logs(plan, timings, sampler, count)
-        _return_freed_heap()
+        return_freed_heap()
         return logs
 
-    def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: _MemorySampler,
+    def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: MemorySampler,
               count: int) -> list[StepLog]:
         end_of = {t.task.id: t.end_s for t in timings}
         if self.keep_trace:
@@ -355,24 +346,6 @@ class Trainer:
         self.close()
 
 
-@cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:  # not glibc
-        return None
-
-
-def _return_freed_heap() -> None:
-    """Give the heap's free pages back to the OS where a segment ends. Each segment's lane
-    threads and per-step tensors leave freed holes in glibc's arenas, and without this a long
-    run's RSS creeps up (measured: +55 MB over 1,000 small steps) though nothing leaks."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
-
-
 def _first_steps(plan: Plan, count: int) -> Plan:
     """The plan restricted to its first `count` steps (tasks of later steps dropped)."""
     if count == plan.num_steps:
@@ -389,31 +362,3 @@ def _first_steps(plan: Plan, count: int) -> Plan:
                    meta={**plan.meta, "step_markers": plan.meta["step_markers"][:count]})
     trimmed.validate()
     return trimmed
-
-
-class _MemorySampler:
-    """Samples GPU allocated bytes and host RSS on a thread while a segment runs."""
-
-    def __init__(self, device: LaneDevice):
-        self.device, self.samples = device, []
-        self.peak_host_bytes = host_rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="layerslide-memory", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            now = self.device.host_now_s()
-            rss = host_rss_bytes()
-            self.peak_host_bytes = max(self.peak_host_bytes, rss)
-            self.samples.append(MemorySample(time_s=now, tier="host", bytes_in_use=rss))
-            if self.device.is_cuda:
-                self.samples.append(MemorySample(
-                    time_s=now, tier="gpu",
-                    bytes_in_use=torch.cuda.memory_allocated(self.device.device)))
-            if self._stop.wait(MEMORY_SAMPLE_S):
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
