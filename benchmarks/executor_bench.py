@@ -23,6 +23,8 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
+from layerslide.calibrate.gpu import shared_host_bandwidth
+from layerslide.calibrate.host import memory_bandwidth
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.compute import layer_call
 from layerslide.executor.data import SyntheticTokens
@@ -107,54 +109,6 @@ def all_gpu_forward_backward_s(blocks: ModelBlocks, spec, train: TrainSpec,
     return result
 
 
-def host_bandwidth_bytes_per_s(threads: int) -> float:
-    """Host memory bytes per second: the best of a copy (read + write) and an in-place update
-    (read 2, write 1: AdamW's access pattern), over 1 GiB fp32 arrays, torch's threads."""
-    torch.set_num_threads(threads)
-    a, b = torch.ones(GIB // 4), torch.ones(GIB // 4)
-
-    def rate(fn, touched: int) -> float:
-        fn()
-        start = time.perf_counter()
-        for _ in range(5):
-            fn()
-        return touched * GIB / ((time.perf_counter() - start) / 5)
-
-    return max(rate(lambda: a.copy_(b), 2), rate(lambda: a.add_(b, alpha=0.5), 3))
-
-
-def shared_host_bandwidth_bytes_per_s(threads: int) -> float:
-    """Host memory bytes per second while the CPU updates arrays in place AND both copy
-    engines stream pinned buffers to and from the GPU: the capacity that AdamW, casts and DMA
-    share (the CPU alone cannot saturate it)."""
-    torch.set_num_threads(threads)
-    a, b = torch.ones(GIB // 4), torch.ones(GIB // 4)
-    chunk = GIB // 2
-    host_up, host_down = (torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
-                          for _ in range(2))
-    gpu_up, gpu_down = (torch.empty(chunk, dtype=torch.uint8, device="cuda") for _ in range(2))
-    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
-    copies = 40
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    with torch.cuda.stream(streams[0]):
-        for _ in range(copies):
-            gpu_up.copy_(host_up, non_blocking=True)
-    with torch.cuda.stream(streams[1]):
-        for _ in range(copies):
-            host_down.copy_(gpu_down, non_blocking=True)
-    done = [torch.cuda.Event() for _ in streams]
-    for event, stream in zip(done, streams, strict=True):
-        event.record(stream)
-    cpu_bytes = 0
-    while not all(e.query() for e in done):
-        a.add_(b, alpha=0.5)
-        cpu_bytes += 3 * GIB
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    return (cpu_bytes + 2 * copies * chunk) / elapsed
-
-
 def pcie_bytes_per_s() -> tuple[float, float]:
     n = GIB // 2
     host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -232,8 +186,9 @@ def main() -> None:
     blocks = ModelBlocks(config)
     cap = parse_bytes(args.gpu_memory)
     threads = torch.get_num_threads()
-    cpu_bw = host_bandwidth_bytes_per_s(threads)
-    shared_bw = shared_host_bandwidth_bytes_per_s(threads)
+    # the same probes `layerslide calibrate` runs: 1 GiB fp32 arrays, torch's threads
+    cpu_bw = memory_bandwidth(GIB // 4, repeats=5).value
+    shared_bw = shared_host_bandwidth(GIB // 4, GIB // 2)
     host_bw = max(cpu_bw, shared_bw)  # the larger: a lower floor, a stricter ratio
     h2d_bw, d2h_bw = pcie_bytes_per_s()
     print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, CPU + both DMA "
