@@ -71,10 +71,10 @@ class NvmeState:
             os.replace(fresh, self.path(b))
 
     def required_bytes(self) -> int:
-        """Disk bytes the files take, plus one more of the largest (a write's new file exists
-        beside the old until it replaces it) per staging buffer."""
-        largest = max(self.file_bytes.values(), default=0)
-        return sum(self.file_bytes.values()) + 2 * largest
+        """Disk bytes the files take, plus the largest once more: a write's new file exists
+        beside the old one until it replaces it, and the plan's one nvme_write lane writes one
+        file at a time."""
+        return sum(self.file_bytes.values()) + max(self.file_bytes.values(), default=0)
 
     def path(self, block: int) -> Path:
         return self.folder / f"state_{block}.bin"
@@ -135,7 +135,7 @@ class NvmeState:
         filesystem allows (the tier never writes into a file, so the checkpoint stays as is)."""
         if source.stat().st_size != self.file_bytes[block]:
             raise ValueError(f"{source} holds {source.stat().st_size} bytes, this run's "
-                             f"moments file of block {block} {self.file_bytes[block]}: resume "
+                             f"state file of block {block} {self.file_bytes[block]}: resume "
                              "with the policy that wrote the checkpoint")
         fresh = self.path(block).with_suffix(".next")
         fresh.unlink(missing_ok=True)

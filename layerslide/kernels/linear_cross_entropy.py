@@ -31,7 +31,7 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TORCH_PATH = "layerslide.executor.compute.chunked_linear_cross_entropy"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """Vocab columns a program handles per step of its loops, and warps per program."""
 
