@@ -12,7 +12,7 @@ Systems:
               per-layer activation checkpointing, torch's fused CUDA AdamW
 Records s/step (median after the warm-up steps), tokens/s, model TFLOP/s, peak GPU memory
 (allocated and reserved) and peak host RSS; writes compare.csv, compare.md and compare.png.
-Not yet run on the GPU machine (issue 6): the first run there is its test.
+A run whose RSS passes --host-limit is stopped and recorded as needing more host memory.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,8 +53,11 @@ class PeakRss:
         return self.peak
 
 
-def hf_model(spec, device: str, dtype):
-    """The HF causal LM of a planner preset, random weights, per-layer checkpointing."""
+def hf_model(spec, dtype, device: str | None = None):
+    """The HF causal LM of a planner preset, random weights, per-layer checkpointing; built on
+    `device`, or where the surrounding context puts parameters (DeepSpeed's zero.Init)."""
+    import contextlib
+
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -61,8 +65,8 @@ def hf_model(spec, device: str, dtype):
 
     config = hf_config_from_spec(spec)
     config._attn_implementation = "sdpa"
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype)
+    with torch.device(device) if device else contextlib.nullcontext():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
@@ -70,7 +74,7 @@ def hf_model(spec, device: str, dtype):
 def step_times_torch(spec, mb: int, seq: int, steps: int, device: str) -> list[float]:
     import torch
 
-    model = hf_model(spec, device, torch.float32).train()
+    model = hf_model(spec, torch.float32, device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95),
                             fused=device.startswith("cuda"))
     times = []
@@ -88,15 +92,18 @@ def step_times_torch(spec, mb: int, seq: int, steps: int, device: str) -> list[f
     return times
 
 
-def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int) -> list[float]:
+def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int,
+                         device: str) -> list[float]:
     import deepspeed
     import torch
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
         os.environ.setdefault(key, value)
-    torch.cuda.set_per_process_memory_fraction(
-        min(1.0, cap / torch.cuda.get_device_properties(0).total_memory))
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.set_per_process_memory_fraction(
+            min(1.0, cap / torch.cuda.get_device_properties(0).total_memory))
     ds_config = {
         "train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
         "bf16": {"enabled": True},
@@ -108,11 +115,22 @@ def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int) -> list[
             "offload_optimizer": {"device": "cpu", "pin_memory": True},
         },
     }
-    deepspeed.init_distributed()
+    deepspeed.init_distributed(dist_backend=None if cuda else "gloo")  # CPU: smoke tests
+    # zero.Init patches torch.Tensor.__new__; torch._dynamo, which transformers' model modules
+    # import lazily, refuses to load under that patch: load them all before entering it
+    import importlib
+
+    import torch._dynamo
+
+    importlib.import_module(f"transformers.models.{spec.architecture}"
+                            f".modeling_{spec.architecture}")
     with deepspeed.zero.Init(config_dict_or_path=ds_config):
-        model = hf_model(spec, "cpu", torch.bfloat16)
+        model = hf_model(spec, torch.bfloat16)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                       config=ds_config)
+    # ZeRO-3 wraps the optimizer it built; with offload_optimizer that is DeepSpeedCPUAdam
+    print(f"optimizer: {type(getattr(engine.optimizer, 'optimizer', engine.optimizer)).__name__}",
+          flush=True)
     times = []
     for _ in range(steps):
         ids = torch.randint(0, spec.vocab_size, (mb, seq), device=engine.device)
@@ -120,7 +138,8 @@ def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int) -> list[
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
 
@@ -156,7 +175,8 @@ def run_one(args) -> dict:
     if args.system == "torch":
         times = step_times_torch(spec, args.micro_batch, args.seq_len, args.steps, args.device)
     elif args.system == "deepspeed":
-        times = step_times_deepspeed(spec, args.micro_batch, args.seq_len, args.steps, cap)
+        times = step_times_deepspeed(spec, args.micro_batch, args.seq_len, args.steps, cap,
+                                     args.device)
     else:
         times = step_times_layerslide(spec, args.micro_batch, args.seq_len, args.steps, cap,
                                       args.device)
@@ -170,33 +190,46 @@ def run_one(args) -> dict:
             "host_rss_peak_bytes": rss.stop(), "step_times_s": times}
 
 
+def _ratio(mine: dict, other: dict, key: str) -> str:
+    return f"{mine[key] / other[key]:.2f}x" if other[key] else "n/a"
+
+
 def write_report(rows: list[dict], out: Path) -> None:
+    """compare.csv (every run), compare.md (table, then layerslide against DeepSpeed at each
+    micro-batch with the issue's targets) and compare.png (the matrix model vs micro-batch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fields = ["system", "model", "micro_batch", "seq_len", "step_s", "tokens_per_s",
               "model_tflops", "gpu_allocated_peak_bytes", "gpu_reserved_peak_bytes",
-              "host_rss_peak_bytes"]
+              "host_rss_peak_bytes", "optimizer", "error"]
     with open(out / "compare.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = [("| system | model | micro-batch | s/step | tokens/s | TFLOP/s | GPU alloc GiB | "
-             "GPU reserved GiB | host RSS GiB |"), "|" + " --- |" * 9]
-    lines += [f"| {r['system']} | {r['model']} | {r['micro_batch']} | {r['step_s']:.3f} | "
-              f"{r['tokens_per_s']:,.0f} | {r['model_tflops']:.1f} | "
-              f"{r['gpu_allocated_peak_bytes'] / GIB:.1f} | "
-              f"{r['gpu_reserved_peak_bytes'] / GIB:.1f} | {r['host_rss_peak_bytes'] / GIB:.1f} |"
-              for r in rows]
-    by = {(r["system"], r["model"], r["micro_batch"]): r for r in rows}
-    for (system, model, mb), r in sorted(by.items()):
-        ds = by.get(("deepspeed", model, mb))
+              "GPU reserved GiB | host RSS GiB |"), "|" + " --- |" * 9]
+    for r in rows:
+        head = f"| {r['system']} | {r['model']} | {r['micro_batch']} |"
+        if "error" in r:
+            lines.append(f"{head} {r['error']} | | | | | |")
+            continue
+        lines.append(f"{head} {r['step_s']:.3f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['model_tflops']:.1f} | {r['gpu_allocated_peak_bytes'] / GIB:.1f} | "
+                     f"{r['gpu_reserved_peak_bytes'] / GIB:.1f} | "
+                     f"{r['host_rss_peak_bytes'] / GIB:.1f} |")
+    ok = {(r["system"], r["model"], r["micro_batch"]): r for r in rows if "error" not in r}
+    lines += ["", ("layerslide / DeepSpeed at the same micro-batch (targets: tokens/s >= 3x at "
+              "micro-batch <= 8 and >= 1.5x at every one; GPU <= 0.5x; host RSS <= 0.6x):"), ""]
+    for (system, model, mb), r in sorted(ok.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        ds = ok.get(("deepspeed", model, mb))
         if system == "layerslide" and ds is not None:
-            lines.append(f"- {model} micro-batch {mb}: layerslide "
-                         f"{r['tokens_per_s'] / ds['tokens_per_s']:.2f}x DeepSpeed's tokens/s, "
-                         f"GPU {r['gpu_allocated_peak_bytes'] / ds['gpu_allocated_peak_bytes']:.2f}x,"
-                         f" host RSS {r['host_rss_peak_bytes'] / ds['host_rss_peak_bytes']:.2f}x")
+            lines.append(f"- {model} micro-batch {mb}: tokens/s "
+                         f"{_ratio(r, ds, 'tokens_per_s')}, GPU allocated "
+                         f"{_ratio(r, ds, 'gpu_allocated_peak_bytes')}, host RSS "
+                         f"{_ratio(r, ds, 'host_rss_peak_bytes')}")
     (out / "compare.md").write_text("\n".join(lines) + "\n")
+    model = rows[0]["model"]
     fig = Figure(figsize=(13, 4))
     FigureCanvasAgg(fig)
     panels = (("tokens_per_s", "tokens/s", 1.0), ("gpu_allocated_peak_bytes", "GPU GiB", 1 / GIB),
@@ -204,15 +237,78 @@ def write_report(rows: list[dict], out: Path) -> None:
     for k, (key, label, scale) in enumerate(panels):
         ax = fig.add_subplot(1, 3, k + 1)
         for system in SYSTEMS:
-            mine = sorted((r["micro_batch"], r[key] * scale) for r in rows
-                          if r["system"] == system and r["model"] == rows[0]["model"])
+            mine = sorted((mb, r[key] * scale) for (name, m, mb), r in ok.items()
+                          if name == system and m == model)
             if mine:
                 ax.plot(*zip(*mine, strict=True), marker="o", label=system)
-        ax.set(xscale="log", xlabel="micro-batch", ylabel=label, title=rows[0]["model"])
-        ax.legend()
+        ax.set(xscale="log", xlabel="micro-batch", ylabel=label, title=model)
+        if ax.lines:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(out / "compare.png", dpi=110)
     print("\n".join(lines))
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident bytes of process pid (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0
+
+
+def run_watched(cmd: list[str], timeout: float, host_limit: int) -> tuple[int, str, str, str]:
+    """(exit code, stdout, stderr, why it was stopped or ""): cmd in a fresh process, killed at
+    the timeout or when its RSS passes host_limit bytes (0: no limit), so that a system that
+    needs more RAM than the machine has is recorded as such instead of taking the machine down."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        start, stopped = time.monotonic(), ""
+        while child.poll() is None:
+            if time.monotonic() - start > timeout:
+                stopped = f"timed out after {timeout:.0f} s"
+            elif host_limit and rss_bytes(child.pid) > host_limit:
+                stopped = f"host memory over {host_limit / GIB:.1f} GiB"
+            if stopped:
+                child.kill()
+                child.wait()
+                break
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        return child.returncode, out.read(), err.read(), stopped
+
+
+def child_row(args, system: str, model: str, mb: int, timeout: float) -> dict:
+    """Run one configuration in a fresh process: its row, or a row saying why it has none."""
+    child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch", str(mb),
+             "--model", model, "--seq-len", str(args.seq_len), "--steps", str(args.steps),
+             "--gpu-memory", args.gpu_memory, "--device", args.device]
+    failed = {"system": system, "model": model, "micro_batch": mb, "seq_len": args.seq_len}
+    code, stdout, stderr, stopped = run_watched(child, timeout, host_limit_bytes(args.host_limit))
+    if stopped:
+        print(f"  {stopped}", flush=True)
+        return {**failed, "error": stopped}
+    row = next((json.loads(line[4:]) for line in stdout.splitlines()
+                if line.startswith("ROW ")), None)
+    if row is not None:
+        optimizer = [line for line in stdout.splitlines() if line.startswith("optimizer: ")]
+        return {**row, "optimizer": optimizer[0][11:] if optimizer else ""}
+    if "OutOfMemoryError" in stderr or "CUDA out of memory" in stderr:
+        reason = "out of GPU memory"
+    elif code in (-9, 137):
+        reason = "killed (host out of memory)"
+    else:
+        reason = f"exit {code}"
+    print(f"  {reason}: {stderr.strip()[-400:]}", flush=True)
+    return {**failed, "error": reason}
+
+
+def host_limit_bytes(text: str) -> int:
+    from layerslide.hwprofiles.units import parse_bytes as parse
+
+    return 0 if text == "0" else parse(text)
 
 
 def main() -> None:
@@ -220,13 +316,23 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--system", choices=SYSTEMS, help="with --one: the system to run")
     ap.add_argument("--model", default="llama-3.2-3b")
-    ap.add_argument("--micro-batches", default="1,4,8,16,32")
+    ap.add_argument("--micro-batches", default="8,1,4,16,32",
+                    help="in run order (the anchor, micro-batch 8, first)")
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--extra", default="",
+                    help="more runs after the matrix, SYSTEM:MODEL:MICRO_BATCH comma-separated "
+                         "(the largest model each system trains)")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--gpu-memory", default="24GiB")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--host-limit", default="0",
+                    help="stop a run whose RSS passes this (e.g. 115GiB) and record it as "
+                         "needing more host memory; 0: no limit")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="seconds for the whole matrix; runs that would start later are skipped "
+                         "so that the report is still written (0: none)")
     ap.add_argument("--one", action="store_true", help="run --system once, print its row")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -235,30 +341,29 @@ def main() -> None:
         return
     if args.out is None:
         ap.error("--out is required")
+    runs = [(system, args.model, int(mb)) for mb in args.micro_batches.split(",")
+            for system in args.systems.split(",")]
+    for item in filter(None, args.extra.split(",")):
+        system, model, mb = item.split(":")
+        if system not in SYSTEMS:
+            ap.error(f"--extra {item!r}: system must be one of {', '.join(SYSTEMS)}")
+        runs.append((system, model, int(mb)))
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for mb in (int(m) for m in args.micro_batches.split(",")):
-        for system in args.systems.split(","):
-            child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch",
-                     str(mb), "--model", args.model, "--seq-len", str(args.seq_len),
-                     "--steps", str(args.steps), "--gpu-memory", args.gpu_memory,
-                     "--device", args.device]
-            print(f"{system} micro-batch {mb}", flush=True)
-            try:
-                done = subprocess.run(child, capture_output=True, text=True, check=False,
-                                      timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                print(f"  timed out after {args.timeout} s", flush=True)
-                continue
-            row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
-                        if line.startswith("ROW ")), None)
-            if row is None:
-                print(f"  failed (exit {done.returncode}): {done.stderr.strip()[-400:]}",
-                      flush=True)
-                continue
-            rows.append(row)
-            print(f"  {row['step_s']:.3f} s/step, {row['tokens_per_s']:,.0f} tokens/s", flush=True)
-            (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
+    start, rows = time.monotonic(), []
+    for system, model, mb in runs:
+        left = args.deadline - (time.monotonic() - start) if args.deadline else args.timeout
+        if left < 30:
+            print(f"{system} {model} micro-batch {mb}: skipped, the deadline is reached",
+                  flush=True)
+            continue
+        print(f"{system} {model} micro-batch {mb}", flush=True)
+        row = child_row(args, system, model, mb, min(args.timeout, left))
+        rows.append(row)
+        if "error" not in row:
+            print(f"  {row['step_s']:.3f} s/step, {row['tokens_per_s']:,.0f} tokens/s, "
+                  f"GPU {row['gpu_allocated_peak_bytes'] / GIB:.1f} GiB, "
+                  f"host {row['host_rss_peak_bytes'] / GIB:.1f} GiB", flush=True)
+        (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
     if rows:
         write_report(rows, args.out)
 

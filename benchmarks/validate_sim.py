@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 CONFIGS = {
@@ -112,6 +113,9 @@ def main() -> None:
     ap.add_argument("--nvme-dir", default="/tmp/layerslide-nvme")
     ap.add_argument("--model-override", help="a config.json folder every configuration uses "
                                              "instead of its model (smoke tests)")
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="seconds for all configurations; those that would start later are "
+                         "skipped so that the report is still written (0: none)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this label, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -125,12 +129,20 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, start = [], time.monotonic()
     for k, label in enumerate(labels):
+        left = args.deadline - (time.monotonic() - start) if args.deadline else None
+        if left is not None and left < 30:
+            print(f"[{k + 1}/{len(labels)}] {label}: skipped, the deadline is reached", flush=True)
+            continue
         print(f"[{k + 1}/{len(labels)}] {label}", flush=True)
         child = [sys.executable, __file__, "--one", label, *sys.argv[1:]]
-        done = subprocess.run(child, capture_output=True, text=True, check=False,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            done = subprocess.run(child, capture_output=True, text=True, check=False,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=left)
+        except subprocess.TimeoutExpired:
+            print("  timed out at the deadline", flush=True)
+            continue
         row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
                     if line.startswith("ROW ")), None)
         if row is None:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 6 on the H200 benchmark machine, one call: layerslide, DeepSpeed ZeRO-3 CPU offload and
+# all-GPU PyTorch side by side (Llama-3.2-3B shape, sequence 1024, micro-batch 8,1,4,16,32),
+# then DeepSpeed at a larger model, each run in a fresh process.
+# usage (device): bash benchmarks/run_compare_gpu.sh [compare_offload.py args]
+#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy, DeepSpeed and its small dependencies)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+# DeepSpeed is a source archive: it builds against the torch already there
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
+    --target /tmp/site .whl/deepspeed-*.tar.gz
+export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+free -g | head -2
+python3 -c "import deepspeed, torch; print('deepspeed', deepspeed.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
+python3 benchmarks/compare_offload.py --out "$out" "$@" 2>&1 | grep -v -i warn
