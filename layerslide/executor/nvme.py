@@ -79,6 +79,13 @@ class NvmeState:
     def path(self, block: int) -> Path:
         return self.folder / f"state_{block}.bin"
 
+    def remove_files(self) -> None:
+        """Delete the state files once the run is over: scratch by then, and often tens of GB.
+        Checkpoints hold hard links of their own, which this leaves whole."""
+        for b in self.disk_blocks:
+            self.path(b).unlink(missing_ok=True)
+            self.path(b).with_suffix(".next").unlink(missing_ok=True)
+
     def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The block's on-disk master, exp_avg and exp_avg_sq parts: fp32 views of a staging
         buffer (empty where the block keeps that state wholly in RAM)."""
@@ -207,6 +214,11 @@ class ActivationFiles:
 
     def path(self, layer: int) -> Path:
         return self.folder / f"activations_{layer}.bin"
+
+    def remove_files(self) -> None:
+        """Delete the checkpoint files the run wrote (scratch once it is over)."""
+        for path in self.folder.glob("activations_*.bin"):
+            path.unlink(missing_ok=True)
 
     def write(self, layer: int, host: torch.Tensor) -> None:
         view = memoryview(host.view(torch.uint8).numpy())

@@ -120,6 +120,7 @@ class Trainer:
             self.device.close()  # unpin what was pinned before the failure
             raise
         self.step = 0  # optimizer steps taken (or skipped) so far
+        self.failed = False  # a segment raised: the NVMe files are kept for inspection
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, so its memory stays flat
         self.keep_trace = keep_trace
@@ -251,7 +252,12 @@ class Trainer:
             count = min(self.segment_steps, num_steps - len(logs))
             if checkpoints is not None and checkpoints.every_steps is not None:
                 count = min(count, checkpoints.every_steps - self.step % checkpoints.every_steps)
-            for log in self._segment(data, count, on_step_done):
+            try:
+                segment = self._segment(data, count, on_step_done)
+            except BaseException:
+                self.failed = True  # close() keeps the NVMe files as the last good step left them
+                raise
+            for log in segment:
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
@@ -336,14 +342,23 @@ class Trainer:
                            "policy": self.policy.to_dict(), "device": str(self.device.device),
                            "serial": self.serial})
 
-    def close(self) -> None:
+    def close(self, *, remove_scratch: bool = True) -> None:
+        """Unpin host memory and (remove_scratch) delete the NVMe tier's files, state and
+        activation checkpoints: scratch once the run is over, and what a checkpoint hard-linked
+        stays. A run that failed keeps them, as they were at its last good step."""
         self.device.close()
+        if not remove_scratch or self.failed:
+            return
+        if self.state.nvme is not None:
+            self.state.nvme.remove_files()
+        if self.runner.activation_files is not None:
+            self.runner.activation_files.remove_files()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        self.close(remove_scratch=exc_type is None)
 
 
 def _first_steps(plan: Plan, count: int) -> Plan:

@@ -33,6 +33,7 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
                  device="cpu", serial=serial, nvme_dir=tmp_path / "nvme") as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
+        activation_files = sorted(p.name for p in (tmp_path / "nvme").glob("activations_*"))
         weights = {n: v.clone() for n, v in trainer.state.named_master()}
         moments = {}
         for b, (m, v) in trainer.state.moments.items():
@@ -40,7 +41,7 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
                 _, disk_m, disk_v = trainer.state.nvme.read_block(b)
                 m, v = torch.cat([disk_m, m]), torch.cat([disk_v, v])
             moments[b] = (m.clone(), v.clone())
-    return [log.loss for log in logs], weights, moments
+    return [log.loss for log in logs], weights, moments, activation_files
 
 
 @pytest.mark.parametrize("serial", [False, True])
@@ -58,8 +59,7 @@ def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moment
                     activations=activations)
     on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
     if activations == "nvme":  # every layer's checkpoint went through its file
-        files = sorted(p.name for p in (tmp_path / "disk" / "nvme").glob("activations_*.bin"))
-        assert files == [f"activations_{i}.bin" for i in range(3)]
+        assert on_disk[3] == [f"activations_{i}.bin" for i in range(3)]
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
@@ -228,3 +228,19 @@ def test_room_counts_the_copies_kept_checkpoints_end_up_owning(tmp_path, monkeyp
         pass
     with pytest.raises(nvme_module.NvmeSpaceError, match="needs"):
         make(2)
+
+
+def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path):
+    config = tiny_config("llama", tied=False)
+    spec = spec_of(config, tmp_path)
+    folder = tmp_path / "nvme"
+    store = CheckpointStore(tmp_path / "ckpt")
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
+                 policy=Policy(moments_on_nvme=1.0, activations="nvme"), optim=OPTIM,
+                 device="cpu", nvme_dir=folder) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
+                    checkpoints=CheckpointSchedule(store=store, every_steps=2))
+        assert sorted(folder.glob("state_*.bin")) and sorted(folder.glob("activations_*.bin"))
+    assert not list(folder.glob("state_*")) and not list(folder.glob("activations_*"))
+    store.verify(store.latest())  # its hard links still hold the state the run ended with
