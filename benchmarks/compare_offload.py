@@ -6,6 +6,8 @@ model shape, synthetic tokens, sequence length and micro-batch; each run in a fr
 
 Systems:
   layerslide  the executor, default policy, GPU capped at --gpu-memory
+  layerslide-tuned  the executor with `layerslide tune`'s pick for the micro-batch on --profile
+              under 90% of --gpu-memory (not in the default --systems)
   deepspeed   ZeRO-3, parameters and optimizer offloaded to pinned CPU memory (DeepSpeedCPUAdam),
               per-layer activation checkpointing, bf16; GPU capped at --gpu-memory
   torch       all on the GPU, uncapped (the no-offload reference): fp32 weights, bf16 autocast,
@@ -30,7 +32,8 @@ import time
 from pathlib import Path
 
 GIB = 2**30
-SYSTEMS = ("layerslide", "deepspeed", "torch")
+SYSTEMS = ("layerslide", "layerslide-tuned", "deepspeed", "torch")
+DEFAULT_SYSTEMS = ("layerslide", "deepspeed", "torch")
 
 
 class PeakRss:
@@ -144,16 +147,29 @@ def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int,
     return times
 
 
-def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int,
-                          device: str) -> list[float]:
+def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device: str,
+                          tuned_on: str | None = None) -> list[float]:
+    """tuned_on: a profile to take tune's pick from (as validate_sim does), else Policy()."""
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
     from layerslide.executor.trainer import Trainer
     from layerslide.planner.settings import Policy, TrainSpec
 
-    with Trainer(config=hf_config_from_spec(spec), spec=spec,
-                 train=TrainSpec(micro_batch=mb, seq_len=seq), policy=Policy(),
+    train = TrainSpec(micro_batch=mb, seq_len=seq)
+    policy = Policy()
+    if tuned_on is not None:
+        from layerslide.hwprofiles import load_profile
+        from layerslide.tuner import SearchSpace, tune
+
+        best = tune(spec, load_profile(tuned_on), seq_len=seq, base_policy=policy,
+                    space=SearchSpace(micro_batches=(mb,), allow_nvme=False),
+                    gpu_memory_bytes=int(0.9 * cap)).best
+        if best is None:
+            raise SystemExit(f"tune finds no policy for micro-batch {mb} under the cap")
+        policy = best.policy
+        print(f"policy: {json.dumps(policy.to_dict())}", flush=True)
+    with Trainer(config=hf_config_from_spec(spec), spec=spec, train=train, policy=policy,
                  optim=OptimConfig(lr=1e-5), device=device, gpu_memory_bytes=cap,
                  keep_trace=False) as trainer:
         trainer.init_random(0)
@@ -179,7 +195,8 @@ def run_one(args) -> dict:
                                      args.device)
     else:
         times = step_times_layerslide(spec, args.micro_batch, args.seq_len, args.steps, cap,
-                                      args.device)
+                                      args.device, args.profile if "tuned" in args.system
+                                      else None)
     step_s = statistics.median(times[2:] or times[-1:])
     tokens = args.micro_batch * args.seq_len
     return {"system": args.system, "model": spec.name, "micro_batch": args.micro_batch,
@@ -202,7 +219,7 @@ def write_report(rows: list[dict], out: Path) -> None:
 
     fields = ["system", "model", "micro_batch", "seq_len", "step_s", "tokens_per_s",
               "model_tflops", "gpu_allocated_peak_bytes", "gpu_reserved_peak_bytes",
-              "host_rss_peak_bytes", "optimizer", "error"]
+              "host_rss_peak_bytes", "optimizer", "policy", "error"]
     with open(out / "compare.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
@@ -223,8 +240,8 @@ def write_report(rows: list[dict], out: Path) -> None:
               "micro-batch <= 8 and >= 1.5x at every one; GPU <= 0.5x; host RSS <= 0.6x):"), ""]
     for (system, model, mb), r in sorted(ok.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         ds = ok.get(("deepspeed", model, mb))
-        if system == "layerslide" and ds is not None:
-            lines.append(f"- {model} micro-batch {mb}: tokens/s "
+        if system.startswith("layerslide") and ds is not None:
+            lines.append(f"- {system}, {model} micro-batch {mb}: tokens/s "
                          f"{_ratio(r, ds, 'tokens_per_s')}, GPU allocated "
                          f"{_ratio(r, ds, 'gpu_allocated_peak_bytes')}, host RSS "
                          f"{_ratio(r, ds, 'host_rss_peak_bytes')}")
@@ -284,7 +301,7 @@ def child_row(args, system: str, model: str, mb: int, timeout: float) -> dict:
     """Run one configuration in a fresh process: its row, or a row saying why it has none."""
     child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch", str(mb),
              "--model", model, "--seq-len", str(args.seq_len), "--steps", str(args.steps),
-             "--gpu-memory", args.gpu_memory, "--device", args.device]
+             "--gpu-memory", args.gpu_memory, "--device", args.device, "--profile", args.profile]
     failed = {"system": system, "model": model, "micro_batch": mb, "seq_len": args.seq_len}
     code, stdout, stderr, stopped = run_watched(child, timeout, host_limit_bytes(args.host_limit))
     if stopped:
@@ -293,8 +310,9 @@ def child_row(args, system: str, model: str, mb: int, timeout: float) -> dict:
     row = next((json.loads(line[4:]) for line in stdout.splitlines()
                 if line.startswith("ROW ")), None)
     if row is not None:
-        optimizer = [line for line in stdout.splitlines() if line.startswith("optimizer: ")]
-        return {**row, "optimizer": optimizer[0][11:] if optimizer else ""}
+        notes = {key: line[len(key) + 2:] for line in stdout.splitlines()
+                 for key in ("optimizer", "policy") if line.startswith(f"{key}: ")}
+        return {**row, **notes}
     if "OutOfMemoryError" in stderr or "CUDA out of memory" in stderr:
         reason = "out of GPU memory"
     elif code in (-9, 137):
@@ -313,7 +331,10 @@ def host_limit_bytes(text: str) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"of {', '.join(SYSTEMS)}")
+    ap.add_argument("--profile", default="h200-bench",
+                    help="hardware profile layerslide-tuned takes tune's pick on")
     ap.add_argument("--system", choices=SYSTEMS, help="with --one: the system to run")
     ap.add_argument("--model", default="llama-3.2-3b")
     ap.add_argument("--micro-batches", default="8,1,4,16,32",
@@ -343,6 +364,9 @@ def main() -> None:
         ap.error("--out is required")
     runs = [(system, args.model, int(mb)) for mb in args.micro_batches.split(",")
             for system in args.systems.split(",")]
+    unknown = [name for name in args.systems.split(",") if name not in SYSTEMS]
+    if unknown:
+        ap.error(f"--systems: unknown {unknown}; known: {', '.join(SYSTEMS)}")
     for item in filter(None, args.extra.split(",")):
         system, model, mb = item.split(":")
         if system not in SYSTEMS:
