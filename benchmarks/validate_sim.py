@@ -54,10 +54,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     from layerslide.executor.trainer import Trainer
     from layerslide.hwprofiles import load_profile
     from layerslide.hwprofiles.units import parse_bytes
-    from layerslide.planner.build import build_plan
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
-    from layerslide.simulator.predict import simulate
     from layerslide.tuner import SearchSpace, tune
 
     spec = resolve_model(args.model_override or cfg["model"])
@@ -74,8 +72,6 @@ def run_one(label: str, cfg: dict, args) -> dict:
     else:
         policy = Policy(window=cfg["window"], activations=cfg.get("activations", "host"),
                         moments_on_nvme=cfg.get("moments_on_nvme", 0.0))
-    predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
-                         gpu_memory_bytes=cap)
     config = (hf_config_from_spec(spec) if not args.model_override
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
     with Trainer(config=config, spec=spec, train=train, policy=policy,
@@ -87,19 +83,50 @@ def run_one(label: str, cfg: dict, args) -> dict:
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
-        "label": label, "config": cfg, "policy": policy.to_dict(),
-        "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
+        "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
+        "gpu_memory_bytes": cap, "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
         "measured_step_s": statistics.median(log.step_s for log in steady),
-        "predicted_step_s": predicted.step_s,
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
-        "predicted_gpu_allocated_bytes": predicted.peak_bytes["gpu"],
-        # the simulator counts allocations, not the caching allocator's reserve: the same number
         "measured_gpu_reserved_bytes": reserved,
-        "predicted_gpu_reserved_bytes": predicted.peak_bytes["gpu"],
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
-        "predicted_host_bytes": predicted.peak_bytes["host"],
         "step_times_s": [log.step_s for log in logs],
+        **predict(spec, train, policy, profile, cap),
     }
+
+
+def predict(spec, train, policy, profile, cap: int) -> dict:
+    """The simulator's predicted_* fields for one configuration."""
+    from layerslide.planner.build import build_plan
+    from layerslide.simulator.predict import simulate
+
+    predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
+                         gpu_memory_bytes=cap)
+    return {"predicted_step_s": predicted.step_s,
+            "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
+            # the simulator counts allocations, not what the caching allocator keeps on top of
+            # them (it grows towards the cap): its reserve's lower bound
+            "predicted_gpu_reserved_bytes": predicted.gpu_allocated_peak_bytes,
+            "predicted_host_bytes": predicted.peak_bytes["host"]}
+
+
+def repredict(paths: list[Path], profile_name: str) -> list[dict]:
+    """Rows measured earlier (validation.json files), predicted again with this code and
+    profile: the measurements stay, only the model's side changes."""
+    from layerslide.hwprofiles import load_profile
+    from layerslide.planner.model import resolve_model
+    from layerslide.planner.settings import Policy, TrainSpec
+
+    profile = load_profile(profile_name)
+    rows = []
+    for path in paths:
+        for row in json.loads(path.read_text()):
+            spec = resolve_model(row["config"]["model"])
+            train = TrainSpec(micro_batch=row["config"]["micro_batch"],
+                              seq_len=row.get("seq_len", 1024))
+            cap = row.get("gpu_memory_bytes", 24 * 2**30)
+            rows.append({**row, **predict(spec, train, Policy.from_dict(row["policy"]), profile,
+                                          cap)})
+    return rows
 
 
 def main() -> None:
@@ -116,6 +143,9 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds for all configurations; those that would start later are "
                          "skipped so that the report is still written (0: none)")
+    ap.add_argument("--repredict", type=Path, nargs="+", metavar="JSON",
+                    help="train nothing: predict the rows of these validation.json files again "
+                         "with --profile and write the report of them to --out")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this label, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -124,6 +154,12 @@ def main() -> None:
         return
     if args.out is None:
         ap.error("--out is required")
+    if args.repredict:
+        args.out.mkdir(parents=True, exist_ok=True)
+        rows = repredict(args.repredict, args.profile)
+        (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
+        report(rows, args.out)
+        return
     labels = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     unknown = [label for label in labels if label not in CONFIGS]
     if unknown:

@@ -296,9 +296,8 @@ class _Builder:
         fetch = self.add(Task(id=f"{name}.fetch", kind="fetch_activation", lane="h2d", **common),
                          key=(bwd_pos, 1))
         self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 1), fetch, "prefetch")
-        if pol.activations == "host":
+        if pol.activations == "host":  # its pinned buffer: static_buffers' host.checkpoints
             self.edge(off, fetch, "data")
-            self.buffer(f"{name}.host", "host", nbytes, off, (fetch,))
         else:
             write = self.add(Task(id=f"{name}.nvme_write", kind="nvme_write", lane="nvme_write",
                                   **common), key=(producer_pos, 0))
@@ -326,6 +325,10 @@ class _Builder:
                             bytes=BF16_BYTES * p, params=p), key=(pos, 1))
         self.edge(producer, off, "data")
         if block in self.dedicated_grad_last:
+            # autograd makes these grads afresh in each backward; the caching allocator takes
+            # them back once offloaded (H200: a 1B model's peak is at its embedding backward,
+            # tied LM-head grad + embedding grad both alive, not a standing grad buffer)
+            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
             if block == EMBEDDING and self.model.tie_word_embeddings:
                 # the head adds its (tied) LM-head grads into the embedding's grad buffer first
@@ -349,7 +352,7 @@ class _Builder:
             self.edge(off, consumer, "data")
             if m > 0:
                 self.edge(f"s{s}.m{m - 1}.accumulate_grads.{self.blk(block)}", consumer, "data")
-        self.buffer(f"{off}.host", "host", BF16_BYTES * p, off, (consumer,))
+        # it lands in a pinned buffer of host.grad_landing (static_buffers)
         # backpressure: the offload waits for a free pinned landing buffer
         if len(self.host_grad_consumers) >= self.host_grad_pool:
             self.edge(self.host_grad_consumers[-self.host_grad_pool], off, "unit_reuse")
@@ -438,7 +441,7 @@ class _Builder:
         on_gpu = sum(self.params(b) for b in self.gpu_updated)
         n = model.total_params - on_gpu  # parameters whose state lives on the host
         unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
-        self.buffer("gpu.runtime", "gpu", sizes.GPU_RUNTIME_BYTES)
+        self.buffer("gpu.runtime", "gpu", sizes.GPU_RUNTIME_BYTES)  # Prediction subtracts it
         self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
@@ -449,15 +452,30 @@ class _Builder:
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
             self.buffer(f"gpu.{self.blk(b)}.weights", "gpu",
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
-            if not updated_here:
-                self.buffer(f"gpu.{self.blk(b)}.grads", "gpu", BF16_BYTES * self.params(b))
         self.buffer("gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
         self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
         self.buffer("host.runtime", "host", sizes.HOST_RUNTIME_BYTES)
-        self.buffer("host.master_fp32", "host", FP32_BYTES * n * (1 - pol.master_on_nvme))
+        # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
+        # initialisation, loading and checkpoints (the GPU holds the live copy)
+        self.buffer("host.master_fp32", "host",
+                    FP32_BYTES * (n * (1 - pol.master_on_nvme) + on_gpu))
+        if pol.activations == "host":
+            # one page-locked buffer per layer, allocated at the first offload and reused by
+            # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
+            # to 32, the checkpoints' size)
+            self.buffer("host.checkpoints", "host",
+                        self.L * sizes.hidden_bytes(model, self.tokens))
         self.buffer("host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
         if pol.cast == "cpu_once":
             self.buffer("host.weights_bf16", "host", BF16_BYTES * n)
+        # offloaded bf16 grads land in page-locked buffers allocated once: one per block, or a
+        # pool of host_grad_pool buffers of the largest block's size
+        cpu_blocks = [b for b in (EMBEDDING, *range(self.L), self.L) if b not in self.gpu_updated]
+        if self.host_grad_pool < len(cpu_blocks):
+            landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
+        else:
+            landing = sum(self.params(b) for b in cpu_blocks)
+        self.buffer("host.grad_landing", "host", BF16_BYTES * landing)
         if self.A > 1:
             self.buffer("host.grad_accum_fp32", "host", FP32_BYTES * n)
         self.buffer("nvme.master_fp32", "nvme", FP32_BYTES * n * pol.master_on_nvme)

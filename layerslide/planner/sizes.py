@@ -15,7 +15,7 @@ GIB = 1024**3
 # estimate: CUDA context, cuBLAS/cuDNN workspaces and allocator slack that every run pays.
 GPU_RUNTIME_BYTES = int(0.75 * GIB)
 # estimate: resident set of a Python process with torch and the CUDA libraries loaded.
-HOST_RUNTIME_BYTES = int(3 * GIB)
+HOST_RUNTIME_BYTES = int(2 * GIB)
 
 # AdamW needs fp32 grads: reading bf16 grads (2 B) and writing fp32 (4 B) adds to its traffic.
 GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner import sizes
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
 from layerslide.simulator.engine import run_plan
@@ -50,6 +51,15 @@ class Prediction:
     # over its capacity. The largest is the floor no schedule of this plan can beat.
     floors_s: dict[str, float] = field(default_factory=dict)
     trace: Trace | None = None
+    # the part of the GPU peak that is not allocations: the CUDA context, library workspaces and
+    # allocator slack (the plan's gpu.runtime buffer)
+    gpu_runtime_bytes: int = 0
+
+    @property
+    def gpu_allocated_peak_bytes(self) -> int:
+        """The GPU peak as the framework's allocator counts it (torch.cuda.max_memory_allocated):
+        the plan's buffers without the runtime estimate."""
+        return self.peak_bytes["gpu"] - self.gpu_runtime_bytes
 
     @property
     def floor_s(self) -> float | None:
@@ -161,5 +171,5 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         overflows=_overflows(peaks, limits), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
-        floors_s=step_floors(plan, costs), trace=trace,
+        floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=sizes.GPU_RUNTIME_BYTES,
     )

@@ -7,12 +7,17 @@ import networkx as nx
 import pytest
 from helpers import make_tiny_model
 
-from layerslide.planner import EMBEDDING, PRESETS, Plan, Policy, TrainSpec, build_plan
+from layerslide.planner import EMBEDDING, PRESETS, Buffer, Plan, Policy, TrainSpec, build_plan
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES
 
 
 def kinds_on(plan: Plan, lane: str) -> Counter:
     return Counter(plan.task(t).kind for t in plan.lane_order[lane])
+
+
+def buffer_named(plan: Plan, buffer_id: str) -> Buffer:
+    (found,) = [b for b in plan.buffers if b.id == buffer_id]
+    return found
 
 
 def test_gpu_order_is_forward_head_backward_per_micro_batch(tiny_model):
@@ -127,11 +132,17 @@ def test_static_host_bytes_by_hand(tiny_model):
     n = tiny_model.total_params
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
                       num_steps=2)
-    runtime = 3 * 1024**3
-    assert plan.static_bytes("host") == runtime + 4 * n + 8 * n + 2 * n
+    runtime = 2 * 1024**3
+    # one bf16 landing buffer per block (no pool): 2 B for every parameter, all updated on the CPU
+    landing = 2 * n
+    # activations on the host: one pinned checkpoint per layer, bf16 [32 tokens, hidden 64]
+    checkpoints = tiny_model.num_layers * 2 * 32 * tiny_model.hidden_size
+    # fp32 master 4, moments 8, persistent bf16 copy 2
+    assert plan.static_bytes("host") == runtime + 4 * n + 8 * n + 2 * n + landing + checkpoints
     gpu_cast = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="gpu"),
                           num_steps=2)
-    assert gpu_cast.static_bytes("host") == runtime + 12 * n  # no persistent bf16 copy
+    # no persistent bf16 copy
+    assert gpu_cast.static_bytes("host") == runtime + 12 * n + landing + checkpoints
 
 
 def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
@@ -192,6 +203,70 @@ def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
     assert nx.has_path(plan.graph, "s0.m0.offload_grads.emb", "s0.m1.head.head")
 
 
+def test_embedding_and_head_grads_on_the_gpu_live_from_their_backward_to_their_offload():
+    tied = make_tiny_model()
+    tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
+    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
+                      num_steps=2)
+    # autograd makes the embedding's bf16 grads in its backward; offloaded, they are freed
+    emb = buffer_named(plan, "s0.m0.offload_grads.emb.gpu")
+    assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64  # vocab x hidden
+    assert emb.alloc_task == "s0.m0.backward.emb"
+    assert emb.release_tasks == ("s0.m0.offload_grads.emb",)
+    # tied: the head block's own grads are the final norm's (hidden 64), made by the head task
+    head = buffer_named(plan, "s0.m0.offload_grads.head.gpu")
+    assert head.tier == "gpu" and head.bytes == BF16_BYTES * 64
+    assert head.alloc_task == "s0.m0.head.head"
+    assert head.release_tasks == ("s0.m0.offload_grads.head",)
+    # one per micro-batch of each step (2 x 2), not one held for the run
+    assert len([b for b in plan.buffers if b.id.endswith(".offload_grads.emb.gpu")]) == 4
+    static_grads = [b.id for b in plan.buffers
+                    if b.tier == "gpu" and b.is_static and "grad" in b.id]
+    assert static_grads == ["gpu.grad_units"]
+
+
+def test_host_grad_landing_is_one_buffer_per_cpu_block_or_a_pool_of_the_largest(tiny_model):
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    layer, emb, head = 36992, 256 * 64, 256 * 64 + 64  # params; head: LM head + final norm
+    assert tiny_model.total_params == 2 * layer + emb + head
+
+    def landing(policy: Policy, train: TrainSpec = train) -> int:
+        return buffer_named(build_plan(tiny_model, train, policy, num_steps=2),
+                            "host.grad_landing").bytes
+
+    # one bf16 buffer per block updated on the CPU: all of them, or all but the embedding
+    assert landing(Policy()) == BF16_BYTES * (2 * layer + emb + head)
+    assert landing(Policy(gpu_updated_blocks=1)) == BF16_BYTES * (2 * layer + head)
+    # a pool of 2 (no clipping: TrainSpec's max_grad_norm is None) of the largest block, a layer
+    assert landing(Policy(host_grad_buffers=2)) == 2 * BF16_BYTES * layer
+    # clipping holds every block's grads until the norm: one per block whatever the policy says
+    clipped = TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0)
+    assert landing(Policy(host_grad_buffers=2), clipped) == BF16_BYTES * (2 * layer + emb + head)
+    # no transient landing buffers beside it
+    plan = build_plan(tiny_model, train, Policy(), num_steps=2)
+    assert not [b for b in plan.buffers if ".offload_grads." in b.id and b.tier == "host"]
+
+
+def test_host_checkpoints_are_one_static_buffer_only_when_activations_go_to_the_host():
+    model = make_tiny_model(num_layers=3)
+    train = TrainSpec(micro_batch=2, seq_len=16)  # 32 tokens
+
+    def plan_for(activations: str) -> Plan:
+        return build_plan(model, train, Policy(activations=activations), num_steps=2)
+
+    # a bf16 [32 tokens, hidden 64] checkpoint per layer, reused by every micro-batch and step
+    on_host = plan_for("host")
+    ckpts = buffer_named(on_host, "host.checkpoints")
+    assert ckpts.is_static and ckpts.bytes == 3 * BF16_BYTES * 32 * 64
+    assert not [b for b in on_host.buffers if ".ckpt." in b.id and b.tier == "host"]
+    on_gpu = plan_for("gpu")
+    assert not [b for b in on_gpu.buffers if b.id == "host.checkpoints"]
+    # on NVMe they pass through the host one at a time: transient buffers, no static one
+    on_nvme = plan_for("nvme")
+    assert not [b for b in on_nvme.buffers if b.id == "host.checkpoints"]
+    assert buffer_named(on_nvme, "s0.m0.ckpt.L1.host").alloc_task == "s0.m0.ckpt.L1.offload"
+
+
 def test_all_layers_resident_needs_no_ring_units(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
                       Policy(window=2, prefetch_depth=1, resident_layers=2), num_steps=2)
@@ -221,10 +296,14 @@ def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
     base = build_plan(tiny_model, train, Policy(window=2), num_steps=2)
     moved = build_plan(tiny_model, train, Policy(window=2, gpu_updated_blocks=1), num_steps=2)
     e = tiny_model.embedding_params
-    # host loses the embedding's fp32 master + m + v + bf16 copy (14 B/param); the GPU gains
-    # fp32 master, m, v and grads (16 B/param) but drops its bf16 grad buffer (2 B/param)
-    assert base.static_bytes("host") - moved.static_bytes("host") == 14 * e
-    assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e - 2 * e
+    # host loses the embedding's m + v (8 B/param), its bf16 upload copy (2) and its bf16 grad
+    # landing buffer (2); its fp32 master (4) stays in RAM as its home for loads and checkpoints
+    assert base.static_bytes("host") - moved.static_bytes("host") == (8 + 2 + 2) * e
+    # the GPU gains fp32 master, m, v and grads (16 B/param) as static state
+    assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e
+    # and no longer makes the transient bf16 grads (2 B/param) the backward made for the offload
+    assert buffer_named(base, "s0.m0.offload_grads.emb.gpu").bytes == 2 * e
+    assert not [b for b in moved.buffers if b.tier == "gpu" and ".offload_grads.emb" in b.id]
 
 
 def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import GIB, make_round_profile, make_tiny_model
 
-from layerslide.planner import Policy, TrainSpec, build_plan
+from layerslide.planner import Policy, TrainSpec, build_plan, sizes
 from layerslide.simulator import Overflow, simulate
 
 TRAIN = TrainSpec(micro_batch=2, seq_len=16)  # 32 tokens per micro-batch
@@ -27,16 +27,23 @@ BWD_WORKSPACE_BYTES = 1944 * 32 + FWD_WORKSPACE_BYTES  # 62208 + 24576 = 86784
 # head's input is its dgrad buffer).
 HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32  # 16512
 
+GPU_RUNTIME_BYTES = int(0.75 * GIB)  # 805306368
 # Static GPU buffers (build.static_buffers), default window 2 and 2 grad buffers:
 GPU_STATIC_BYTES = (
-    int(0.75 * GIB)  # runtime: 805306368
+    GPU_RUNTIME_BYTES
     + 2 * 2 * LAYER_PARAMS  # two bf16 weight units of the window: 147968
-    + 2 * 2 * EMB_PARAMS  # embedding bf16 weights + grads: 65536
-    + 2 * 2 * HEAD_PARAMS  # head bf16 weights + grads: 65792
+    + 2 * EMB_PARAMS  # embedding bf16 weights: 32768
+    + 2 * HEAD_PARAMS  # head bf16 weights: 32896
     + 2 * 2 * LAYER_PARAMS  # two bf16 layer-grad buffers: 147968
-)  # = 805733632
-# Static host buffers with cast=cpu_once: runtime 3 GiB, fp32 master 4, moments 8, bf16 copy 2
-HOST_STATIC_BYTES = 3 * GIB + (4 + 8 + 2) * TOTAL_PARAMS  # 3221225472 + 1495424 = 3222720896
+)  # = 805667968
+# The embedding's and head's bf16 grads are not static: their backward (embedding backward,
+# head) makes them and their offload frees them. The head's: 32896 (the embedding's: 32768)
+HEAD_GRAD_BYTES = 2 * HEAD_PARAMS
+# Static host buffers with cast=cpu_once: runtime 2 GiB, fp32 master 4, moments 8, bf16 copy 2,
+# and a bf16 landing buffer per block for the offloaded grads (2): 16 B/param
+HOST_STATIC_BYTES = 2 * GIB + (4 + 8 + 2 + 2) * TOTAL_PARAMS  # 2147483648 + 1709056 = 2149192704
+# activations on the host add one pinned checkpoint buffer per layer
+HOST_STATIC_BYTES_HOST_ACTS = HOST_STATIC_BYTES + 2 * HIDDEN_BYTES  # 2149200896
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +69,15 @@ def _first_peak_time_s(prediction, tier: str) -> float:
 def test_static_bytes_by_hand(gpu_acts):
     plan, _ = gpu_acts
     assert TOTAL_PARAMS == plan.model.total_params
-    assert GPU_STATIC_BYTES == 805733632
+    assert GPU_STATIC_BYTES == 805667968
     assert plan.static_bytes("gpu") == GPU_STATIC_BYTES
     assert plan.static_bytes("host") == HOST_STATIC_BYTES
     assert plan.static_bytes("nvme") == 0
+
+
+def test_host_static_bytes_with_checkpoints_on_host(host_acts):
+    plan, _ = host_acts
+    assert plan.static_bytes("host") == HOST_STATIC_BYTES_HOST_ACTS
 
 
 def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
@@ -73,14 +85,20 @@ def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
     # freed by GPU tasks, so the dynamic set is the one alive around one GPU task:
     #   forward L0: ckpt L0 + ckpt L1 + workspace            = 2*4096 + 24576       = 32768
     #   forward L1: 2 ckpts + final hidden + workspace       = 3*4096 + 24576       = 36864
-    #   head:       2 ckpts + final hidden + its dgrad + ws  = 4*4096 + 16384       = 32768
+    #   head:       2 ckpts + final hidden + its dgrad + ws  = 4*4096 + 16512       = 32896
     #   backward L1 (last layer): both ckpts + head's dgrad + workspace + its own dgrad
     #                                                        = 4*4096 + 86784       = 103168
     #   backward L0: ckpt L0 + L1's dgrad + workspace + its dgrad = 3*4096 + 86784  = 99072
-    dynamic_peak = 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES
-    assert dynamic_peak == 103168
+    #   backward emb: L0's dgrad                             = 4096
+    # Plus the bf16 grads of the head (made by the head task) and of the embedding (made by its
+    # backward), each alive until its offload ends. The d2h lane takes ~33 us at 1e9 B/s for
+    # the head's 32896 B, so they are still there when backward L1 starts as the head ends:
+    #   head: 32896 + 32896 = 65792;  backward L1: 103168 + 32896 = 136064;
+    #   backward emb: 4096 + the embedding's 32768 = 36864
+    dynamic_peak = 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
+    assert dynamic_peak == 136064
     _plan, prediction = gpu_acts
-    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805836800
+    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805804032
     events = {e.task_id: e for e in prediction.trace.events}
     assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.L1"].start_s
     # no host traffic for checkpoints: the host only sees grads and optimizer buffers
@@ -89,36 +107,54 @@ def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
 
 
 def test_head_and_forward_sets_are_smaller(gpu_acts):
-    """The head's set (32768 B) stays below the backward's: the peak is not at the head."""
+    """The head's set (65792 B: 2 ckpts, final hidden, its dgrad, its workspace and the head's
+    grads) stays below the backward's: the peak is not at the head."""
     _plan, prediction = gpu_acts
     events = {e.task_id: e for e in prediction.trace.events}
     head = events["s0.m0.head.head"]
     at_head = [m.bytes_in_use for m in prediction.trace.memory
                if m.tier == "gpu" and head.start_s <= m.time_s < head.end_s]
-    assert max(at_head) == GPU_STATIC_BYTES + 4 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES
+    head_set = 4 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
+    assert head_set == 65792 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
+    assert max(at_head) == GPU_STATIC_BYTES + head_set
 
 
 def test_host_peak_with_checkpoints_on_host(host_acts):
-    # Host dynamic buffers: offloaded bf16 grads (2 B/param, until the block's optimizer step
-    # ends), the step's fp32 grad upcast (4 B/param, during the step) and checkpoints waiting
-    # on the host (4096 B each, offload start to fetch end). The d2h lane lands all grads of a
-    # step within ~0.4 ms, while each optimizer step takes ~20-45 ms, so the CPU order (head,
-    # emb, L0, L1 under deadline order) decides:
-    #   during s0 head step: all grads 2*106816 + fp32 head 4*16448        = 279424
-    #   during s0 emb step:  grads of emb, L0, L1 + fp32 emb 4*16384        = 246272
-    #   during s0 L0 step:   grads L0, L1 (2*2*36992) + fp32 L0 (4*36992)   = 295936
-    #     + step 1's layer-0 checkpoint, offloaded when s0.cast.emb let its forward start: 4096
-    #   during s0 L1 step:   grads L1 + fp32 L1 + two step-1 checkpoints    = 230144
-    dynamic_peak = 2 * 2 * LAYER_PARAMS + 4 * LAYER_PARAMS + HIDDEN_BYTES
-    assert dynamic_peak == 300032
+    # Offloaded bf16 grads land in their block's static landing buffer, checkpoints in the
+    # static per-layer checkpoint buffer: neither comes and goes. What does is the torch
+    # optimizer's fp32 grad upcast (4 B/param, during the block's step), and the CPU runs one
+    # step at a time. The d2h lane lands all grads of a step within ~0.4 ms, while each
+    # optimizer step takes ~20-45 ms, so the CPU order (head, then emb, L0, L1 under deadline
+    # order) decides:
+    #   during s0 head step: fp32 head 4*16448  = 65792
+    #   during s0 emb step:  fp32 emb 4*16384   = 65536
+    #   during s0 L0 step:   fp32 L0 4*36992    = 147968 (first reached here)
+    #   during s0 L1 step:   fp32 L1 4*36992    = 147968
+    # (step 1's checkpoints, offloaded meanwhile, add nothing: their buffer is static)
+    dynamic_peak = 4 * LAYER_PARAMS
+    assert dynamic_peak == 147968
     _plan, prediction = host_acts
-    assert prediction.peak_bytes["host"] == HOST_STATIC_BYTES + dynamic_peak
+    assert prediction.peak_bytes["host"] == HOST_STATIC_BYTES_HOST_ACTS + dynamic_peak
     events = {e.task_id: e for e in prediction.trace.events}
     opt_l0 = events["s0.optimizer_step.L0"]
     assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
     # GPU with offloaded checkpoints: backward L1 holds the fetched L1 checkpoint and the
-    # prefetched L0 one, the head's dgrad, its workspace and dgrad: the same 103168 bytes.
-    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES
+    # prefetched L0 one, the head's dgrad, its workspace and dgrad, and the head's grads still
+    # being offloaded: the same 136064 bytes as with checkpoints on the GPU.
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + 4 * HIDDEN_BYTES
+                                            + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES)
+
+
+def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
+    # what torch.cuda.max_memory_allocated would count: the plan's buffers without the CUDA
+    # context, workspaces and allocator slack of the gpu.runtime buffer
+    _plan, prediction = gpu_acts
+    assert prediction.gpu_runtime_bytes == sizes.GPU_RUNTIME_BYTES == GPU_RUNTIME_BYTES
+    assert prediction.gpu_allocated_peak_bytes == (prediction.peak_bytes["gpu"]
+                                                   - sizes.GPU_RUNTIME_BYTES)
+    # weight units 147968 + emb weights 32768 + head weights 32896 + grad units 147968, and the
+    # dynamic peak at backward L1 (136064)
+    assert prediction.gpu_allocated_peak_bytes == 361600 + 136064 == 497664
 
 
 def test_gpu_cap_just_below_peak_is_an_overflow(gpu_acts):
@@ -154,8 +190,8 @@ def test_small_host_is_a_host_overflow(host_acts):
     small = simulate(plan, make_round_profile(ram_bytes=peak - 1))
     assert small.overflows == (Overflow(tier="host", need_bytes=peak, limit_bytes=peak - 1),)
     assert small.step_s is not None
-    tiny = simulate(plan, make_round_profile(ram_bytes=2 * GIB))  # below the 3 GiB runtime
+    tiny = simulate(plan, make_round_profile(ram_bytes=GIB))  # below the 2 GiB runtime
     assert tiny.trace is None
-    assert tiny.overflows == (Overflow(tier="host", need_bytes=HOST_STATIC_BYTES,
-                                       limit_bytes=2 * GIB),)
+    assert tiny.overflows == (Overflow(tier="host", need_bytes=HOST_STATIC_BYTES_HOST_ACTS,
+                                       limit_bytes=GIB),)
     assert "host" in tiny.reason

@@ -92,25 +92,57 @@ def test_gpu_overflow_is_not_blamed_on_the_host_or_spilled_to_nvme():
 
 
 def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilling():
+    """A host whose static buffers fit but which overflows while the step runs gets the bounded
+    pool of pinned grad landing buffers tried before any optimizer state goes to NVMe.
+
+    The landing buffers are static now (host.grad_landing), so the pool no longer bounds grads
+    piling up behind a slow CPU while the step runs: it shrinks the static landing buffer from
+    one per block to BOUNDED_GRAD_BUFFERS of the largest block's size. What comes and goes on
+    the host here is torch AdamW's fp32 grad upcast (4 B/param of the block being stepped)."""
     model = make_tiny_model(num_layers=6)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy(cpu_optimizer="torch")
+    layer = 36992  # params of a decoder layer, the largest block
+    n = 6 * layer + 256 * 64 + (256 * 64 + 64)  # + embedding + LM head and final norm
+    assert model.total_params == n
     roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
+    assert roomy.policy.host_grad_buffers is None
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     peak = roomy.prediction.peak_bytes["host"]
-    assert peak > static
+    assert peak == static + 4 * layer  # one layer's fp32 upcast: the CPU steps one block at a time
     bounded = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
+    # bf16 landing buffers: 2 B for every parameter, one per block -> four of a layer's size
+    assert static - bounded.static_bytes("host") == 2 * n - 4 * 2 * layer
     bounded_peak = simulate(bounded, make_round_profile()).peak_bytes["host"]
-    assert static < bounded_peak < peak  # grads wait for the slow CPU: fewer buffers, less RAM
-    # RAM between the two peaks: the plan passes the static check and only overflows while it
-    # runs; four pinned grad buffers then make it fit without NVMe
-    tight = make_round_profile(ram_bytes=(bounded_peak + peak) // 2)
+    assert bounded_peak == bounded.static_bytes("host") + 4 * layer
+    assert bounded_peak < static < peak
+    # RAM between the static bytes and the peak: the plan passes the static check and only
+    # overflows while it runs; four pinned grad buffers then make it fit without NVMe
+    tight = make_round_profile(ram_bytes=static + 2 * layer)
+    assert static < tight.host.ram_bytes < peak
     c = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
                  num_steps=3)
     assert c.feasible
     assert c.policy.host_grad_buffers == 4
-    assert c.policy.moments_on_nvme == 0.0
-    assert c.prediction.peak_bytes["host"] <= tight.host.ram_bytes
+    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
+    assert c.prediction.peak_bytes["host"] == bounded_peak <= tight.host.ram_bytes
+
+
+def test_a_host_whose_static_buffers_overflow_takes_the_grad_pool_before_nvme():
+    """The landing buffers are static, so a pool of them can relieve a static overflow: RAM
+    between the static bytes with the pool and without it fits wholly in RAM with the pool,
+    where spilling moments to NVMe would be slower."""
+    model = make_tiny_model(num_layers=6)
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
+    pooled = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
+    between = make_round_profile(ram_bytes=(static + pooled.static_bytes("host")) // 2)
+    assert pooled.static_bytes("host") < between.host.ram_bytes < static
+    c = evaluate(model, train, policy, between, gpu_memory_bytes=None, allow_nvme=True,
+                 num_steps=3)
+    assert c.feasible
+    assert c.policy.host_grad_buffers == 4
+    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
 
 
 def test_search_space_values_are_checked():
