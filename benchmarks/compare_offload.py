@@ -297,13 +297,16 @@ def run_watched(cmd: list[str], timeout: float, host_limit: int) -> tuple[int, s
         return child.returncode, out.read(), err.read(), stopped
 
 
-def child_row(args, system: str, model: str, mb: int, timeout: float) -> dict:
+def child_row(args, system: str, model: str, mb: int, timeout: float,
+              deadline_cut: bool = False) -> dict:
     """Run one configuration in a fresh process: its row, or a row saying why it has none."""
     child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch", str(mb),
              "--model", model, "--seq-len", str(args.seq_len), "--steps", str(args.steps),
              "--gpu-memory", args.gpu_memory, "--device", args.device, "--profile", args.profile]
     failed = {"system": system, "model": model, "micro_batch": mb, "seq_len": args.seq_len}
     code, stdout, stderr, stopped = run_watched(child, timeout, host_limit_bytes(args.host_limit))
+    if stopped.startswith("timed out") and deadline_cut:
+        stopped = f"cut by --deadline after {timeout:.0f} s"
     if stopped:
         print(f"  {stopped}", flush=True)
         return {**failed, "error": stopped}
@@ -381,7 +384,8 @@ def main() -> None:
                   flush=True)
             continue
         print(f"{system} {model} micro-batch {mb}", flush=True)
-        row = child_row(args, system, model, mb, min(args.timeout, left))
+        row = child_row(args, system, model, mb, min(args.timeout, left),
+                        deadline_cut=left < args.timeout)
         rows.append(row)
         if "error" not in row:
             print(f"  {row['step_s']:.3f} s/step, {row['tokens_per_s']:,.0f} tokens/s, "
