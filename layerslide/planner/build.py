@@ -315,10 +315,12 @@ class _Builder:
 
     def grads(self, s: int, m: int, block: int, producer: str) -> None:
         """Offload the block's bf16 grads to the host, and accumulate them when A > 1."""
+        p = self.params(block)
         if block in self.gpu_updated:  # fp32 grads accumulate on the GPU, in place
             self.gpu_grad_producer[(s, block)] = producer
+            # autograd's fresh bf16 grad, added into the fp32 sum within the producing task
+            self.buffer(f"{producer}.grads", "gpu", BF16_BYTES * p, producer, (producer,))
             return
-        p = self.params(block)
         pos = self.grad_pos(s, m, block)
         off = self.add(Task(id=f"s{s}.m{m}.offload_grads.{self.blk(block)}", kind="offload_grads",
                             lane="d2h", layer=block, step=s, micro_batch=m,

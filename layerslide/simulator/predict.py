@@ -147,7 +147,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     early = _overflows(static, limits)
     if early:
         return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
-                          peak_bytes=static, overflows=early)
+                          peak_bytes=static, overflows=early,
+                          gpu_runtime_bytes=sizes.GPU_RUNTIME_BYTES)
     costs = costs or CostModel(profile)
     trace = run_plan(plan, costs)
     trace = Trace(source="simulated", label=label or plan.model.name, events=trace.events,

@@ -225,6 +225,22 @@ def test_embedding_and_head_grads_on_the_gpu_live_from_their_backward_to_their_o
     assert static_grads == ["gpu.grad_units"]
 
 
+def test_blocks_updated_on_the_gpu_hold_their_fresh_bf16_grads_only_within_their_task(
+        tiny_model):
+    """Autograd still makes a bf16 grad for a GPU-updated block (the embedding first, then layer
+    0); the backward adds it into the block's fp32 sum on the GPU before it ends."""
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy(gpu_updated_blocks=2),
+                      num_steps=2)
+    emb = buffer_named(plan, "s0.m0.backward.emb.grads")
+    assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64
+    assert emb.alloc_task == "s0.m0.backward.emb" and emb.release_tasks == ("s0.m0.backward.emb",)
+    layer0 = buffer_named(plan, "s0.m0.backward.L0.grads")
+    assert layer0.bytes == BF16_BYTES * 36992 and layer0.release_tasks == ("s0.m0.backward.L0",)
+    # nothing of theirs is offloaded
+    assert not [b for b in plan.buffers if ".offload_grads.emb" in b.id or
+                ".offload_grads.L0" in b.id]
+
+
 def test_host_grad_landing_is_one_buffer_per_cpu_block_or_a_pool_of_the_largest(tiny_model):
     train = TrainSpec(micro_batch=1, seq_len=16)
     layer, emb, head = 36992, 256 * 64, 256 * 64 + 64  # params; head: LM head + final norm

@@ -157,6 +157,13 @@ def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
     assert prediction.gpu_allocated_peak_bytes == 361600 + 136064 == 497664
 
 
+def test_gpu_allocated_peak_of_a_plan_rejected_before_simulating_leaves_out_the_runtime(gpu_acts):
+    plan, _ = gpu_acts
+    rejected = simulate(plan, make_round_profile(), gpu_memory_bytes=GPU_STATIC_BYTES - 1)
+    assert rejected.step_s is None
+    assert rejected.gpu_allocated_peak_bytes == GPU_STATIC_BYTES - GPU_RUNTIME_BYTES
+
+
 def test_gpu_cap_just_below_peak_is_an_overflow(gpu_acts):
     plan, prediction = gpu_acts
     peak = prediction.peak_bytes["gpu"]
