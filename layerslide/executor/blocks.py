@@ -152,10 +152,13 @@ class ModelBlocks:
             yield slot, flat[slot.offset:slot.offset + slot.numel].view(slot.shape)
 
     # --- initial weights -----------------------------------------------------------------------
-    def init_block(self, block: int, seed: int) -> torch.Tensor:
-        """Random fp32 weights of one block (normal(0, 0.02) matrices, unit norms, zero biases);
-        each block draws from its own generator, so the result does not depend on load order."""
-        flat = torch.empty(self.numel(block), dtype=torch.float32)
+    def init_block(self, block: int, seed: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Random fp32 weights of one block (normal(0, 0.02) matrices, unit norms, zero biases),
+        written into `out` if given; each block draws from its own generator, so the result does
+        not depend on the order (or the threads) blocks are drawn in."""
+        flat = torch.empty(self.numel(block), dtype=torch.float32) if out is None else out
+        if flat.numel() != self.numel(block) or flat.dtype != torch.float32:
+            raise ValueError(f"block {block}: out must be {self.numel(block)} fp32 elements")
         gen = torch.Generator().manual_seed(seed * 1_000_003 + block + 1)
         for slot, view in self.views(block, flat):
             if slot.decay:

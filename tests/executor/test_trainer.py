@@ -241,3 +241,16 @@ def test_first_step_grads_match_the_reference_per_tensor(tmp_path, family, tied)
     assert set(ours) <= set(sums)
     for name, grad in ours.items():
         assert (grad - sums[name]).norm() / sums[name].norm() < 3e-2, name
+
+
+def test_random_init_drawn_on_threads_in_place_equals_each_block_drawn_alone(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    spec = spec_of(config, tmp_path)
+    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
+                 policy=Policy(), optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+        trainer.init_random(7)
+        for b in trainer.blocks.blocks:
+            assert torch.equal(trainer.state.master[b], trainer.blocks.init_block(b, 7)), b
+        assert trainer.state.master[0].std() > 0  # a layer's matrices were drawn
+        with pytest.raises(ValueError, match="out must be"):
+            trainer.blocks.init_block(0, 7, out=torch.empty(3))
