@@ -134,6 +134,9 @@ def main() -> None:
     ap.add_argument("--profile", default="h200-bench", help="profile name or calibrated file")
     ap.add_argument("--configs", default="all", help="comma-separated CONFIGS labels, or all")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds over all configurations; each row then holds the median and "
+                         "the report the spread between rounds")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--gpu-memory", default="24GiB")
     ap.add_argument("--device", default="cuda")
@@ -165,30 +168,60 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {}  # label -> its rows, one per round
     rows, start = [], time.monotonic()
-    for k, label in enumerate(labels):
-        left = args.deadline - (time.monotonic() - start) if args.deadline else None
-        if left is not None and left < 30:
-            print(f"[{k + 1}/{len(labels)}] {label}: skipped, the deadline is reached", flush=True)
-            continue
-        print(f"[{k + 1}/{len(labels)}] {label}", flush=True)
-        child = [sys.executable, __file__, "--one", label, *sys.argv[1:]]
-        try:
-            done = subprocess.run(child, capture_output=True, text=True, check=False,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=left)
-        except subprocess.TimeoutExpired:
-            print("  timed out at the deadline", flush=True)
-            continue
-        row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
-                    if line.startswith("ROW ")), None)
-        if row is None:
-            print(f"  failed (exit {done.returncode}): {done.stderr.strip()[-600:]}", flush=True)
-            continue
-        rows.append(row)
-        print(f"  step {row['measured_step_s']:.3f} s measured, {row['predicted_step_s']:.3f} "
-              "predicted", flush=True)
-        (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
+    for round_ in range(args.repeats):  # rounds, so a config's repeats are minutes apart
+        for k, label in enumerate(labels):
+            name = f"[{round_ + 1}.{k + 1}/{args.repeats}.{len(labels)}] {label}"
+            left = args.deadline - (time.monotonic() - start) if args.deadline else None
+            if left is not None and left < 30:
+                print(f"{name}: skipped, the deadline is reached", flush=True)
+                continue
+            print(name, flush=True)
+            child = [sys.executable, __file__, "--one", label, *sys.argv[1:]]
+            try:
+                done = subprocess.run(child, capture_output=True, text=True, check=False,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=left)
+            except subprocess.TimeoutExpired:
+                print("  timed out at the deadline", flush=True)
+                continue
+            row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
+                        if line.startswith("ROW ")), None)
+            if row is None:
+                print(f"  failed (exit {done.returncode}): {done.stderr.strip()[-600:]}",
+                      flush=True)
+                continue
+            runs.setdefault(label, []).append(row)
+            print(f"  step {row['measured_step_s']:.3f} s measured, "
+                  f"{row['predicted_step_s']:.3f} predicted", flush=True)
+            rows = [merged(found) for found in runs.values()]
+            (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
     report(rows, args.out)
+
+
+MEASURED = ("step_s", "gpu_allocated_bytes", "gpu_reserved_bytes", "host_bytes")
+
+
+def merged(found: list[dict]) -> dict:
+    """One configuration's rows from several rounds: the median of each measured quantity, and
+    the step times of every round (measured_step_s_runs) to show the measurement's spread."""
+    row = dict(found[0])
+    for quantity in MEASURED:
+        row[f"measured_{quantity}"] = statistics.median(r[f"measured_{quantity}"] for r in found)
+    row["measured_step_s_runs"] = [r["measured_step_s"] for r in found]
+    return row
+
+
+def spread_line(rows: list[dict]) -> str | None:
+    """How far repeated runs of one configuration lie apart: (max - min) / median step."""
+    spreads = {r["label"]: (max(r["measured_step_s_runs"]) - min(r["measured_step_s_runs"]))
+               / statistics.median(r["measured_step_s_runs"])
+               for r in rows if len(r.get("measured_step_s_runs", ())) >= 2}
+    if not spreads:
+        return None
+    worst = max(spreads, key=spreads.get)
+    return (f"- measurement spread over repeated runs ((max - min) / median step): median "
+            f"{statistics.median(spreads.values()):.1%}, worst {spreads[worst]:.1%} ({worst})")
 
 
 def report(rows: list[dict], out: Path) -> None:
@@ -201,11 +234,15 @@ def report(rows: list[dict], out: Path) -> None:
                  and r["config"]["micro_batch"] == tuned["config"]["micro_batch"]]
         best = min(r["measured_step_s"] for r in group)
         summary["tuned_vs_best_measured"] = tuned["measured_step_s"] / best - 1.0
+    spread = spread_line(rows)
+    summary["step_s_spread"] = spread
     (out / "validation_summary.json").write_text(json.dumps(summary, indent=1))
     table = markdown(rows)
     if "tuned_vs_best_measured" in summary:
         table += (f"- tune's pick against the best measured at its micro-batch: "
                   f"{summary['tuned_vs_best_measured']:+.1%}\n")
+    if spread is not None:
+        table += spread + "\n"
     (out / "validation.md").write_text(table)
     figure(rows, out / "validation.png")
     print(table)
