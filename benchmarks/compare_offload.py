@@ -23,6 +23,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -280,18 +281,22 @@ def run_watched(cmd: list[str], timeout: float, host_limit: int) -> tuple[int, s
     the timeout or when its RSS passes host_limit bytes (0: no limit), so that a system that
     needs more RAM than the machine has is recorded as such instead of taking the machine down."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        # its own process group: a stop takes its helpers (compile workers) along with it
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, start_new_session=True)
         start, stopped = time.monotonic(), ""
-        while child.poll() is None:
-            if time.monotonic() - start > timeout:
-                stopped = f"timed out after {timeout:.0f} s"
-            elif host_limit and rss_bytes(child.pid) > host_limit:
-                stopped = f"host memory over {host_limit / GIB:.1f} GiB"
-            if stopped:
-                child.kill()
+        try:
+            while child.poll() is None:
+                if time.monotonic() - start > timeout:
+                    stopped = f"timed out after {timeout:.0f} s"
+                elif host_limit and rss_bytes(child.pid) > host_limit:
+                    stopped = f"host memory over {host_limit / GIB:.1f} GiB"
+                if stopped:
+                    break
+                time.sleep(0.2)
+        finally:  # stopped, or this process interrupted: leave nothing running on the GPU
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
-                break
-            time.sleep(0.2)
         out.seek(0)
         err.seek(0)
         return child.returncode, out.read(), err.read(), stopped

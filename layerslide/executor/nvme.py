@@ -209,16 +209,18 @@ class ActivationFiles:
     orders the next micro-batch's write of that layer after the read. Buffered I/O: the pinned
     buffers the GPU copies use need not be page-aligned."""
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, num_layers: int):
         self.folder = Path(folder).expanduser()
+        self.num_layers = num_layers
 
     def path(self, layer: int) -> Path:
         return self.folder / f"activations_{layer}.bin"
 
     def remove_files(self) -> None:
-        """Delete the checkpoint files the run wrote (scratch once it is over)."""
-        for path in self.folder.glob("activations_*.bin"):
-            path.unlink(missing_ok=True)
+        """Delete this run's checkpoint files (scratch once it is over), and no other file of a
+        folder that may be shared."""
+        for layer in range(self.num_layers):
+            self.path(layer).unlink(missing_ok=True)
 
     def write(self, layer: int, host: torch.Tensor) -> None:
         view = memoryview(host.view(torch.uint8).numpy())

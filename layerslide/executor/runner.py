@@ -135,7 +135,7 @@ class TaskRunner:
         self.act_host: dict[int, torch.Tensor] = {}  # offloaded checkpoints, one per layer
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.activation_files = (ActivationFiles(self.state.nvme_dir)
+        self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers)
                                  if policy.activations == "nvme" else None)
         self._reset_segment()
 

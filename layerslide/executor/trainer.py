@@ -280,7 +280,11 @@ class Trainer:
                 and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
             if due:
                 start_s = time.monotonic()
-                info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                try:
+                    info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                except BaseException:
+                    self.failed = True  # keep the NVMe files: the checkpoint may be incomplete
+                    raise
                 last_save_s = time.monotonic()
                 if on_checkpoint is not None:
                     on_checkpoint(info, last_save_s - start_s)

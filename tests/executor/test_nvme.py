@@ -242,5 +242,7 @@ def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path
         trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
                     checkpoints=CheckpointSchedule(store=store, every_steps=2))
         assert sorted(folder.glob("state_*.bin")) and sorted(folder.glob("activations_*.bin"))
-    assert not list(folder.glob("state_*")) and not list(folder.glob("activations_*"))
+        (folder / "activations_99.bin").write_bytes(b"another run's")  # a shared folder
+    assert not list(folder.glob("state_*"))
+    assert [p.name for p in folder.glob("activations_*")] == ["activations_99.bin"]
     store.verify(store.latest())  # its hard links still hold the state the run ended with
