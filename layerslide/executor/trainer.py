@@ -122,7 +122,7 @@ class Trainer:
             self.device.close()  # unpin what was pinned before the failure
             raise
         self.step = 0  # optimizer steps taken (or skipped) so far
-        self.failed = False  # a segment raised: the NVMe files are kept for inspection
+        self.failed = False  # training or a save raised: close() keeps the NVMe files
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, so its memory stays flat
         self.keep_trace = keep_trace
@@ -356,12 +356,12 @@ class Trainer:
                            "policy": self.policy.to_dict(), "device": str(self.device.device),
                            "serial": self.serial})
 
-    def close(self, *, remove_scratch: bool = True) -> None:
-        """Unpin host memory and (remove_scratch) delete the NVMe tier's files, state and
-        activation checkpoints: scratch once the run is over, and what a checkpoint hard-linked
-        stays. A run that failed keeps them, as they were at its last good step."""
+    def close(self) -> None:
+        """Unpin host memory and delete the NVMe tier's files, state and activation checkpoints:
+        scratch once the run is over, and what a checkpoint hard-linked stays. A run that failed
+        keeps them, as they were at its last good step."""
         self.device.close()
-        if not remove_scratch or self.failed:
+        if self.failed:
             return
         if self.state.nvme is not None:
             self.state.nvme.remove_files()
@@ -372,7 +372,8 @@ class Trainer:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        self.close(remove_scratch=exc_type is None)
+        self.failed = self.failed or exc_type is not None
+        self.close()
 
 
 def _first_steps(plan: Plan, count: int) -> Plan:

@@ -18,7 +18,7 @@ import networkx as nx
 
 from layerslide.planner import sizes
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
-from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task
+from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task, runtime_buffer_id
 from layerslide.planner.settings import Policy, TrainSpec
 
 # CUDA streams run in issue order; the other lanes are workers that pick the most urgent ready
@@ -333,7 +333,8 @@ class _Builder:
             self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
             if block == EMBEDDING and self.model.tie_word_embeddings:
-                # the head adds its (tied) LM-head grads into the embedding's grad buffer first
+                # the head makes the tied LM-head grad the embedding backward adds in: it waits
+                # as that backward does, so one embedding-sized grad of a kind is alive at once
                 self.edge(self.dedicated_grad_last[block], f"s{s}.m{m}.head.head", "unit_reuse")
             self.dedicated_grad_last[block] = off
         else:
@@ -443,7 +444,7 @@ class _Builder:
         on_gpu = sum(self.params(b) for b in self.gpu_updated)
         n = model.total_params - on_gpu  # parameters whose state lives on the host
         unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
-        self.buffer("gpu.runtime", "gpu", sizes.GPU_RUNTIME_BYTES)  # Prediction subtracts it
+        self.buffer(runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
         self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
@@ -456,7 +457,7 @@ class _Builder:
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
         self.buffer("gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
         self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
-        self.buffer("host.runtime", "host", sizes.HOST_RUNTIME_BYTES)
+        self.buffer(runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
         # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
         # initialisation, loading and checkpoints (the GPU holds the live copy)
         self.buffer("host.master_fp32", "host",
@@ -472,7 +473,7 @@ class _Builder:
             self.buffer("host.weights_bf16", "host", BF16_BYTES * n)
         # offloaded bf16 grads land in page-locked buffers allocated once: one per block, or a
         # pool of host_grad_pool buffers of the largest block's size
-        cpu_blocks = [b for b in (EMBEDDING, *range(self.L), self.L) if b not in self.gpu_updated]
+        cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
         if self.host_grad_pool < len(cpu_blocks):
             landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
         else:

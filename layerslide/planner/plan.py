@@ -63,6 +63,11 @@ class Buffer:
         return self.alloc_task is None and not self.release_tasks
 
 
+def runtime_buffer_id(tier: str) -> str:
+    """The id of a tier's static buffer for what every run pays besides its tensors."""
+    return f"{tier}.runtime"
+
+
 @dataclass(kw_only=True)
 class Plan:
     """A DAG of Tasks (networkx), the order of tasks on each lane, and the buffers they use."""
@@ -87,6 +92,11 @@ class Plan:
     def static_bytes(self, tier: str) -> int:
         """Bytes held for the whole run on a tier: a lower bound on its peak."""
         return sum(b.bytes for b in self.buffers if b.tier == tier and b.is_static)
+
+    def runtime_bytes(self, tier: str) -> int:
+        """Bytes of the tier's runtime buffer (runtime_buffer_id): held for the run, but not by
+        the framework's allocator (the CUDA context and workspaces; the process itself)."""
+        return sum(b.bytes for b in self.buffers if b.id == runtime_buffer_id(tier))
 
     def validate(self) -> None:
         """Raise ValueError if lane orders and dependencies cannot all be honoured."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner import sizes
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
 from layerslide.simulator.engine import run_plan
@@ -52,7 +51,7 @@ class Prediction:
     floors_s: dict[str, float] = field(default_factory=dict)
     trace: Trace | None = None
     # the part of the GPU peak that is not allocations: the CUDA context, library workspaces and
-    # allocator slack (the plan's gpu.runtime buffer)
+    # allocator slack (Plan.runtime_bytes("gpu"))
     gpu_runtime_bytes: int = 0
 
     @property
@@ -148,7 +147,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     if early:
         return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
                           peak_bytes=static, overflows=early,
-                          gpu_runtime_bytes=sizes.GPU_RUNTIME_BYTES)
+                          gpu_runtime_bytes=plan.runtime_bytes("gpu"))
     costs = costs or CostModel(profile)
     trace = run_plan(plan, costs)
     trace = Trace(source="simulated", label=label or plan.model.name, events=trace.events,
@@ -172,5 +171,5 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         overflows=_overflows(peaks, limits), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
-        floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=sizes.GPU_RUNTIME_BYTES,
+        floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
     )
