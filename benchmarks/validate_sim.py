@@ -84,7 +84,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
-        "gpu_memory_bytes": cap, "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
+        "gpu_memory_bytes": cap, "model_override": args.model_override,
+        "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
         "measured_step_s": statistics.median(log.step_s for log in steady),
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
         "measured_gpu_reserved_bytes": reserved,
@@ -120,7 +121,11 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
     rows = []
     for path in paths:
         for row in json.loads(path.read_text()):
+            if row.get("model_override"):
+                raise SystemExit(f"{path}: {row['label']} was measured on "
+                                 f"{row['model_override']} (a smoke test), not its preset")
             spec = resolve_model(row["config"]["model"])
+            # rows of 2026-11-29 predate these two fields; they ran at the defaults then
             train = TrainSpec(micro_batch=row["config"]["micro_batch"],
                               seq_len=row.get("seq_len", 1024))
             cap = row.get("gpu_memory_bytes", 24 * 2**30)
