@@ -3,6 +3,9 @@
 ctypes releases the GIL for the call and the kernel runs on OpenMP threads, like torch's own
 fused AdamW. Where no compiler is found (or LAYERSLIDE_NATIVE=0), `load_kernels` returns None
 and the executor uses torch's kernels instead.
+
+LAYERSLIDE_CPU_THREADS (default: OpenMP's, the cores) and LAYERSLIDE_CPU_CHUNK (elements a
+thread takes at a time; 0: one even slice per thread) set how a call is spread over the cores.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import torch
 SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
-_ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F]
+_ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F, _I, _I]
+DEFAULT_CHUNK = 0  # elements per chunk; 0: OpenMP's static split, one slice per thread
 
 
 def _cache_dir() -> Path:
@@ -72,12 +76,16 @@ def _build(source: Path) -> Path | None:
 class NativeKernels:
     """Typed entry points into the compiled library."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, *, threads: int = 0, chunk: int = DEFAULT_CHUNK):
+        if threads < 0 or chunk < 0:
+            raise ValueError(f"native kernels: threads={threads} and chunk={chunk} must be >= 0 "
+                             "(0: OpenMP's thread count / one even slice per thread)")
         self._lib = library
+        self.threads, self.chunk = threads, chunk
         for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None
-        library.cast_f32_to_bf16.argtypes = [_P, _P, _I]
+        library.cast_f32_to_bf16.argtypes = [_P, _P, _I, _I, _I]
         library.cast_f32_to_bf16.restype = None
 
     def adamw_step(self, *, param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -96,17 +104,35 @@ class NativeKernels:
         kernel(param.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), grad.data_ptr(),
                None if weights_out is None else weights_out.data_ptr(), n, decay_end, lr,
                beta1, beta2, eps, weight_decay, grad_scale, bias_correction1,
-               bias_correction2_sqrt)
+               bias_correction2_sqrt, self.threads, self.chunk)
 
     def cast(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         assert src.dtype == torch.float32 and dst.dtype == torch.bfloat16
         assert src.is_contiguous() and dst.is_contiguous() and src.numel() == dst.numel()
-        self._lib.cast_f32_to_bf16(src.data_ptr(), dst.data_ptr(), src.numel())
+        self._lib.cast_f32_to_bf16(src.data_ptr(), dst.data_ptr(), src.numel(), self.threads,
+                                   self.chunk)
 
 
-def load_kernels() -> NativeKernels | None:
-    """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0)."""
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: must be a whole number >= 0") from None
+
+
+def load_kernels(*, threads: int | None = None, chunk: int | None = None) -> NativeKernels | None:
+    """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0); threads and chunk
+    default to LAYERSLIDE_CPU_THREADS / LAYERSLIDE_CPU_CHUNK, else OpenMP's / DEFAULT_CHUNK."""
     if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
         return None
     path = _build(SOURCE)
-    return None if path is None else NativeKernels(ctypes.CDLL(str(path)))
+    if path is None:
+        return None
+    return NativeKernels(ctypes.CDLL(str(path)),
+                         threads=_env_int("LAYERSLIDE_CPU_THREADS", 0) if threads is None
+                         else threads,
+                         chunk=_env_int("LAYERSLIDE_CPU_CHUNK", DEFAULT_CHUNK) if chunk is None
+                         else chunk)

@@ -60,3 +60,43 @@ def test_cast_rounds_like_torch_including_specials():
     expected = values.to(torch.bfloat16)
     assert torch.isnan(out[0])
     assert torch.equal(out[1:], expected[1:])
+
+
+@pytest.mark.parametrize(("threads", "chunk"), [(1, 0), (2, 0), (2, 1000), (3, 7), (0, 1 << 20)])
+def test_every_split_over_threads_gives_the_same_update_and_cast(threads, chunk):
+    """How a call is cut into chunks and spread over threads must not change a single bit,
+    including a last chunk shorter than the others and the decay boundary inside a chunk."""
+    from layerslide.executor.native import load_kernels as load
+
+    split = load(threads=threads, chunk=chunk)
+    n, decay_end = 10_007, 4_321
+    gen = torch.Generator().manual_seed(2)
+    start = torch.randn(n, generator=gen)
+    grad = torch.randn(n, generator=gen).to(torch.bfloat16)
+    results = []
+    for kernels in (KERNELS, split):
+        param, m, v = start.clone(), torch.zeros(n), torch.zeros(n)
+        weights = torch.empty(n, dtype=torch.bfloat16)
+        kernels.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=grad, weights_out=weights,
+                           decay_end=decay_end, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+                           weight_decay=0.1, grad_scale=0.5, step=1)
+        cast = torch.empty(n, dtype=torch.bfloat16)
+        kernels.cast(start, cast)
+        results.append((param, m, v, weights, cast))
+    for reference, got in zip(*results, strict=True):
+        assert torch.equal(reference, got)
+    assert not torch.equal(results[0][0], start)  # the step did move the weights
+
+
+def test_bad_thread_settings_say_what_to_change(monkeypatch):
+    from layerslide.executor.native import load_kernels as load
+
+    with pytest.raises(ValueError, match="must be >= 0"):
+        load(threads=-1)
+    monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", "lots")
+    with pytest.raises(ValueError, match="LAYERSLIDE_CPU_CHUNK='lots': must be a whole number"):
+        load()
+    monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", "4096")
+    monkeypatch.setenv("LAYERSLIDE_CPU_THREADS", "2")
+    kernels = load()
+    assert (kernels.threads, kernels.chunk) == (2, 4096)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: how the CPU AdamW is spread over the cores inside the executor
+# (benchmarks/cpu_split_bench.py), then a thorough `layerslide calibrate` of the same machine.
+# usage (device): bash benchmarks/run_cpu_split_gpu.sh [cpu_split_bench.py args]
+#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+{ lscpu | head -25; free -g | head -2; nvidia-smi --query-gpu=name,memory.total --format=csv; } \
+    > "$out/machine.txt" 2>&1
+python3 benchmarks/cpu_split_bench.py --out "$out" "$@" 2>&1 | grep -v -i warn \
+    | tee "$out/cpu_split.log"
+rm -rf /tmp/nvme
+python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
+    --out "$out/h200-calibrated.toml" --disk-dir /tmp/nvme --ram 128GiB 2>&1 \
+    | tee "$out/calibrate.log"
+rm -rf /tmp/nvme
