@@ -20,6 +20,7 @@ import ctypes
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -188,6 +189,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--probe-blocks", type=int, default=8,
                     help="block-sized arrays for the sustained probe")
+    ap.add_argument("--probes", choices=("all", "first", "none"), default="all",
+                    help="measure the kernel alone for every split, the first, or none")
+    ap.add_argument("--switch-intervals", default="",
+                    help="Python GIL switch intervals to try per split, in seconds, e.g. "
+                         "0.005,0.0005 (default: the interpreter's)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -202,8 +208,9 @@ def main() -> None:
 
     # --- the kernel alone, per split ----------------------------------------------------------
     block_numel = max(spec.layer_params, 1)
-    arrays = block_arrays(block_numel, args.probe_blocks, huge_pages=False)
-    for threads, chunk in splits:
+    probed = {"all": splits, "first": splits[:1], "none": []}[args.probes]
+    arrays = block_arrays(block_numel, args.probe_blocks, huge_pages=False) if probed else []
+    for threads, chunk in probed:
         kernels = load_kernels(threads=threads, chunk=chunk)
         row = {"threads": threads, "chunk": chunk,
                "calibrate_style_params_per_s": calibrate_style(kernels, 64 * 2**20, 3),
@@ -212,13 +219,15 @@ def main() -> None:
         result["probes"].append(row)
         print(json.dumps(row), flush=True)
     del arrays
-    # the first split again over arrays on huge pages: does the TLB cost the executor anything?
-    kernels = load_kernels(threads=splits[0][0], chunk=splits[0][1])
-    huge = block_arrays(block_numel, args.probe_blocks, huge_pages=True)
-    result["huge_pages_probe"] = {"threads": splits[0][0], "chunk": splits[0][1],
-                                  "sustained": sustained(kernels, huge, 2, 0)}
-    print(json.dumps(result["huge_pages_probe"]), flush=True)
-    del huge
+    if args.probes == "all":  # the first split over arrays on huge pages: does the TLB cost?
+        kernels = load_kernels(threads=splits[0][0], chunk=splits[0][1])
+        huge = block_arrays(block_numel, args.probe_blocks, huge_pages=True)
+        result["huge_pages_probe"] = {"threads": splits[0][0], "chunk": splits[0][1],
+                                      "sustained": sustained(kernels, huge, 2, 0)}
+        print(json.dumps(result["huge_pages_probe"]), flush=True)
+        del huge
+    default_interval = sys.getswitchinterval()
+    intervals = [float(x) for x in args.switch_intervals.split(",") if x] or [default_interval]
 
     # --- inside the executor, per split -------------------------------------------------------
     for mb in (int(b) for b in args.batches.split(",")):
@@ -231,12 +240,17 @@ def main() -> None:
             trainer.fit(data, 2)  # compile and first-touch everything
             native = trainer.state.native
             for round_index in range(args.rounds):
-                for threads, chunk in splits:
+                for (threads, chunk), interval in ((s, i) for s in splits for i in intervals):
                     native.threads, native.chunk = threads, chunk
+                    sys.setswitchinterval(interval)
                     first = trainer.step
-                    logs = trainer.fit(data, args.steps)
+                    try:
+                        logs = trainer.fit(data, args.steps)
+                    finally:
+                        sys.setswitchinterval(default_interval)
                     row = {"micro_batch": mb, "round": round_index, "threads": threads,
-                           "chunk": chunk, "step_times_s": [log.step_s for log in logs],
+                           "chunk": chunk, "switch_interval_s": interval,
+                           "step_times_s": [log.step_s for log in logs],
                            "step_s": statistics.median(log.step_s for log in logs[1:]),
                            **executor_rates(trainer, first + 1)}
                     result["runs"].append(row)
@@ -247,19 +261,26 @@ def main() -> None:
 
 
 def summary(result: dict) -> str:
-    lines = ["| threads:chunk | calibrate-style G params/s | sustained | sustained + DMA | "
-             + " | ".join(f"mb{mb} step s | mb{mb} executor AdamW G/s" for mb in
-                          sorted({r['micro_batch'] for r in result["runs"]})) + " |"]
     batches = sorted({r["micro_batch"] for r in result["runs"]})
-    lines.append("|" + " --- |" * (4 + 2 * len(batches)))
-    for probe in result["probes"]:
-        key = (probe["threads"], probe["chunk"])
-        cells = [f"{key[0]}:{key[1]}", f"{probe['calibrate_style_params_per_s'] / 1e9:.2f}",
-                 f"{probe['sustained']['params_per_s'] / 1e9:.2f}",
-                 f"{probe['sustained_with_dma']['params_per_s'] / 1e9:.2f}"]
+    probes = {(p["threads"], p["chunk"]): p for p in result["probes"]}
+    lines = ["| threads:chunk | GIL switch ms | calibrate-style G params/s | sustained | "
+             "sustained + DMA | " + " | ".join(f"mb{mb} step s | mb{mb} executor AdamW G/s"
+                                              for mb in batches) + " |",
+             "|" + " --- |" * (5 + 2 * len(batches))]
+    def key(run: dict) -> tuple[int, int, float]:
+        return run["threads"], run["chunk"], run.get("switch_interval_s", 0.005)
+
+    keys = list(dict.fromkeys(key(r) for r in result["runs"]))  # in the order they ran
+    for threads, chunk, interval in keys:
+        probe = probes.get((threads, chunk))
+        cells = [f"{threads}:{chunk}", f"{interval * 1e3:g}"]
+        cells += ([f"{probe['calibrate_style_params_per_s'] / 1e9:.2f}",
+                   f"{probe['sustained']['params_per_s'] / 1e9:.2f}",
+                   f"{probe['sustained_with_dma']['params_per_s'] / 1e9:.2f}"]
+                  if probe else ["-", "-", "-"])
         for mb in batches:
-            runs = [r for r in result["runs"] if r["micro_batch"] == mb
-                    and (r["threads"], r["chunk"]) == key]
+            runs = [r for r in result["runs"]
+                    if r["micro_batch"] == mb and key(r) == (threads, chunk, interval)]
             cells.append(f"{statistics.median(r['step_s'] for r in runs):.3f}" if runs else "-")
             cells.append(f"{statistics.median(r['params_per_busy_s'] for r in runs) / 1e9:.2f}"
                          if runs else "-")
