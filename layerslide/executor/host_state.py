@@ -1,5 +1,7 @@
 """Training state on the host: per block fp32 master weights, AdamW moments and the buffers the
-plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads).
+plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads). Where the
+grads can land in the bf16 upload copies (settings.grads_land_in_upload) they do, and there are
+no landing buffers.
 
 Each block's state is one flat buffer, so one AdamW call updates it: the decayed matrices are at
 the front, norms and biases behind them. The call is layerslide's native one-pass kernel (reads
@@ -21,7 +23,7 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
 from layerslide.executor.nvme import NvmeState, check_nvme_folder
 from layerslide.executor.optim import OptimConfig
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 
 
 class HostState:
@@ -71,12 +73,16 @@ class HostState:
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
                         for b in cpu_blocks} if policy.cast == "cpu_once" else {})
-        # where offloaded bf16 grads land: one buffer per block, or (policy.host_grad_buffers,
-        # no clipping) a pool the plan's backpressure edges make safe to reuse in d2h order
+        # where offloaded bf16 grads land: in the block's upload copy (grads_land_in_upload), one
+        # buffer per block, or (policy.host_grad_buffers, no clipping) a pool the plan's
+        # backpressure edges make safe to reuse in d2h order
+        self.land_in_upload = grads_land_in_upload(policy, train)
         self.landing_pool: list[torch.Tensor] = []
         self.landing: dict[int, torch.Tensor] = {}
         pool = policy.host_grad_buffers
-        if pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks):
+        if self.land_in_upload:
+            pass
+        elif pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks):
             largest = max(blocks.numel(b) for b in cpu_blocks)
             self.landing_pool = [device.host_empty(largest, torch.bfloat16) for _ in range(pool)]
         else:
@@ -191,6 +197,8 @@ class HostState:
     # --- gradients and the update --------------------------------------------------------------
     def landing_buffer(self, block: int, pool_slot: int) -> torch.Tensor:
         """The bf16 buffer a block's offloaded grads land in (pool_slot: its turn in the pool)."""
+        if self.land_in_upload:
+            return self.upload[block]
         if self.landing_pool:
             return self.landing_pool[pool_slot % len(self.landing_pool)][:self.blocks.numel(block)]
         return self.landing[block]
@@ -227,6 +235,19 @@ class HostState:
         self._torch_step(block, grads, lr, clip_coef)
         if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts
             self.upload[block].copy_(self.master[block])
+
+    def restore_upload(self, block: int) -> None:
+        """After a skipped update: the upload copy holds the landed grads, not the weights;
+        cast the (unchanged) master weights back into it. The disk part of the master is read
+        from the staging buffer the plan's NVMe read filled, as the update would have."""
+        if not self.land_in_upload or block not in self.upload:
+            return
+        target = self.upload[block]
+        for part, param, _, _ in self._state_parts(block):
+            if self.native is not None:
+                self.native.cast(param, target[part])
+            else:
+                target[part].copy_(param)
 
     def _state_parts(self, block: int):
         """(slice of the block, master, exp_avg, exp_avg_sq) runs of its parameters, each run

@@ -385,6 +385,7 @@ class TaskRunner:
         s, b = task.step, task.layer
         outcome = self.outcomes[s]
         if outcome.skipped:
+            self.state.restore_upload(b)  # the grads that landed there are not weights
             return
         lr, coef = self.optim.lr_at(self.step_offset + s), self.clip_coef.get(s, 1.0)
         if b in self.gpu_blocks:  # on the GPU lane: non-finite grads are skipped there
@@ -393,6 +394,7 @@ class TaskRunner:
             return
         if not bool(torch.isfinite(self.grad_sq[s][:, b + 1]).all()):
             outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
+            self.state.restore_upload(b)
             return
         landed = self._landed(s, 0, b) if self.train.grad_accum == 1 else None
         self.state.step(b, lr, coef, landed)

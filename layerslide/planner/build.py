@@ -19,7 +19,7 @@ import networkx as nx
 from layerslide.planner import sizes
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
 from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task, runtime_buffer_id
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 
 # CUDA streams run in issue order; the other lanes are workers that pick the most urgent ready
 # task (CPU optimizer and casts, NVMe I/O).
@@ -88,7 +88,9 @@ class _Builder:
         # landing buffer each, an offload reuses its block's buffer from the previous micro-batch
         blocks = self.L + 2 - len(self.gpu_updated)
         pool = blocks
-        if train.max_grad_norm is None and policy.host_grad_buffers is not None:
+        self.land_in_upload = grads_land_in_upload(policy, train)
+        if (train.max_grad_norm is None and policy.host_grad_buffers is not None
+                and not self.land_in_upload):
             pool = min(policy.host_grad_buffers, blocks)
         self.host_grad_consumers: list[str] = []  # consumer of each offload, in d2h order
         self.host_grad_pool = pool
@@ -471,10 +473,13 @@ class _Builder:
         self.buffer("host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
         if pol.cast == "cpu_once":
             self.buffer("host.weights_bf16", "host", BF16_BYTES * n)
-        # offloaded bf16 grads land in page-locked buffers allocated once: one per block, or a
-        # pool of host_grad_pool buffers of the largest block's size
+        # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
+        # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
+        # largest block's size
         cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
-        if self.host_grad_pool < len(cpu_blocks):
+        if self.land_in_upload:
+            landing = 0
+        elif self.host_grad_pool < len(cpu_blocks):
             landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
         else:
             landing = sum(self.params(b) for b in cpu_blocks)

@@ -85,6 +85,7 @@ class Policy:
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
+    # Not used where grads land in the blocks' upload buffers (grads_land_in_upload).
     host_grad_buffers: int | None = None
     cpu_optimizer: str = "native"
 
@@ -135,3 +136,13 @@ class Policy:
         if unknown:
             raise ValueError(f"unknown policy fields {sorted(unknown)}; known: {sorted(known)}")
         return cls(**data)
+
+
+def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:
+    """Offloaded bf16 grads land in their block's bf16 upload copy, which needs no buffer of
+    their own (2 B/param of pinned RAM saved). That copy is dead from the step's last load of
+    the block (which the block's backward, hence its grads, must follow) until the optimizer
+    step writes the new weights into it, after reading the grads element by element. It exists
+    with cast=cpu_once; with several micro-batches a step loads each block again after grads
+    have landed, so those keep landing buffers."""
+    return policy.cast == "cpu_once" and train.grad_accum == 1

@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import EMBEDDING, ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
-from layerslide.planner.settings import ACTIVATION_PLACEMENTS, CAST_MODES, OPTIMIZER_ORDERS
+from layerslide.planner.settings import (
+    ACTIVATION_PLACEMENTS,
+    CAST_MODES,
+    OPTIMIZER_ORDERS,
+    grads_land_in_upload,
+)
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 
@@ -176,8 +181,11 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
     """The least NVMe use (and pinned grad buffers) under which the candidate fits the host."""
     placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
     pools = [policy.host_grad_buffers]
-    if train.max_grad_norm is None and policy.host_grad_buffers is None:
-        pools.append(BOUNDED_GRAD_BUFFERS)  # clipping holds every grad: no pool to bound
+    if (train.max_grad_norm is None and policy.host_grad_buffers is None
+            and not grads_land_in_upload(policy, train)):
+        # clipping holds every grad (no pool to bound); grads landing in the upload copies
+        # have no landing buffers to bound
+        pools.append(BOUNDED_GRAD_BUFFERS)
     candidate = None
     for moments, master in placements:
         if master > 0 and policy.cast != "cpu_once":

@@ -26,7 +26,7 @@ GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 
 
 def run_executor(config, spec, train, policy, optim, *, steps, serial=False, device="cpu",
-                 segment_steps=3, poison=None):
+                 segment_steps=3, poison=None, check_uploads=False):
     with Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
                  device=device, serial=serial, segment_steps=segment_steps) as trainer:
         trainer.init_random(0)
@@ -38,6 +38,9 @@ def run_executor(config, spec, train, policy, optim, *, steps, serial=False, dev
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
         final = {n: v.clone() for n, v in trainer.state.named_master()}
         moments = dict(trainer.state.steps_taken)
+        if check_uploads:  # what the next forward loads: the weights, not grads that landed
+            for block, upload in trainer.state.upload.items():
+                assert torch.equal(upload, trainer.state.master[block].to(torch.bfloat16)), block
     return logs, initial, final, moments
 
 
@@ -115,7 +118,8 @@ def test_non_finite_step_is_skipped_with_state_intact(tmp_path):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, max_grad_norm=1.0)
     logs, initial, final, moments = run_executor(
-        config, spec, train, Policy(), OptimConfig(lr=1e-3), steps=2, poison=(1, 5))
+        config, spec, train, Policy(), OptimConfig(lr=1e-3), steps=2, poison=(1, 5),
+        check_uploads=True)
     assert all(log.skipped for log in logs)
     assert all(torch.equal(initial[n], final[n]) for n in initial)
     assert all(taken == 0 for taken in moments.values())  # AdamW never stepped
@@ -128,7 +132,8 @@ def test_non_finite_blocks_are_skipped_without_clipping(tmp_path, gpu_updated):
     logs, initial, final, _ = run_executor(
         config, spec, TrainSpec(micro_batch=2, seq_len=SEQ),
         Policy(gpu_updated_blocks=gpu_updated), OptimConfig(lr=1e-3),
-        steps=1, poison=(2, 0))  # layer 2: its grads, and everything before it, are NaN
+        steps=1, poison=(2, 0),  # layer 2: its grads, and everything before it, are NaN
+        check_uploads=True)
     assert not logs[0].skipped
     assert set(logs[0].skipped_blocks) >= {-1, 0, 1, 2}
     assert torch.equal(initial["model.layers.0.mlp.up_proj.weight"],
@@ -220,6 +225,20 @@ def test_the_bf16_upload_copy_follows_every_update(tmp_path, monkeypatch, native
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
         for block, upload in trainer.state.upload.items():
             assert torch.equal(upload, trainer.state.master[block].to(torch.bfloat16)), block
+        # the grads landed in those copies: no landing buffers of their own
+        assert not trainer.state.landing and not trainer.state.landing_pool
+        assert trainer.state.landing_buffer(0, 0) is trainer.state.upload[0]
+
+
+def test_accumulating_steps_keep_landing_buffers_apart_from_the_upload_copies(tmp_path):
+    """With two micro-batches the second loads each block again after the first one's grads
+    landed: they must not land in the copy it loads."""
+    config = tiny_config("llama")
+    with Trainer(config=config, spec=spec_of(config, tmp_path),
+                 train=TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), policy=Policy(),
+                 optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+        assert set(trainer.state.landing) == set(trainer.state.upload)
+        assert trainer.state.landing_buffer(0, 0) is not trainer.state.upload[0]
 
 
 @pytest.mark.parametrize(("family", "tied"), [("llama", False), ("qwen2", True)])

@@ -1,6 +1,7 @@
 """build_plan: task structure, lane orders, dependencies and buffers of the plan."""
 
 from collections import Counter
+from dataclasses import replace
 from itertools import pairwise
 
 import networkx as nx
@@ -133,16 +134,43 @@ def test_static_host_bytes_by_hand(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
                       num_steps=2)
     runtime = 2 * 1024**3
-    # one bf16 landing buffer per block (no pool): 2 B for every parameter, all updated on the CPU
-    landing = 2 * n
     # activations on the host: one pinned checkpoint per layer, bf16 [32 tokens, hidden 64]
     checkpoints = tiny_model.num_layers * 2 * 32 * tiny_model.hidden_size
-    # fp32 master 4, moments 8, persistent bf16 copy 2
-    assert plan.static_bytes("host") == runtime + 4 * n + 8 * n + 2 * n + landing + checkpoints
+    # fp32 master 4, moments 8, persistent bf16 copy 2; the grads land in that copy
+    assert plan.static_bytes("host") == runtime + 4 * n + 8 * n + 2 * n + checkpoints
+    # one bf16 landing buffer per block (no pool) where there is no upload copy, or where a
+    # step's later micro-batches load the block again after grads landed
+    landing = 2 * n
     gpu_cast = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="gpu"),
                           num_steps=2)
-    # no persistent bf16 copy
     assert gpu_cast.static_bytes("host") == runtime + 12 * n + landing + checkpoints
+    accumulating = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+                              Policy(cast="cpu_once"), num_steps=2)
+    fp32_sums = 4 * n
+    assert accumulating.static_bytes("host") == (runtime + 14 * n + landing + fp32_sums
+                                                 + checkpoints // 2)
+
+
+def test_grads_landing_in_the_upload_copy_follow_every_load_of_their_block(tiny_model):
+    """The landed grads overwrite the block's bf16 weights: every load of the block in the step
+    must come first (it does: the block's backward needs the weights), and the next step's
+    loads must follow the optimizer step that writes the new weights there."""
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
+                      num_steps=2)
+    assert plan.static_bytes("host") < build_plan(
+        tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once",
+        host_grad_buffers=1), num_steps=2).static_bytes("host") + 1  # no pool can beat none
+    g = plan.graph
+    for block in ("L0", "L1"):
+        offload = f"s0.m0.offload_grads.{block}"
+        loads = [t for t in g if plan.task(t).kind == "load_weights"
+                 and plan.task(t).step == 0 and t.endswith(f".{block}.load")]
+        assert loads
+        for load in loads:
+            assert nx.has_path(g, load, offload), (load, offload)
+        for load in (t for t in g if plan.task(t).kind == "load_weights"
+                     and plan.task(t).step == 1 and t.endswith(f".{block}.load")):
+            assert nx.has_path(g, f"s0.optimizer_step.{block}", load)
 
 
 def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
@@ -247,17 +275,22 @@ def test_host_grad_landing_is_one_buffer_per_cpu_block_or_a_pool_of_the_largest(
     assert tiny_model.total_params == 2 * layer + emb + head
 
     def landing(policy: Policy, train: TrainSpec = train) -> int:
-        return buffer_named(build_plan(tiny_model, train, policy, num_steps=2),
-                            "host.grad_landing").bytes
+        plan = build_plan(tiny_model, train, policy, num_steps=2)
+        return sum(b.bytes for b in plan.buffers if b.id == "host.grad_landing")
 
-    # one bf16 buffer per block updated on the CPU: all of them, or all but the embedding
-    assert landing(Policy()) == BF16_BYTES * (2 * layer + emb + head)
-    assert landing(Policy(gpu_updated_blocks=1)) == BF16_BYTES * (2 * layer + head)
+    # grads land in the blocks' bf16 upload copies: no landing buffers at all, pool or not
+    assert landing(Policy()) == landing(Policy(host_grad_buffers=2)) == 0
+    # without upload copies (fp32 master weights sent, cast on the GPU): one bf16 buffer per
+    # block updated on the CPU, all of them or all but the embedding
+    gpu_cast = Policy(cast="gpu")
+    assert landing(gpu_cast) == BF16_BYTES * (2 * layer + emb + head)
+    assert landing(replace(gpu_cast, gpu_updated_blocks=1)) == BF16_BYTES * (2 * layer + head)
     # a pool of 2 (no clipping: TrainSpec's max_grad_norm is None) of the largest block, a layer
-    assert landing(Policy(host_grad_buffers=2)) == 2 * BF16_BYTES * layer
+    assert landing(replace(gpu_cast, host_grad_buffers=2)) == 2 * BF16_BYTES * layer
     # clipping holds every block's grads until the norm: one per block whatever the policy says
     clipped = TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0)
-    assert landing(Policy(host_grad_buffers=2), clipped) == BF16_BYTES * (2 * layer + emb + head)
+    assert landing(replace(gpu_cast, host_grad_buffers=2), clipped) == BF16_BYTES * (
+        2 * layer + emb + head)
     # no transient landing buffers beside it
     plan = build_plan(tiny_model, train, Policy(), num_steps=2)
     assert not [b for b in plan.buffers if ".offload_grads." in b.id and b.tier == "host"]
@@ -312,9 +345,9 @@ def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
     base = build_plan(tiny_model, train, Policy(window=2), num_steps=2)
     moved = build_plan(tiny_model, train, Policy(window=2, gpu_updated_blocks=1), num_steps=2)
     e = tiny_model.embedding_params
-    # host loses the embedding's m + v (8 B/param), its bf16 upload copy (2) and its bf16 grad
-    # landing buffer (2); its fp32 master (4) stays in RAM as its home for loads and checkpoints
-    assert base.static_bytes("host") - moved.static_bytes("host") == (8 + 2 + 2) * e
+    # host loses the embedding's m + v (8 B/param) and its bf16 upload copy (2, where its grads
+    # landed); its fp32 master (4) stays in RAM as its home for loads and checkpoints
+    assert base.static_bytes("host") - moved.static_bytes("host") == (8 + 2) * e
     # the GPU gains fp32 master, m, v and grads (16 B/param) as static state
     assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e
     # and no longer makes the transient bf16 grads (2 B/param) the backward made for the offload

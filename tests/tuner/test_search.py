@@ -100,7 +100,9 @@ def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilli
     one per block to BOUNDED_GRAD_BUFFERS of the largest block's size. What comes and goes on
     the host here is torch AdamW's fp32 grad upcast (4 B/param of the block being stepped)."""
     model = make_tiny_model(num_layers=6)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy(cpu_optimizer="torch")
+    # cast on the GPU: no bf16 upload copies for the grads to land in, so landing buffers
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    policy = Policy(cpu_optimizer="torch", cast="gpu")
     layer = 36992  # params of a decoder layer, the largest block
     n = 6 * layer + 256 * 64 + (256 * 64 + 64)  # + embedding + LM head and final norm
     assert model.total_params == n
@@ -133,7 +135,8 @@ def test_a_host_whose_static_buffers_overflow_takes_the_grad_pool_before_nvme():
     between the static bytes with the pool and without it fits wholly in RAM with the pool,
     where spilling moments to NVMe would be slower."""
     model = make_tiny_model(num_layers=6)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    # cast on the GPU: no bf16 upload copies for the grads to land in, so landing buffers
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy(cast="gpu")
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     pooled = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
     between = make_round_profile(ram_bytes=(static + pooled.static_bytes("host")) // 2)
@@ -170,3 +173,17 @@ def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
                       allow_nvme=True, num_steps=3, fill_gpu_updates=True)
     assert capped.policy.gpu_updated_blocks == 1
     assert capped.prediction.feasible
+
+
+def test_where_grads_land_in_the_upload_copies_no_pool_is_tried():
+    """With cast=cpu_once and no accumulation there are no landing buffers to bound: a host
+    overflow goes straight to NVMe placements."""
+    model = make_tiny_model(num_layers=6)
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
+    assert static == build_plan(model, train, replace(policy, host_grad_buffers=4),
+                                num_steps=3).static_bytes("host")
+    c = evaluate(model, train, policy, make_round_profile(ram_bytes=static - 1),
+                 gpu_memory_bytes=None, allow_nvme=True, num_steps=3)
+    assert c.policy.host_grad_buffers is None
+    assert c.policy.moments_on_nvme > 0
