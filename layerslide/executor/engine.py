@@ -13,6 +13,7 @@ after each: the correctness oracle for the overlapped mode.
 from __future__ import annotations
 
 import bisect
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ from layerslide.planner.plan import Plan, Task
 
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
 ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
+# Python's GIL switch interval while the lanes run (the interpreter's default is 5 ms). The CPU
+# lane needs the GIL back between its optimizer calls, which release it; another lane's thread
+# may hold it for up to the interval. On the H200 machine 0.2 ms took the 3B step at micro-batch
+# 1 from 0.902 to 0.824 s (1 ms: 0.848) and left micro-batch 8 as it was (0.757 / 0.747 s)
+# (benchmarks/results/cpu_split_gil_2026-11-30).
+LANE_SWITCH_INTERVAL_S = 2e-4
 
 
 class TaskFailedError(RuntimeError):
@@ -88,16 +95,21 @@ class PlanEngine:
                       else self._priority_worker)
             threads.append(threading.Thread(target=self._guard, args=(target, lane),
                                             name=f"layerslide-{lane}", daemon=True))
-        for t in threads:
-            t.start()
+        interval = sys.getswitchinterval()  # process-wide: set for the run, then put back
+        sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
         try:
             for t in threads:
-                t.join()
-        except BaseException as exc:  # e.g. Ctrl-C: stop the lanes, then let it through
-            self._fail("(interrupted)", exc)
-            for t in threads:
-                t.join()
-            raise
+                t.start()
+            try:
+                for t in threads:
+                    t.join()
+            except BaseException as exc:  # e.g. Ctrl-C: stop the lanes, then let it through
+                self._fail("(interrupted)", exc)
+                for t in threads:
+                    t.join()
+                raise
+        finally:
+            sys.setswitchinterval(interval)
         if self._error is not None:
             tid, exc = self._error
             raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import networkx as nx
@@ -98,3 +99,23 @@ def test_priority_lanes_pick_the_earliest_ready_task_in_lane_order():
             if position[earlier] > position[tid]:  # ran later although earlier in order:
                 # it cannot have been ready: one of its inputs finished after tid started
                 assert any(position[p] > position[tid] for p in PLAN.graph.predecessors(earlier))
+
+
+def test_lanes_run_under_a_short_gil_switch_interval_which_is_put_back_after():
+    """The CPU lane gets the GIL back sooner between its optimizer calls while the lanes run;
+    the caller's interval is restored afterwards, also when a task fails."""
+    from layerslide.executor.engine import LANE_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    assert before != pytest.approx(LANE_SWITCH_INTERVAL_S)
+    seen = set()
+
+    def run_task(task):
+        seen.add(sys.getswitchinterval())
+        if task.id == "s2.m0.backward.L0":
+            raise RuntimeError("boom")
+
+    with pytest.raises(TaskFailedError):
+        PlanEngine(PLAN, LaneDevice("cpu"), run_task).run()
+    assert len(seen) == 1 and seen.pop() == pytest.approx(LANE_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before
