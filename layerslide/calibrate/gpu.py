@@ -165,12 +165,11 @@ def _executor_like_cpu_work(numel: int) -> tuple[Callable[[], None], int]:
         a, b = torch.ones(numel), torch.ones(numel)
         return (lambda: a.add_(b, alpha=0.5)), 3 * 4 * numel
     param, exp_avg, exp_avg_sq = torch.randn(numel), torch.zeros(numel), torch.zeros(numel)
-    grad = (torch.randn(numel) * 1e-3).to(torch.bfloat16)
-    weights = torch.empty(numel, dtype=torch.bfloat16)
+    landed = (torch.randn(numel) * 1e-3).to(torch.bfloat16)  # new weights overwrite the grads
 
     def step() -> None:
-        native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grad,
-                          weights_out=weights, decay_end=numel, lr=1e-5, beta1=0.9,
+        native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
+                          weights_out=landed, decay_end=numel, lr=1e-5, beta1=0.9,
                           beta2=0.95, eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
     return step, 28 * numel
 

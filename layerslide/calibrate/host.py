@@ -63,7 +63,7 @@ def sustained_rate(fn: Callable[[int], None], count: int, units: float, passes: 
 
 def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     """Params/s of AdamW as the executor runs it (28 B/param, the profile's definition):
-    layerslide's native kernel reading bf16 grads and writing the bf16 upload copy, called on
+    layerslide's native kernel reading bf16 grads and writing the bf16 weights over them, called on
     `arrays` block-sized arrays in turn, over a working set far past the caches; the mean rate,
     since a step is many such calls back to back. Else torch's fused CPU AdamW (fp32 grads).
 
@@ -74,16 +74,16 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     native = load_kernels()
     passes = max(repeats // 3, 2)
     if native is not None:
+        # the grads land in the bf16 upload copy and the new weights overwrite them there
         blocks = [(torch.randn(size), torch.zeros(size), torch.zeros(size),
-                   (torch.randn(size) * 1e-3).to(torch.bfloat16),
-                   torch.empty(size, dtype=torch.bfloat16)) for _ in range(arrays)]
+                   (torch.randn(size) * 1e-3).to(torch.bfloat16)) for _ in range(arrays)]
 
         def step(i: int) -> None:
-            param, exp_avg, exp_avg_sq, grad, weights = blocks[i]
-            native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grad,
-                              weights_out=weights, decay_end=size, lr=1e-5, beta1=0.9,
+            param, exp_avg, exp_avg_sq, landed = blocks[i]
+            native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
+                              weights_out=landed, decay_end=size, lr=1e-5, beta1=0.9,
                               beta2=0.95, eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
-        kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out, "
+        kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
                   f"{native.threads or torch.get_num_threads()} threads, chunks of "
                   f"{native.chunk or 'one even slice'})")
     else:

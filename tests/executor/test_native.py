@@ -100,3 +100,29 @@ def test_bad_thread_settings_say_what_to_change(monkeypatch):
     monkeypatch.setenv("LAYERSLIDE_CPU_THREADS", "2")
     kernels = load()
     assert (kernels.threads, kernels.chunk) == (2, 4096)
+
+
+@pytest.mark.parametrize("chunk", [0, 1000])
+def test_weights_written_over_the_grads_they_were_computed_from_are_the_same(chunk):
+    """The executor lands a block's grads in its bf16 upload copy and the step writes the new
+    weights over them: each element is read before it is written, so the result must equal
+    the step with separate buffers, bit for bit."""
+    from layerslide.executor.native import load_kernels as load
+
+    kernels = load(threads=2, chunk=chunk)
+    n = 10_007
+    gen = torch.Generator().manual_seed(3)
+    start = torch.randn(n, generator=gen)
+    grad = torch.randn(n, generator=gen).to(torch.bfloat16)
+    results = []
+    for in_place in (False, True):
+        param, m, v = start.clone(), torch.zeros(n), torch.zeros(n)
+        landed = grad.clone()
+        weights = landed if in_place else torch.empty(n, dtype=torch.bfloat16)
+        kernels.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=landed,
+                           weights_out=weights, decay_end=n // 2, lr=1e-2, beta1=0.9,
+                           beta2=0.95, eps=1e-8, weight_decay=0.1, grad_scale=0.5, step=1)
+        results.append((param, m, v, weights))
+    for separate, in_place in zip(*results, strict=True):
+        assert torch.equal(separate, in_place)
+    assert not torch.equal(results[1][3], grad)  # the grads were overwritten by the weights
