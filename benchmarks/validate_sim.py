@@ -56,6 +56,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
     from layerslide.hwprofiles.units import parse_bytes
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
+    from layerslide.reports.validation import median_task_s
     from layerslide.tuner import SearchSpace, tune
 
     spec = resolve_model(args.model_override or cfg["model"])
@@ -76,11 +77,12 @@ def run_one(label: str, cfg: dict, args) -> dict:
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
     with Trainer(config=config, spec=spec, train=train, policy=policy,
                  optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=cap,
-                 nvme_dir=args.nvme_dir, keep_trace=False) as trainer:
+                 nvme_dir=args.nvme_dir) as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
         cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
+        task_s = median_task_s(trainer.trace(label), first_step=min(2, args.steps - 1))
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
@@ -90,7 +92,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
         "measured_gpu_reserved_bytes": reserved,
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
-        "step_times_s": [log.step_s for log in logs],
+        "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
         **predict(spec, train, policy, profile, cap),
     }
 
@@ -98,11 +100,13 @@ def run_one(label: str, cfg: dict, args) -> dict:
 def predict(spec, train, policy, profile, cap: int) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
+    from layerslide.reports.validation import median_task_s
     from layerslide.simulator.predict import simulate
 
     predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
                          gpu_memory_bytes=cap)
-    return {"predicted_step_s": predicted.step_s,
+    task_s = median_task_s(predicted.trace, first_step=1) if predicted.trace else {}
+    return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
             # the simulator counts allocations, not what the caching allocator keeps on top of
             # them (it grows towards the cap): its reserve's lower bound

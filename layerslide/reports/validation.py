@@ -3,7 +3,9 @@ error, worst case, rank agreement), a markdown table and a predicted-vs-measured
 
 A row is one configuration: a `label`, optionally a `group` (configurations that differ only in
 policy: the same model and micro-batch), and for each quantity in QUANTITIES `predicted_<q>` and
-`measured_<q>` (seconds or bytes; a predicted step of None: the plan overflows memory).
+`measured_<q>` (seconds or bytes; a predicted step of None: the plan overflows memory). Rows may
+also carry `measured_task_s` / `predicted_task_s` (median_task_s of each trace): where the two
+part ways, task kind by task kind.
 """
 
 from __future__ import annotations
@@ -14,11 +16,29 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from layerslide.trace import Trace
+
 GIB = 2**30
 # quantity -> how it is shown; targets of issue 5: step within 3% on average (8% at worst),
 # GPU peak within 3%, host peak within 5%
 QUANTITIES = {"step_s": "step time", "gpu_allocated_bytes": "GPU peak allocated",
               "gpu_reserved_bytes": "GPU peak reserved", "host_bytes": "host peak RSS"}
+
+
+# task kinds compared between a run and its prediction, as "kind@lane"
+TASK_KINDS = ("optimizer_step@cpu", "load_weights@h2d", "offload_grads@d2h", "forward@gpu",
+              "backward@gpu")
+
+
+def median_task_s(trace: Trace, first_step: int) -> dict[str, float]:
+    """Median seconds of each TASK_KINDS kind over the decoder layers' tasks from first_step on
+    (the embedding's and the head's differ in size)."""
+    durations: dict[str, list[float]] = {}
+    for e in trace.events:
+        key = f"{e.kind}@{e.lane}"
+        if key in TASK_KINDS and e.step >= first_step and e.layer >= 0:
+            durations.setdefault(key, []).append(e.duration_s)
+    return {k: sorted(v)[len(v) // 2] for k, v in durations.items()}
 
 
 def relative_error(row: dict, quantity: str) -> float:
@@ -115,7 +135,26 @@ def markdown(rows: Sequence[dict]) -> str:
                      f"{summary['step_s']['spearman']:.3f}")
     for group, rho in summary.get("step_s", {}).get("spearman_within_groups", {}).items():
         lines.append(f"- rank correlation among the policies of {group}: {rho:.3f}")
+    lines += task_table(rows)
     return "\n".join(lines) + "\n"
+
+
+def task_table(rows: Sequence[dict]) -> list[str]:
+    """Median decoder-layer task durations, measured / predicted in ms, where rows have them."""
+    rows = [r for r in rows if r.get("measured_task_s") and r.get("predicted_task_s")]
+    if not rows:
+        return []
+    lines = ["", "Median task durations of the decoder layers, measured / predicted (ms):", "",
+             "| configuration | " + " | ".join(TASK_KINDS) + " |",
+             "|" + " --- |" * (len(TASK_KINDS) + 1)]
+    for r in rows:
+        cells = [r["label"]]
+        for kind in TASK_KINDS:
+            m, p = r["measured_task_s"].get(kind), r["predicted_task_s"].get(kind)
+            cells.append(f"{m * 1e3:.1f} / {p * 1e3:.1f}" if m is not None and p is not None
+                         else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def figure(rows: Sequence[dict], path: str | Path) -> Path:

@@ -74,3 +74,26 @@ def test_overflowing_plans_and_policy_groups(tmp_path):
     table = markdown(rows)
     assert "| d | 4.000 | overflow |" in table and "among the policies of 3B mb8" in table
     figure(rows, tmp_path / "v.png")
+
+
+def test_task_medians_compare_decoder_layer_tasks_kind_by_kind():
+    from layerslide.reports.validation import median_task_s
+    from layerslide.trace import Trace, TraceEvent
+
+    def event(kind, lane, layer, step, duration_s):
+        return TraceEvent(task_id=f"s{step}.{kind}.{layer}", lane=lane, kind=kind, layer=layer,
+                          step=step, start_s=0.0, end_s=duration_s)
+
+    trace = Trace(source="measured", label="x", events=(
+        event("optimizer_step", "cpu", 0, 0, 9.0),  # before first_step: left out
+        event("optimizer_step", "cpu", 0, 1, 0.020), event("optimizer_step", "cpu", 1, 1, 0.030),
+        event("optimizer_step", "cpu", 2, 1, 0.025),
+        event("optimizer_step", "cpu", -1, 1, 5.0),  # the embedding: another size, left out
+        event("optimizer_step", "gpu", 3, 1, 0.001),  # updated on the GPU: not the CPU's kind
+        event("backward", "gpu", 0, 1, 0.004)))
+    got = median_task_s(trace, first_step=1)
+    assert got == {"optimizer_step@cpu": 0.025, "backward@gpu": 0.004}
+    measured = {**row("cfg", 1.0, 1.1), "measured_task_s": got,
+                "predicted_task_s": {"optimizer_step@cpu": 0.020}}
+    text = markdown([measured])
+    assert "| cfg | 25.0 / 20.0 | - | - | - | - |" in text
