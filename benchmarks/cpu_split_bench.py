@@ -20,7 +20,6 @@ import ctypes
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
+from layerslide.executor import engine
 from layerslide.executor.blocks import hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.native import NativeKernels, load_kernels
@@ -192,8 +192,8 @@ def main() -> None:
     ap.add_argument("--probes", choices=("all", "first", "none"), default="all",
                     help="measure the kernel alone for every split, the first, or none")
     ap.add_argument("--switch-intervals", default="",
-                    help="Python GIL switch intervals to try per split, in seconds, e.g. "
-                         "0.005,0.0005 (default: the interpreter's)")
+                    help="GIL switch intervals the lanes run under, per split, in seconds, "
+                         "e.g. 0.005,0.0002 (default: the engine's LANE_SWITCH_INTERVAL_S)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def main() -> None:
                                       "sustained": sustained(kernels, huge, 2, 0)}
         print(json.dumps(result["huge_pages_probe"]), flush=True)
         del huge
-    default_interval = sys.getswitchinterval()
+    default_interval = engine.LANE_SWITCH_INTERVAL_S
     intervals = [float(x) for x in args.switch_intervals.split(",") if x] or [default_interval]
 
     # --- inside the executor, per split -------------------------------------------------------
@@ -242,12 +242,12 @@ def main() -> None:
             for round_index in range(args.rounds):
                 for (threads, chunk), interval in ((s, i) for s in splits for i in intervals):
                     native.threads, native.chunk = threads, chunk
-                    sys.setswitchinterval(interval)
+                    engine.LANE_SWITCH_INTERVAL_S = interval  # what the lanes run under
                     first = trainer.step
                     try:
                         logs = trainer.fit(data, args.steps)
                     finally:
-                        sys.setswitchinterval(default_interval)
+                        engine.LANE_SWITCH_INTERVAL_S = default_interval
                     row = {"micro_batch": mb, "round": round_index, "threads": threads,
                            "chunk": chunk, "switch_interval_s": interval,
                            "step_times_s": [log.step_s for log in logs],
@@ -267,7 +267,7 @@ def summary(result: dict) -> str:
              "sustained + DMA | " + " | ".join(f"mb{mb} step s | mb{mb} executor AdamW G/s"
                                               for mb in batches) + " |",
              "|" + " --- |" * (5 + 2 * len(batches))]
-    def key(run: dict) -> tuple[int, int, float]:
+    def key(run: dict) -> tuple[int, int, float]:  # runs before the sweep existed: Python's 5 ms
         return run["threads"], run["chunk"], run.get("switch_interval_s", 0.005)
 
     keys = list(dict.fromkeys(key(r) for r in result["runs"]))  # in the order they ran

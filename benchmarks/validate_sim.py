@@ -82,7 +82,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
         logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
         cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
-        task_s = median_task_s(trainer.trace(label), first_step=min(2, args.steps - 1))
+        task_s = median_task_s(trainer.trace(label), spec.num_layers,
+                               first_step=min(2, args.steps - 1))
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
@@ -105,7 +106,8 @@ def predict(spec, train, policy, profile, cap: int) -> dict:
 
     predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
                          gpu_memory_bytes=cap)
-    task_s = median_task_s(predicted.trace, first_step=1) if predicted.trace else {}
+    task_s = (median_task_s(predicted.trace, spec.num_layers, first_step=1)
+              if predicted.trace else {})
     return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
             # the simulator counts allocations, not what the caching allocator keeps on top of

@@ -32,6 +32,11 @@ ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
 # 1 from 0.902 to 0.824 s (1 ms: 0.848) and left micro-batch 8 as it was (0.757 / 0.747 s)
 # (benchmarks/results/cpu_split_gil_2026-11-30).
 LANE_SWITCH_INTERVAL_S = 2e-4
+# engines running at once share the process-wide interval: the first in sets it, the last out
+# puts the caller's back
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved_s = 0.0
 
 
 class TaskFailedError(RuntimeError):
@@ -95,8 +100,7 @@ class PlanEngine:
                       else self._priority_worker)
             threads.append(threading.Thread(target=self._guard, args=(target, lane),
                                             name=f"layerslide-{lane}", daemon=True))
-        interval = sys.getswitchinterval()  # process-wide: set for the run, then put back
-        sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)
+        _enter_lane_switch_interval()
         try:
             for t in threads:
                 t.start()
@@ -109,7 +113,7 @@ class PlanEngine:
                     t.join()
                 raise
         finally:
-            sys.setswitchinterval(interval)
+            _leave_lane_switch_interval()
         if self._error is not None:
             tid, exc = self._error
             raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
@@ -243,6 +247,23 @@ class PlanEngine:
                 start, end = self.device.event_time_s(start), self.device.event_time_s(end)
             out.append(TaskTiming(task=self.plan.task(tid), start_s=start, end_s=end))
         return sorted(out, key=lambda t: t.start_s)
+
+
+def _enter_lane_switch_interval() -> None:
+    global _switch_users, _switch_saved_s
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved_s = sys.getswitchinterval()
+        _switch_users += 1
+        sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)  # read now: a benchmark may vary it
+
+
+def _leave_lane_switch_interval() -> None:
+    global _switch_users
+    with _switch_lock:
+        _switch_users -= 1
+        if _switch_users == 0:
+            sys.setswitchinterval(_switch_saved_s)
 
 
 class _Aborted(Exception):

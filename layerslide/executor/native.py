@@ -90,6 +90,8 @@ class NativeKernels:
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None
         library.cast_f32_to_bf16.argtypes = [_P, _P, _I, _I, _I]
+        library.split_chunk_elements.argtypes = [_I, _I, _I]
+        library.split_chunk_elements.restype = _I
         library.cast_f32_to_bf16.restype = None
 
     def adamw_step(self, *, param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
@@ -109,6 +111,10 @@ class NativeKernels:
                None if weights_out is None else weights_out.data_ptr(), n, decay_end, lr,
                beta1, beta2, eps, weight_decay, grad_scale, bias_correction1,
                bias_correction2_sqrt, self.threads, self.chunk)
+
+    def chunk_elements(self, numel: int) -> int:
+        """Elements a thread takes at a time in a call over numel elements."""
+        return self._lib.split_chunk_elements(numel, self.chunk, self.threads)
 
     def cast(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         assert src.dtype == torch.float32 and dst.dtype == torch.bfloat16

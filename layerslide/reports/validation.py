@@ -10,6 +10,7 @@ part ways, task kind by task kind.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,15 +31,15 @@ TASK_KINDS = ("optimizer_step@cpu", "load_weights@h2d", "offload_grads@d2h", "fo
               "backward@gpu")
 
 
-def median_task_s(trace: Trace, first_step: int) -> dict[str, float]:
-    """Median seconds of each TASK_KINDS kind over the decoder layers' tasks from first_step on
-    (the embedding's and the head's differ in size)."""
+def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, float]:
+    """Median seconds of each TASK_KINDS kind over the decoder layers' tasks (0..num_layers-1)
+    from first_step on: the embedding's and the head's blocks differ in size."""
     durations: dict[str, list[float]] = {}
     for e in trace.events:
         key = f"{e.kind}@{e.lane}"
-        if key in TASK_KINDS and e.step >= first_step and e.layer >= 0:
+        if key in TASK_KINDS and e.step >= first_step and 0 <= e.layer < num_layers:
             durations.setdefault(key, []).append(e.duration_s)
-    return {k: sorted(v)[len(v) // 2] for k, v in durations.items()}
+    return {k: statistics.median(v) for k, v in durations.items()}
 
 
 def relative_error(row: dict, quantity: str) -> float:

@@ -119,3 +119,28 @@ def test_lanes_run_under_a_short_gil_switch_interval_which_is_put_back_after():
         PlanEngine(PLAN, LaneDevice("cpu"), run_task).run()
     assert len(seen) == 1 and seen.pop() == pytest.approx(LANE_SWITCH_INTERVAL_S)
     assert sys.getswitchinterval() == before
+
+
+def test_engines_running_at_once_put_the_callers_interval_back_once_both_are_done():
+    """The interval is process-wide: the first engine in sets it, the last one out restores
+    it, however the two overlap."""
+    from layerslide.executor.engine import LANE_SWITCH_INTERVAL_S
+
+    before = sys.getswitchinterval()
+    first_started, second_done = threading.Event(), threading.Event()
+
+    def slow_task(task):
+        first_started.set()
+        second_done.wait(timeout=30)
+
+    first = PlanEngine(PLAN, LaneDevice("cpu"), slow_task)
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(timings=first.run()))
+    runner.start()
+    assert first_started.wait(timeout=30)
+    PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None).run()  # starts and ends inside it
+    assert sys.getswitchinterval() == pytest.approx(LANE_SWITCH_INTERVAL_S)  # first still runs
+    second_done.set()
+    runner.join(timeout=60)
+    assert "timings" in outcome
+    assert sys.getswitchinterval() == before

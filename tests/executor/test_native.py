@@ -126,3 +126,13 @@ def test_weights_written_over_the_grads_they_were_computed_from_are_the_same(chu
     for separate, in_place in zip(*results, strict=True):
         assert torch.equal(separate, in_place)
     assert not torch.equal(results[1][3], grad)  # the grads were overwritten by the weights
+
+
+def test_a_chunk_larger_than_an_even_share_is_cut_to_it():
+    """A block smaller than threads x chunk must still reach every thread."""
+    from layerslide.executor.native import load_kernels as load
+
+    assert load(threads=16, chunk=1 << 20).chunk_elements(100_000_000) == 1 << 20
+    assert load(threads=16, chunk=1 << 20).chunk_elements(15_000_000) == 937_500  # 16 chunks
+    assert load(threads=4, chunk=0).chunk_elements(10) == 3  # the even split
+    assert load(threads=4, chunk=1000).chunk_elements(0) == 1  # never 0

@@ -89,10 +89,11 @@ def test_task_medians_compare_decoder_layer_tasks_kind_by_kind():
         event("optimizer_step", "cpu", 0, 1, 0.020), event("optimizer_step", "cpu", 1, 1, 0.030),
         event("optimizer_step", "cpu", 2, 1, 0.025),
         event("optimizer_step", "cpu", -1, 1, 5.0),  # the embedding: another size, left out
+        event("optimizer_step", "cpu", 4, 1, 7.0),  # the head (4 decoder layers): left out
         event("optimizer_step", "gpu", 3, 1, 0.001),  # updated on the GPU: not the CPU's kind
-        event("backward", "gpu", 0, 1, 0.004)))
-    got = median_task_s(trace, first_step=1)
-    assert got == {"optimizer_step@cpu": 0.025, "backward@gpu": 0.004}
+        event("backward", "gpu", 0, 1, 0.004), event("backward", "gpu", 1, 1, 0.006)))
+    got = median_task_s(trace, num_layers=4, first_step=1)
+    assert got == {"optimizer_step@cpu": 0.025, "backward@gpu": pytest.approx(0.005)}
     measured = {**row("cfg", 1.0, 1.1), "measured_task_s": got,
                 "predicted_task_s": {"optimizer_step@cpu": 0.020}}
     text = markdown([measured])

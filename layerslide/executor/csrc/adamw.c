@@ -58,9 +58,11 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN sta
         }                                                                                      \
     }
 
-/* Elements per chunk: `chunk`, or an even slice per thread; never 0. */
+/* Elements per chunk: `chunk`, but no more than an even slice per thread (a small block still
+ * reaches every thread), or the even slice; never 0. */
 static inline int64_t chunk_size(int64_t n, int64_t chunk, int threads) {
-    int64_t size = chunk > 0 ? chunk : (n + threads - 1) / threads;
+    int64_t even = (n + threads - 1) / threads;
+    int64_t size = chunk > 0 && chunk < even ? chunk : even;
     return size > 0 ? size : 1;
 }
 
@@ -78,6 +80,11 @@ void adamw_step_f32_grads(float *param, float *exp_avg, float *exp_avg_sq, const
                           float bias_correction1, float bias_correction2_sqrt,
                           int64_t num_threads, int64_t chunk) {
     ADAMW_BODY(grad[i])
+}
+
+/* How a call over n elements is cut: elements per chunk (for callers and tests). */
+int64_t split_chunk_elements(int64_t n, int64_t chunk, int64_t num_threads) {
+    return chunk_size(n, chunk, num_threads > 0 ? (int)num_threads : omp_get_max_threads());
 }
 
 /* fp32 -> bf16 copy with the same rounding as torch's (round to nearest even). */
