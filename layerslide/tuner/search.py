@@ -178,8 +178,14 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
 def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile,
                  *, gpu_memory_bytes: int | None, allow_nvme: bool,
                  num_steps: int) -> Candidate:
-    """The least NVMe use (and pinned grad buffers) under which the candidate fits the host."""
+    """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
+    with all state on NVMe and the host still over, one block's state staged at a time."""
     placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
+    # (moments, master, nvme_prefetch): each read ahead stages a whole block's fp32 state in
+    # RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left over
+    steps = [(moments, master, policy.nvme_prefetch) for moments, master in placements]
+    if allow_nvme and policy.nvme_prefetch > 1:
+        steps.append((*placements[-1], 1))
     pools = [policy.host_grad_buffers]
     if (train.max_grad_norm is None and policy.host_grad_buffers is None
             and not grads_land_in_upload(policy, train)):
@@ -187,12 +193,12 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         # have no landing buffers to bound
         pools.append(BOUNDED_GRAD_BUFFERS)
     candidate = None
-    for moments, master in placements:
+    for moments, master, prefetch in steps:
         if master > 0 and policy.cast != "cpu_once":
             continue  # these casts read master weights from RAM at every load
         for pool in pools:
             tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master,
-                            host_grad_buffers=pool)
+                            host_grad_buffers=pool, nvme_prefetch=prefetch)
             plan = build_plan(model, train, tried, num_steps=num_steps)
             prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
             candidate = Candidate(train=train, policy=tried,
