@@ -84,6 +84,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
         task_s = median_task_s(trainer.trace(label), spec.num_layers,
                                first_step=min(2, args.steps - 1))
+        land_in_upload = trainer.state.land_in_upload
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
@@ -94,6 +95,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "measured_gpu_reserved_bytes": reserved,
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
+        "grads_land_in_upload": land_in_upload,
         **predict(spec, train, policy, profile, cap),
     }
 
@@ -121,7 +123,7 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
     profile: the measurements stay, only the model's side changes."""
     from layerslide.hwprofiles import load_profile
     from layerslide.planner.model import resolve_model
-    from layerslide.planner.settings import Policy, TrainSpec
+    from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 
     profile = load_profile(profile_name)
     rows = []
@@ -135,8 +137,16 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             train = TrainSpec(micro_batch=row["config"]["micro_batch"],
                               seq_len=row.get("seq_len", 1024))
             cap = row.get("gpu_memory_bytes", 24 * 2**30)
-            rows.append({**row, **predict(spec, train, Policy.from_dict(row["policy"]), profile,
-                                          cap)})
+            policy = Policy.from_dict(row["policy"])
+            row = {**row, **predict(spec, train, policy, profile, cap)}
+            if "grads_land_in_upload" not in row and grads_land_in_upload(policy, train):
+                # measured before 2026-11-30, when these grads had landing buffers of their own
+                # (2 B/param more RAM than this executor, and this plan, holds): no comparison
+                print(f"{row['label']}: host RSS measured with landing buffers the executor "
+                      "no longer has; left out of the host comparison", file=sys.stderr)
+                row["measured_host_bytes_with_landing_buffers"] = row["measured_host_bytes"]
+                row["measured_host_bytes"] = None
+            rows.append(row)
     return rows
 
 
