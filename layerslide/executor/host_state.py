@@ -80,12 +80,11 @@ class HostState:
         self.landing_pool: list[torch.Tensor] = []
         self.landing: dict[int, torch.Tensor] = {}
         pool = policy.host_grad_buffers
-        if self.land_in_upload:
-            pass
-        elif pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks):
+        pooled = pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks)
+        if pooled and not self.land_in_upload:
             largest = max(blocks.numel(b) for b in cpu_blocks)
             self.landing_pool = [device.host_empty(largest, torch.bfloat16) for _ in range(pool)]
-        else:
+        elif not self.land_in_upload:
             self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
         if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
