@@ -35,10 +35,11 @@ from layerslide.simulator.predict import simulate
 GIB = 2**30
 
 
-def disk_rates(folder: Path, nbytes: int) -> tuple[float, float]:
-    """(write, read) bytes/s of one file of nbytes, as `layerslide calibrate` measures them."""
+def disk_rates(folder: Path, nbytes: int) -> tuple[float, float, float]:
+    """(write, read, both at once) bytes/s of files of nbytes, as `layerslide calibrate`
+    measures them."""
     rates = {m.key: m.value for m in disk(folder, nbytes)}
-    return rates["storage.write"], rates["storage.read"]
+    return rates["storage.write"], rates["storage.read"], rates["storage.duplex"]
 
 
 def main() -> None:
@@ -57,12 +58,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    write_bw, read_bw = disk_rates(args.nvme_dir, int(args.probe_gib * GIB))
+    write_bw, read_bw, duplex_bw = disk_rates(args.nvme_dir, int(args.probe_gib * GIB))
     print(f"disk (O_DIRECT, 64 MiB calls): write {write_bw / 1e9:.2f} GB/s, read "
-          f"{read_bw / 1e9:.2f} GB/s", flush=True)
+          f"{read_bw / 1e9:.2f} GB/s, both at once {duplex_bw / 1e9:.2f} GB/s", flush=True)
     profile = load_profile(args.profile)
     measured = dataclasses.replace(profile, storage=dataclasses.replace(
-        profile.storage, read_bytes_per_s=read_bw, write_bytes_per_s=write_bw))
+        profile.storage, read_bytes_per_s=read_bw, write_bytes_per_s=write_bw,
+        duplex_bytes_per_s=duplex_bw))
     spec = resolve_model(args.model)
     config = hf_config_from_spec(spec)
     train = TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len)
@@ -100,9 +102,10 @@ def main() -> None:
     (args.out / "nvme_bench.json").write_text(json.dumps(
         {"model": spec.name, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
          "lean": args.lean, "disk_write_bytes_per_s": write_bw, "disk_read_bytes_per_s": read_bw,
-         "rows": rows}, indent=1))
+         "disk_duplex_bytes_per_s": duplex_bw, "rows": rows}, indent=1))
     lines = [(f"{spec.name}, micro-batch {args.micro_batch} x {args.seq_len}; disk measured "
-             f"(O_DIRECT): write {write_bw / 1e9:.2f} GB/s, read {read_bw / 1e9:.2f} GB/s"), "",
+             f"(O_DIRECT): write {write_bw / 1e9:.2f} GB/s, read {read_bw / 1e9:.2f} GB/s, "
+             f"both at once {duplex_bw / 1e9:.2f} GB/s"), "",
              ("| moments on NVMe | step s | predicted s | disk GB per step | host RSS GiB "
              "(predicted) |"), "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['moments_on_nvme']:.2f} | {r['step_s']:.2f} | {r['predicted_step_s']:.2f} "

@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,37 +130,56 @@ def machine_sizes(ram_bytes: int | None = None) -> list[Measurement]:
 
 def disk(folder: Path, nbytes: int) -> list[Measurement]:
     """Write then read one file of nbytes as the NVMe tier does (O_DIRECT where the filesystem
-    takes it, 64 MiB calls, page-aligned buffers), and the free space there."""
+    takes it, 64 MiB calls, page-aligned buffers), then write a second file while reading the
+    first (the tier's writes and read-aheads overlap), and the free space there."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".layerslide-calibrate.bin"
+    path, other = folder / ".layerslide-calibrate.bin", folder / ".layerslide-calibrate-2.bin"
     direct = os.O_DIRECT if supports_direct(folder) else 0
-    buf = memoryview(aligned_buffer(CHUNK_BYTES).numpy())
+    buffers = [memoryview(aligned_buffer(CHUNK_BYTES).numpy()) for _ in range(2)]
     nbytes = max(CHUNK_BYTES, nbytes // CHUNK_BYTES * CHUNK_BYTES)
     try:
         start = time.perf_counter()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
-        try:
-            for offset in range(0, nbytes, CHUNK_BYTES):
-                os.pwritev(fd, [buf], offset)
-            os.fsync(fd)
-            if not direct:  # read from the disk, not from the page cache the write filled
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        _write_file(path, nbytes, direct, buffers[0])
         write = nbytes / (time.perf_counter() - start)
         start = time.perf_counter()
-        fd = os.open(path, os.O_RDONLY | direct)
-        try:
-            for offset in range(0, nbytes, CHUNK_BYTES):
-                os.preadv(fd, [buf], offset)
-        finally:
-            os.close(fd)
+        _read_file(path, nbytes, direct, buffers[0])
         read = nbytes / (time.perf_counter() - start)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:  # the calls release the GIL
+            both = [pool.submit(_write_file, other, nbytes, direct, buffers[0]),
+                    pool.submit(_read_file, path, nbytes, direct, buffers[1])]
+            for job in both:
+                job.result()
+        duplex = 2 * nbytes / (time.perf_counter() - start)
     finally:
         path.unlink(missing_ok=True)
+        other.unlink(missing_ok=True)
     how = (f"{'O_DIRECT' if direct else 'buffered'} 64 MiB calls, {nbytes / GIB:.2f} GiB "
            f"file in {folder}")
     free = shutil.disk_usage(folder).free
     return [Measurement(key="storage.write", value=write, how=how + ", then fsync"),
             Measurement(key="storage.read", value=read, how=how),
+            Measurement(key="storage.duplex", value=duplex,
+                        how=how + ": one written while another is read, bytes of both"),
             Measurement(key="storage.capacity", value=free, how=f"free space in {folder}")]
+
+
+def _write_file(path: Path, nbytes: int, direct: int, buf: memoryview) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+    try:
+        for offset in range(0, nbytes, CHUNK_BYTES):
+            os.pwritev(fd, [buf], offset)
+        os.fsync(fd)
+        if not direct:  # a later read comes from the disk, not from the page cache
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _read_file(path: Path, nbytes: int, direct: int, buf: memoryview) -> None:
+    fd = os.open(path, os.O_RDONLY | direct)
+    try:
+        for offset in range(0, nbytes, CHUNK_BYTES):
+            os.preadv(fd, [buf], offset)
+    finally:
+        os.close(fd)

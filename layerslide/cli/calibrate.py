@@ -68,7 +68,7 @@ def cmd_calibrate(args) -> int:
                         disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
                         seq_len=args.seq_len, ram_bytes=args.ram, progress=progress)
     except OSError as err:
-        hint = (": pass a writable --disk-dir with 4 GiB free (0.25 GiB with --quick)"
+        hint = (": pass a writable --disk-dir with 8 GiB free (2 GiB with --quick)"
                 if args.disk_dir else "")
         raise UsageError(f"calibration failed: {err}{hint}") from err
     # written beside, read back, then put in place: a profile the loader refuses (e.g. GEMMs

@@ -56,9 +56,12 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "read": ("read_bytes_per_s", "bytes/s"),
             "write": ("write_bytes_per_s", "bytes/s"),
             "capacity": ("capacity_bytes", "bytes"),
+            "duplex": ("duplex_bytes_per_s", "bytes/s"),
         },
     ),
 }
+# Fields a profile may leave out; the dataclass default (None) stands, with no source.
+OPTIONAL_FIELDS = {"storage.duplex"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
@@ -119,10 +122,14 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
         table = data[section]
         if not isinstance(table, dict):
             raise ProfileError(file, section, f"must be a table ([{section}]), got {_type(table)}")
-        _check_keys(table, fields, file=file, prefix=f"{section}.")
+        _check_keys(table, fields, file=file, prefix=f"{section}.",
+                    optional={k.split(".", 1)[1] for k in OPTIONAL_FIELDS
+                              if k.startswith(f"{section}.")})
         kwargs: dict[str, Any] = {}
         for key, (attr, kind) in fields.items():
             dotted = f"{section}.{key}"
+            if key not in table:  # an optional field left out
+                continue
             if kind == "text":
                 kwargs[attr] = _text(table[key], file=file, field=dotted)
                 continue
@@ -146,7 +153,8 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
     )
 
 
-def _check_keys(table: dict[str, Any], known: Any, *, file: str, prefix: str) -> None:
+def _check_keys(table: dict[str, Any], known: Any, *, file: str, prefix: str,
+                optional: set[str] = frozenset()) -> None:
     known = list(known)
     for key in table:
         if key not in known:
@@ -154,7 +162,7 @@ def _check_keys(table: dict[str, Any], known: Any, *, file: str, prefix: str) ->
                 file, f"{prefix}{key}", f"unknown field; known fields here: {', '.join(known)}"
             )
     for key in known:
-        if key not in table:
+        if key not in table and key not in optional:
             raise ProfileError(file, f"{prefix}{key}", "missing")
 
 

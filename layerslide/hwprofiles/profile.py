@@ -83,6 +83,9 @@ class StorageSpec:
     read_bytes_per_s: float
     write_bytes_per_s: float
     capacity_bytes: int
+    # bytes/s of reads and writes together while both run; None: they take turns, i.e.
+    # (read + write) / 2 together (a slow disk on the H200 machine moved 14-30% less than that)
+    duplex_bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -28,6 +28,8 @@ def to_toml(profile: HardwareProfile) -> str:
         tables = []
         for key, (attr, kind) in fields.items():
             value = getattr(parts[section], attr)
+            if value is None:  # an optional field not given
+                continue
             source = _string(profile.sources.get(f"{section}.{key}", "unknown"))
             if kind == "text":
                 lines.append(f"{key} = {_string(value)}")

@@ -15,7 +15,7 @@ from layerslide.planner.plan import Task
 # Shared resources and what their capacity is in the profile.
 HOST_MEMORY = "host_memory"  # bytes/s, host.memory_bytes_per_s
 PCIE = "pcie"  # bytes/s of both directions together, link.duplex_bytes_per_s
-NVME = "nvme"  # fraction of the device's time (reads and writes take turns)
+NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or storage.duplex)
 
 # A fp32->bf16 cast reads 4 bytes and writes 2 per parameter.
 CAST_TRAFFIC_PER_READ_BYTE = 1.5
@@ -28,6 +28,7 @@ class Cost:
     solo_s: float
     uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
     share: float = 1.0  # weight when an oversubscribed resource is split
+    tag: str = ""  # what kind of use ("read", "write"): see CostModel.mixed_capacities
 
 
 class CostModel:
@@ -40,6 +41,16 @@ class CostModel:
     def capacities(self) -> dict[str, float]:
         p = self.profile
         return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0}
+
+    def mixed_capacities(self) -> dict[str, float]:
+        """Capacities while reads and writes run on the disk at once. Each takes 1.0 of the
+        device's time at its own rate, so taking turns at equal shares moves (r + w) / 2
+        together; a disk that moves `storage.duplex` together has 2 * duplex / (r + w)."""
+        storage = self.profile.storage
+        if storage.duplex_bytes_per_s is None:
+            return {}
+        turns = (storage.read_bytes_per_s + storage.write_bytes_per_s) / 2
+        return {NVME: storage.duplex_bytes_per_s / turns}
 
     def efficiency(self, tokens: int) -> float:
         if tokens not in self._efficiency_cache:
@@ -99,13 +110,13 @@ class CostModel:
             raise ValueError(f"task {t.id}: no CPU cost model for kind {t.kind!r}")
         return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo),) if solo > 0 else ())
 
-    def _disk(self, t: Task, rate: float) -> Cost:
+    def _disk(self, t: Task, rate: float, tag: str) -> Cost:
         solo = t.bytes / rate
         return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)),
-                    share=self.profile.host.dma_share)
+                    share=self.profile.host.dma_share, tag=tag)
 
     def _nvme_read(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.read_bytes_per_s)
+        return self._disk(t, self.profile.storage.read_bytes_per_s, "read")
 
     def _nvme_write(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.write_bytes_per_s)
+        return self._disk(t, self.profile.storage.write_bytes_per_s, "write")

@@ -66,7 +66,7 @@ class _Memory:
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
     """Simulate the plan to completion and return its Trace."""
     env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities())
+    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
     memory = _Memory(plan)
     states: dict[str, _TaskState] = {}
     for lane, order in plan.lane_order.items():
@@ -101,7 +101,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         cost = st.cost
         if cost.solo_s > 0:
             if cost.uses:
-                yield shared.run(cost.solo_s, cost.uses, cost.share)
+                yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
             else:
                 yield env.timeout(cost.solo_s)
         st.end_s = env.now

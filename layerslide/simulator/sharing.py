@@ -2,7 +2,9 @@
 
 A running task progresses at a rate in (0, 1] of its solo speed. When the tasks on a resource
 ask for more than its capacity, each gets a share weighted by its `share` (water-filling, no
-task above its own demand); a task on several resources runs at its tightest share.
+task above its own demand); a task on several resources runs at its tightest share. A resource
+may have another capacity while tasks of different tags run on it at once (a disk reading and
+writing together moves less than either way alone).
 """
 
 from __future__ import annotations
@@ -15,14 +17,15 @@ _DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round
 
 
 class _Flow:
-    __slots__ = ("done", "rate", "remaining_s", "share", "uses")
+    __slots__ = ("done", "rate", "remaining_s", "share", "tag", "uses")
 
-    def __init__(self, solo_s: float, uses, share: float, done: simpy.Event):
+    def __init__(self, solo_s: float, uses, share: float, done: simpy.Event, tag: str):
         self.remaining_s = solo_s  # seconds of solo-speed work left
         self.uses = uses
         self.share = share
         self.rate = 1.0
         self.done = done
+        self.tag = tag
 
 
 def water_fill(demands: list[float], weights: list[float], capacity: float) -> list[float]:
@@ -50,20 +53,24 @@ def water_fill(demands: list[float], weights: list[float], capacity: float) -> l
 class SharedResources:
     """Runs tasks against shared capacities inside a SimPy environment."""
 
-    def __init__(self, env: simpy.Environment, capacities: dict[str, float]):
+    def __init__(self, env: simpy.Environment, capacities: dict[str, float],
+                 mixed_capacities: dict[str, float] | None = None):
         self.env = env
         self.capacities = capacities
+        # resource -> its capacity while flows of two or more different tags use it
+        self.mixed_capacities = mixed_capacities or {}
         self.flows: list[_Flow] = []
         self._last_s = 0.0
         # Each change of the running set schedules a timer for the next completion; timers
         # from before the latest change are stale and ignored (cheaper than cancelling).
         self._generation = 0
 
-    def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float) -> simpy.Event:
+    def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float,
+            tag: str = "") -> simpy.Event:
         """Start a task; the returned event fires when its work is done."""
         done = self.env.event()
         self._advance()
-        self.flows.append(_Flow(solo_s, tuple(uses), share, done))
+        self.flows.append(_Flow(solo_s, tuple(uses), share, done, tag))
         self._reallocate()
         self._schedule()
         return done
@@ -83,10 +90,13 @@ class SharedResources:
             for resource, demand in f.uses:
                 by_resource.setdefault(resource, []).append((f, demand))
         for resource, members in by_resource.items():
-            if len(members) < 2 and members[0][1] <= self.capacities[resource]:
+            capacity = self.capacities[resource]
+            if resource in self.mixed_capacities and len({f.tag for f, _ in members}) > 1:
+                capacity = self.mixed_capacities[resource]
+            if len(members) < 2 and members[0][1] <= capacity:
                 continue
             fractions = water_fill([d for _, d in members], [f.share for f, _ in members],
-                                   self.capacities[resource])
+                                   capacity)
             for (f, _), frac in zip(members, fractions):
                 f.rate = min(f.rate, frac)
 

@@ -49,9 +49,11 @@ def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, c
     profile, base = load_profile(out), load_profile("h200-bench")
     assert profile.name == "here"
     for key in ("host.memory_bandwidth", "host.adamw_throughput", "host.cast_throughput",
-                "host.cores", "host.ram", "storage.read", "storage.write", "storage.capacity"):
+                "host.cores", "host.ram", "storage.read", "storage.write", "storage.duplex",
+                "storage.capacity"):
         assert "layerslide calibrate --quick" in profile.sources[key], key
     assert profile.host.adamw_params_per_s > 1e6 and profile.storage.read_bytes_per_s > 1e6
+    assert profile.storage.duplex_bytes_per_s > 1e6  # reads and writes at once, written back
     assert profile.gpu == base.gpu and profile.link == base.link  # no GPU: the base's
     assert not list((tmp_path / "disk").iterdir())  # the probe file is gone
 

@@ -172,3 +172,15 @@ def test_malformed_toml_names_the_file(tmp_path):
     path = _write(tmp_path, H200 + "\n[host\ncores = \n")
     with pytest.raises(ProfileError, match=r"h200\.toml.*malformed TOML"):
         load_profile(path)
+
+
+def test_storage_duplex_is_optional_and_read_when_given(tmp_path):
+    assert load_profile("h200-bench").storage.duplex_bytes_per_s is None  # they take turns
+    duplex = 'duplex = { value = 1.79, unit = "GB/s", source = "measured: both at once" }\n'
+    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + duplex)
+    profile = load_profile(_write(tmp_path, text))
+    assert profile.storage.duplex_bytes_per_s == pytest.approx(1.79e9)
+    assert profile.sources["storage.duplex"] == "measured: both at once"
+    _rejects(tmp_path, text.replace('unit = "GB/s", source = "measured: both',
+                                    'unit = "GiB", source = "measured: both'),
+             "storage.duplex.unit", "bytes/s")
