@@ -4,17 +4,19 @@
 # differ by up to ~20%: a profile from another lease does not describe this one).
 # usage (device): bash benchmarks/run_validation_gpu.sh [validate_sim.py args, e.g. --configs
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
-#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy)
+#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy). --deadline counts the validation
+#   only: the thorough calibration before it takes ~40 s (4 GiB disk files included).
 # Writes 6 files under $OUT (the device tool brings back 8 at most).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
+    --target /tmp/site .whl/*.whl || { echo "install the carried .whl first"; exit 1; }
 export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 rm -rf /tmp/nvme
 python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
-    --out "$out/h200-calibrated.toml" --disk-dir /tmp/nvme --ram 128GiB 2>&1 | tail -30
+    --out "$out/h200-calibrated.toml" --overwrite --disk-dir /tmp/nvme --ram 128GiB 2>&1 \
+    | tail -30 || { echo "calibration failed: no validation"; exit 1; }
 rm -rf /tmp/nvme
 python3 benchmarks/validate_sim.py --profile "$out/h200-calibrated.toml" --nvme-dir /tmp/nvme \
     --out "$out" "$@" 2>&1 | grep -v -i warn | tee "$out/validate.log"

@@ -139,12 +139,13 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             cap = row.get("gpu_memory_bytes", 24 * 2**30)
             policy = Policy.from_dict(row["policy"])
             row = {**row, **predict(spec, train, policy, profile, cap)}
-            if "grads_land_in_upload" not in row and grads_land_in_upload(policy, train):
-                # measured before 2026-11-30, when these grads had landing buffers of their own
-                # (2 B/param more RAM than this executor, and this plan, holds): no comparison
-                print(f"{row['label']}: host RSS measured with landing buffers the executor "
-                      "no longer has; left out of the host comparison", file=sys.stderr)
-                row["measured_host_bytes_with_landing_buffers"] = row["measured_host_bytes"]
+            if row.get("grads_land_in_upload", False) != grads_land_in_upload(policy, train):
+                # measured where the grads landed elsewhere than this plan has them (rows from
+                # before 2026-11-30 had landing buffers: 2 B/param more RAM): no comparison
+                print(f"{row['label']}: host RSS measured with the grads landing elsewhere "
+                      "than this plan has them; left out of the host comparison",
+                      file=sys.stderr)
+                row["measured_host_bytes_other_landing"] = row["measured_host_bytes"]
                 row["measured_host_bytes"] = None
             rows.append(row)
     return rows

@@ -180,7 +180,10 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
                  num_steps: int) -> Candidate:
     """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
     with all state on NVMe and the host still over, one block's state staged at a time."""
-    placements = NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1]
+    placements = [(moments, master) for moments, master in
+                  (NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1])
+                  # casts other than cpu_once read master weights from RAM at every load
+                  if master == 0 or policy.cast == "cpu_once"]
     # (moments, master, nvme_prefetch): each read ahead stages a whole block's fp32 state in
     # RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left over
     steps = [(moments, master, policy.nvme_prefetch) for moments, master in placements]
@@ -194,8 +197,6 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         pools.append(BOUNDED_GRAD_BUFFERS)
     candidate = None
     for moments, master, prefetch in steps:
-        if master > 0 and policy.cast != "cpu_once":
-            continue  # these casts read master weights from RAM at every load
         for pool in pools:
             tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master,
                             host_grad_buffers=pool, nvme_prefetch=prefetch)

@@ -124,3 +124,22 @@ def test_ram_can_be_given_for_machines_whose_ram_grows_as_used(tmp_path, monkeyp
                  "--ram", "128GiB"]) == 0
     profile = load_profile(tmp_path / "p.toml")
     assert profile.host.ram_bytes == 128 * 2**30 and "given" in profile.sources["host.ram"]
+
+
+def test_disk_probe_files_stop_where_told_and_count_what_they_moved(tmp_path):
+    """The both-at-once probe counts bytes until the first direction is done: each side stops
+    at its next 64 MiB call once told, and says how much it moved."""
+    import threading
+
+    from layerslide.calibrate.host import _read_file, _write_file
+    from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer
+
+    buf = memoryview(aligned_buffer(CHUNK_BYTES).numpy())
+    path = tmp_path / "f.bin"
+    assert _write_file(path, 2 * CHUNK_BYTES, 0, buf) == 2 * CHUNK_BYTES
+    assert path.stat().st_size == 2 * CHUNK_BYTES
+    assert _read_file(path, 2 * CHUNK_BYTES, 0, buf) == 2 * CHUNK_BYTES
+    stopped = threading.Event()
+    stopped.set()
+    assert _read_file(path, 2 * CHUNK_BYTES, 0, buf, stop=stopped) == 0
+    assert _write_file(tmp_path / "g.bin", 2 * CHUNK_BYTES, 0, buf, stop=stopped) == 0

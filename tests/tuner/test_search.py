@@ -189,13 +189,18 @@ def test_where_grads_land_in_the_upload_copies_no_pool_is_tried():
     assert c.policy.moments_on_nvme > 0
 
 
-def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a_time():
+@pytest.mark.parametrize(("cast", "master"), [("cpu_once", 1.0), ("gpu", 0.0)])
+def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a_time(cast,
+                                                                                     master):
     """Each NVMe read ahead holds a whole block's fp32 state in RAM: where that is what keeps
     the plan over the host's RAM, the tuner stages one block at a time (Mistral-Large-123B on a
-    24 GiB card with 256 GiB of RAM fits only so)."""
+    24 GiB card with 256 GiB of RAM fits only so). Casts other than cpu_once keep the master
+    weights in RAM: then "all" is the moments (and the grads' landing pool is already set, so
+    that it is not what makes room)."""
     model = make_tiny_model(num_layers=6)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
-    all_on_disk = replace(policy, moments_on_nvme=1.0, master_on_nvme=1.0)
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    policy = Policy(cast=cast, host_grad_buffers=4 if cast == "gpu" else None)
+    all_on_disk = replace(policy, moments_on_nvme=1.0, master_on_nvme=master)
     profile = make_round_profile()
     two_ahead = simulate(build_plan(model, train, all_on_disk, num_steps=3), profile)
     one_ahead = simulate(build_plan(model, train, replace(all_on_disk, nvme_prefetch=1),
@@ -207,7 +212,7 @@ def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a
                  num_steps=3)
     assert c.feasible
     assert (c.policy.moments_on_nvme, c.policy.master_on_nvme, c.policy.nvme_prefetch) == (
-        1.0, 1.0, 1)
+        1.0, master, 1)
     # with RAM for two read-aheads, the policy's own depth stays
     roomy = evaluate(model, train, policy, make_round_profile(ram_bytes=high), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
