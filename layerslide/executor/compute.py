@@ -1,4 +1,5 @@
-"""The GPU computations of one task: an HF decoder layer, and the head's chunked loss."""
+"""The GPU computations of one task: an HF decoder layer, the head's chunked loss, and the
+embedding's grad added into a tied head's."""
 
 from __future__ import annotations
 
@@ -63,3 +64,16 @@ def chunked_linear_cross_entropy(
         d_x[rows] = grad @ weight
         d_weight.addmm_(grad.T, xc)
     return loss, d_x, d_weight
+
+
+def add_embedding_grad(weight_grad: torch.Tensor, dgrad: torch.Tensor,
+                       ids: torch.Tensor) -> torch.Tensor:
+    """weight_grad (a [V, h] grad) plus the embedding lookup's grad for `ids`, in place. The
+    rows of each token id are summed as embedding_dense_backward sums them (deterministically,
+    rounded once to bf16) over the ids present only, then added in: the same values as adding
+    the dense [V, h] embedding grad, without making it. Syncs with the GPU (the count of
+    distinct ids sizes the summed rows)."""
+    distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+    rows = torch.ops.aten.embedding_dense_backward(
+        dgrad.reshape(-1, dgrad.shape[-1]), inverse, distinct.numel(), -1, False)
+    return weight_grad.index_add_(0, distinct, rows)

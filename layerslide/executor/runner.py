@@ -18,7 +18,12 @@ import torch
 from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING, ModelBlocks
-from layerslide.executor.compute import IGNORE_INDEX, chunked_linear_cross_entropy, layer_call
+from layerslide.executor.compute import (
+    IGNORE_INDEX,
+    add_embedding_grad,
+    chunked_linear_cross_entropy,
+    layer_call,
+)
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks
 from layerslide.executor.host_state import HostState
@@ -305,10 +310,11 @@ class TaskRunner:
         dgrad = self.handoff.take(("dgrad", s, m, i))
         if i == EMBEDDING:
             ids = self.handoff.take(("ids", s, m))
-            grad = torch.ops.aten.embedding_dense_backward(
-                dgrad, ids, self.spec.vocab_size, -1, False)
-            if self.blocks.tied:
-                grad.add_(self.handoff.take(("tied", s, m)))
+            if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
+                grad = add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)
+            else:
+                grad = torch.ops.aten.embedding_dense_backward(
+                    dgrad, ids, self.spec.vocab_size, -1, False)
             self._keep_grads(s, m, EMBEDDING, [grad])
             return
         unit = self._unit(task)

@@ -257,9 +257,6 @@ class _Builder:
                                   attention_flops=attn_flops, nbytes=3 * ew,
                                   host_ops=sizes.LAYER_BACKWARD_OPS)
         emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
-        if model.tie_word_embeddings:  # the head's LM-weight grad waits for the embedding's
-            self.buffer(f"{head}.tied_grad", "gpu", BF16_BYTES * model.embedding_params, head,
-                        (emb_bwd,))
 
         # gradient flowing backwards: made by the head and each backward, read by the next
         flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]
@@ -318,10 +315,19 @@ class _Builder:
     def grads(self, s: int, m: int, block: int, producer: str) -> None:
         """Offload the block's bf16 grads to the host, and accumulate them when A > 1."""
         p = self.params(block)
+        tied = block == EMBEDDING and self.model.tie_word_embeddings
+        if tied:
+            # the embedding backward adds its rows into the head's LM-weight grad in place (a
+            # second [V, h] grad doubled the peak): that tensor, made by the head, is the
+            # embedding's grads from then on; the rows, summed per token id, are its workspace
+            rows = min(self.tokens, self.model.vocab_size) * self.model.hidden_size
+            self.buffer(f"{producer}.rows", "gpu", BF16_BYTES * rows, producer, (producer,))
         if block in self.gpu_updated:  # fp32 grads accumulate on the GPU, in place
             self.gpu_grad_producer[(s, block)] = producer
-            # autograd's fresh bf16 grad, added into the fp32 sum within the producing task
-            self.buffer(f"{producer}.grads", "gpu", BF16_BYTES * p, producer, (producer,))
+            if tied:
+                self.tied_grad(s, m, release=producer)
+            else:  # autograd's fresh bf16 grad, added into the fp32 sum within the task
+                self.buffer(f"{producer}.grads", "gpu", BF16_BYTES * p, producer, (producer,))
             return
         pos = self.grad_pos(s, m, block)
         off = self.add(Task(id=f"s{s}.m{m}.offload_grads.{self.blk(block)}", kind="offload_grads",
@@ -332,7 +338,10 @@ class _Builder:
             # autograd makes these grads afresh in each backward; the caching allocator takes
             # them back once offloaded (H200: a 1B model's peak is at its embedding backward,
             # tied LM-head grad + embedding grad both alive, not a standing grad buffer)
-            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
+            if tied:
+                self.tied_grad(s, m, release=off)
+            else:
+                self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
             if block == EMBEDDING and self.model.tie_word_embeddings:
                 # the head makes the tied LM-head grad the embedding backward adds in: it waits
@@ -362,6 +371,13 @@ class _Builder:
         if len(self.host_grad_consumers) >= self.host_grad_pool:
             self.edge(self.host_grad_consumers[-self.host_grad_pool], off, "unit_reuse")
         self.host_grad_consumers.append(consumer)
+
+    def tied_grad(self, s: int, m: int, release: str) -> None:
+        """The head's [V, h] LM-weight grad of a tied model: made by the head, and the
+        embedding's grads once its backward has added its rows in; freed by `release`."""
+        head = f"s{s}.m{m}.head.head"
+        self.buffer(f"{head}.tied_grad", "gpu", BF16_BYTES * self.model.embedding_params, head,
+                    (release,))
 
     # --- the per-step CPU work --------------------------------------------------------------------
     def blocks_in_arrival_order(self) -> list[int]:

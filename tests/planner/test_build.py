@@ -236,18 +236,29 @@ def test_embedding_and_head_grads_on_the_gpu_live_from_their_backward_to_their_o
     tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
     plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
                       num_steps=2)
-    # autograd makes the embedding's bf16 grads in its backward; offloaded, they are freed
-    emb = buffer_named(plan, "s0.m0.offload_grads.emb.gpu")
+    # tied: the head makes the [V, h] LM-weight grad, the embedding backward adds its rows into
+    # it, and it leaves as the embedding's grads: one such buffer, from the head to the offload
+    emb = buffer_named(plan, "s0.m0.head.head.tied_grad")
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64  # vocab x hidden
-    assert emb.alloc_task == "s0.m0.backward.emb"
+    assert emb.alloc_task == "s0.m0.head.head"
     assert emb.release_tasks == ("s0.m0.offload_grads.emb",)
+    assert not [b for b in plan.buffers if b.id == "s0.m0.offload_grads.emb.gpu"]
+    # the backward's workspace: its rows summed per token id (16 tokens of hidden 64, bf16)
+    rows = buffer_named(plan, "s0.m0.backward.emb.rows")
+    assert rows.bytes == BF16_BYTES * 16 * 64 and rows.release_tasks == ("s0.m0.backward.emb",)
+    # untied: autograd makes the embedding's own bf16 grads in its backward, freed offloaded
+    untied = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+                        Policy(), num_steps=2)
+    own = buffer_named(untied, "s0.m0.offload_grads.emb.gpu")
+    assert own.bytes == BF16_BYTES * 256 * 64 and own.alloc_task == "s0.m0.backward.emb"
+    assert own.release_tasks == ("s0.m0.offload_grads.emb",)
     # tied: the head block's own grads are the final norm's (hidden 64), made by the head task
     head = buffer_named(plan, "s0.m0.offload_grads.head.gpu")
     assert head.tier == "gpu" and head.bytes == BF16_BYTES * 64
     assert head.alloc_task == "s0.m0.head.head"
     assert head.release_tasks == ("s0.m0.offload_grads.head",)
     # one per micro-batch of each step (2 x 2), not one held for the run
-    assert len([b for b in plan.buffers if b.id.endswith(".offload_grads.emb.gpu")]) == 4
+    assert len([b for b in plan.buffers if b.id.endswith(".tied_grad")]) == 4
     static_grads = [b.id for b in plan.buffers
                     if b.tier == "gpu" and b.is_static and "grad" in b.id]
     assert static_grads == ["gpu.grad_units"]
