@@ -68,12 +68,15 @@ def chunked_linear_cross_entropy(
 
 def add_embedding_grad(weight_grad: torch.Tensor, dgrad: torch.Tensor,
                        ids: torch.Tensor) -> torch.Tensor:
-    """weight_grad (a [V, h] grad) plus the embedding lookup's grad for `ids`, in place. The
-    rows of each token id are summed as embedding_dense_backward sums them (deterministically,
-    rounded once to bf16) over the ids present only, then added in: the same values as adding
-    the dense [V, h] embedding grad, without making it. Syncs with the GPU (the count of
-    distinct ids sizes the summed rows)."""
-    distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+    """weight_grad (a [V, h] grad) plus the embedding lookup's grad for `ids`, in place, without
+    making the dense [V, h] embedding grad: the rows of each id present are summed by the same
+    embedding_dense_backward call shape as the dense grad's (min(tokens, V) weights, so torch
+    picks the same kernel) and added in once each. Equal values to the dense grad added (a zero
+    row's sign can differ: -0.0 stays where the dense add gave +0.0). Syncs with the GPU (the
+    count of distinct ids)."""
+    flat_ids = ids.reshape(-1)
+    distinct, inverse = torch.unique(flat_ids, return_inverse=True)
+    slots = min(flat_ids.numel(), weight_grad.shape[0])
     rows = torch.ops.aten.embedding_dense_backward(
-        dgrad.reshape(-1, dgrad.shape[-1]), inverse, distinct.numel(), -1, False)
-    return weight_grad.index_add_(0, distinct, rows)
+        dgrad.reshape(-1, dgrad.shape[-1]), inverse, slots, -1, False)
+    return weight_grad.index_add_(0, distinct, rows[:distinct.numel()])
