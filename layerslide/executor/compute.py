@@ -69,14 +69,21 @@ def chunked_linear_cross_entropy(
 def add_embedding_grad(weight_grad: torch.Tensor, dgrad: torch.Tensor,
                        ids: torch.Tensor) -> torch.Tensor:
     """weight_grad (a [V, h] grad) plus the embedding lookup's grad for `ids`, in place, without
-    making the dense [V, h] embedding grad: the rows of each id present are summed by the same
+    making the dense [V, h] embedding grad: the rows of each distinct id are summed by the same
     embedding_dense_backward call shape as the dense grad's (min(tokens, V) weights, so torch
-    picks the same kernel) and added in once each. Equal values to the dense grad added (a zero
-    row's sign can differ: -0.0 stays where the dense add gave +0.0). Syncs with the GPU (the
-    count of distinct ids)."""
-    flat_ids = ids.reshape(-1)
-    distinct, inverse = torch.unique(flat_ids, return_inverse=True)
-    slots = min(flat_ids.numel(), weight_grad.shape[0])
+    picks the same kernel) into a slot of their own, and each slot is added to its id's row.
+    Slots no id fills are zero rows added to row 0. Equal values to the dense grad added (a
+    zero's sign can differ). Fixed shapes throughout: no sync with the GPU, which would stall
+    the lane that enqueues its work."""
+    flat = ids.reshape(-1)
+    sorted_ids, order = torch.sort(flat, stable=True)
+    starts = torch.ones_like(sorted_ids, dtype=torch.bool)
+    starts[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    slot_sorted = torch.cumsum(starts, 0) - 1  # each token's slot: its id's rank among them
+    slot = torch.empty_like(slot_sorted).scatter_(0, order, slot_sorted)
+    slots = min(flat.numel(), weight_grad.shape[0])
     rows = torch.ops.aten.embedding_dense_backward(
-        dgrad.reshape(-1, dgrad.shape[-1]), inverse, slots, -1, False)
-    return weight_grad.index_add_(0, distinct, rows[:distinct.numel()])
+        dgrad.reshape(-1, dgrad.shape[-1]), slot, slots, -1, False)
+    slot_ids = torch.zeros(slots, dtype=flat.dtype, device=flat.device)
+    slot_ids.scatter_(0, slot_sorted, sorted_ids)  # each filled slot's id (all writers agree)
+    return weight_grad.index_add_(0, slot_ids, rows)
