@@ -5,14 +5,10 @@
 # usage (device): bash benchmarks/run_compare_gpu.sh [compare_offload.py args]
 #   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy, DeepSpeed and its small dependencies)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
+source benchmarks/device_env.sh
 # DeepSpeed is a source archive: it builds against the torch already there
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
     --target /tmp/site .whl/deepspeed-*.tar.gz
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
 free -g | head -2
 python3 -c "import deepspeed, torch; print('deepspeed', deepspeed.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
 python3 benchmarks/compare_offload.py --out "$out" "$@" 2>&1 | grep -v -i warn

@@ -4,11 +4,7 @@
 # usage (device): bash benchmarks/run_cpu_split_gpu.sh [cpu_split_bench.py args]
 #   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source benchmarks/device_env.sh
 { lscpu | head -25; free -g | head -2; nvidia-smi --query-gpu=name,memory.total --format=csv; } \
     > "$out/machine.txt" 2>&1
 python3 benchmarks/cpu_split_bench.py --out "$out" "$@" 2>&1 | grep -v -i warn \

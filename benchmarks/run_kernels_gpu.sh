@@ -4,10 +4,7 @@
 # executor's step with compiled against eager layers at micro-batch 64 (compute-bound) and 8.
 # usage (device): bash benchmarks/run_kernels_gpu.sh   (with .whl carried: simpy, liger-kernel)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 mkdir -p "$out/head" "$out/exec"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels 2>&1 | tail -5

@@ -5,11 +5,7 @@
 # per-step GPU and host memory show whether anything grows after warm-up.
 # usage (device): bash benchmarks/run_long_gpu.sh   (with .whl carried: simpy)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source benchmarks/device_env.sh
 timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/executor 2>&1 \
     | grep -v -i warn | tail -15 | tee "$out/gpu_tests.txt"
 python3 -m layerslide.cli.main train --model llama-3.2-1b --steps 200 --micro-batch 1 \

@@ -3,9 +3,6 @@
 # 8), next to the simulator's prediction for the disk speed measured in the same run.
 # usage (device): bash benchmarks/run_nvme_gpu.sh [extra nvme_bench.py args]   (.whl: simpy)
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
+source benchmarks/device_env.sh
 df -h /tmp | tail -1; free -g | head -2
 python3 benchmarks/nvme_bench.py --nvme-dir /tmp/nvme --out "$out" "$@" 2>&1 | grep -v -i warn

@@ -8,11 +8,7 @@
 #   only: the thorough calibration before it takes ~40 s (4 GiB disk files included).
 # Writes 6 files under $OUT (the device tool brings back 8 at most).
 set -uo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || { echo "install the carried .whl first"; exit 1; }
-export PYTHONPATH=/tmp/site:$(pwd) PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-mkdir -p "$out"
+source benchmarks/device_env.sh
 rm -rf /tmp/nvme
 python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
     --out "$out/h200-calibrated.toml" --overwrite --disk-dir /tmp/nvme --ram 128GiB 2>&1 \
