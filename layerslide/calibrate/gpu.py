@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional
 
-from layerslide.calibrate.host import GIB, Measurement
+from layerslide.calibrate.host import GIB, Measurement, executor_adamw_block
 from layerslide.planner.model import ModelSpec
 
 
@@ -171,14 +171,7 @@ def _executor_like_cpu_work(numel: int) -> tuple[Callable[[], None], int]:
     native = load_kernels()
     if native is None:
         return _update_work(numel)
-    param, exp_avg, exp_avg_sq = torch.randn(numel), torch.zeros(numel), torch.zeros(numel)
-    landed = (torch.randn(numel) * 1e-3).to(torch.bfloat16)  # new weights overwrite the grads
-
-    def step() -> None:
-        native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
-                          weights_out=landed, decay_end=numel, lr=1e-5, beta1=0.9,
-                          beta2=0.95, eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
-    return step, 28 * numel
+    return executor_adamw_block(native, numel), 28 * numel
 
 
 def link(nbytes: int, repeats: int) -> list[Measurement]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from layerslide.executor.native import load_kernels
+from layerslide.executor.native import NativeKernels, load_kernels
 from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer, supports_direct
 
 GIB = 2**30
@@ -63,6 +63,19 @@ def sustained_rate(fn: Callable[[int], None], count: int, units: float, passes: 
     return passes * units / (time.perf_counter() - start)
 
 
+def executor_adamw_block(native: NativeKernels, numel: int) -> Callable[[], None]:
+    """One block's AdamW step as the executor runs it (28 B/param): the grads landed in the
+    bf16 upload copy and the new weights overwrite them there."""
+    param, exp_avg, exp_avg_sq = torch.randn(numel), torch.zeros(numel), torch.zeros(numel)
+    landed = (torch.randn(numel) * 1e-3).to(torch.bfloat16)
+
+    def step() -> None:
+        native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
+                          weights_out=landed, decay_end=numel, lr=1e-5, beta1=0.9, beta2=0.95,
+                          eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
+    return step
+
+
 def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     """Params/s of AdamW as the executor runs it (28 B/param, the profile's definition):
     layerslide's native kernel reading bf16 grads and writing the bf16 weights over them, called on
@@ -76,15 +89,10 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     native = load_kernels()
     passes = max(repeats // 3, 2)
     if native is not None:
-        # the grads land in the bf16 upload copy and the new weights overwrite them there
-        blocks = [(torch.randn(size), torch.zeros(size), torch.zeros(size),
-                   (torch.randn(size) * 1e-3).to(torch.bfloat16)) for _ in range(arrays)]
+        blocks = [executor_adamw_block(native, size) for _ in range(arrays)]
 
         def step(i: int) -> None:
-            param, exp_avg, exp_avg_sq, landed = blocks[i]
-            native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
-                              weights_out=landed, decay_end=size, lr=1e-5, beta1=0.9,
-                              beta2=0.95, eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
+            blocks[i]()
         kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
                   f"{native.threads or torch.get_num_threads()} threads, chunks of "
                   f"{native.chunk or 'one even slice'})")

@@ -62,6 +62,20 @@ def test_cast_rounds_like_torch_including_specials():
     assert torch.equal(out[1:], expected[1:])
 
 
+def one_step(kernels, start: torch.Tensor, grad: torch.Tensor, *, in_place: bool,
+             decay_end: int) -> tuple[torch.Tensor, ...]:
+    """(param, m, v, bf16 weights) after one AdamW step from `start`; in_place: the weights
+    are written over (a copy of) the grads, as the executor lands them in the upload copy."""
+    n = start.numel()
+    param, m, v = start.clone(), torch.zeros(n), torch.zeros(n)
+    grad = grad.clone()
+    weights = grad if in_place else torch.empty(n, dtype=torch.bfloat16)
+    kernels.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=grad, weights_out=weights,
+                       decay_end=decay_end, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
+                       weight_decay=0.1, grad_scale=0.5, step=1)
+    return param, m, v, weights
+
+
 @pytest.mark.parametrize(("threads", "chunk"), [(1, 0), (2, 0), (2, 1000), (3, 7), (0, 1 << 20)])
 def test_every_split_over_threads_gives_the_same_update_and_cast(threads, chunk):
     """How a call is cut into chunks and spread over threads must not change a single bit,
@@ -75,14 +89,10 @@ def test_every_split_over_threads_gives_the_same_update_and_cast(threads, chunk)
     grad = torch.randn(n, generator=gen).to(torch.bfloat16)
     results = []
     for kernels in (KERNELS, split):
-        param, m, v = start.clone(), torch.zeros(n), torch.zeros(n)
-        weights = torch.empty(n, dtype=torch.bfloat16)
-        kernels.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=grad, weights_out=weights,
-                           decay_end=decay_end, lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8,
-                           weight_decay=0.1, grad_scale=0.5, step=1)
         cast = torch.empty(n, dtype=torch.bfloat16)
         kernels.cast(start, cast)
-        results.append((param, m, v, weights, cast))
+        results.append((*one_step(kernels, start, grad, in_place=False, decay_end=decay_end),
+                        cast))
     for reference, got in zip(*results, strict=True):
         assert torch.equal(reference, got)
     assert not torch.equal(results[0][0], start)  # the step did move the weights
@@ -114,15 +124,8 @@ def test_weights_written_over_the_grads_they_were_computed_from_are_the_same(chu
     gen = torch.Generator().manual_seed(3)
     start = torch.randn(n, generator=gen)
     grad = torch.randn(n, generator=gen).to(torch.bfloat16)
-    results = []
-    for in_place in (False, True):
-        param, m, v = start.clone(), torch.zeros(n), torch.zeros(n)
-        landed = grad.clone()
-        weights = landed if in_place else torch.empty(n, dtype=torch.bfloat16)
-        kernels.adamw_step(param=param, exp_avg=m, exp_avg_sq=v, grad=landed,
-                           weights_out=weights, decay_end=n // 2, lr=1e-2, beta1=0.9,
-                           beta2=0.95, eps=1e-8, weight_decay=0.1, grad_scale=0.5, step=1)
-        results.append((param, m, v, weights))
+    results = [one_step(kernels, start, grad, in_place=in_place, decay_end=n // 2)
+               for in_place in (False, True)]
     for separate, in_place in zip(*results, strict=True):
         assert torch.equal(separate, in_place)
     assert not torch.equal(results[1][3], grad)  # the grads were overwritten by the weights
