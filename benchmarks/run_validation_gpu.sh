@@ -6,7 +6,7 @@
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
 #   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy). --deadline counts the validation
 #   only: the thorough calibration before it takes ~40 s (4 GiB disk files included).
-# Writes 6 files under $OUT (the device tool brings back 8 at most).
+# Writes 7 files under $OUT (the device tool brings back 8 at most).
 set -uo pipefail
 source benchmarks/device_env.sh
 rm -rf /tmp/nvme
@@ -15,5 +15,6 @@ python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" 
     | tail -30 || { echo "calibration failed: no validation"; exit 1; }
 rm -rf /tmp/nvme
 python3 benchmarks/validate_sim.py --profile "$out/h200-calibrated.toml" --nvme-dir /tmp/nvme \
-    --out "$out" "$@" 2>&1 | grep -v -i warn | tee "$out/validate.log"
+    --traces /tmp/traces --out "$out" "$@" 2>&1 | grep -v -i warn | tee "$out/validate.log"
 rm -rf /tmp/nvme
+tar czf "$out/traces.tar.gz" -C /tmp traces  # each configuration's measured and predicted trace

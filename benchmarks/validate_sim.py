@@ -41,11 +41,25 @@ CONFIGS = {
     "3b-mb16-w1-host": {"model": "llama-3.2-3b", "micro_batch": 16, "window": 1},
     "3b-mb32-w2-host": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2},
     "3b-mb64-w2-host": {"model": "llama-3.2-3b", "micro_batch": 64, "window": 2},
+    # capped at the predicted allocated peak + 3%: does the plan run (as fast) in the memory the
+    # simulator says it needs? Unpressed, the caching allocator keeps what it once mapped
+    "3b-mb32-w2-host-cap": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
+                            "cap_over_predicted": 0.03},
+    "3b-mb8-w2-host-cap": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2,
+                           "cap_over_predicted": 0.03},
 }
 
 
 def run_one(label: str, cfg: dict, args) -> dict:
     """Train one configuration here and simulate its plan; the measured and predicted row."""
+    phase_s, mark = {}, time.monotonic()
+
+    def phase(name: str) -> None:  # where a configuration's wall time goes
+        nonlocal mark
+        now = time.monotonic()
+        phase_s[name] = round(now - mark, 2)
+        mark = now
+
     import torch
 
     from layerslide.executor.blocks import hf_config_from_spec
@@ -75,20 +89,39 @@ def run_one(label: str, cfg: dict, args) -> dict:
                         moments_on_nvme=cfg.get("moments_on_nvme", 0.0))
     config = (hf_config_from_spec(spec) if not args.model_override
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
+    phase("import_and_plan")
+    prediction = predict(spec, train, policy, profile, cap, keep_trace=True)
+    # the allocator's cap (torch's memory fraction: allocations only, no CUDA context)
+    allocator_cap = cap
+    if cfg.get("cap_over_predicted") is not None:
+        allocator_cap = int(prediction["predicted_gpu_allocated_bytes"]
+                            * (1 + cfg["cap_over_predicted"]))
+    predicted_trace = prediction.pop("trace")
+    phase("predict")
     with Trainer(config=config, spec=spec, train=train, policy=policy,
-                 optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=cap,
+                 optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
+        phase("allocate_state")
         trainer.init_random(0)
+        phase("init_weights")
         logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
+        phase("train")
         cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
-        task_s = median_task_s(trainer.trace(label), spec.num_layers,
-                               first_step=min(2, args.steps - 1))
+        gpu_detail = gpu_memory_detail(trainer.device) if cuda else {}
+        trace = trainer.trace(label)
+        task_s = median_task_s(trace, spec.num_layers, first_step=min(2, args.steps - 1))
         land_in_upload = trainer.state.land_in_upload
+    if args.traces:
+        args.traces.mkdir(parents=True, exist_ok=True)
+        save_gz(trace, args.traces / f"{label}.measured.json.gz")
+        save_gz(predicted_trace, args.traces / f"{label}.predicted.json.gz")
+    phase("close")
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
-        "gpu_memory_bytes": cap, "model_override": args.model_override,
+        "gpu_memory_bytes": cap, "allocator_cap_bytes": allocator_cap,
+        "model_override": args.model_override,
         "group": f"{cfg['model']} micro-batch {cfg['micro_batch']}",
         "measured_step_s": statistics.median(log.step_s for log in steady),
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
@@ -96,11 +129,36 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
-        **predict(spec, train, policy, profile, cap),
+        "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
     }
 
 
-def predict(spec, train, policy, profile, cap: int) -> dict:
+def gpu_memory_detail(device) -> dict:
+    """What the caching allocator held beyond the allocated peak, and on which lane's stream:
+    the peak of active bytes (allocated, plus freed blocks another stream still uses), of
+    inactive split bytes (free pieces of split blocks: fragmentation), and each stream's
+    reserved segments at the end (a stream reuses only its own freed blocks)."""
+    import torch
+
+    stats = torch.cuda.memory_stats(device.device)
+    lanes = device.lane_of_stream()
+    by_lane: dict[str, int] = {}
+    for segment in torch.cuda.memory_snapshot():
+        lane = lanes.get(segment["stream"], f"stream {segment['stream']:#x}")
+        by_lane[lane] = by_lane.get(lane, 0) + segment["total_size"]
+    return {"active_peak_bytes": stats.get("active_bytes.all.peak", 0),
+            "inactive_split_peak_bytes": stats.get("inactive_split_bytes.all.peak", 0),
+            "reserved_by_lane_bytes": by_lane}
+
+
+def save_gz(trace, path: Path) -> None:
+    import gzip
+
+    with gzip.open(path, "wt") as f:
+        json.dump(trace.to_dict(), f)
+
+
+def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
     from layerslide.reports.validation import median_task_s
@@ -115,7 +173,8 @@ def predict(spec, train, policy, profile, cap: int) -> dict:
             # the simulator counts allocations, not what the caching allocator keeps on top of
             # them (it grows towards the cap): its reserve's lower bound
             "predicted_gpu_reserved_bytes": predicted.gpu_allocated_peak_bytes,
-            "predicted_host_bytes": predicted.peak_bytes["host"]}
+            "predicted_host_bytes": predicted.peak_bytes["host"],
+            **({"trace": predicted.trace} if keep_trace else {})}
 
 
 def repredict(paths: list[Path], profile_name: str) -> list[dict]:
@@ -179,6 +238,9 @@ def main() -> None:
     ap.add_argument("--repredict", type=Path, nargs="+", metavar="JSON",
                     help="train nothing: predict the rows of these validation.json files again "
                          "with --profile and write the report of them to --out")
+    ap.add_argument("--traces", type=Path,
+                    help="a folder for each configuration's measured and predicted trace "
+                         "(gzipped JSON, layerslide.trace.Trace)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this label, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -223,7 +285,7 @@ def main() -> None:
                 continue
             runs.setdefault(label, []).append(row)
             print(f"  step {row['measured_step_s']:.3f} s measured, "
-                  f"{row['predicted_step_s']:.3f} predicted", flush=True)
+                  f"{row['predicted_step_s']:.3f} predicted; wall s {row['phase_s']}", flush=True)
             rows = [merged(found) for found in runs.values()]
             (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
     report(rows, args.out)

@@ -87,6 +87,11 @@ class LaneDevice:
         if event is not None:
             event.synchronize()
 
+    def lane_of_stream(self) -> dict[int, str]:
+        """Each lane's CUDA stream handle (as torch.cuda.memory_snapshot names a segment's
+        stream) -> the lane; empty on the CPU."""
+        return {stream.cuda_stream: lane for lane, stream in self._streams.items()}
+
     def keep_for(self, tensor: torch.Tensor, lane: str) -> None:
         """Tell the allocator a tensor made on one stream is used on the lane's stream."""
         stream = self._streams.get(lane)
