@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 CONFIGS = {
@@ -47,6 +48,14 @@ CONFIGS = {
                             "cap_over_predicted": 0.03},
     "3b-mb8-w2-host-cap": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2,
                            "cap_over_predicted": 0.03},
+    # the executor as it was before its stream lanes' run-ahead was bounded (engine.py): side
+    # by side with the bounded one in the same call; reported apart from the validation
+    "3b-mb32-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
+                                  "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
+                                  "variant_of": "3b-mb32-w2-host"},
+    "3b-mb1-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 1, "window": 2,
+                                 "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
+                                 "variant_of": "3b-mb1-w2-host"},
 }
 
 
@@ -131,6 +140,57 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
         "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
     }
+
+
+def preload() -> None:
+    """Import what every configuration imports, before forking one process per configuration:
+    this took 11-17 s of each configuration's wall time on the H200 machine. CUDA stays
+    uninitialised here (a forked child cannot use a parent's CUDA context)."""
+    import torch
+    import transformers  # noqa: F401
+
+    import layerslide.executor.trainer
+    import layerslide.tuner  # noqa: F401
+    from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
+    from layerslide.planner.model import resolve_model
+
+    for model in sorted({cfg["model"] for cfg in CONFIGS.values()}):
+        ModelBlocks(hf_config_from_spec(resolve_model(model)))  # the HF modules it loads
+    if torch.cuda.is_initialized():
+        raise RuntimeError("preloading initialised CUDA: the forked runs could not use it")
+
+
+def run_forked(label: str, args, timeout_s: float | None) -> tuple[dict | None, str]:
+    """One configuration in a forked process (its own CUDA context, allocator and RSS): its
+    row, or None and why it failed."""
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_forked_child, args=(label, args, writer), daemon=True)
+    child.start()
+    writer.close()
+    try:
+        if not reader.poll(timeout_s):
+            child.kill()
+            return None, "timed out at the deadline"
+        kind, payload = reader.recv()
+    except EOFError:
+        kind, payload = "died", "the process died without a row"
+    child.join()
+    if kind == "row":
+        return payload, ""
+    return None, f"failed (exit {child.exitcode}): {payload[-1500:]}" if kind == "died" else \
+        f"failed: {payload[-1500:]}"
+
+
+def _forked_child(label: str, args, writer) -> None:
+    try:
+        os.environ.update(CONFIGS[label].get("env", {}))
+        writer.send(("row", run_one(label, CONFIGS[label], args)))
+    except BaseException:  # noqa: BLE001 (reported by the parent)
+        writer.send(("error", traceback.format_exc()))
+    finally:
+        writer.close()
+        os._exit(0)  # no atexit handlers of the parent's in the child
 
 
 def gpu_memory_detail(device) -> dict:
@@ -241,7 +301,7 @@ def main() -> None:
     ap.add_argument("--traces", type=Path,
                     help="a folder for each configuration's measured and predicted trace "
                          "(gzipped JSON, layerslide.trace.Trace)")
-    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: run this label, print its row
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # run this label here, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.one:
@@ -260,6 +320,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    preload()
     runs: dict[str, list[dict]] = {}  # label -> its rows, one per round
     rows, start = [], time.monotonic()
     for round_ in range(args.repeats):  # rounds, so a config's repeats are minutes apart
@@ -270,18 +331,9 @@ def main() -> None:
                 print(f"{name}: skipped, the deadline is reached", flush=True)
                 continue
             print(name, flush=True)
-            child = [sys.executable, __file__, "--one", label, *sys.argv[1:]]
-            try:
-                done = subprocess.run(child, capture_output=True, text=True, check=False,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=left)
-            except subprocess.TimeoutExpired:
-                print("  timed out at the deadline", flush=True)
-                continue
-            row = next((json.loads(line[4:]) for line in done.stdout.splitlines()
-                        if line.startswith("ROW ")), None)
+            row, failure = run_forked(label, args, timeout_s=left)
             if row is None:
-                print(f"  failed (exit {done.returncode}): {done.stderr.strip()[-600:]}",
-                      flush=True)
+                print(f"  {failure}", flush=True)
                 continue
             runs.setdefault(label, []).append(row)
             print(f"  step {row['measured_step_s']:.3f} s measured, "
@@ -317,8 +369,11 @@ def spread_line(rows: list[dict]) -> str | None:
 
 
 def report(rows: list[dict], out: Path) -> None:
-    from layerslide.reports.validation import figure, markdown, summarize
+    from layerslide.reports.validation import allocator_table, figure, markdown, summarize
 
+    every = rows
+    # executor variants (other settings, the same plan) are shown apart, not validated
+    rows = [r for r in every if not r["config"].get("variant_of")]
     summary = summarize(rows)
     tuned = next((r for r in rows if r["config"].get("tuned")), None)
     if tuned is not None:
@@ -335,6 +390,7 @@ def report(rows: list[dict], out: Path) -> None:
                   f"{summary['tuned_vs_best_measured']:+.1%}\n")
     if spread is not None:
         table += spread + "\n"
+    table += "\n".join(allocator_table(every)) + "\n"
     (out / "validation.md").write_text(table)
     figure(rows, out / "validation.png")
     print(table)

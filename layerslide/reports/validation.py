@@ -140,6 +140,28 @@ def markdown(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def allocator_table(rows: Sequence[dict]) -> list[str]:
+    """What torch's caching allocator held, where rows measured it (gpu_memory_detail): the
+    allocated peak, the active peak (allocated, plus freed blocks another stream still used),
+    the reserved peak and each lane stream's share of the reserve, under the allocator's cap."""
+    rows = [r for r in rows if r.get("gpu_memory_detail")]
+    if not rows:
+        return []
+    lines = ["", "The caching allocator's peaks (GiB) and its reserve per lane stream:", "",
+             "| configuration | step s | cap | allocated | active | reserved | reserved by lane |",
+             "|" + " --- |" * 7]
+    for r in rows:
+        detail = r["gpu_memory_detail"]
+        lanes = ", ".join(f"{lane} {size / GIB:.2f}"
+                          for lane, size in sorted(detail["reserved_by_lane_bytes"].items()))
+        cap = r.get("allocator_cap_bytes") or r.get("gpu_memory_bytes") or 0
+        lines.append(f"| {r['label']} | {r['measured_step_s']:.3f} | {cap / GIB:.2f} | "
+                     f"{r['measured_gpu_allocated_bytes'] / GIB:.2f} | "
+                     f"{detail['active_peak_bytes'] / GIB:.2f} | "
+                     f"{r['measured_gpu_reserved_bytes'] / GIB:.2f} | {lanes} |")
+    return lines
+
+
 def task_table(rows: Sequence[dict]) -> list[str]:
     """Median decoder-layer task durations, measured / predicted in ms, where rows have them."""
     rows = [r for r in rows if r.get("measured_task_s") and r.get("predicted_task_s")]

@@ -144,3 +144,89 @@ def test_engines_running_at_once_put_the_callers_interval_back_once_both_are_don
     runner.join(timeout=60)
     assert "timings" in outcome
     assert sys.getswitchinterval() == before
+
+
+class _QueuedGpu:
+    """A stand-in for a GPU on the CPU: each stream lane's events complete in order, one every
+    `period_s`, on a thread. The engine records a start and an end event per task; at each end
+    it notes how many of the lane's tasks are queued and unfinished (end events not done)."""
+
+    is_cuda = True
+
+    def __init__(self, period_s: float = 1e-3):
+        self.queues = {lane: [] for lane in ("gpu", "h2d", "d2h")}
+        self.most_queued = dict.fromkeys(self.queues, 0)
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.clock = threading.Thread(target=self._tick, args=(period_s,), daemon=True)
+        self.clock.start()
+
+    def _tick(self, period_s):
+        while not self.stop.wait(period_s):
+            with self.lock:
+                for queue in self.queues.values():
+                    pending = [e for e in queue if not e.done]
+                    if pending:
+                        pending[0].done = True
+
+    def record(self, lane, *, timing=False):
+        event = type("Event", (), {"done": False})()
+        with self.lock:
+            queue = self.queues[lane]
+            queue.append(event)
+            if len(queue) % 2 == 0:  # a task's end event: count the unfinished tasks
+                self.most_queued[lane] = max(self.most_queued[lane],
+                                             sum(not e.done for e in queue[1::2]))
+        return event
+
+    def is_done(self, event):
+        return event is None or event.done
+
+    def block_on(self, event):
+        while not self.is_done(event):
+            threading.Event().wait(1e-4)
+
+    def synchronize(self):
+        for queue in self.queues.values():
+            for event in queue:
+                self.block_on(event)
+        self.stop.set()
+
+    def on(self, lane):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def wait(self, lane, event):
+        pass
+
+    def bind_thread(self):
+        pass
+
+    def event_time_s(self, event):
+        return 0.0
+
+    def host_now_s(self):
+        return 0.0
+
+
+@pytest.mark.parametrize("run_ahead", [1, 2, 3])
+def test_a_stream_lane_keeps_at_most_run_ahead_tasks_queued_on_the_gpu(run_ahead):
+    gpu = _QueuedGpu()
+    PlanEngine(PLAN, gpu, lambda task: None, run_ahead=run_ahead).run()
+    assert max(gpu.most_queued.values()) == run_ahead  # reached, never passed
+
+
+def test_unbounded_the_stream_lanes_run_ahead_of_a_slow_gpu():
+    gpu = _QueuedGpu()
+    PlanEngine(PLAN, gpu, lambda task: None, run_ahead=0).run()
+    assert max(gpu.most_queued.values()) > 3
+
+
+def test_a_negative_run_ahead_is_refused():
+    with pytest.raises(ValueError, match="run_ahead=-1"):
+        PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None, run_ahead=-1)
+
+
+def test_the_run_ahead_setting_must_be_a_number(monkeypatch):
+    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "lots")
+    with pytest.raises(ValueError, match="LAYERSLIDE_RUN_AHEAD"):
+        PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None)

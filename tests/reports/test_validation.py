@@ -6,6 +6,7 @@ import pytest
 
 from layerslide.reports.validation import (
     GIB,
+    allocator_table,
     figure,
     markdown,
     ranks,
@@ -98,3 +99,16 @@ def test_task_medians_compare_decoder_layer_tasks_kind_by_kind():
                 "predicted_task_s": {"optimizer_step@cpu": 0.020}}
     text = markdown([measured])
     assert "| cfg | 25.0 / 20.0 | - | - | - | - |" in text
+
+
+def test_the_allocator_table_shows_active_and_reserved_bytes_per_lane():
+    plain = row("3b-mb8", 1.0, 1.0)
+    measured = {**plain, "measured_gpu_allocated_bytes": 3 * GIB,
+                "measured_gpu_reserved_bytes": 5 * GIB, "allocator_cap_bytes": 24 * GIB,
+                "gpu_memory_detail": {"active_peak_bytes": 4.5 * GIB,
+                                      "reserved_by_lane_bytes": {"h2d": GIB / 2,
+                                                                 "gpu": 4.5 * GIB}}}
+    lines = allocator_table([plain, measured])
+    assert len(lines) == 6  # title, header, rule and one row: the row without detail is left out
+    assert lines[-1] == "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | gpu 4.50, h2d 0.50 |"
+    assert allocator_table([plain]) == []
