@@ -165,7 +165,8 @@ def run_forked(label: str, args, timeout_s: float | None) -> tuple[dict | None, 
     row, or None and why it failed."""
     context = multiprocessing.get_context("fork")
     reader, writer = context.Pipe(duplex=False)
-    child = context.Process(target=_forked_child, args=(label, args, writer), daemon=True)
+    # not a daemon: tune, in the child, starts worker processes of its own
+    child = context.Process(target=_forked_child, args=(label, args, writer))
     child.start()
     writer.close()
     try:
