@@ -349,6 +349,9 @@ class _Builder:
                 self.edge(self.dedicated_grad_last[block], f"s{s}.m{m}.head.head", "unit_reuse")
             self.dedicated_grad_last[block] = off
         else:
+            # autograd makes a layer's grads afresh too; at most grad_buffers layers' grads are
+            # alive at once (a backward waits for the offload grad_buffers layers before it)
+            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
             slot = self.grad_slot_next % len(self.grad_slots)
             self.edge(self.grad_slots[slot], producer, "unit_reuse")
             self.grad_slots[slot] = off
@@ -474,7 +477,6 @@ class _Builder:
             self.buffer(f"gpu.{self.blk(b)}.weights", "gpu",
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
         self.buffer("gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
-        self.buffer("gpu.grad_units", "gpu", pol.grad_buffers * BF16_BYTES * model.layer_params)
         self.buffer(runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
         # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
         # initialisation, loading and checkpoints (the GPU holds the live copy)

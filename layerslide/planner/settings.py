@@ -63,7 +63,7 @@ class Policy:
     """How the GPU window slides over the layers and where state lives."""
 
     window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
-    grad_buffers: int = 2  # GPU buffers for one layer's bf16 grads awaiting offload
+    grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
     prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
     activations: str = "host"  # where per-layer checkpoints wait for backward
     master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe

@@ -119,15 +119,24 @@ def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
     return min(tokens, max(256, 2 ** int(math.log2(max(1, rows)))))
 
 
+# The final RMSNorm runs under autograd in HF's fp32 form and keeps for its backward its input
+# upcast to fp32, the normalised fp32 values and their bf16 cast: 10 B per hidden element. H200:
+# the head's measured peak ran 0.16 GiB above the plan without it at 1B micro-batch 8 (8k x 2048
+# elements: 0.16 GiB) and 0.13 at 3B micro-batch 4 (4k x 3072: 0.12 GiB)
+# (benchmarks/results/validation_2026-11-30c).
+FINAL_NORM_SAVED_BYTES_PER_ELEMENT = 2 * FP32_BYTES + BF16_BYTES
+
+
 def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
     """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward; the
     grad w.r.t. the head's input is the plan's dgrad buffer, not counted here."""
+    norm = FINAL_NORM_SAVED_BYTES_PER_ELEMENT * model.hidden_size * tokens
     if head_loss == "materialized":
         # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
-        return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
+        return norm + (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
     # one chunk's bf16 logits, overwritten by their grad in place, and its rows' fp32 losses
     chunk = fused_head_chunk_tokens(model, tokens)
-    return (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
+    return norm + (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
 
 
 def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:

@@ -44,13 +44,14 @@ class CostModel:
 
     def mixed_capacities(self) -> dict[str, float]:
         """Capacities while reads and writes run on the disk at once. Each takes 1.0 of the
-        device's time at its own rate, so taking turns at equal shares moves (r + w) / 2
-        together; a disk that moves `storage.duplex` together has 2 * duplex / (r + w)."""
+        device's time at its own rate r or w; a disk that moves `storage.duplex` together,
+        split evenly between the directions (see _disk), gives each duplex / 2 bytes/s: time
+        fractions duplex / 2r + duplex / 2w together."""
         storage = self.profile.storage
         if storage.duplex_bytes_per_s is None:
             return {}
-        turns = (storage.read_bytes_per_s + storage.write_bytes_per_s) / 2
-        return {NVME: storage.duplex_bytes_per_s / turns}
+        half = storage.duplex_bytes_per_s / 2
+        return {NVME: half / storage.read_bytes_per_s + half / storage.write_bytes_per_s}
 
     def efficiency(self, tokens: int) -> float:
         if tokens not in self._efficiency_cache:
@@ -111,9 +112,16 @@ class CostModel:
         return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo),) if solo > 0 else ())
 
     def _disk(self, t: Task, rate: float, tag: str) -> Cost:
+        storage = self.profile.storage
         solo = t.bytes / rate
-        return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)),
-                    share=self.profile.host.dma_share, tag=tag)
+        share = self.profile.host.dma_share
+        if storage.duplex_bytes_per_s is not None:
+            # a disk measured reading and writing at once splits its bytes evenly between the
+            # directions, not its time (H200 machine, 1B with half the moments on NVMe: writes,
+            # the faster alone, were the long pole; benchmarks/results/validation_2026-11-30c):
+            # weights ~ 1 / rate, scaled to keep dma_share's size against host-memory users
+            share *= (storage.read_bytes_per_s + storage.write_bytes_per_s) / 2 / rate
+        return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)), share=share, tag=tag)
 
     def _nvme_read(self, t: Task) -> Cost:
         return self._disk(t, self.profile.storage.read_bytes_per_s, "read")

@@ -231,7 +231,7 @@ def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
     assert nx.has_path(plan.graph, "s0.m0.offload_grads.emb", "s0.m1.head.head")
 
 
-def test_embedding_and_head_grads_on_the_gpu_live_from_their_backward_to_their_offload():
+def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
     tied = make_tiny_model()
     tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
     plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
@@ -259,9 +259,13 @@ def test_embedding_and_head_grads_on_the_gpu_live_from_their_backward_to_their_o
     assert head.release_tasks == ("s0.m0.offload_grads.head",)
     # one per micro-batch of each step (2 x 2), not one held for the run
     assert len([b for b in plan.buffers if b.id.endswith(".tied_grad")]) == 4
-    static_grads = [b.id for b in plan.buffers
-                    if b.tier == "gpu" and b.is_static and "grad" in b.id]
-    assert static_grads == ["gpu.grad_units"]
+    # a decoder layer's grads too: made by its backward, freed once offloaded (autograd's, from
+    # the caching allocator: no standing grad buffers on the GPU)
+    layer = buffer_named(plan, "s0.m1.offload_grads.L1.gpu")
+    assert layer.bytes == BF16_BYTES * tied.layer_params
+    assert layer.alloc_task == "s0.m1.backward.L1"
+    assert layer.release_tasks == ("s0.m1.offload_grads.L1",)
+    assert not [b.id for b in plan.buffers if b.tier == "gpu" and b.is_static and "grad" in b.id]
 
 
 def test_blocks_updated_on_the_gpu_hold_their_fresh_bf16_grads_only_within_their_task(

@@ -43,7 +43,9 @@ def test_fused_head_chunks_keep_one_chunk_of_logits_within_the_budget():
     assert sizes.fused_head_chunk_tokens(LLAMA_3B, 1024) == 1024
     chunk_bytes = sizes.BF16_BYTES * LLAMA_3B.vocab_size * 4096
     assert chunk_bytes <= sizes.HEAD_CHUNK_LOGIT_BYTES
-    assert sizes.head_workspace_bytes(LLAMA_3B, 65536, "fused") == chunk_bytes + 4 * 4096
-    # issue 7's target: under 10% of the materialised head's memory at 32k tokens (2.5% here)
+    # plus the final norm's saved fp32 input, fp32 and bf16 outputs: 10 B per hidden element
+    norm = 10 * LLAMA_3B.hidden_size * 65536
+    assert sizes.head_workspace_bytes(LLAMA_3B, 65536, "fused") == chunk_bytes + 4 * 4096 + norm
+    # issue 7's target: under 10% of the materialised head's memory at 32k tokens (4.8% here)
     materialized = sizes.head_workspace_bytes(LLAMA_3B, 32768, "materialized")
-    assert sizes.head_workspace_bytes(LLAMA_3B, 32768, "fused") < materialized / 20
+    assert sizes.head_workspace_bytes(LLAMA_3B, 32768, "fused") < materialized / 15

@@ -24,21 +24,22 @@ FWD_WORKSPACE_BYTES = 2 * 3 * 128 * 32  # gate, up, act in bf16: 24576
 BWD_WORKSPACE_BYTES = 1944 * 32 + FWD_WORKSPACE_BYTES  # 62208 + 24576 = 86784
 # fused head: 1 GiB of bf16 logits allows 2**21 rows, so one chunk of all 32; its bf16 logits
 # (overwritten by their grad) and fp32 row losses: (2*256 + 4)*32 = 16512 (the grad of the
-# head's input is its dgrad buffer).
-HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32  # 16512
+# head's input is its dgrad buffer); and what the final norm keeps for its backward, 10 B per
+# hidden element: 10*64*32 = 20480.
+HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32 + 10 * 64 * 32  # 36992
 
 GPU_RUNTIME_BYTES = int(0.75 * GIB)  # 805306368
-# Static GPU buffers (build.static_buffers), default window 2 and 2 grad buffers:
+# Static GPU buffers (build.static_buffers), default window 2:
 GPU_STATIC_BYTES = (
     GPU_RUNTIME_BYTES
     + 2 * 2 * LAYER_PARAMS  # two bf16 weight units of the window: 147968
     + 2 * EMB_PARAMS  # embedding bf16 weights: 32768
     + 2 * HEAD_PARAMS  # head bf16 weights: 32896
-    + 2 * 2 * LAYER_PARAMS  # two bf16 layer-grad buffers: 147968
-)  # = 805667968
-# The embedding's and head's bf16 grads are not static: their backward (embedding backward,
-# head) makes them and their offload frees them. The head's: 32896 (the embedding's: 32768)
+)  # = 805520000
+# No bf16 grads are static: each block's backward (the head's is the head task) makes them and
+# their offload frees them. The head's: 32896, a layer's: 73984 (the embedding's: 32768)
 HEAD_GRAD_BYTES = 2 * HEAD_PARAMS
+LAYER_GRAD_BYTES = 2 * LAYER_PARAMS
 # Static host buffers with cast=cpu_once: runtime 2 GiB, fp32 master 4, moments 8, bf16 copy 2
 # (the offloaded grads land in it: no landing buffers): 14 B/param
 HOST_STATIC_BYTES = 2 * GIB + (4 + 8 + 2) * TOTAL_PARAMS  # 2147483648 + 1495424 = 2148979072
@@ -69,7 +70,7 @@ def _first_peak_time_s(prediction, tier: str) -> float:
 def test_static_bytes_by_hand(gpu_acts):
     plan, _ = gpu_acts
     assert TOTAL_PARAMS == plan.model.total_params
-    assert GPU_STATIC_BYTES == 805667968
+    assert GPU_STATIC_BYTES == 805520000
     assert plan.static_bytes("gpu") == GPU_STATIC_BYTES
     assert plan.static_bytes("host") == HOST_STATIC_BYTES
     assert plan.static_bytes("nvme") == 0
@@ -90,24 +91,25 @@ def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
     #                                                        = 4*4096 + 86784       = 103168
     #   backward L0: ckpt L0 + L1's dgrad + workspace + its dgrad = 3*4096 + 86784  = 99072
     #   backward emb: L0's dgrad                             = 4096
-    # Plus the bf16 grads of the head (made by the head task) and of the embedding (made by its
-    # backward), each alive until its offload ends. The d2h lane takes ~33 us at 1e9 B/s for
-    # the head's 32896 B, so they are still there when backward L1 starts as the head ends:
-    #   head: 32896 + 32896 = 65792;  backward L1: 103168 + 32896 = 136064;
-    #   backward emb: 4096 + the embedding's 32768 = 36864
-    dynamic_peak = 4 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
-    assert dynamic_peak == 136064
+    # Plus each block's bf16 grads, made by its backward (the head's by the head task) and
+    # alive until its offload ends. The d2h lane takes ~33 us at 1e9 B/s for the head's 32896 B
+    # and ~74 us for a layer's 73984 B, while a backward takes ~7.5 us: when backward L0 starts,
+    # the head's grads are still being offloaded and L1's wait for them:
+    #   backward L1: 103168 + head 32896 + L1 73984 = 210048
+    #   backward L0: 99072 + head 32896 + L1 73984 + L0 73984 = 279936
+    dynamic_peak = 3 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES + 2 * LAYER_GRAD_BYTES
+    assert dynamic_peak == 279936
     _plan, prediction = gpu_acts
-    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805804032
+    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805799936
     events = {e.task_id: e for e in prediction.trace.events}
-    assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.L1"].start_s
+    assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.L0"].start_s
     # no host traffic for checkpoints: the host only sees grads and optimizer buffers
     assert not any(e.kind in ("offload_activation", "fetch_activation")
                    for e in prediction.trace.events)
 
 
 def test_head_and_forward_sets_are_smaller(gpu_acts):
-    """The head's set (65792 B: 2 ckpts, final hidden, its dgrad, its workspace and the head's
+    """The head's set (86272 B: 2 ckpts, final hidden, its dgrad, its workspace and the head's
     grads) stays below the backward's: the peak is not at the head."""
     _plan, prediction = gpu_acts
     events = {e.task_id: e for e in prediction.trace.events}
@@ -115,7 +117,7 @@ def test_head_and_forward_sets_are_smaller(gpu_acts):
     at_head = [m.bytes_in_use for m in prediction.trace.memory
                if m.tier == "gpu" and head.start_s <= m.time_s < head.end_s]
     head_set = 4 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
-    assert head_set == 65792 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
+    assert head_set == 86272 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
     assert max(at_head) == GPU_STATIC_BYTES + head_set
 
 
@@ -138,11 +140,12 @@ def test_host_peak_with_checkpoints_on_host(host_acts):
     events = {e.task_id: e for e in prediction.trace.events}
     opt_l0 = events["s0.optimizer_step.L0"]
     assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
-    # GPU with offloaded checkpoints: backward L1 holds the fetched L1 checkpoint and the
-    # prefetched L0 one, the head's dgrad, its workspace and dgrad, and the head's grads still
-    # being offloaded: the same 136064 bytes as with checkpoints on the GPU.
-    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + 4 * HIDDEN_BYTES
-                                            + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES)
+    # GPU with offloaded checkpoints: backward L0 holds the fetched L0 checkpoint, L1's dgrad,
+    # its workspace and dgrad, and the grads of the head, L1 and L0 still awaiting the d2h lane:
+    # the same 279936 bytes as with checkpoints on the GPU.
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + 3 * HIDDEN_BYTES
+                                            + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
+                                            + 2 * LAYER_GRAD_BYTES)
 
 
 def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
@@ -152,9 +155,9 @@ def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
     assert prediction.gpu_runtime_bytes == sizes.GPU_RUNTIME_BYTES == GPU_RUNTIME_BYTES
     assert prediction.gpu_allocated_peak_bytes == (prediction.peak_bytes["gpu"]
                                                    - sizes.GPU_RUNTIME_BYTES)
-    # weight units 147968 + emb weights 32768 + head weights 32896 + grad units 147968, and the
-    # dynamic peak at backward L1 (136064)
-    assert prediction.gpu_allocated_peak_bytes == 361600 + 136064 == 497664
+    # weight units 147968 + emb weights 32768 + head weights 32896, and the dynamic peak at
+    # backward L0 (279936)
+    assert prediction.gpu_allocated_peak_bytes == 213632 + 279936 == 493568
 
 
 def test_gpu_allocated_peak_of_a_plan_rejected_before_simulating_leaves_out_the_runtime(gpu_acts):
