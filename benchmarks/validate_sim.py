@@ -62,6 +62,7 @@ CONFIGS = {
 
 def run_one(label: str, cfg: dict, args) -> dict:
     """Train one configuration here and simulate its plan; the measured and predicted row."""
+    os.environ.update(cfg.get("env", {}))  # an executor variant's settings
     phase_s, mark = {}, time.monotonic()
 
     def phase(name: str) -> None:  # where a configuration's wall time goes
@@ -126,7 +127,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         args.traces.mkdir(parents=True, exist_ok=True)
         save_gz(trace, args.traces / f"{label}.measured.json.gz")
         save_gz(predicted_trace, args.traces / f"{label}.predicted.json.gz")
-    phase("close")
+    phase("close_and_save")
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
@@ -170,28 +171,35 @@ def run_forked(label: str, args, timeout_s: float | None) -> tuple[dict | None, 
     child = context.Process(target=_forked_child, args=(label, args, writer))
     child.start()
     writer.close()
+    answered = False
     try:
         if not reader.poll(timeout_s):
-            child.kill()
             return None, "timed out at the deadline"
         kind, payload = reader.recv()
+        answered = True
     except EOFError:
-        kind, payload = "died", "the process died without a row"
-    child.join()
+        kind, payload, answered = "died", "the process died without a row", True
+    finally:  # a timeout or Ctrl-C here must not leave a child training on
+        if not answered:
+            child.kill()
+        child.join()
+        reader.close()
     if kind == "row":
         return payload, ""
-    return None, f"failed (exit {child.exitcode}): {payload[-1500:]}" if kind == "died" else \
-        f"failed: {payload[-1500:]}"
+    if kind == "died":
+        return None, f"failed (exit {child.exitcode}): {payload}"
+    return None, f"failed: {payload[-1500:]}"
 
 
 def _forked_child(label: str, args, writer) -> None:
     try:
-        os.environ.update(CONFIGS[label].get("env", {}))
         writer.send(("row", run_one(label, CONFIGS[label], args)))
     except BaseException:  # noqa: BLE001 (reported by the parent)
         writer.send(("error", traceback.format_exc()))
     finally:
         writer.close()
+        sys.stdout.flush()  # os._exit drops what is still buffered
+        sys.stderr.flush()
         os._exit(0)  # no atexit handlers of the parent's in the child
 
 
@@ -322,6 +330,8 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
+    # torch.cuda.is_available() in the parent would otherwise initialise the driver (no fork)
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     preload()
     runs: dict[str, list[dict]] = {}  # label -> its rows, one per round
     rows, start = [], time.monotonic()

@@ -90,7 +90,7 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
     g.add_argument("--window", type=int, default=d.window,
                    help="decoder layers whose bf16 weights are on the GPU at once (cache units)")
     g.add_argument("--grad-buffers", type=int, default=d.grad_buffers,
-                   help="GPU buffers for one layer's bf16 grads awaiting offload")
+                   help="layers whose bf16 grads may await their offload on the GPU at once")
     g.add_argument("--prefetch-depth", type=int, default=d.prefetch_depth,
                    help="layers ahead that a weight load or activation fetch may run")
     g.add_argument("--activations", choices=ACTIVATION_PLACEMENTS, default=d.activations,

@@ -288,10 +288,13 @@ class PlanEngine:
 def _run_ahead_from_env() -> int:
     value = os.environ.get("LAYERSLIDE_RUN_AHEAD", str(RUN_AHEAD_TASKS))
     try:
-        return int(value)
+        tasks = int(value)
     except ValueError:
-        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={value!r}: give a whole number of tasks "
-                         "(0: no bound)") from None
+        tasks = -1
+    if tasks < 0:
+        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={value!r}: give a whole number of tasks >= 1 "
+                         "(0: no bound)")
+    return tasks
 
 
 def _enter_lane_switch_interval() -> None:

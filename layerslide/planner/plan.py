@@ -41,9 +41,10 @@ class Task:
     params: int = 0  # parameters touched (optimizer, cast, gradient accumulation)
     tokens: int = 0  # GEMM rows, for the matmul efficiency curve
     host_ops: int = 0  # host-side op dispatches (GPU tasks): the floor when work is small
-    # Which pre-allocated GPU unit the task fills: the weight cache unit of a load, the grad
-    # unit of a layer's backward; -1 for dedicated buffers (resident blocks). The executor
-    # follows it rather than re-deriving the planner's unit assignment.
+    # Which pre-allocated GPU unit a load fills (the weight cache unit; -1 for dedicated
+    # buffers of resident blocks): the executor follows it rather than re-deriving the
+    # planner's unit assignment. On a layer's backward: the grad slot of the reuse edge that
+    # bounds how many layers' grads await their offload (informational).
     unit: int = -1
 
 

@@ -147,7 +147,9 @@ def allocator_table(rows: Sequence[dict]) -> list[str]:
     rows = [r for r in rows if r.get("gpu_memory_detail")]
     if not rows:
         return []
-    lines = ["", "The caching allocator's peaks (GiB) and its reserve per lane stream:", "",
+    title = ("The caching allocator's peaks (GiB) and its reserve per lane stream (the active "
+             "peak and the lanes from the first round; the lanes as reserved at the run's end):")
+    lines = ["", title, "",
              "| configuration | step s | cap | allocated | active | reserved | reserved by lane |",
              "|" + " --- |" * 7]
     for r in rows:

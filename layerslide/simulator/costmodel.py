@@ -43,15 +43,19 @@ class CostModel:
         return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0}
 
     def mixed_capacities(self) -> dict[str, float]:
-        """Capacities while reads and writes run on the disk at once. Each takes 1.0 of the
-        device's time at its own rate r or w; a disk that moves `storage.duplex` together,
-        split evenly between the directions (see _disk), gives each duplex / 2 bytes/s: time
-        fractions duplex / 2r + duplex / 2w together."""
+        """Capacities while reads and writes run on the disk at once (one flow each way: each
+        NVMe lane runs one task at a time). Each takes 1.0 of the device's time at its own rate
+        r or w; a disk that moves `storage.duplex` together splits it evenly between the
+        directions (see _disk): duplex / 2 each, time fractions duplex / 2r + duplex / 2w. Where
+        the slower direction cannot take duplex / 2 it runs at its full rate and the faster one
+        moves the rest."""
         storage = self.profile.storage
         if storage.duplex_bytes_per_s is None:
             return {}
-        half = storage.duplex_bytes_per_s / 2
-        return {NVME: half / storage.read_bytes_per_s + half / storage.write_bytes_per_s}
+        slow_rate = min(storage.read_bytes_per_s, storage.write_bytes_per_s)
+        fast_rate = max(storage.read_bytes_per_s, storage.write_bytes_per_s)
+        slow = min(storage.duplex_bytes_per_s / 2, slow_rate)
+        return {NVME: slow / slow_rate + (storage.duplex_bytes_per_s - slow) / fast_rate}
 
     def efficiency(self, tokens: int) -> float:
         if tokens not in self._efficiency_cache:
@@ -120,6 +124,8 @@ class CostModel:
             # directions, not its time (H200 machine, 1B with half the moments on NVMe: writes,
             # the faster alone, were the long pole; benchmarks/results/validation_2026-11-30c):
             # weights ~ 1 / rate, scaled to keep dma_share's size against host-memory users
+            # (the weight is the flow's on every resource it uses: host memory too, where a
+            # read then weighs a little more than a write)
             share *= (storage.read_bytes_per_s + storage.write_bytes_per_s) / 2 / rate
         return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)), share=share, tag=tag)
 

@@ -226,7 +226,8 @@ def test_a_negative_run_ahead_is_refused():
         PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None, run_ahead=-1)
 
 
-def test_the_run_ahead_setting_must_be_a_number(monkeypatch):
-    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "lots")
+@pytest.mark.parametrize("value", ["lots", "-1"])
+def test_the_run_ahead_setting_must_be_a_whole_number_of_tasks(monkeypatch, value):
+    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", value)
     with pytest.raises(ValueError, match="LAYERSLIDE_RUN_AHEAD"):
         PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None)

@@ -109,6 +109,7 @@ def test_the_allocator_table_shows_active_and_reserved_bytes_per_lane():
                                       "reserved_by_lane_bytes": {"h2d": GIB / 2,
                                                                  "gpu": 4.5 * GIB}}}
     lines = allocator_table([plain, measured])
-    assert len(lines) == 6  # title, header, rule and one row: the row without detail is left out
+    # blank, title, blank, header, rule and one row: the row without detail is left out
+    assert len(lines) == 6
     assert lines[-1] == "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | gpu 4.50, h2d 0.50 |"
     assert allocator_table([plain]) == []

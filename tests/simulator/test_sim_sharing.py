@@ -218,3 +218,30 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     run(read, "b")
     env.run()
     assert log["a"][1] == pytest.approx(20.0, rel=1e-9)
+
+
+def test_where_the_slower_direction_cannot_take_half_the_duplex_rate_the_faster_takes_the_rest():
+    """read 7, write 2, duplex 5 GB/s: the write runs at its full 2 GB/s and the read gets the
+    other 3, never more than the 5 the disk moves together."""
+    import dataclasses
+
+    base = load_profile("h200-bench")
+    profile = dataclasses.replace(base, storage=dataclasses.replace(
+        base.storage, read_bytes_per_s=7e9, write_bytes_per_s=2e9, duplex_bytes_per_s=5e9))
+    costs = CostModel(profile)
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
+    ends: dict[str, float] = {}
+
+    def run(kind, nbytes):
+        def proc():
+            cost = costs.cost(_task(kind, kind, bytes=nbytes))
+            yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
+            ends[kind] = env.now
+        env.process(proc())
+
+    run("nvme_read", 30e9)  # 10 s at 3 GB/s
+    run("nvme_write", 20e9)  # 10 s at 2 GB/s
+    env.run()
+    assert ends == {"nvme_read": pytest.approx(10.0, rel=1e-9),
+                    "nvme_write": pytest.approx(10.0, rel=1e-9)}
