@@ -155,6 +155,7 @@ class _QueuedGpu:
 
     def __init__(self, period_s: float = 1e-3):
         self.queues = {lane: [] for lane in ("gpu", "h2d", "d2h")}
+        self.waits = {lane: [] for lane in self.queues}  # events the lane's next work waits on
         self.most_queued = dict.fromkeys(self.queues, 0)
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.clock = threading.Thread(target=self._tick, args=(period_s,), daemon=True)
@@ -165,12 +166,14 @@ class _QueuedGpu:
             with self.lock:
                 for queue in self.queues.values():
                     pending = [e for e in queue if not e.done]
-                    if pending:
+                    # a stream's next event completes once the events it waited on have
+                    if pending and all(d.done for d in pending[0].after):
                         pending[0].done = True
 
     def record(self, lane, *, timing=False):
         event = type("Event", (), {"done": False})()
         with self.lock:
+            event.after, self.waits[lane] = self.waits[lane], []
             queue = self.queues[lane]
             queue.append(event)
             if len(queue) % 2 == 0:  # a task's end event: count the unfinished tasks
@@ -196,7 +199,9 @@ class _QueuedGpu:
         return contextlib.nullcontext()
 
     def wait(self, lane, event):
-        pass
+        if event is not None:
+            with self.lock:
+                self.waits[lane].append(event)
 
     def bind_thread(self):
         pass
@@ -213,6 +218,14 @@ def test_a_stream_lane_keeps_at_most_run_ahead_tasks_queued_on_the_gpu(run_ahead
     gpu = _QueuedGpu()
     PlanEngine(PLAN, gpu, lambda task: None, run_ahead=run_ahead).run()
     assert max(gpu.most_queued.values()) == run_ahead  # reached, never passed
+
+
+def test_bounded_lanes_whose_streams_wait_on_each_other_never_deadlock():
+    # the fake GPU completes a stream's event only after the events that stream waited on:
+    # at the tightest bound every lane still gets through three steps
+    gpu = _QueuedGpu(period_s=2e-4)
+    outcome = run_in_thread(PlanEngine(PLAN, gpu, lambda task: None, run_ahead=1).run)
+    assert "error" not in outcome and len(outcome["value"]) == PLAN.graph.number_of_nodes()
 
 
 def test_unbounded_the_stream_lanes_run_ahead_of_a_slow_gpu():
