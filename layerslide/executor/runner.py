@@ -137,10 +137,10 @@ class TaskRunner:
             warnings.warn("Triton is not available: the head runs in PyTorch, slower, with "
                           "chunks of a fifth of the planned rows", RuntimeWarning, stacklevel=2)
             self.head_chunk_tokens = max(1, self.head_chunk_tokens // 5)
-        # offloaded checkpoints: one view per layer into one page-locked arena, registered
-        # whole. Alone, each layer's buffer under 64 MiB came from torch's pinned allocator,
-        # which rounds up to a power of two: 3B micro-batch 8's 48 MiB checkpoints took 64 MiB
-        # each, 0.44 GiB of RAM for nothing over 28 layers.
+        # offloaded checkpoints: one view per layer into one page-locked buffer for all layers
+        # (checkpoint_views). Alone, each layer's buffer under 64 MiB came from torch's pinned
+        # allocator, which rounds up to a power of two: 3B micro-batch 8's 48 MiB checkpoints
+        # took 64 MiB each, 0.44 GiB of RAM for nothing over 28 layers.
         self.act_host: dict[int, torch.Tensor] = {}
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
