@@ -108,14 +108,21 @@ def run_one(label: str, cfg: dict, args) -> dict:
         allocator_cap = int(prediction["predicted_gpu_allocated_bytes"]
                             * (1 + cfg["cap_over_predicted"]))
     predicted_trace = prediction.pop("trace")
+    history = (args.traces is not None and args.device.startswith("cuda")
+               and label in args.allocator_history.split(","))
     phase("predict")
     with Trainer(config=config, spec=spec, train=train, policy=policy,
                  optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
+        if history:  # from here (the device's allocator settings are in force): every
+            # allocation, free and segment change with its stream and time, no stack traces
+            torch.cuda.memory._record_memory_history(context=None, stacks="python")
         phase("allocate_state")
         trainer.init_random(0)
         phase("init_weights")
+        fit_start_s = time.time()
         logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
+        fit_end_s = time.time()
         phase("train")
         cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
@@ -127,6 +134,13 @@ def run_one(label: str, cfg: dict, args) -> dict:
         args.traces.mkdir(parents=True, exist_ok=True)
         save_gz(trace, args.traces / f"{label}.measured.json.gz")
         save_gz(predicted_trace, args.traces / f"{label}.predicted.json.gz")
+        if history:
+            try:  # a diagnostic: the row stands without it
+                save_allocator_history(args.traces / f"{label}.allocator.pickle.gz",
+                                       fit_s=(fit_start_s, fit_end_s),
+                                       step_s=[log.step_s for log in logs])
+            except Exception as error:  # noqa: BLE001
+                print(f"{label}: the allocator history was not saved: {error!r}", flush=True)
     phase("close_and_save")
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
@@ -221,6 +235,23 @@ def gpu_memory_detail(device) -> dict:
             "reserved_by_lane_bytes": by_lane}
 
 
+def save_allocator_history(path: Path, *, fit_s: tuple[float, float],
+                           step_s: list[float]) -> None:
+    """The caching allocator's recorded history (torch.cuda.memory._snapshot: segments and
+    every alloc / free / map event per stream), with the training's wall-clock span and step
+    times to place the events in steps; gzip'ed pickle."""
+    import gzip
+    import pickle
+
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    snapshot["layerslide"] = {"fit_wall_s": fit_s, "step_s": step_s}
+    with gzip.open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
 def save_gz(trace, path: Path) -> None:
     import gzip
 
@@ -311,6 +342,9 @@ def main() -> None:
     ap.add_argument("--traces", type=Path,
                     help="a folder for each configuration's measured and predicted trace "
                          "(gzipped JSON, layerslide.trace.Trace)")
+    ap.add_argument("--allocator-history", default="", metavar="LABELS",
+                    help="with --traces: record the caching allocator's every event for these "
+                         "comma-separated labels (LABEL.allocator.pickle.gz)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run this label here, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()

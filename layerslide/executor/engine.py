@@ -4,7 +4,7 @@ One thread per lane. A strict lane (a CUDA stream) takes its tasks in lane order
 lane (a CPU or I/O worker) takes the first task in lane order whose inputs are ready. An edge
 between two stream lanes becomes a CUDA event the consumer's stream waits on; an edge from a
 stream lane into a host lane makes the worker wait for that event. A stream lane's thread keeps
-at most `run_ahead` of its tasks queued on the GPU (see RUN_AHEAD_TASKS). The engine knows
+at most `run_ahead` of its tasks queued on the GPU (Policy.stream_run_ahead). The engine knows
 nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
 
 Serial mode runs the same tasks one at a time in a topological order, synchronising the GPU
@@ -29,15 +29,6 @@ from layerslide.executor.device import STREAM_LANES, LaneDevice
 from layerslide.planner.plan import Plan, Task
 
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
-# How many of its tasks a stream lane's thread may have queued on the GPU, not yet finished,
-# before it waits to enqueue the next (LAYERSLIDE_RUN_AHEAD overrides; 0: no bound). Unbounded,
-# the threads enqueue far ahead of the GPU, and a tensor handed to another stream and freed by
-# the host stays held by the caching allocator until that stream has done everything queued on
-# it at the free: 3B micro-batch 32 held 11.8 GiB of active blocks for a 6.0 GiB allocated peak
-# (reserved 14.4 GiB), and under a cap at the plan's peak the allocator's reclaiming made the
-# step 11% slower (benchmarks/results/validation_2026-11-30b). Bounded, a buffer is reusable
-# about when the plan, which frees it when its last reader finishes, says it is.
-RUN_AHEAD_TASKS = 3
 ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
 # Python's GIL switch interval while the lanes run (the interpreter's default is 5 ms). The CPU
 # lane needs the GIL back between its optimizer calls, which release it; another lane's thread
@@ -73,7 +64,10 @@ class PlanEngine:
                  run_ahead: int | None = None):
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
         self.on_step_done = on_step_done
-        self.run_ahead = _run_ahead_from_env() if run_ahead is None else run_ahead
+        # the policy's bound, unless LAYERSLIDE_RUN_AHEAD (an experiment) or the caller says
+        if run_ahead is None:
+            run_ahead = _run_ahead_from_env(plan.policy.stream_run_ahead)
+        self.run_ahead = run_ahead
         if self.run_ahead < 0:
             raise ValueError(f"run_ahead={self.run_ahead}: must be >= 1 task, or 0 for no bound")
         # each stream lane's end events still counted against its run-ahead, oldest first
@@ -285,8 +279,8 @@ class PlanEngine:
         return sorted(out, key=lambda t: t.start_s)
 
 
-def _run_ahead_from_env() -> int:
-    value = os.environ.get("LAYERSLIDE_RUN_AHEAD", str(RUN_AHEAD_TASKS))
+def _run_ahead_from_env(default: int) -> int:
+    value = os.environ.get("LAYERSLIDE_RUN_AHEAD", str(default))
     try:
         tasks = int(value)
     except ValueError:

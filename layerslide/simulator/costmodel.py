@@ -25,7 +25,11 @@ CAST_TRAFFIC_PER_READ_BYTE = 1.5
 class Cost:
     """A task's duration alone and its draw on shared resources while running at full speed."""
 
-    solo_s: float
+    solo_s: float  # its lane's work alone (a GPU task: the GPU's busy time)
+    # Host time to enqueue a stream task (the executor's lane thread launching its kernels).
+    # It may run ahead, while the task's inputs are still in flight; the task cannot finish
+    # before its dispatch has.
+    dispatch_s: float = 0.0
     uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
     share: float = 1.0  # weight when an oversubscribed resource is split
     tag: str = ""  # what kind of use ("read", "write"): see CostModel.mixed_capacities
@@ -82,8 +86,9 @@ class CostModel:
                 forward = gpu.attention_efficiency_at(t.tokens, backward=False)
                 busy_s += t.attention_flops / (gpu.bf16_flops_per_s * forward)
         busy_s += t.bytes / gpu.hbm_bytes_per_s
-        # Dispatches overlap with the GPU's work; a task is host-bound only when they take longer.
-        return Cost(solo_s=max(busy_s, t.host_ops * gpu.kernel_launch_s))
+        # Dispatches overlap with the GPU's work (and with the wait for the task's inputs); a
+        # task is host-bound only when they take longer.
+        return Cost(solo_s=busy_s, dispatch_s=t.host_ops * gpu.kernel_launch_s)
 
     def _cpu_cast(self, t: Task) -> Cost:
         return self._cpu(t)

@@ -1,5 +1,12 @@
 """Discrete-event run of a Plan in SimPy: one process per lane, fluid bandwidth sharing,
-memory tracked per tier as buffers are allocated and released."""
+memory tracked per tier as buffers are allocated and released.
+
+A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
+lane's tasks in order, each once its predecessors are enqueued (on a stream) or done (on a host
+lane), taking the task's dispatch time, and at most Policy.stream_run_ahead of them queued and
+unfinished; the stream runs a task once its predecessors are done
+and its dispatch has begun, and it ends no sooner than the dispatch. So the dispatch of a task
+waiting for its inputs (a layer's weights in flight) hides behind that wait."""
 
 from __future__ import annotations
 
@@ -14,16 +21,20 @@ from layerslide.trace import TIERS, MemorySample, Trace, TraceEvent
 
 
 class _TaskState:
-    __slots__ = ("cost", "done", "end_s", "order", "ready", "start_s", "task", "waiting_on")
+    __slots__ = ("cost", "dispatch_end_s", "dispatched", "done", "end_s", "enqueued", "finished",
+                 "order", "ready", "start_s", "task", "waiting_on")
 
     def __init__(self, task, cost, order: int, env: simpy.Environment):
         self.task = task
         self.cost = cost
         self.order = order  # position in its lane's order: the priority
         self.waiting_on = 0
-        self.ready = env.event()
+        self.ready = env.event()  # every predecessor is done
+        self.dispatched = env.event()  # its host thread began enqueueing it (strict lanes)
+        self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
+        self.finished = env.event()
         self.done = False
-        self.start_s = self.end_s = 0.0
+        self.start_s = self.end_s = self.dispatch_end_s = 0.0
 
 
 class _Memory:
@@ -73,6 +84,8 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         for i, tid in enumerate(order):
             states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
     graph = plan.graph
+    stream_lanes = {lane for lane, d in plan.lane_discipline.items() if d == "strict"}
+    run_ahead = plan.policy.stream_run_ahead
     for tid, st in states.items():
         st.waiting_on = graph.in_degree(tid)
         if st.waiting_on == 0:
@@ -104,8 +117,13 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
                 yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
             else:
                 yield env.timeout(cost.solo_s)
+        if env.now < st.dispatch_end_s:  # its last kernels were still being launched
+            yield env.timeout(st.dispatch_end_s - env.now)
         st.end_s = env.now
         st.done = True
+        st.finished.succeed()
+        if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
+            st.enqueued.succeed()
         memory.task_ended(env.now, st.task.id)
         for succ in graph.successors(st.task.id):
             s2 = states[succ]
@@ -113,10 +131,23 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
             if s2.waiting_on == 0:
                 mark_ready(s2)
 
+
+    def enqueue_thread(order):
+        for i, tid in enumerate(order):
+            st = states[tid]
+            if run_ahead and i >= run_ahead:  # at most run_ahead queued and unfinished
+                yield states[order[i - run_ahead]].finished
+            yield env.all_of([states[p].enqueued for p in graph.predecessors(tid)])
+            st.dispatch_end_s = env.now + st.cost.dispatch_s
+            st.dispatched.succeed()
+            if st.cost.dispatch_s > 0:
+                yield env.timeout(st.cost.dispatch_s)
+            st.enqueued.succeed()
+
     def strict_lane(order):
         for tid in order:
             st = states[tid]
-            yield st.ready
+            yield st.ready & st.dispatched
             yield from execute(st)
 
     def priority_lane(lane, count):
@@ -132,6 +163,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         if not order:
             continue
         if plan.lane_discipline[lane] == "strict":
+            env.process(enqueue_thread(order))
             env.process(strict_lane(order))
         else:
             env.process(priority_lane(lane, len(order)))

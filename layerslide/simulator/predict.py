@@ -116,9 +116,10 @@ def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, flo
 
 
 def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
-    """Per-step lower bounds: 'lane:<name>' is the lane's work alone, '<resource>' is the total
-    use of a shared resource (host memory, PCIe, NVMe) over its capacity. Uses step 0's tasks:
-    every step does the same work."""
+    """Per-step lower bounds: 'lane:<name>' is the lane's work alone, 'dispatch:<name>' the
+    host time to enqueue a stream lane's tasks, '<resource>' is the total use of a shared
+    resource (host memory, PCIe, NVMe) over its capacity. Uses step 0's tasks: every step does
+    the same work."""
     floors: dict[str, float] = {}
     capacities = costs.capacities()
     for task in plan.tasks:
@@ -127,6 +128,9 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
         cost = costs.cost(task)
         key = f"lane:{task.lane}"
         floors[key] = floors.get(key, 0.0) + cost.solo_s
+        if cost.dispatch_s:
+            key = f"dispatch:{task.lane}"
+            floors[key] = floors.get(key, 0.0) + cost.dispatch_s
         for resource, rate in cost.uses:
             floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
     return floors

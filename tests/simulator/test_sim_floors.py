@@ -52,7 +52,10 @@ def test_three_planned_steps_already_give_the_steady_step(policy, micro_batch):
     train = TrainSpec(micro_batch=micro_batch)
     three = simulate(build_plan(model, train, policy, num_steps=3), profile).step_s
     six = simulate(build_plan(model, train, policy, num_steps=6), profile).step_s
-    assert three == pytest.approx(six, rel=1e-6)
+    # stream lanes' dispatch may run ahead of the GPU by a few tasks, so the pipeline settles
+    # over a few steps; by <= 0.1% (1B micro-batch 1 on h200-bench: 0.3639 s from 3 steps,
+    # 0.3637 from 6, 0.3636 from 9), far below the model's error against measurements
+    assert three == pytest.approx(six, rel=1e-3)
 
 
 def test_two_planned_steps_are_refused_by_the_simulator(tiny_model):
