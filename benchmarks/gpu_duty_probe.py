@@ -4,9 +4,9 @@ At window 1 the validation's 3B micro-batch 16 row ran its forward and backward 
 than the calibrated GEMM rates, while window 2 rows matched within 2%. At window 1 the GPU
 waits for each layer's weights, so it idles between layers; a power-limited GPU may then hold
 higher clocks. This runs one 3B layer's 21 GEMMs (forward and both backward products) at
-micro-batch 16 x sequence 1024 as calibrate times them (each GEMM 10 times back to back) and as
-the executor issues them (one layer's sequence per burst), with idle gaps that make the GPU
-busy 100%, 50% and 25% of the time, and samples the SM clock and power through nvidia-smi.
+micro-batch 8, 16 and 32 x sequence 1024 as calibrate times them (each GEMM 10 times back to
+back) and as the executor issues them (one layer's sequence per burst), with idle gaps that make
+the GPU busy 100%, 50% and 25% of the time, and samples the SM clock and power (nvidia-smi).
 
 Run on the GPU machine (writes JSON and prints a table):
     python3 benchmarks/gpu_duty_probe.py --out /tmp/traces/duty_probe.json
@@ -27,7 +27,7 @@ import torch
 # Llama-3.2-3B: (in, out) of q, k, v, o, gate, up, down
 LAYER_GEMMS = [(3072, 3072), (3072, 1024), (3072, 1024), (3072, 3072), (3072, 8192),
                (3072, 8192), (8192, 3072)]
-TOKENS = 16 * 1024
+TOKEN_COUNTS = (8 * 1024, 16 * 1024, 32 * 1024)  # micro-batch 8, 16, 32 at sequence 1024
 BUSY_FRACTIONS = (1.0, 0.5, 0.25)
 
 
@@ -67,17 +67,17 @@ class ClockSampler:
                 "power_w_median": statistics.median(p for _, p in self.samples)}
 
 
-def layer_products() -> tuple[list, float]:
+def layer_products(tokens: int) -> tuple[list, float]:
     """The layer's 21 GEMMs as closures over random bf16 operands, and their FLOPs."""
     dev = torch.device("cuda")
     products, flops = [], 0.0
     for k, n in LAYER_GEMMS:
-        x = torch.randn(TOKENS, k, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
         w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        dy = torch.randn(TOKENS, n, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
         products += [lambda x=x, w=w: x @ w.T, lambda dy=dy, w=w: dy @ w,
                      lambda dy=dy, x=x: dy.T @ x]
-        flops += 3 * 2.0 * TOKENS * k * n
+        flops += 3 * 2.0 * tokens * k * n
     return products, flops
 
 
@@ -123,25 +123,30 @@ def bursts(products, busy_fraction: float, seconds: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=4.0, help="per busy fraction")
+    ap.add_argument("--seconds", type=float, default=2.5, help="per token count and busy fraction")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    products, flops = layer_products()
-    result = {"tokens": TOKENS, "layer_gemm_flops": flops,
-              "calibrate_style_s": calibrate_style(products),
-              "bursts": [bursts(products, f, args.seconds) for f in BUSY_FRACTIONS]}
-    result["calibrate_style_tflops"] = flops / result["calibrate_style_s"] / 1e12
-    print(f"3B layer GEMMs at {TOKENS} tokens: calibrate-style "
-          f"{result['calibrate_style_s'] * 1e3:.2f} ms "
-          f"({result['calibrate_style_tflops']:.0f} TFLOP/s)")
-    for row in result["bursts"]:
-        print(f"  busy {row['busy_fraction']:.0%}: {row['burst_s_median'] * 1e3:.2f} ms per layer "
-              f"({flops / row['burst_s_median'] / 1e12:.0f} TFLOP/s, ratio to calibrate-style "
-              f"{row['burst_s_median'] / result['calibrate_style_s']:.3f}), "
-              f"SM {row.get('sm_clock_mhz_median', '-')} MHz, {row.get('power_w_median', '-')} W")
+    results = []
+    for tokens in TOKEN_COUNTS:
+        products, flops = layer_products(tokens)
+        result = {"tokens": tokens, "layer_gemm_flops": flops,
+                  "calibrate_style_s": calibrate_style(products),
+                  "bursts": [bursts(products, f, args.seconds) for f in BUSY_FRACTIONS]}
+        results.append(result)
+        base = result["calibrate_style_s"]
+        print(f"3B layer GEMMs at {tokens} tokens: calibrate-style {base * 1e3:.2f} ms "
+              f"({flops / base / 1e12:.0f} TFLOP/s)")
+        for row in result["bursts"]:
+            print(f"  busy {row['busy_fraction']:.0%}: {row['burst_s_median'] * 1e3:.2f} ms "
+                  f"({flops / row['burst_s_median'] / 1e12:.0f} TFLOP/s, "
+                  f"{row['burst_s_median'] / base:.3f} x calibrate-style), "
+                  f"SM {row.get('sm_clock_mhz_median', '-')} MHz, "
+                  f"{row.get('power_w_median', '-')} W")
+        del products
+        torch.cuda.empty_cache()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        args.out.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -54,6 +54,11 @@ CONFIGS = {
     "3b-mb32-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
                                   "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
                                   "variant_of": "3b-mb32-w2-host"},
+    # the caching allocator without expandable segments (the executor turns them on)
+    "3b-mb8-w2-host-fixed-segments": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2,
+                                      "env": {"PYTORCH_CUDA_ALLOC_CONF":
+                                              "expandable_segments:False"},
+                                      "variant_of": "3b-mb8-w2-host"},
     "3b-mb1-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 1, "window": 2,
                                  "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
                                  "variant_of": "3b-mb1-w2-host"},
@@ -227,12 +232,17 @@ def gpu_memory_detail(device) -> dict:
     stats = torch.cuda.memory_stats(device.device)
     lanes = device.lane_of_stream()
     by_lane: dict[str, int] = {}
+    segments: dict[str, int] = {}
+    expandable = set()
     for segment in torch.cuda.memory_snapshot():
         lane = lanes.get(segment["stream"], f"stream {segment['stream']:#x}")
         by_lane[lane] = by_lane.get(lane, 0) + segment["total_size"]
+        segments[lane] = segments.get(lane, 0) + 1
+        expandable.add(bool(segment.get("is_expandable", False)))
     return {"active_peak_bytes": stats.get("active_bytes.all.peak", 0),
             "inactive_split_peak_bytes": stats.get("inactive_split_bytes.all.peak", 0),
-            "reserved_by_lane_bytes": by_lane}
+            "reserved_by_lane_bytes": by_lane, "segments_by_lane": segments,
+            "expandable_segments": sorted(expandable)}
 
 
 def save_allocator_history(path: Path, *, fit_s: tuple[float, float],
