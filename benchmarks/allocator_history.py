@@ -70,9 +70,9 @@ def analyse(snapshot: dict) -> dict:
 
 
 def report(name: str, result: dict) -> str:
-    lines = [f"## {name}", "",
-             "| stream | allocated peak | reserved at end | growths in the history "
-             "(step: +GiB at allocated GiB) |", "| --- | --- | --- | --- |"]
+    header = ("| stream | allocated peak | reserved at end | growths in the history "
+              "(step: +GiB at allocated GiB) |")
+    lines = [f"## {name}", "", header, "| --- | --- | --- | --- |"]
     for stream, r in result.items():
         by_step: dict[int, list] = defaultdict(list)
         for g in r["growth"]:

@@ -205,3 +205,22 @@ def test_small_host_is_a_host_overflow(host_acts):
     assert tiny.overflows == (Overflow(tier="host", need_bytes=HOST_STATIC_BYTES_HOST_ACTS,
                                        limit_bytes=GIB),)
     assert "host" in tiny.reason
+
+
+@pytest.mark.parametrize("activations", ["gpu", "host"])
+def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_peak(activations):
+    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy(activations=activations),
+                      num_steps=3)
+    pred = simulate(plan, make_round_profile())
+    pools = pred.gpu_pool_peak_bytes
+    assert pools["static"] == GPU_STATIC_BYTES
+    if activations == "gpu":
+        # every dynamic buffer is the GPU lane's: one pool, the tier's peak
+        assert set(pools) == {"static", "gpu"}
+        assert sum(pools.values()) == pred.peak_bytes["gpu"]
+    else:
+        # fetched checkpoints land on the h2d stream: its own pool, at least one checkpoint
+        assert set(pools) == {"static", "gpu", "h2d"}
+        assert pools["h2d"] >= HIDDEN_BYTES
+        assert sum(pools.values()) >= pred.peak_bytes["gpu"]
+    assert pred.gpu_pools_peak_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
