@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -22,6 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
+MAX_STEPS = 16  # per configuration, whatever --min-steady-s asks
 CONFIGS = {
     "1b-mb1-w2-host": {"model": "llama-3.2-1b", "micro_batch": 1, "window": 2},
     "1b-mb8-w2-host": {"model": "llama-3.2-1b", "micro_batch": 8, "window": 2},
@@ -113,6 +115,10 @@ def run_one(label: str, cfg: dict, args) -> dict:
         allocator_cap = int(prediction["predicted_gpu_allocated_bytes"]
                             * (1 + cfg["cap_over_predicted"]))
     predicted_trace = prediction.pop("trace")
+    # the first 2 steps carry compilation and first touches; short steps vary by +-15% one to
+    # the next (1B micro-batch 8 on the H200: 0.278, 0.360, 0.305 s), so run enough of them
+    steps = max(args.steps, 2 + math.ceil(args.min_steady_s / prediction["predicted_step_s"]))
+    steps = min(steps, MAX_STEPS)
     history = (args.traces is not None and args.device.startswith("cuda")
                and label in args.allocator_history.split(","))
     phase("predict")
@@ -126,14 +132,14 @@ def run_one(label: str, cfg: dict, args) -> dict:
         trainer.init_random(0)
         phase("init_weights")
         fit_start_s = time.time()
-        logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), args.steps)
+        logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), steps)
         fit_end_s = time.time()
         phase("train")
         cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
         gpu_detail = gpu_memory_detail(trainer.device) if cuda else {}
         trace = trainer.trace(label)
-        task_s = median_task_s(trace, spec.num_layers, first_step=min(2, args.steps - 1))
+        task_s = median_task_s(trace, spec.num_layers, first_step=min(2, steps - 1))
         land_in_upload = trainer.state.land_in_upload
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -332,7 +338,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="h200-bench", help="profile name or calibrated file")
     ap.add_argument("--configs", default="all", help="comma-separated CONFIGS labels, or all")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="at least this many steps")
+    ap.add_argument("--min-steady-s", type=float, default=0.0,
+                    help="and enough that the steps after the first 2 take about this long "
+                         f"(predicted; at most {MAX_STEPS} steps)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds over all configurations; each row then holds the median and "
                          "the report the spread between rounds")

@@ -24,6 +24,9 @@ from layerslide.planner.model import ModelSpec
 
 QUICK_TOKENS = [1024, 8192, 32768]
 THOROUGH_TOKENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
+# A layer's GEMMs at micro-batch 8 x 1024: bursts of a few ms to tens of ms, as a layer's
+# forward and backward run in training.
+BUSY_PROBE_TOKENS = 8192
 
 
 def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path | None,
@@ -51,6 +54,8 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
             ("GEMMs", lambda: [device.matmul_efficiency(model, tokens, peak_flops, repeats)]),
             ("attention", lambda: device.attention_efficiency(model, seq_len, tokens,
                                                                peak_flops, repeats)),
+            ("GPU clocks by busy fraction", lambda: [device.busy_speedup(
+                model, BUSY_PROBE_TOKENS, 0.8 if quick else 2.5)]),
             ("host<->GPU copies", lambda: device.link(GIB // (4 if quick else 1), repeats)),
             ("host bandwidth shared with DMA", lambda: [
                 Measurement(key="shared", how="", value=device.shared_host_bandwidth(

@@ -98,6 +98,50 @@ def attention_efficiency(model: ModelSpec, seq_len: int, tokens: list[int], peak
                         how=how + ", 3x for forward + backward")]
 
 
+BUSY_FRACTIONS = (0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+def busy_speedup(model: ModelSpec, tokens: int, seconds: float) -> Measurement:
+    """How much faster a layer's GEMMs run when the GPU idles between layers: the layer's 21
+    GEMMs issued as one burst, with idle gaps that keep the GPU busy each BUSY_FRACTIONS of the
+    time for `seconds`; the median burst after the clocks settled, as a speedup over bursts back
+    to back. A power-capped GPU clocks down under continuous load (the H200 machine: 1.18x at
+    50% busy over 100%), which the efficiency tables, measured back to back, do not see."""
+    dev = torch.device("cuda")
+    products = []
+    for k, n in layer_gemm_shapes(model):
+        x = torch.randn(tokens, k, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(tokens, n, device=dev, dtype=torch.bfloat16)
+        products += [lambda x=x, w=w: x @ w.T, lambda dy=dy, w=w: dy @ w,
+                     lambda dy=dy, x=x: dy.T @ x]
+
+    def burst_s() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for fn in products:
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    burst_s()
+    median_s = {}
+    for busy in sorted(BUSY_FRACTIONS, reverse=True):  # from the hottest: each settles lower
+        times, until = [], time.monotonic() + seconds
+        while time.monotonic() < until:
+            took = burst_s()
+            times.append(took)
+            time.sleep(took * (1.0 / busy - 1.0))
+        steady = sorted(times[len(times) // 4:])  # after the clocks settled into this duty
+        median_s[busy] = steady[len(steady) // 2]
+    points = tuple((busy, round(median_s[1.0] / median_s[busy], 3))
+                   for busy in sorted(BUSY_FRACTIONS))
+    return Measurement(key="gpu.busy_speedup", value=points,
+                       how=f"{model.name} layer GEMMs at {tokens} tokens in bursts with idle gaps, "
+                           f"{seconds:g} s per busy fraction, median burst vs back to back")
+
+
 def device_basics(repeats: int) -> list[Measurement]:
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)

@@ -25,7 +25,8 @@ class Measurement:
     """One profile field: its dotted key, the SI value and where it came from."""
 
     key: str  # e.g. "host.adamw_throughput"
-    value: float | str | tuple[tuple[int, float], ...]  # SI number, name, or efficiency table
+    # SI number, name, or table: (tokens, efficiency) or (busy fraction, speedup) points
+    value: float | str | tuple[tuple[float, float], ...]
     how: str  # what was run, for the profile's source string
 
 

@@ -27,6 +27,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "attention_forward_efficiency": ("attention_forward_efficiency", "efficiency"),
             "attention_backward_efficiency": ("attention_backward_efficiency", "efficiency"),
             "kernel_launch": ("kernel_launch_s", "seconds"),
+            "busy_speedup": ("busy_speedup", "busy_table"),
         },
     ),
     "link": (
@@ -61,7 +62,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
     ),
 }
 # Fields a profile may leave out; the dataclass default (None) stands, with no source.
-OPTIONAL_FIELDS = {"storage.duplex"}
+OPTIONAL_FIELDS = {"storage.duplex", "gpu.busy_speedup"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
@@ -138,6 +139,9 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
                 ceiling = 2.0 if key.startswith("attention") else 1.0
                 kwargs[attr], sources[dotted] = _efficiency(table[key], file=file, field=dotted,
                                                             ceiling=ceiling)
+                continue
+            if kind == "busy_table":
+                kwargs[attr], sources[dotted] = _busy_table(table[key], file=file, field=dotted)
                 continue
             value, sources[dotted] = _quantity(table[key], kind, file=file, field=dotted)
             if attr in INTEGER_ATTRS:
@@ -229,6 +233,31 @@ def _efficiency(entry: Any, *, file: str, field: str,
                 file, f"{field}.efficiency", f"must be fractions in (0, {ceiling:g}], got {e!r}"
             )
     return tuple((t, float(e)) for t, e in zip(tokens, effs)), source
+
+
+def _busy_table(entry: Any, *, file: str,
+                field: str) -> tuple[tuple[tuple[float, float], ...], str]:
+    """Read {busy = [...], speedup = [...], source} into (busy fraction, speedup) pairs."""
+    if not isinstance(entry, dict):
+        raise ProfileError(
+            file, field,
+            f'must be a table like {{ busy = [...], speedup = [...], source = "..." }}, '
+            f"got {_type(entry)}")
+    _check_keys(entry, ("busy", "speedup", "source"), file=file, prefix=f"{field}.")
+    busy, speedup = entry["busy"], entry["speedup"]
+    source = _text(entry["source"], file=file, field=f"{field}.source")
+    for key, seq in (("busy", busy), ("speedup", speedup)):
+        if not isinstance(seq, list) or not seq or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in seq):
+            raise ProfileError(file, f"{field}.{key}",
+                               f"must be a non-empty array of positive numbers, got {seq!r}")
+    if len(busy) != len(speedup):
+        raise ProfileError(file, field,
+                           f"busy has {len(busy)} entries but speedup has {len(speedup)}")
+    if busy[-1] > 1 or any(b <= a for a, b in pairwise(busy)):
+        raise ProfileError(file, f"{field}.busy",
+                           f"must be fractions in (0, 1], strictly increasing, got {busy}")
+    return tuple((float(b), float(x)) for b, x in zip(busy, speedup)), source
 
 
 def _text(value: Any, *, file: str, field: str) -> str:

@@ -32,6 +32,13 @@ class GPUSpec:
     attention_forward_efficiency: tuple[tuple[int, float], ...]
     attention_backward_efficiency: tuple[tuple[int, float], ...]  # forward + backward, 3x FLOPs
     kernel_launch_s: float
+    # (busy fraction, speedup) points: how much faster than the tables above (measured under
+    # continuous load) the GPU computes when it is busy that fraction of the time. A GPU at its
+    # power cap clocks up when it idles between bursts: the H200 machine ran a 3B layer's GEMMs
+    # at 1470-1515 MHz busy 100% of the time and 1800-1980 MHz at 50%, 1.18x as fast
+    # (benchmarks/results/validation_2026-11-30d, gpu_duty_probe.py). None: the tables at any
+    # duty.
+    busy_speedup: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("matmul_efficiency", "attention_forward_efficiency",
@@ -42,6 +49,27 @@ class GPUSpec:
             tokens = [t for t, _ in points]
             if any(b <= a for a, b in pairwise(tokens)):
                 raise ValueError(f"{name} tokens must be strictly increasing, got {tokens}")
+        if self.busy_speedup is not None:
+            busy = [b for b, _ in self.busy_speedup]
+            if (not busy or any(b <= a for a, b in pairwise(busy))
+                    or not (0 < busy[0] and busy[-1] <= 1)):
+                raise ValueError("busy_speedup needs busy fractions in (0, 1], strictly "
+                                 f"increasing, got {busy}")
+            if any(not x > 0 for _, x in self.busy_speedup):
+                raise ValueError(f"busy_speedup speedups must be > 0, got {self.busy_speedup}")
+
+    def speedup_at_busy(self, busy: float) -> float:
+        """How much faster than the efficiency tables the GPU computes busy this fraction of the
+        time: linear between the measured points, clamped at both ends (1 without a table)."""
+        points = self.busy_speedup
+        if points is None:
+            return 1.0
+        if busy <= points[0][0]:
+            return points[0][1]
+        for (b0, x0), (b1, x1) in pairwise(points):
+            if busy <= b1:
+                return x0 + (x1 - x0) * (busy - b0) / (b1 - b0)
+        return points[-1][1]
 
     def matmul_efficiency_at(self, tokens: int) -> float:
         """Fraction of bf16 peak a GEMM with `tokens` rows reaches; linear in log2, clamped."""

@@ -38,6 +38,11 @@ def to_toml(profile: HardwareProfile) -> str:
                            f"tokens = [{', '.join(str(t) for t, _ in value)}]",
                            f"efficiency = [{', '.join(repr(e) for _, e in value)}]",
                            f"source = {source}"]
+            elif kind == "busy_table":
+                tables += ["", f"[{section}.{key}]",
+                           f"busy = [{', '.join(repr(b) for b, _ in value)}]",
+                           f"speedup = [{', '.join(repr(x) for _, x in value)}]",
+                           f"source = {source}"]
             else:
                 lines.append(f"{key} = {{ value = {value!r}, unit = {_string(SI_UNIT[kind])}, "
                              f"source = {source} }}")

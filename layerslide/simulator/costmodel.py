@@ -38,8 +38,13 @@ class Cost:
 class CostModel:
     """Durations and resource draws of plan tasks on one hardware profile."""
 
-    def __init__(self, profile: HardwareProfile):
+    def __init__(self, profile: HardwareProfile, *, gpu_speedup: float = 1.0):
+        """gpu_speedup: how much faster than the profile's efficiency tables the GPU computes
+        (at the busy fraction the simulator found: GPUSpec.speedup_at_busy)."""
+        if not gpu_speedup > 0:
+            raise ValueError(f"gpu_speedup must be > 0, got {gpu_speedup}")
         self.profile = profile
+        self.gpu_speedup = gpu_speedup
         self._efficiency_cache: dict[int, float] = {}
 
     def capacities(self) -> dict[str, float]:
@@ -85,6 +90,7 @@ class CostModel:
             else:
                 forward = gpu.attention_efficiency_at(t.tokens, backward=False)
                 busy_s += t.attention_flops / (gpu.bf16_flops_per_s * forward)
+        busy_s /= self.gpu_speedup  # the clocks, not the memory, follow the power cap
         busy_s += t.bytes / gpu.hbm_bytes_per_s
         # Dispatches overlap with the GPU's work (and with the wait for the task's inputs); a
         # task is host-bound only when they take longer.

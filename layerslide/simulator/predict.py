@@ -15,6 +15,10 @@ GIB = 1024**3
 # With 2 steps the measured cycle can start while the CPU already works on that step's early
 # grads (the head's), which makes it look shorter than steady state; from 3 steps on it is not.
 MIN_SIMULATED_STEPS = 3
+# Rounds of settling the GPU's clock against its busy fraction, and the speedup change that
+# ends them early (profiles without GPUSpec.busy_speedup take none).
+CLOCK_ROUNDS = 4
+CLOCK_TOLERANCE = 0.005
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +158,24 @@ def gpu_pool_peaks(plan: Plan, trace: Trace) -> dict[str, int]:
     return peaks
 
 
+def _steady_step(plan: Plan, costs: CostModel, *, label: str,
+                 profile_name: str) -> tuple[Trace, float, dict[str, float]]:
+    """Simulate the plan: its trace, steady step time and lane busy fractions in that step."""
+    raw = run_plan(plan, costs)
+    trace = Trace(source="simulated", label=label, events=raw.events, memory=raw.memory,
+                  meta={"profile": profile_name})
+    # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
+    # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
+    # the CPU's updates can fall one and a half steps into one cycle and half a step into the
+    # next, so the last cycle alone can be shorter than the CPU's work per step.
+    ends = {e.task_id: e.end_s for e in trace.events}
+    markers = [ends[t] for t in plan.meta["step_markers"]]
+    last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
+    # lane busy fractions over the same window the step time comes from
+    busy = _busy_fractions(trace, markers[-2] if last >= mean else markers[0], markers[-1])
+    return trace, max(last, mean), busy
+
+
 def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
     """Per-step lower bounds: 'lane:<name>' is the lane's work alone, 'dispatch:<name>' the
     host time to enqueue a stream lane's tasks, '<resource>' is the total use of a shared
@@ -192,21 +214,19 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
                           peak_bytes=static, overflows=early,
                           gpu_runtime_bytes=plan.runtime_bytes("gpu"))
     costs = costs or CostModel(profile)
-    trace = run_plan(plan, costs)
-    trace = Trace(source="simulated", label=label or plan.model.name, events=trace.events,
-                  memory=trace.memory, meta={"profile": profile.name})
+    trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
+                                       profile_name=profile.name)
+    # A power-capped GPU computes faster the more it idles (GPUSpec.busy_speedup), and how much
+    # it idles depends on how fast it computes: settle the two. A faster GPU idles more, which
+    # makes it faster still, so the speedup only grows round to round, towards where they agree.
+    for _ in range(CLOCK_ROUNDS):
+        speedup = profile.gpu.speedup_at_busy(busy.get("gpu", 0.0))
+        if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
+            break
+        costs = CostModel(profile, gpu_speedup=speedup)
+        trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
+                                           profile_name=profile.name)
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
-
-    # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
-    # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
-    # the CPU's updates can fall one and a half steps into one cycle and half a step into the
-    # next, so the last cycle alone can be shorter than the CPU's work per step.
-    ends = {e.task_id: e.end_s for e in trace.events}
-    markers = [ends[t] for t in plan.meta["step_markers"]]
-    last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
-    step_s = max(last, mean)
-    # lane busy fractions over the same window the step time comes from
-    busy = _busy_fractions(trace, markers[-2] if last >= mean else markers[0], markers[-1])
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
     return Prediction(

@@ -84,6 +84,8 @@ def test_gpu_measurements_are_plausible():
     assert all(0.01 < e < 1.5 for _, e in found["gpu.attention_forward_efficiency"])
     assert 1e10 < found["link.h2d"] < 2e11 and found["link.duplex"] > found["link.h2d"]
     assert 1e11 < found["gpu.hbm_bandwidth"] < 2e13 and 0 < found["gpu.kernel_launch"] < 1e-3
+    busy = dict(found["gpu.busy_speedup"])
+    assert busy[1.0] == 1.0 and all(0.8 < x < 1.6 for x in busy.values())
 
 
 def test_attention_is_measured_at_whole_sequences_each_once():
@@ -143,3 +145,14 @@ def test_disk_probe_files_stop_where_told_and_count_what_they_moved(tmp_path):
     stopped.set()
     assert _read_file(path, 2 * CHUNK_BYTES, 0, buf, stop=stopped) == 0
     assert _write_file(tmp_path / "g.bin", 2 * CHUNK_BYTES, 0, buf, stop=stopped) == 0
+
+
+def test_a_busy_speedup_table_is_written_and_read_back(tmp_path):
+    base = load_profile("h200-bench")
+    table = ((0.25, 1.18), (0.5, 1.17), (1.0, 1.0))
+    profile = merged_profile(base, [Measurement(key="gpu.busy_speedup", value=table,
+                                                how="bursts with idle gaps")],
+                             name="mine", quick=True)
+    again = load_profile(save_profile(profile, tmp_path / "mine.toml"))
+    assert again.gpu.busy_speedup == table
+    assert "bursts with idle gaps" in again.sources["gpu.busy_speedup"]

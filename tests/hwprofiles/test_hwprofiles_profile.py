@@ -8,7 +8,7 @@ import pytest
 from layerslide.hwprofiles import GPUSpec, load_profile
 
 
-def _gpu(points):
+def _gpu(points, busy_speedup=None):
     return GPUSpec(
         name="test",
         memory_bytes=2**30,
@@ -18,7 +18,24 @@ def _gpu(points):
         attention_forward_efficiency=points,
         attention_backward_efficiency=points,
         kernel_launch_s=1e-5,
+        busy_speedup=busy_speedup,
     )
+
+
+def test_busy_speedup_interpolates_linearly_and_clamps():
+    gpu = _gpu(((4096, 0.7),), busy_speedup=((0.5, 1.2), (0.9, 1.04), (1.0, 1.0)))
+    assert gpu.speedup_at_busy(0.0) == gpu.speedup_at_busy(0.5) == 1.2
+    assert gpu.speedup_at_busy(0.7) == pytest.approx(1.12)
+    assert gpu.speedup_at_busy(0.95) == pytest.approx(1.02)
+    assert gpu.speedup_at_busy(1.0) == gpu.speedup_at_busy(1.3) == 1.0
+    assert _gpu(((4096, 0.7),)).speedup_at_busy(0.3) == 1.0  # no table: the tables at any duty
+
+
+@pytest.mark.parametrize("table", [(), ((0.9, 1.0), (0.5, 1.2)), ((0.5, 1.2), (1.5, 1.0)),
+                                   ((0.5, 0.0), (1.0, 1.0))])
+def test_busy_speedup_table_is_checked(table):
+    with pytest.raises(ValueError, match="busy_speedup"):
+        _gpu(((4096, 0.7),), busy_speedup=table)
 
 
 def test_matmul_efficiency_interpolates_in_log2_and_clamps():

@@ -3,6 +3,7 @@ optimizer order's effect on a CPU-bound plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -139,3 +140,39 @@ def test_deadline_order_beats_arrival_on_cpu_bound_3b():
     # optimizer steps the next forward needs first lets that forward start under the CPU tail.
     arrival_s, deadline_s = _step_3b("arrival"), _step_3b("deadline")
     assert deadline_s < arrival_s
+
+
+def _with_busy_speedup(profile, table):
+    return dataclasses.replace(profile, gpu=dataclasses.replace(profile.gpu, busy_speedup=table))
+
+
+def test_a_gpu_that_idles_computes_at_its_busy_speedup():
+    # 1B micro-batch 8 on h200-bench: the CPU sets the step, the GPU idles about half of it
+    plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=8), Policy(), num_steps=3)
+    base = load_profile("h200-bench")
+    plain = simulate(plan, base)
+    assert 0.2 < plain.lane_busy["gpu"] < 0.8
+    fast = simulate(plan, _with_busy_speedup(base, ((0.8, 1.25), (1.0, 1.0))))
+    # below 80% busy: every GPU task's compute 1.25x as fast; its HBM traffic and dispatch not
+    costs = CostModel(base, gpu_speedup=1.25)
+    bwd = plan.task("s0.m0.backward.L3")
+    assert costs.cost(bwd).solo_s == pytest.approx(
+        (CostModel(base).cost(bwd).solo_s - bwd.bytes / base.gpu.hbm_bytes_per_s) / 1.25
+        + bwd.bytes / base.gpu.hbm_bytes_per_s)
+    assert fast.lane_busy["gpu"] < plain.lane_busy["gpu"]
+    assert fast.step_s == pytest.approx(plain.step_s, rel=0.02)  # the CPU still sets it
+
+
+def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
+    # 3B micro-batch 32: the GPU sets the step; a speedup that falls with the busy fraction
+    # is settled on a point of the table that the final busy fraction gives back
+    plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=32), Policy(), num_steps=3)
+    base = load_profile("h200-bench")
+    plain = simulate(plan, base)
+    table = ((0.5, 1.3), (1.0, 1.0))
+    profile = _with_busy_speedup(base, table)
+    settled = simulate(plan, profile)
+    assert settled.step_s < plain.step_s
+    speedup = profile.gpu.speedup_at_busy(settled.lane_busy["gpu"])
+    again = simulate(plan, profile, costs=CostModel(profile, gpu_speedup=speedup))
+    assert again.step_s == pytest.approx(settled.step_s, rel=0.01)
