@@ -131,15 +131,26 @@ def run_one(label: str, cfg: dict, args) -> dict:
         phase("allocate_state")
         trainer.init_random(0)
         phase("init_weights")
+        cuda = args.device.startswith("cuda")
+        data = SyntheticTokens(spec.vocab_size, train.seq_len)
         fit_start_s = time.time()
-        logs = trainer.fit(SyntheticTokens(spec.vocab_size, train.seq_len), steps)
+        # Warm-up: the first steps compile kernels and place blocks in an order later steps do
+        # not repeat (allocator histories: the reserve grew in steps 0 and 1, then never); what
+        # the cache kept from them goes back before the measured steps, so their reserve is
+        # the steady state's
+        warmup = trainer.fit(data, args.warmup_steps) if args.warmup_steps else []
+        first_reserved = torch.cuda.max_memory_reserved() if cuda else 0
+        if cuda and warmup:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        logs = trainer.fit(data, steps)
         fit_end_s = time.time()
         phase("train")
-        cuda = args.device.startswith("cuda")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
         gpu_detail = gpu_memory_detail(trainer.device) if cuda else {}
         trace = trainer.trace(label)
-        task_s = median_task_s(trace, spec.num_layers, first_step=min(2, steps - 1))
+        task_s = median_task_s(trace, spec.num_layers,
+                               first_step=len(warmup) + min(2, steps - 1))
         land_in_upload = trainer.state.land_in_upload
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -149,7 +160,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
             try:  # a diagnostic: the row stands without it
                 save_allocator_history(args.traces / f"{label}.allocator.pickle.gz",
                                        fit_s=(fit_start_s, fit_end_s),
-                                       step_s=[log.step_s for log in logs])
+                                       step_s=[log.step_s for log in warmup + logs])
             except Exception as error:  # noqa: BLE001
                 print(f"{label}: the allocator history was not saved: {error!r}", flush=True)
     phase("close_and_save")
@@ -162,6 +173,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "measured_step_s": statistics.median(log.step_s for log in steady),
         "measured_gpu_allocated_bytes": max(log.gpu_peak_bytes for log in logs),
         "measured_gpu_reserved_bytes": reserved,
+        "measured_gpu_reserved_warmup_bytes": first_reserved if warmup else None,
+        "warmup_step_times_s": [log.step_s for log in warmup],
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
@@ -339,6 +352,9 @@ def main() -> None:
     ap.add_argument("--profile", default="h200-bench", help="profile name or calibrated file")
     ap.add_argument("--configs", default="all", help="comma-separated CONFIGS labels, or all")
     ap.add_argument("--steps", type=int, default=6, help="at least this many steps")
+    ap.add_argument("--warmup-steps", type=int, default=0,
+                    help="steps trained first and left out of every measurement; the "
+                         "allocator's cache is emptied after them")
     ap.add_argument("--min-steady-s", type=float, default=0.0,
                     help="and enough that the steps after the first 2 take about this long "
                          f"(predicted; at most {MAX_STEPS} steps)")

@@ -149,18 +149,20 @@ def allocator_table(rows: Sequence[dict]) -> list[str]:
         return []
     title = ("The caching allocator's peaks (GiB) and its reserve per lane stream (the active "
              "peak and the lanes from the first round; the lanes as reserved at the run's end):")
-    lines = ["", title, "",
-             "| configuration | step s | cap | allocated | active | reserved | reserved by lane |",
-             "|" + " --- |" * 7]
+    header = ("| configuration | step s | cap | allocated | active | reserved | reserved in the "
+              "warm-up | reserved by lane |")
+    lines = ["", title, "", header, "|" + " --- |" * 8]
     for r in rows:
         detail = r["gpu_memory_detail"]
         lanes = ", ".join(f"{lane} {size / GIB:.2f}"
                           for lane, size in sorted(detail["reserved_by_lane_bytes"].items()))
         cap = r.get("allocator_cap_bytes") or r.get("gpu_memory_bytes") or 0
+        warmup = r.get("measured_gpu_reserved_warmup_bytes")
         lines.append(f"| {r['label']} | {r['measured_step_s']:.3f} | {cap / GIB:.2f} | "
                      f"{r['measured_gpu_allocated_bytes'] / GIB:.2f} | "
                      f"{detail['active_peak_bytes'] / GIB:.2f} | "
-                     f"{r['measured_gpu_reserved_bytes'] / GIB:.2f} | {lanes} |")
+                     f"{r['measured_gpu_reserved_bytes'] / GIB:.2f} | "
+                     f"{'-' if warmup is None else f'{warmup / GIB:.2f}'} | {lanes} |")
     return lines
 
 

@@ -111,5 +111,9 @@ def test_the_allocator_table_shows_active_and_reserved_bytes_per_lane():
     lines = allocator_table([plain, measured])
     # blank, title, blank, header, rule and one row: the row without detail is left out
     assert len(lines) == 6
-    assert lines[-1] == "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | gpu 4.50, h2d 0.50 |"
+    assert lines[-1] == "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | - | gpu 4.50, h2d 0.50 |"
     assert allocator_table([plain]) == []
+    # rows measured after a warm-up show what the warm-up had reserved beside it
+    warmed = {**measured, "measured_gpu_reserved_warmup_bytes": 6 * GIB}
+    assert allocator_table([warmed])[-1] == (
+        "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | 6.00 | gpu 4.50, h2d 0.50 |")
