@@ -5,8 +5,7 @@
 # usage (device): bash benchmarks/run_validation_gpu.sh [validate_sim.py args, e.g. --configs
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
 #   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy). --deadline counts the validation
-#   only: the thorough calibration before it takes ~40 s (4 GiB disk files included), the
-#   GEMM duty-cycle probe after it ~20 s.
+#   only: the thorough calibration before it takes ~60 s (4 GiB disk files included).
 # Writes 7 files under $OUT (the device tool brings back 8 at most).
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -18,6 +17,4 @@ rm -rf /tmp/nvme
 python3 benchmarks/validate_sim.py --profile "$out/h200-calibrated.toml" --nvme-dir /tmp/nvme \
     --traces /tmp/traces --out "$out" "$@" 2>&1 | grep -v -i warn | tee "$out/validate.log"
 rm -rf /tmp/nvme
-# does a layer's GEMM work run faster with idle gaps between layers (window 1's miss)?
-python3 benchmarks/gpu_duty_probe.py --out /tmp/traces/duty_probe.json 2>&1 | tee -a "$out/validate.log"
 tar czf "$out/traces.tar.gz" -C /tmp traces  # each configuration's measured and predicted trace
