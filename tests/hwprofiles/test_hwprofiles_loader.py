@@ -186,26 +186,31 @@ def test_storage_duplex_is_optional_and_read_when_given(tmp_path):
              "storage.duplex.unit", "bytes/s")
 
 
-BUSY = ('\n[gpu.busy_speedup]\nbusy = [0.5, 1.0]\nspeedup = [1.18, 1.0]\n'
-        'source = "measured: bursts with idle gaps"\n')
+BUSY_SECTION = H200[H200.index("[gpu.busy_speedup]"):H200.index("[link]")]
 
 
 def test_gpu_busy_speedup_is_optional_and_read_when_given(tmp_path):
-    assert load_profile("h200-bench").gpu.busy_speedup is None
-    anchor = "[gpu.attention_forward_efficiency]"
-    profile = load_profile(_write(tmp_path, _sub(anchor, BUSY.strip() + "\n\n" + anchor)))
-    assert profile.gpu.busy_speedup == ((0.5, 1.18), (1.0, 1.0))
+    assert load_profile("h200-bench").gpu.busy_speedup == ((0.25, 1.18), (0.5, 1.18), (1.0, 1.0))
+    assert load_profile(_write(tmp_path, _sub(BUSY_SECTION, ""))).gpu.busy_speedup is None
+    text = _sub(BUSY_SECTION, '[gpu.busy_speedup]\nbusy = [0.5, 1.0]\nspeedup = [1.2, 1.0]\n'
+                              'source = "measured: bursts with idle gaps"\n\n')
+    profile = load_profile(_write(tmp_path, text))
+    assert profile.gpu.busy_speedup == ((0.5, 1.2), (1.0, 1.0))
     assert profile.sources["gpu.busy_speedup"] == "measured: bursts with idle gaps"
 
 
 @pytest.mark.parametrize(("old", "new", "field", "fragment"), [
-    ("busy = [0.5, 1.0]", "busy = [0.5, 1.5]", "gpu.busy_speedup.busy", "(0, 1]"),
-    ("busy = [0.5, 1.0]", "busy = [1.0, 0.5]", "gpu.busy_speedup.busy", "increasing"),
-    ("busy = [0.5, 1.0]", "busy = [0.5]", "gpu.busy_speedup", "busy has 1 entries"),
-    ("speedup = [1.18, 1.0]", "speedup = [1.18, 0]", "gpu.busy_speedup.speedup", "positive"),
-    ('source = "measured: bursts with idle gaps"\n', "", "gpu.busy_speedup.source", "missing"),
+    ("busy = [0.25, 0.5, 1.0]", "busy = [0.25, 0.5, 1.5]", "gpu.busy_speedup.busy", "(0, 1]"),
+    ("busy = [0.25, 0.5, 1.0]", "busy = [0.5, 0.25, 1.0]", "gpu.busy_speedup.busy",
+     "increasing"),
+    ("busy = [0.25, 0.5, 1.0]", "busy = [0.5, 1.0]", "gpu.busy_speedup", "busy has 2 entries"),
+    ("speedup = [1.18, 1.18, 1.0]", "speedup = [1.18, 0, 1.0]", "gpu.busy_speedup.speedup",
+     "positive"),
 ])
 def test_bad_gpu_busy_speedup(tmp_path, old, new, field, fragment):
-    anchor = "[gpu.attention_forward_efficiency]"
-    text = _sub(anchor, BUSY.replace(old, new).strip() + "\n\n" + anchor)
-    _rejects(tmp_path, text, field, fragment)
+    _rejects(tmp_path, _sub(old, new), field, fragment)
+
+
+def test_gpu_busy_speedup_needs_its_source(tmp_path):
+    source = next(ln for ln in BUSY_SECTION.splitlines() if ln.startswith("source"))
+    _rejects(tmp_path, _sub(source + "\n", ""), "gpu.busy_speedup.source", "missing")
