@@ -229,11 +229,16 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
+    pools = gpu_pool_peaks(plan, trace)
+    # What must fit the GPU: each stream's pool at its own peak. Under a cap the allocator
+    # would hand one pool's cached blocks to another only by freeing and remapping them, which
+    # made 3B micro-batch 32 11-12% slower (benchmarks/results/validation_2026-11-30c, -cap).
+    need = {**peaks, "gpu": max(peaks["gpu"], sum(pools.values()))}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
-        overflows=_overflows(peaks, limits), step_s=step_s, tokens_per_s=tokens / step_s,
+        overflows=_overflows(need, limits), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
-        gpu_pool_peak_bytes=gpu_pool_peaks(plan, trace),
+        gpu_pool_peak_bytes=pools,
     )

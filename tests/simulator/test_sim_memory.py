@@ -224,3 +224,18 @@ def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_p
         assert pools["h2d"] >= HIDDEN_BYTES
         assert sum(pools.values()) >= pred.peak_bytes["gpu"]
     assert pred.gpu_pools_peak_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
+
+
+def test_the_gpu_fits_only_if_every_stream_pool_at_its_peak_fits():
+    # checkpoints fetched on the h2d stream: their pool's peak adds to the GPU stream's, though
+    # the two peaks fall at different times; a cap between the tier's peak and the pools' sum
+    # does not fit
+    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy(activations="host"),
+                      num_steps=3)
+    pred = simulate(plan, make_round_profile())
+    pools = sum(pred.gpu_pool_peak_bytes.values())
+    assert pools > pred.peak_bytes["gpu"]
+    tight = simulate(plan, make_round_profile(), gpu_memory_bytes=pools - 1)
+    assert pred.feasible and not tight.feasible
+    assert tight.overflows[0].tier == "gpu" and tight.overflows[0].need_bytes == pools
+    assert simulate(plan, make_round_profile(), gpu_memory_bytes=pools).feasible
