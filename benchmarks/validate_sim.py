@@ -56,6 +56,15 @@ CONFIGS = {
     "3b-mb32-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
                                   "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
                                   "variant_of": "3b-mb32-w2-host"},
+    # half the head's logits chunk (0.5 GiB): the GPU stream's reserve grew for the head's two
+    # large blocks (allocator histories, validation_2026-11-30d/e); a smaller one leaves smaller
+    # holes to find
+    "3b-mb8-w2-host-head512": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2,
+                               "policy": {"head_chunk_bytes": 512 * 2**20},
+                               "variant_of": "3b-mb8-w2-host"},
+    "3b-mb32-w2-host-head512": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
+                                "policy": {"head_chunk_bytes": 512 * 2**20},
+                                "variant_of": "3b-mb32-w2-host"},
     # the caching allocator without expandable segments (the executor turns them on)
     "3b-mb8-w2-host-fixed-segments": {"model": "llama-3.2-3b", "micro_batch": 8, "window": 2,
                                       "env": {"PYTORCH_CUDA_ALLOC_CONF":
@@ -104,7 +113,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         policy = best.policy
     else:
         policy = Policy(window=cfg["window"], activations=cfg.get("activations", "host"),
-                        moments_on_nvme=cfg.get("moments_on_nvme", 0.0))
+                        moments_on_nvme=cfg.get("moments_on_nvme", 0.0), **cfg.get("policy", {}))
     config = (hf_config_from_spec(spec) if not args.model_override
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
     phase("import_and_plan")

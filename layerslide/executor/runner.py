@@ -129,7 +129,8 @@ class TaskRunner:
         self._head_loss = (fused_linear_cross_entropy if fused_on_gpu
                            else chunked_linear_cross_entropy)
         self.head_chunk_tokens = (
-            sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch)
+            sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch,
+                                          policy.head_chunk_bytes)
             if policy.head_loss == "fused" else train.tokens_per_micro_batch)
         if policy.head_loss == "fused" and dev.type == "cuda" and not fused_on_gpu:
             # the plan sized chunks for the Triton head's 2 B per logit; the PyTorch one holds

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from layerslide.planner.sizes import HEAD_CHUNK_LOGIT_BYTES
+
 ACTIVATION_PLACEMENTS = ("gpu", "host", "nvme")
 OPTIMIZER_ORDERS = ("arrival", "deadline")
 # cpu_once: cast fp32->bf16 once per step into a persistent pinned bf16 copy (2 B/param of RAM);
@@ -80,6 +82,10 @@ class Policy:
     # bandwidth (and, in the executor, the cores) instead of taking turns.
     cast_worker: bool = False
     head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
+    # GPU bytes of one chunk of the fused head's bf16 logits. Smaller chunks hold less at the head
+    # and leave smaller holes in the allocator's cache, for a slower head (H200, 8k tokens of a
+    # 128k vocab: 29.6 ms at 1 GiB, 30.5 at 0.5, 31.8 at 0.25; kernels_2026-11-29/head_bench.md).
+    head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
     layer_kernels: str = "compiled"  # how decoder layers run on the GPU: see LAYER_KERNEL_MODES
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
@@ -112,6 +118,10 @@ class Policy:
                 not isinstance(self.host_grad_buffers, int) or self.host_grad_buffers < 1):
             _fail("Policy", "host_grad_buffers", self.host_grad_buffers,
                   "must be a positive integer, or None for one per block")
+        if (not isinstance(self.head_chunk_bytes, int) or isinstance(self.head_chunk_bytes, bool)
+                or self.head_chunk_bytes < 2**20):
+            _fail("Policy", "head_chunk_bytes", self.head_chunk_bytes,
+                  "must be a whole number of bytes >= 1 MiB")
         for name in ("resident_layers", "gpu_updated_blocks", "stream_run_ahead"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:

@@ -102,7 +102,8 @@ def backward_workspace_bytes(model: ModelSpec, tokens: int, layer_kernels: str) 
     return saved + forward_workspace_bytes(model, tokens)
 
 
-# GPU bytes one chunk of the fused head's bf16 logits may take: at a 128k vocab, 4k-row chunks
+# GPU bytes one chunk of the fused head's bf16 logits may take by default (Policy's
+# head_chunk_bytes): at a 128k vocab, 4k-row chunks
 HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
 
@@ -111,11 +112,12 @@ def hidden_bytes(model: ModelSpec, tokens: int) -> int:
     return model.layer_checkpoint_bytes_per_token * tokens
 
 
-def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
+def fused_head_chunk_tokens(model: ModelSpec, tokens: int,
+                            chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES) -> int:
     """Rows per chunk of the fused linear cross-entropy: as many as keep one chunk's bf16 logits
-    within HEAD_CHUNK_LOGIT_BYTES (a power of two, at least 256), so that the head's three GEMMs
-    see thousands of rows rather than hundreds."""
-    rows = HEAD_CHUNK_LOGIT_BYTES // (BF16_BYTES * model.vocab_size)
+    within chunk_bytes (a power of two, at least 256), so that the head's three GEMMs see
+    thousands of rows rather than hundreds."""
+    rows = chunk_bytes // (BF16_BYTES * model.vocab_size)
     return min(tokens, max(256, 2 ** int(math.log2(max(1, rows)))))
 
 
@@ -127,7 +129,8 @@ def fused_head_chunk_tokens(model: ModelSpec, tokens: int) -> int:
 FINAL_NORM_SAVED_BYTES_PER_ELEMENT = 2 * FP32_BYTES + BF16_BYTES
 
 
-def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
+def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str,
+                         chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES) -> int:
     """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward; the
     grad w.r.t. the head's input is the plan's dgrad buffer, not counted here."""
     norm = FINAL_NORM_SAVED_BYTES_PER_ELEMENT * model.hidden_size * tokens
@@ -135,7 +138,7 @@ def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
         # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
         return norm + (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
     # one chunk's bf16 logits, overwritten by their grad in place, and its rows' fp32 losses
-    chunk = fused_head_chunk_tokens(model, tokens)
+    chunk = fused_head_chunk_tokens(model, tokens, chunk_bytes)
     return norm + (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
 
 

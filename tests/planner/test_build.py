@@ -427,3 +427,17 @@ def test_an_offload_never_overtakes_the_reader_of_the_buffer_it_reuses(tiny_mode
     pool = host_grad_buffers or len({plan.task(t).layer for t in offloads})
     for i in range(pool, len(offloads)):  # buffer i % pool: the reader of offload i - pool first
         assert nx.has_path(plan.graph, readers[i - pool], offloads[i]), offloads[i]
+
+
+def test_the_head_workspace_follows_the_policy_head_chunk():
+    spec, train = PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=8)
+
+    def workspace_bytes(policy):
+        plan = build_plan(spec, train, policy, num_steps=3)
+        (buffer,) = [b for b in plan.buffers if b.id == "s0.m0.head.head.workspace"]
+        return buffer.bytes
+
+    # 8k tokens of a 128k vocab: 4096-row chunks of bf16 logits at 1 GiB, 2048 at 0.5
+    logits_row = BF16_BYTES * spec.vocab_size + FP32_BYTES
+    full = workspace_bytes(Policy())
+    assert full - workspace_bytes(Policy(head_chunk_bytes=512 * 2**20)) == 2048 * logits_row

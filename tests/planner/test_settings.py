@@ -24,6 +24,9 @@ def test_train_spec_rejects(kwargs, match):
     ({"moments_on_nvme": 1.5}, "fraction"),
     ({"cast": "gpu", "master_on_nvme": 0.5}, "master_on_nvme=0"),
     ({"resident_layers": -1}, "resident_layers"),
+    ({"stream_run_ahead": -1}, "stream_run_ahead"),
+    ({"head_chunk_bytes": 1000}, "head_chunk_bytes.*>= 1 MiB"),
+    ({"head_chunk_bytes": 2.0**30}, "whole number of bytes"),
 ])
 def test_policy_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):

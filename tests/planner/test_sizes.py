@@ -53,3 +53,11 @@ def test_fused_head_chunks_keep_one_chunk_of_logits_within_the_budget():
     # issue 7's target: under 10% of the materialised head's memory at 32k tokens (4.8% here)
     materialized = sizes.head_workspace_bytes(LLAMA_3B, 32768, "materialized")
     assert sizes.head_workspace_bytes(LLAMA_3B, 32768, "fused") < materialized / 10
+
+
+def test_a_smaller_head_chunk_holds_fewer_rows_and_less_memory():
+    half = sizes.fused_head_chunk_tokens(LLAMA_3B, 65536, 512 * 2**20)
+    assert half == 2048 == sizes.fused_head_chunk_tokens(LLAMA_3B, 65536) // 2
+    full = sizes.head_workspace_bytes(LLAMA_3B, 65536, "fused")
+    smaller = sizes.head_workspace_bytes(LLAMA_3B, 65536, "fused", 512 * 2**20)
+    assert full - smaller == (sizes.BF16_BYTES * LLAMA_3B.vocab_size + 4) * 2048
