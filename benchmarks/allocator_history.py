@@ -28,15 +28,20 @@ def load(path: Path) -> dict:
 
 
 def step_of(time_us: float, fit_start_s: float, step_ends_s: list[float]) -> int:
-    """The step a moment falls in (-1: before training; len: after it)."""
-    return bisect.bisect_left(step_ends_s, time_us / 1e6 - fit_start_s)
+    """The step a moment falls in: -1 before training, len(step_ends_s) after it. step_ends_s
+    are seconds after fit_start_s at which each step's host part had run."""
+    seconds = time_us / 1e6 - fit_start_s
+    return -1 if seconds < 0 else bisect.bisect_left(step_ends_s, seconds)
 
 
 def analyse(snapshot: dict) -> dict:
     """Per stream: allocated peak, reserve growth events, reserve at the end of the history."""
     meta = snapshot.get("layerslide", {})
     fit_start_s = meta.get("fit_wall_s", (0.0, 0.0))[0]
-    step_ends_s = list(accumulate(meta.get("step_s", [])))
+    if meta.get("step_end_wall_s"):  # recorded as each step ran
+        step_ends_s = [t - fit_start_s for t in meta["step_end_wall_s"]]
+    else:  # older histories: step times added up from the start, each boundary a little early
+        step_ends_s = list(accumulate(meta.get("step_s", [])))
     events = [e for trace in snapshot["device_traces"] for e in trace]
     allocated: dict[int, int] = defaultdict(int)
     peak: dict[int, int] = defaultdict(int)

@@ -13,6 +13,7 @@ pick at 3B micro-batch 8 (to see whether it is within 3% of the best measured th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -54,7 +55,7 @@ CONFIGS = {
                            "cap_over_predicted": 0.03, "variant_of": "3b-mb8-w2-host"},
     # the executor as it was before its stream lanes' run-ahead was bounded (engine.py)
     "3b-mb32-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 32, "window": 2,
-                                  "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
+                                  "policy": {"stream_run_ahead": 0},
                                   "variant_of": "3b-mb32-w2-host"},
     # half the head's logits chunk (0.5 GiB): the GPU stream's reserve grew for the head's two
     # large blocks (allocator histories, validation_2026-11-30d/e); a smaller one leaves smaller
@@ -71,7 +72,7 @@ CONFIGS = {
                                               "expandable_segments:False"},
                                       "variant_of": "3b-mb8-w2-host"},
     "3b-mb1-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 1, "window": 2,
-                                 "env": {"LAYERSLIDE_RUN_AHEAD": "0"},
+                                 "policy": {"stream_run_ahead": 0},
                                  "variant_of": "3b-mb1-w2-host"},
 }
 
@@ -126,8 +127,10 @@ def run_one(label: str, cfg: dict, args) -> dict:
     predicted_trace = prediction.pop("trace")
     # the first 2 steps carry compilation and first touches; short steps vary by +-15% one to
     # the next (1B micro-batch 8 on the H200: 0.278, 0.360, 0.305 s), so run enough of them
-    steps = max(args.steps, 2 + math.ceil(args.min_steady_s / prediction["predicted_step_s"]))
-    steps = min(steps, MAX_STEPS)
+    predicted_step_s = prediction["predicted_step_s"]
+    wanted = (2 + math.ceil(args.min_steady_s / predicted_step_s)
+              if args.min_steady_s and predicted_step_s else 0)
+    steps = max(args.steps, min(wanted, MAX_STEPS))
     history = (args.traces is not None and args.device.startswith("cuda")
                and label in args.allocator_history.split(","))
     phase("predict")
@@ -135,7 +138,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
                  optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
         if history:  # from here (the device's allocator settings are in force): every
-            # allocation, free and segment change with its stream and time, no stack traces
+            # allocation, free and segment change with its stream and time (context=None: no
+            # stack traces; `stacks` then has nothing to say)
             torch.cuda.memory._record_memory_history(context=None, stacks="python")
         phase("allocate_state")
         trainer.init_random(0)
@@ -147,12 +151,18 @@ def run_one(label: str, cfg: dict, args) -> dict:
         # not repeat (allocator histories: the reserve grew in steps 0 and 1, then never); what
         # the cache kept from them goes back before the measured steps, so their reserve is
         # the steady state's
-        warmup = trainer.fit(data, args.warmup_steps) if args.warmup_steps else []
+        step_ends_s: list[float] = []  # wall clock as each step has run (allocator history)
+
+        def step_done(_step: int) -> None:
+            step_ends_s.append(time.time())
+
+        warmup = (trainer.fit(data, args.warmup_steps, on_step_done=step_done)
+                  if args.warmup_steps else [])
         first_reserved = torch.cuda.max_memory_reserved() if cuda else 0
         if cuda and warmup:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        logs = trainer.fit(data, steps)
+        logs = trainer.fit(data, steps, on_step_done=step_done)
         fit_end_s = time.time()
         phase("train")
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
@@ -169,7 +179,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
             try:  # a diagnostic: the row stands without it
                 save_allocator_history(args.traces / f"{label}.allocator.pickle.gz",
                                        fit_s=(fit_start_s, fit_end_s),
-                                       step_s=[log.step_s for log in warmup + logs])
+                                       step_s=[log.step_s for log in warmup + logs],
+                                       step_ends_s=step_ends_s)
             except Exception as error:  # noqa: BLE001
                 print(f"{label}: the allocator history was not saved: {error!r}", flush=True)
     phase("close_and_save")
@@ -273,11 +284,12 @@ def gpu_memory_detail(device) -> dict:
             "expandable_segments": sorted(expandable)}
 
 
-def save_allocator_history(path: Path, *, fit_s: tuple[float, float],
-                           step_s: list[float]) -> None:
+def save_allocator_history(path: Path, *, fit_s: tuple[float, float], step_s: list[float],
+                           step_ends_s: list[float]) -> None:
     """The caching allocator's recorded history (torch.cuda.memory._snapshot: segments and
-    every alloc / free / map event per stream), with the training's wall-clock span and step
-    times to place the events in steps; gzip'ed pickle."""
+    every alloc / free / map event per stream), with the training's wall-clock span, step
+    times and each step's wall-clock end (as its host part finished) to place the events in
+    steps; gzip'ed pickle."""
     import gzip
     import pickle
 
@@ -285,7 +297,8 @@ def save_allocator_history(path: Path, *, fit_s: tuple[float, float],
 
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    snapshot["layerslide"] = {"fit_wall_s": fit_s, "step_s": step_s}
+    snapshot["layerslide"] = {"fit_wall_s": fit_s, "step_s": step_s,
+                              "step_end_wall_s": step_ends_s}
     with gzip.open(path, "wb") as f:
         pickle.dump(snapshot, f)
 
@@ -310,7 +323,7 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
     return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
             # each stream's pool at its own peak: the caching allocator's reserve at least
-            "predicted_gpu_reserved_bytes": predicted.gpu_pools_peak_bytes,
+            "predicted_gpu_reserved_bytes": predicted.gpu_reserve_floor_bytes,
             "predicted_host_bytes": predicted.peak_bytes["host"],
             **({"trace": predicted.trace} if keep_trace else {})}
 
@@ -335,6 +348,9 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
                               seq_len=row.get("seq_len", 1024))
             cap = row.get("gpu_memory_bytes", 24 * 2**30)
             policy = Policy.from_dict(row["policy"])
+            run_ahead = row["config"].get("env", {}).get("LAYERSLIDE_RUN_AHEAD")
+            if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
+                policy = dataclasses.replace(policy, stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
             if row.get("grads_land_in_upload", False) != grads_land_in_upload(policy, train):
                 # measured where the grads landed elsewhere than this plan has them (rows from
@@ -391,6 +407,8 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run this label here, print its row
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.allocator_history and args.traces is None:
+        ap.error("--allocator-history writes into --traces DIR: give it")
     if args.one:
         print("ROW " + json.dumps(run_one(args.one, CONFIGS[args.one], args)), flush=True)
         return

@@ -23,7 +23,8 @@ CAST_TRAFFIC_PER_READ_BYTE = 1.5
 
 @dataclass(frozen=True, kw_only=True)
 class Cost:
-    """A task's duration alone and its draw on shared resources while running at full speed."""
+    """A task's work alone (its lane's busy time: for a GPU task the GPU's, not its dispatch),
+    its host dispatch, and its draw on shared resources while running at full speed."""
 
     solo_s: float  # its lane's work alone (a GPU task: the GPU's busy time)
     # Host time to enqueue a stream task (the executor's lane thread launching its kernels).

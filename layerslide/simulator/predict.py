@@ -60,6 +60,9 @@ class Prediction:
     # Peak GPU bytes per allocation pool: the lane whose task allocates a buffer, "static" for
     # those allocated before the plan runs (runtime included). See gpu_pool_peaks.
     gpu_pool_peak_bytes: dict[str, int] = field(default_factory=dict)
+    # how much faster than the profile's efficiency tables the GPU computed (GPUSpec.busy_speedup
+    # at the busy fraction the simulation settled on; 1 without a table)
+    gpu_speedup: float = 1.0
 
     @property
     def gpu_allocated_peak_bytes(self) -> int:
@@ -68,7 +71,7 @@ class Prediction:
         return self.peak_bytes["gpu"] - self.gpu_runtime_bytes
 
     @property
-    def gpu_pools_peak_bytes(self) -> int:
+    def gpu_reserve_floor_bytes(self) -> int:
         """What the caching allocator reserves at least: each pool's own peak, summed (a stream
         never reuses another stream's freed blocks), without the runtime estimate."""
         if not self.gpu_pool_peak_bytes:
@@ -158,6 +161,38 @@ def gpu_pool_peaks(plan: Plan, trace: Trace) -> dict[str, int]:
     return peaks
 
 
+def gpu_compute_busy(gpu_tasks, costs: CostModel, step_s: float) -> float:
+    """The fraction of a step the GPU computes: its tasks' work alone over the step. Waiting
+    for dispatches or inputs is idle time for the GPU's clocks."""
+    return min(1.0, sum(costs.cost(t).solo_s for t in gpu_tasks) / step_s) if step_s > 0 else 0.0
+
+
+def _step_at(seen: list[tuple[float, float]]):
+    """The step time as a function of the GPU's speedup, from (speedup, step) simulated: the
+    last one held, or a + b / speedup through the last two (b: the GPU work on the path)."""
+    s1, t1 = seen[-1]
+    s0, t0 = seen[-2] if len(seen) > 1 else seen[-1]
+    if abs(1 / s0 - 1 / s1) < 1e-9:
+        return lambda speedup: t1
+    b = max(0.0, (t0 - t1) / (1 / s0 - 1 / s1))
+    a = t1 - b / s1
+    return lambda speedup: max(a + b / speedup, t1 * 1e-3)
+
+
+def _clock_fixed_point(profile: HardwareProfile, gpu_tasks, step_at, start: float) -> float:
+    """The GPU speedup the table gives back for the busy fraction it makes, the step following
+    step_at: iterated from `start`, halfway each time (the step may answer in either sense)."""
+    speedup = start
+    for _ in range(60):
+        costs = CostModel(profile, gpu_speedup=speedup)
+        after = profile.gpu.speedup_at_busy(
+            gpu_compute_busy(gpu_tasks, costs, step_at(speedup)))
+        if abs(after - speedup) < CLOCK_TOLERANCE / 10:
+            return after
+        speedup = (speedup + after) / 2
+    return speedup
+
+
 def _steady_step(plan: Plan, costs: CostModel, *, label: str,
                  profile_name: str) -> tuple[Trace, float, dict[str, float]]:
     """Simulate the plan: its trace, steady step time and lane busy fractions in that step."""
@@ -200,7 +235,9 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
 def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
              label: str = "", costs: CostModel | None = None) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
-    overflow a tier are rejected without simulating; others are simulated and then checked."""
+    overflow a tier are rejected without simulating; others are simulated and then checked.
+    Where the profile has a GPU busy speedup and no cost model is given, the GPU's speed is
+    settled against its busy fraction over a few simulations (Prediction.gpu_speedup)."""
     if plan.num_steps < MIN_SIMULATED_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{MIN_SIMULATED_STEPS} so that the last one is a steady-state step "
@@ -213,19 +250,26 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
                           peak_bytes=static, overflows=early,
                           gpu_runtime_bytes=plan.runtime_bytes("gpu"))
+    settle_clock = costs is None and profile.gpu.busy_speedup is not None
     costs = costs or CostModel(profile)
     trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
                                        profile_name=profile.name)
     # A power-capped GPU computes faster the more it idles (GPUSpec.busy_speedup), and how much
-    # it idles depends on how fast it computes: settle the two. A faster GPU idles more, which
-    # makes it faster still, so the speedup only grows round to round, towards where they agree.
-    for _ in range(CLOCK_ROUNDS):
-        speedup = profile.gpu.speedup_at_busy(busy.get("gpu", 0.0))
+    # it idles depends on how fast it computes. The step's answer to the GPU's speed is read
+    # off the simulations so far (held at first, then a + b / speedup through the last two),
+    # the speedup where clock and busy fraction agree is found on that without simulating, and
+    # simulating there gives the next point. A CPU-bound step does not move (two simulations);
+    # one that stays near busy 1 needs no second.
+    gpu_tasks = [t for t in plan.tasks if t.lane == "gpu" and t.step == 0]
+    seen = [(costs.gpu_speedup, step_s)]
+    for _ in range(CLOCK_ROUNDS if settle_clock else 0):
+        speedup = _clock_fixed_point(profile, gpu_tasks, _step_at(seen), costs.gpu_speedup)
         if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
             break
         costs = CostModel(profile, gpu_speedup=speedup)
         trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
                                            profile_name=profile.name)
+        seen.append((speedup, step_s))
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
@@ -240,5 +284,5 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
-        gpu_pool_peak_bytes=pools,
+        gpu_pool_peak_bytes=pools, gpu_speedup=costs.gpu_speedup,
     )

@@ -85,7 +85,7 @@ def test_gpu_measurements_are_plausible():
     assert 1e10 < found["link.h2d"] < 2e11 and found["link.duplex"] > found["link.h2d"]
     assert 1e11 < found["gpu.hbm_bandwidth"] < 2e13 and 0 < found["gpu.kernel_launch"] < 1e-3
     busy = dict(found["gpu.busy_speedup"])
-    assert busy[1.0] == 1.0 and all(0.8 < x < 1.6 for x in busy.values())
+    assert sorted(busy) == [0.25, 0.5, 0.75, 0.9, 1.0] and all(0.7 < x < 1.6 for x in busy.values())
 
 
 def test_attention_is_measured_at_whole_sequences_each_once():

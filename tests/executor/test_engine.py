@@ -244,3 +244,14 @@ def test_the_run_ahead_setting_must_be_a_whole_number_of_tasks(monkeypatch, valu
     monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", value)
     with pytest.raises(ValueError, match="LAYERSLIDE_RUN_AHEAD"):
         PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None)
+
+
+def test_the_bound_comes_from_the_plans_policy_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("LAYERSLIDE_RUN_AHEAD", raising=False)
+    plan = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(stream_run_ahead=2), num_steps=2)
+    assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 2
+    assert PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None).run_ahead == 3  # default
+    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "0")
+    assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 0
+    assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None, run_ahead=1).run_ahead == 1

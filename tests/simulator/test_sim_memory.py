@@ -223,7 +223,7 @@ def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_p
         assert set(pools) == {"static", "gpu", "h2d"}
         assert pools["h2d"] >= HIDDEN_BYTES
         assert sum(pools.values()) >= pred.peak_bytes["gpu"]
-    assert pred.gpu_pools_peak_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
+    assert pred.gpu_reserve_floor_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
 
 
 def test_the_gpu_fits_only_if_every_stream_pool_at_its_peak_fits():

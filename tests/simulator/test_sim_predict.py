@@ -12,6 +12,7 @@ from helpers import make_round_profile, make_tiny_model
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import CostModel, simulate
+from layerslide.simulator.predict import gpu_compute_busy
 from layerslide.trace import TIERS
 
 # Round profile with a CPU and cast so fast that the GPU is what limits the step.
@@ -146,33 +147,39 @@ def _with_busy_speedup(profile, table):
     return dataclasses.replace(profile, gpu=dataclasses.replace(profile.gpu, busy_speedup=table))
 
 
+def _gpu_tasks(plan):
+    return [t for t in plan.tasks if t.lane == "gpu" and t.step == 0]
+
+
 def test_a_gpu_that_idles_computes_at_its_busy_speedup():
-    # 1B micro-batch 8 on h200-bench: the CPU sets the step, the GPU idles about half of it
+    # 1B micro-batch 8 on h200-bench: the CPU sets the step, the GPU computes a fraction of it
     plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=8), Policy(), num_steps=3)
-    base = load_profile("h200-bench")
+    base = _with_busy_speedup(load_profile("h200-bench"), None)
     plain = simulate(plan, base)
-    assert 0.2 < plain.lane_busy["gpu"] < 0.8
+    assert plain.gpu_speedup == 1.0
+    assert gpu_compute_busy(_gpu_tasks(plan), CostModel(base), plain.step_s) < 0.8
     fast = simulate(plan, _with_busy_speedup(base, ((0.8, 1.25), (1.0, 1.0))))
-    # below 80% busy: every GPU task's compute 1.25x as fast; its HBM traffic and dispatch not
-    costs = CostModel(base, gpu_speedup=1.25)
+    assert fast.gpu_speedup == 1.25  # below 80% busy: the table's top speed
+    # every GPU task's compute 1.25x as fast; its HBM traffic and dispatch as they were
     bwd = plan.task("s0.m0.backward.L3")
-    assert costs.cost(bwd).solo_s == pytest.approx(
-        (CostModel(base).cost(bwd).solo_s - bwd.bytes / base.gpu.hbm_bytes_per_s) / 1.25
-        + bwd.bytes / base.gpu.hbm_bytes_per_s)
-    assert fast.lane_busy["gpu"] < plain.lane_busy["gpu"]
+    slow, quick = CostModel(base).cost(bwd), CostModel(base, gpu_speedup=1.25).cost(bwd)
+    hbm_s = bwd.bytes / base.gpu.hbm_bytes_per_s
+    assert quick.solo_s == pytest.approx((slow.solo_s - hbm_s) / 1.25 + hbm_s)
+    assert quick.dispatch_s == slow.dispatch_s
     assert fast.step_s == pytest.approx(plain.step_s, rel=0.02)  # the CPU still sets it
 
 
 def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
-    # 3B micro-batch 32: the GPU sets the step; a speedup that falls with the busy fraction
-    # is settled on a point of the table that the final busy fraction gives back
+    # 3B micro-batch 32: the GPU sets the step; the speedup used is the table's answer to the
+    # busy fraction it produced, and a caller's cost model is taken as given
     plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=32), Policy(), num_steps=3)
-    base = load_profile("h200-bench")
-    plain = simulate(plan, base)
-    table = ((0.5, 1.3), (1.0, 1.0))
-    profile = _with_busy_speedup(base, table)
-    settled = simulate(plan, profile)
+    base = _with_busy_speedup(load_profile("h200-bench"), None)
+    profile = _with_busy_speedup(base, ((0.5, 1.3), (1.0, 1.0)))
+    plain, settled = simulate(plan, base), simulate(plan, profile)
+    assert 1.0 < settled.gpu_speedup < 1.3
     assert settled.step_s < plain.step_s
-    speedup = profile.gpu.speedup_at_busy(settled.lane_busy["gpu"])
-    again = simulate(plan, profile, costs=CostModel(profile, gpu_speedup=speedup))
-    assert again.step_s == pytest.approx(settled.step_s, rel=0.01)
+    costs = CostModel(profile, gpu_speedup=settled.gpu_speedup)
+    busy = gpu_compute_busy(_gpu_tasks(plan), costs, settled.step_s)
+    assert profile.gpu.speedup_at_busy(busy) == pytest.approx(settled.gpu_speedup, abs=0.01)
+    given = simulate(plan, profile, costs=CostModel(profile))
+    assert given.gpu_speedup == 1.0 and given.step_s == pytest.approx(plain.step_s)

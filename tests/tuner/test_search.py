@@ -217,3 +217,23 @@ def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a
     roomy = evaluate(model, train, policy, make_round_profile(ram_bytes=high), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
     assert roomy.policy.nvme_prefetch == policy.nvme_prefetch
+
+
+def test_the_leaders_are_ranked_at_the_speed_their_gpu_settles_at(monkeypatch):
+    # a profile with a busy speedup: the search holds the GPU's clock, the leaders are
+    # simulated again with it settled, and the pick is what simulate says of its plan
+    from layerslide.hwprofiles import load_profile
+    from layerslide.planner import PRESETS
+    from layerslide.tuner import search
+
+    monkeypatch.setattr(search, "CLOCK_FINALISTS", 2)
+    profile = load_profile("h200-bench")
+    space = SearchSpace(windows=(1, 2), micro_batches=(1, 8), activations=("host",),
+                        casts=("cpu_once",), allow_nvme=False, fill_gpu_updates=False)
+    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1)
+    speedups = [c.prediction.gpu_speedup for c in result.candidates]
+    assert sum(s > 1.0 for s in speedups) == 2 and speedups.count(1.0) == 2
+    best = result.best
+    direct = simulate(build_plan(PRESETS["llama-3.2-1b"], best.train, best.policy), profile)
+    assert best.prediction.step_s == pytest.approx(direct.step_s)
+    assert best.prediction.gpu_speedup == pytest.approx(direct.gpu_speedup)
