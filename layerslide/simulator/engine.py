@@ -3,10 +3,10 @@ memory tracked per tier as buffers are allocated and released.
 
 A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
 lane's tasks in order, each once its predecessors are enqueued (on a stream) or done (on a host
-lane), taking the task's dispatch time, and at most Policy.stream_run_ahead of them queued and
-unfinished; the stream runs a task once its predecessors are done
-and its dispatch has begun, and it ends no sooner than the dispatch. So the dispatch of a task
-waiting for its inputs (a layer's weights in flight) hides behind that wait."""
+lane), taking the task's dispatch time, with at most Policy.stream_run_ahead of them queued and
+unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
+and the task ends no sooner than its dispatch. So the dispatch of a task waiting for its inputs
+(a layer's weights in flight) hides behind that wait."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from layerslide.trace import TIERS, MemorySample, Trace, TraceEvent
 
 
 class _TaskState:
-    __slots__ = ("cost", "dispatch_end_s", "dispatched", "done", "end_s", "enqueued", "finished",
+    __slots__ = ("cost", "dispatch_end_s", "dispatched", "end_s", "enqueued", "finished",
                  "order", "ready", "start_s", "task", "waiting_on")
 
     def __init__(self, task, cost, order: int, env: simpy.Environment):
@@ -33,7 +33,6 @@ class _TaskState:
         self.dispatched = env.event()  # its host thread began enqueueing it (strict lanes)
         self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
         self.finished = env.event()
-        self.done = False
         self.start_s = self.end_s = self.dispatch_end_s = 0.0
 
 
@@ -120,7 +119,6 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         if env.now < st.dispatch_end_s:  # its last kernels were still being launched
             yield env.timeout(st.dispatch_end_s - env.now)
         st.end_s = env.now
-        st.done = True
         st.finished.succeed()
         if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
@@ -168,7 +166,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         else:
             env.process(priority_lane(lane, len(order)))
     env.run()
-    unfinished = [tid for tid, st in states.items() if not st.done]
+    unfinished = [tid for tid, st in states.items() if not st.finished.triggered]
     if unfinished:
         raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                            f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
