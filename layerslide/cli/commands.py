@@ -157,6 +157,9 @@ def _print_prediction(pred: Prediction) -> None:
         floors = sorted(pred.floors_s.items(), key=lambda kv: -kv[1])[:3]
         print(f"floor {pred.floor_s:.3f} s ({pred.floor_s / pred.step_s:.0%} of the step); "
               "largest bounds: " + ", ".join(f"{k} {v:.3f} s" for k, v in floors))
+        if pred.gpu_speedup != 1.0:
+            print(f"GPU computing at {pred.gpu_speedup:.2f}x its efficiency tables' rate: a "
+                  "power-capped GPU clocks higher the more it idles (profile gpu.busy_speedup)")
     print("peak memory (GiB): " + ", ".join(
         f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
         for t in TIERS))

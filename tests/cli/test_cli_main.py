@@ -42,6 +42,8 @@ def test_simulate_report_dir_and_gpu_cap(capsys, tmp_path):
     code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--micro-batch", "2",
                        "--report-dir", str(tmp_path), "--trace-out", str(tmp_path / "t.json"))
     assert code == 0 and "tokens/s" in out and "bottleneck" in out
+    # h200-bench's GPU idles most of this step, so it clocks at its table's top speedup
+    assert "GPU computing at 1.18x its efficiency tables' rate" in out
     for name in ("timeline.png", "memory.png", "trace.json", "trace.layerslide.json", "t.json"):
         assert (tmp_path / name).stat().st_size > 0
     code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--gpu-memory", "1GiB")
