@@ -212,9 +212,27 @@ def _ratio(mine: dict, other: dict, key: str) -> str:
     return f"{mine[key] / other[key]:.2f}x" if other[key] else "n/a"
 
 
-def write_report(rows: list[dict], out: Path) -> None:
+def host_memory_floor_s(row: dict, profile_path: Path) -> float:
+    """The least step time of the row's layerslide plan that the host's memory bandwidth
+    allows on this machine's profile: AdamW's and every copy's bytes over the bandwidth
+    (simulate's 'host_memory' floor; the default step at 3B is bound by it)."""
+    from layerslide.hwprofiles import load_profile
+    from layerslide.planner import build_plan
+    from layerslide.planner.model import resolve_model
+    from layerslide.planner.settings import Policy, TrainSpec
+    from layerslide.simulator import simulate
+
+    policy = Policy.from_dict(json.loads(row["policy"])) if row.get("policy") else Policy()
+    train = TrainSpec(micro_batch=row["micro_batch"], seq_len=row["seq_len"])
+    prediction = simulate(build_plan(resolve_model(row["model"]), train, policy, num_steps=3),
+                          load_profile(profile_path))
+    return prediction.floors_s.get("host_memory", 0.0)
+
+
+def write_report(rows: list[dict], out: Path, floor_profile: Path | None = None) -> None:
     """compare.csv (every run), compare.md (table, then layerslide against DeepSpeed at each
-    micro-batch with the issue's targets) and compare.png (the matrix model vs micro-batch)."""
+    micro-batch with the issue's targets and, with floor_profile, the most this machine's host
+    memory lets the plan reach) and compare.png (the matrix model vs micro-batch)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -242,8 +260,13 @@ def write_report(rows: list[dict], out: Path) -> None:
     for (system, model, mb), r in sorted(ok.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         ds = ok.get(("deepspeed", model, mb))
         if system.startswith("layerslide") and ds is not None:
+            bound = ""
+            if floor_profile is not None:
+                floor = host_memory_floor_s(r, floor_profile)
+                bound = (f" (host-memory floor of its plan {floor:.3f} s/step: at most "
+                         f"{ds['step_s'] / floor:.2f}x here)") if floor else ""
             lines.append(f"- {system}, {model} micro-batch {mb}: tokens/s "
-                         f"{_ratio(r, ds, 'tokens_per_s')}, GPU allocated "
+                         f"{_ratio(r, ds, 'tokens_per_s')}{bound}, GPU allocated "
                          f"{_ratio(r, ds, 'gpu_allocated_peak_bytes')}, host RSS "
                          f"{_ratio(r, ds, 'host_rss_peak_bytes')}")
     (out / "compare.md").write_text("\n".join(lines) + "\n")
@@ -362,6 +385,9 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=0.0,
                     help="seconds for the whole matrix; runs that would start later are skipped "
                          "so that the report is still written (0: none)")
+    ap.add_argument("--floor-profile", type=Path,
+                    help="this machine's calibrated profile: the report gives each layerslide "
+                         "row's host-memory floor and the ratio it allows")
     ap.add_argument("--one", action="store_true", help="run --system once, print its row")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -398,7 +424,7 @@ def main() -> None:
                   f"host {row['host_rss_peak_bytes'] / GIB:.1f} GiB", flush=True)
         (args.out / "compare.json").write_text(json.dumps(rows, indent=1))
     if rows:
-        write_report(rows, args.out)
+        write_report(rows, args.out, args.floor_profile)
 
 
 if __name__ == "__main__":
