@@ -12,6 +12,7 @@ from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
     CPU_OPTIMIZERS,
+    GPU_UPDATE_ORDERS,
     LAYER_KERNEL_MODES,
     OPTIMIZER_ORDERS,
 )
@@ -104,6 +105,10 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
     g.add_argument("--gpu-updated-blocks", type=int, default=d.gpu_updated_blocks,
                    help="blocks (embedding, layer 0, 1, ..., head) whose fp32 state stays on the "
                         "GPU and is updated there (18 B/param of GPU memory, no CPU work)")
+    g.add_argument("--gpu-updated-order", choices=GPU_UPDATE_ORDERS, default=d.gpu_updated_order,
+                   help="which blocks --gpu-updated-blocks takes first: the next forward's order "
+                        "(embedding first) or the decoder layers first (leaves out a large "
+                        "embedding)")
     g.add_argument("--optimizer-order", choices=OPTIMIZER_ORDERS, default=d.optimizer_order,
                    help="CPU runs ready optimizer steps by grad arrival or next-forward deadline")
     g.add_argument("--cast", choices=CAST_MODES, default=d.cast,
@@ -163,6 +168,7 @@ def policy_of(args) -> Policy:
                       moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
                       resident_layers=args.resident_layers,
                       gpu_updated_blocks=args.gpu_updated_blocks,
+                      gpu_updated_order=args.gpu_updated_order,
                       optimizer_order=args.optimizer_order,
                       cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
                       layer_kernels=args.layer_kernels,

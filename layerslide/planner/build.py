@@ -47,9 +47,18 @@ class GpuLayout:
     ring_units: int  # units the sliding layers share
 
 
+def gpu_update_candidates(num_layers: int, order: str) -> list[int]:
+    """Blocks in the order gpu_updated_blocks takes them (Policy.gpu_updated_order)."""
+    if order == "layers_first":
+        return [*range(num_layers), num_layers, EMBEDDING]
+    return [EMBEDDING, *range(num_layers), num_layers]
+
+
 def gpu_layout(num_layers: int, policy: Policy) -> GpuLayout:
     """The policy's GPU layout for a model of num_layers decoder layers."""
-    gpu_updated = tuple([EMBEDDING, *range(num_layers), num_layers][:policy.gpu_updated_blocks])
+    taken = gpu_update_candidates(num_layers, policy.gpu_updated_order)
+    # updated in the order the next forward needs them, whichever were taken
+    gpu_updated = tuple(sorted(taken[:policy.gpu_updated_blocks]))
     dedicated = sorted({*range(min(policy.resident_layers, num_layers)),
                         *(b for b in gpu_updated if 0 <= b < num_layers)})
     return GpuLayout(gpu_updated=gpu_updated, dedicated_layers=tuple(dedicated),

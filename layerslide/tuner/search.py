@@ -15,10 +15,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner import EMBEDDING, ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
+from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
+from layerslide.planner.build import gpu_update_candidates
 from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
+    GPU_UPDATE_ORDERS,
     OPTIMIZER_ORDERS,
     grads_land_in_upload,
 )
@@ -108,7 +110,7 @@ class Candidate:
             "optimizer_order": p.optimizer_order,
             "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
             "host_grad_buffers": p.host_grad_buffers,
-            "gpu_updated_blocks": p.gpu_updated_blocks,
+            "gpu_updated_blocks": p.gpu_updated_blocks, "gpu_updated_order": p.gpu_updated_order,
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -140,11 +142,10 @@ class TuneResult:
         return counts
 
 
-def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float) -> int:
-    """How many blocks, in GPU-update order, fit their GPU state into the headroom."""
-    order = [EMBEDDING, *range(model.num_layers), model.num_layers]
+def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: str) -> int:
+    """How many blocks, taken in the order's sequence, fit their GPU state into the headroom."""
     used, count = 0.0, 0
-    for block in order:
+    for block in gpu_update_candidates(model.num_layers, order):
         used += GPU_UPDATED_BYTES_PER_PARAM * sizes.block_params(model, block)
         if used > headroom_bytes:
             break
@@ -166,18 +167,21 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
         return base
     pred = base.prediction
     headroom = (pred.limits_bytes["gpu"] - pred.peak_bytes["gpu"]) * GPU_FILL_MARGIN
-    count = _gpu_update_blocks_fitting(model, headroom)
     best = base
-    while count > base.policy.gpu_updated_blocks:
-        filled = replace(base.policy, gpu_updated_blocks=count)
-        plan = build_plan(model, train, filled, num_steps=num_steps)
-        prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs)
-        if prediction.feasible:
-            if prediction.tokens_per_s > best.prediction.tokens_per_s:
-                best = Candidate(train=train, policy=filled,
-                                 prediction=replace(prediction, trace=None))
-            break
-        count //= 2  # the estimate missed dynamic memory: try half as many
+    # the next forward's order first; with the layers first, a large embedding that does not
+    # fit leaves room for layers that do
+    for order in GPU_UPDATE_ORDERS:
+        count = _gpu_update_blocks_fitting(model, headroom, order)
+        while count > base.policy.gpu_updated_blocks:
+            filled = replace(base.policy, gpu_updated_blocks=count, gpu_updated_order=order)
+            plan = build_plan(model, train, filled, num_steps=num_steps)
+            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs)
+            if prediction.feasible:
+                if prediction.tokens_per_s > best.prediction.tokens_per_s:
+                    best = Candidate(train=train, policy=filled,
+                                     prediction=replace(prediction, trace=None))
+                break
+            count //= 2  # the estimate missed dynamic memory: try half as many
     return best
 
 

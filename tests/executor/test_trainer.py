@@ -50,10 +50,13 @@ def run_executor(config, spec, train, policy, optim, *, steps, serial=False, dev
     ("qwen2", True, 2, None, "native"), ("qwen3", True, 1, 0.5, "native"),
     ("llama", False, 1, 1.0, "torch"), ("qwen2", True, 2, None, "torch"),
     ("llama", False, 2, 1.0, "gpu:3"), ("qwen2", True, 1, None, "gpu:5"),
-    ("llama", False, 1, None, "pool:2"), ("qwen2", True, 2, None, "pool:1")])
+    ("llama", False, 1, None, "pool:2"), ("qwen2", True, 2, None, "pool:1"),
+    ("llama", False, 1, 1.0, "gpu_layers:2"), ("qwen2", True, 2, None, "gpu_layers:4")])
 def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, clip, optimizer):
-    """optimizer: the CPU optimizer, gpu:N for the first N blocks updated on the GPU, or
-    pool:N for N pinned host grad buffers shared by all blocks (and cast on the GPU)."""
+    """optimizer: the CPU optimizer, gpu:N for the first N blocks updated on the GPU (the
+    embedding first), gpu_layers:N for the first N with the decoder layers first (4 of a 3-layer
+    model: the layers and the head, the embedding on the CPU), or pool:N for N pinned host grad
+    buffers shared by all blocks (and cast on the GPU)."""
     config = tiny_config(family, tied)
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
@@ -61,6 +64,8 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     steps = 4
     kind, _, count = optimizer.partition(":")
     policy = {"gpu": lambda: Policy(gpu_updated_blocks=int(count)),
+              "gpu_layers": lambda: Policy(gpu_updated_blocks=int(count),
+                                           gpu_updated_order="layers_first"),
               "pool": lambda: Policy(host_grad_buffers=int(count), cast="gpu")}.get(
                   kind, lambda: Policy(cpu_optimizer=optimizer))()
     logs, initial, final, _ = run_executor(config, spec, train, policy, optim, steps=steps,

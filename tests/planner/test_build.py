@@ -441,3 +441,17 @@ def test_the_head_workspace_follows_the_policy_head_chunk():
     logits_row = BF16_BYTES * spec.vocab_size + FP32_BYTES
     full = workspace_bytes(Policy())
     assert full - workspace_bytes(Policy(head_chunk_bytes=512 * 2**20)) == 2048 * logits_row
+
+
+def test_gpu_updated_blocks_can_take_the_decoder_layers_first():
+    from layerslide.planner.build import gpu_layout
+
+    forward = gpu_layout(4, Policy(gpu_updated_blocks=2))
+    layers = gpu_layout(4, Policy(gpu_updated_blocks=2, gpu_updated_order="layers_first"))
+    assert forward.gpu_updated == (EMBEDDING, 0) and forward.dedicated_layers == (0,)
+    assert layers.gpu_updated == (0, 1) and layers.dedicated_layers == (0, 1)
+    # all of them: the embedding comes last in the choice, first in the update order
+    every = gpu_layout(4, Policy(gpu_updated_blocks=6, gpu_updated_order="layers_first"))
+    assert every.gpu_updated == (EMBEDDING, 0, 1, 2, 3, 4)
+    with pytest.raises(ValueError, match="gpu_updated_order"):
+        Policy(gpu_updated_order="largest")

@@ -237,3 +237,26 @@ def test_the_leaders_are_ranked_at_the_speed_their_gpu_settles_at(monkeypatch):
     direct = simulate(build_plan(PRESETS["llama-3.2-1b"], best.train, best.policy), profile)
     assert best.prediction.step_s == pytest.approx(direct.step_s)
     assert best.prediction.gpu_speedup == pytest.approx(direct.gpu_speedup)
+
+
+def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
+    # a 4096-token vocab: the embedding's GPU state (18 B/param, 4.7 MB) does not fit the room
+    # left, decoder layers' (0.67 MB each) do; the CPU is the bottleneck, so moving them pays
+    from layerslide.planner import EMBEDDING
+    from layerslide.planner.build import gpu_layout
+
+    model = replace(make_tiny_model(num_layers=4), vocab_size=4096)
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    profile = make_round_profile()
+    base = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
+                    num_steps=3)
+    room = 18 * 4 * model.layer_params
+    assert room < 18 * model.embedding_params
+    capped = evaluate(model, train, policy, profile,
+                      gpu_memory_bytes=base.prediction.peak_bytes["gpu"] + int(room / 0.95),
+                      allow_nvme=True, num_steps=3, fill_gpu_updates=True)
+    assert capped.policy.gpu_updated_order == "layers_first"
+    updated = gpu_layout(model.num_layers, capped.policy).gpu_updated
+    assert 1 <= len(updated) <= 4 and EMBEDDING not in updated
+    assert capped.prediction.feasible
+    assert capped.prediction.tokens_per_s > base.prediction.tokens_per_s
