@@ -260,7 +260,7 @@ def cmd_tune(args) -> int:
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
     shown = ["micro_batch", "window", "activations", "cast", "gpu_updated_blocks",
-             "moments_on_nvme", "master_on_nvme",
+             "gpu_updated_order", "moments_on_nvme", "master_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes",
              "peak_host_bytes"]
     if result.feasible:
