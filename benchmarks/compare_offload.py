@@ -149,8 +149,10 @@ def step_times_deepspeed(spec, mb: int, seq: int, steps: int, cap: int,
 
 
 def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device: str,
-                          tuned_on: str | None = None) -> list[float]:
-    """tuned_on: a profile to take tune's pick from (as validate_sim does), else Policy()."""
+                          tuned_on: str | None = None,
+                          tune_budget: int | None = None) -> list[float]:
+    """tuned_on: a profile to take tune's pick from (as validate_sim does), under tune_budget
+    bytes of GPU memory (default: 0.9 of the cap), else Policy()."""
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
@@ -161,11 +163,15 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
     policy = Policy()
     if tuned_on is not None:
         from layerslide.hwprofiles import load_profile
+        from layerslide.planner import sizes
         from layerslide.tuner import SearchSpace, tune
 
         best = tune(spec, load_profile(tuned_on), seq_len=seq, base_policy=policy,
                     space=SearchSpace(micro_batches=(mb,), allow_nvme=False),
-                    gpu_memory_bytes=int(0.9 * cap)).best
+                    # a budget of allocations, as DeepSpeed's is measured: tune's GPU limit
+                    # also holds the CUDA context and workspaces (the plan's runtime bytes)
+                    gpu_memory_bytes=(tune_budget + sizes.GPU_RUNTIME_BYTES if tune_budget
+                                      else int(0.9 * cap))).best
         if best is None:
             raise SystemExit(f"tune finds no policy for micro-batch {mb} under the cap")
         policy = best.policy
@@ -197,7 +203,7 @@ def run_one(args) -> dict:
     else:
         times = step_times_layerslide(spec, args.micro_batch, args.seq_len, args.steps, cap,
                                       args.device, args.profile if "tuned" in args.system
-                                      else None)
+                                      else None, args.tune_budget)
     step_s = statistics.median(times[2:] or times[-1:])
     tokens = args.micro_batch * args.seq_len
     return {"system": args.system, "model": spec.name, "micro_batch": args.micro_batch,
@@ -265,6 +271,8 @@ def write_report(rows: list[dict], out: Path, floor_profile: Path | None = None)
                 floor = host_memory_floor_s(r, floor_profile)
                 bound = (f" (host-memory floor of its plan {floor:.3f} s/step: at most "
                          f"{ds['step_s'] / floor:.2f}x here)") if floor else ""
+            if r.get("tune_budget_bytes"):
+                bound += f" (tuned under {r['tune_budget_bytes'] / GIB:.2f} GiB of allocations)"
             lines.append(f"- {system}, {model} micro-batch {mb}: tokens/s "
                          f"{_ratio(r, ds, 'tokens_per_s')}{bound}, GPU allocated "
                          f"{_ratio(r, ds, 'gpu_allocated_peak_bytes')}, host RSS "
@@ -326,11 +334,13 @@ def run_watched(cmd: list[str], timeout: float, host_limit: int) -> tuple[int, s
 
 
 def child_row(args, system: str, model: str, mb: int, timeout: float,
-              deadline_cut: bool = False) -> dict:
+              deadline_cut: bool = False, tune_budget: int | None = None) -> dict:
     """Run one configuration in a fresh process: its row, or a row saying why it has none."""
     child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch", str(mb),
              "--model", model, "--seq-len", str(args.seq_len), "--steps", str(args.steps),
              "--gpu-memory", args.gpu_memory, "--device", args.device, "--profile", args.profile]
+    if tune_budget:
+        child += ["--tune-budget", str(tune_budget)]
     failed = {"system": system, "model": model, "micro_batch": mb, "seq_len": args.seq_len}
     code, stdout, stderr, stopped = run_watched(child, timeout, host_limit_bytes(args.host_limit))
     if stopped.startswith("timed out") and deadline_cut:
@@ -388,6 +398,11 @@ def main() -> None:
     ap.add_argument("--floor-profile", type=Path,
                     help="this machine's calibrated profile: the report gives each layerslide "
                          "row's host-memory floor and the ratio it allows")
+    ap.add_argument("--tune-share-of-deepspeed", type=float, default=0.0,
+                    help="layerslide-tuned takes tune's pick under this share of DeepSpeed's GPU "
+                         "allocation at the same micro-batch, where DeepSpeed ran before it "
+                         "(list deepspeed first in --systems; e.g. 0.5, the issue's target)")
+    ap.add_argument("--tune-budget", type=int, help=argparse.SUPPRESS)  # bytes, for --one
     ap.add_argument("--one", action="store_true", help="run --system once, print its row")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -414,9 +429,18 @@ def main() -> None:
             print(f"{system} {model} micro-batch {mb}: skipped, the deadline is reached",
                   flush=True)
             continue
-        print(f"{system} {model} micro-batch {mb}", flush=True)
+        budget = None
+        if system == "layerslide-tuned" and args.tune_share_of_deepspeed:
+            ds = next((r for r in rows if r["system"] == "deepspeed" and r["model"] == model
+                       and r["micro_batch"] == mb and "error" not in r), None)
+            if ds is not None:
+                budget = int(args.tune_share_of_deepspeed * ds["gpu_allocated_peak_bytes"])
+        print(f"{system} {model} micro-batch {mb}"
+              + (f" (tuned under {budget / GIB:.2f} GiB)" if budget else ""), flush=True)
         row = child_row(args, system, model, mb, min(args.timeout, left),
-                        deadline_cut=left < args.timeout)
+                        deadline_cut=left < args.timeout, tune_budget=budget)
+        if budget:
+            row["tune_budget_bytes"] = budget
         rows.append(row)
         if "error" not in row:
             print(f"  {row['step_s']:.3f} s/step, {row['tokens_per_s']:,.0f} tokens/s, "

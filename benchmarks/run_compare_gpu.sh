@@ -15,6 +15,7 @@ python3 -c "import deepspeed, torch; print('deepspeed', deepspeed.__version__, '
 # this machine's host rates (machines differ by 10-20%): the report bounds each layerslide row
 python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
     --quick --out "$out/h200-calibrated.toml" --overwrite --ram 128GiB 2>&1 | tail -3
-floor=()
-[ -f "$out/h200-calibrated.toml" ] && floor=(--floor-profile "$out/h200-calibrated.toml")
+floor=()  # and layerslide-tuned tunes on it, unless --profile says otherwise
+[ -f "$out/h200-calibrated.toml" ] && floor=(--floor-profile "$out/h200-calibrated.toml"
+                                             --profile "$out/h200-calibrated.toml")
 python3 benchmarks/compare_offload.py --out "$out" ${floor[@]+"${floor[@]}"} "$@" 2>&1 | grep -v -i warn
