@@ -170,8 +170,8 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
                     space=SearchSpace(micro_batches=(mb,), allow_nvme=False),
                     # a budget of allocations, as DeepSpeed's is measured: tune's GPU limit
                     # also holds the CUDA context and workspaces (the plan's runtime bytes)
-                    gpu_memory_bytes=(tune_budget + sizes.GPU_RUNTIME_BYTES if tune_budget
-                                      else int(0.9 * cap))).best
+                    gpu_memory_bytes=(min(tune_budget + sizes.GPU_RUNTIME_BYTES, cap)
+                                      if tune_budget else int(0.9 * cap))).best
         if best is None:
             raise SystemExit(f"tune finds no policy for micro-batch {mb} under the cap")
         policy = best.policy
@@ -435,6 +435,9 @@ def main() -> None:
                        and r["micro_batch"] == mb and "error" not in r), None)
             if ds is not None:
                 budget = int(args.tune_share_of_deepspeed * ds["gpu_allocated_peak_bytes"])
+            else:
+                print(f"  no DeepSpeed row at micro-batch {mb} before it: tuned under 0.9 of "
+                      "the cap instead", flush=True)
         print(f"{system} {model} micro-batch {mb}"
               + (f" (tuned under {budget / GIB:.2f} GiB)" if budget else ""), flush=True)
         row = child_row(args, system, model, mb, min(args.timeout, left),

@@ -94,7 +94,8 @@ Simulated, not measured: predictions of the SimPy model from the hardware profil
 - Default policy, micro-batch 8: {line(default)}
 - Tuned (micro-batch {best['micro_batch']}, window {best['window']}, activations on
   {best['activations']}, cast {best['cast']}, {best['gpu_updated_blocks']} blocks updated on the
-  GPU): {line(tuned)}
+  GPU{' (decoder layers first)' if best['gpu_updated_order'] == 'layers_first' else ''}):
+  {line(tuned)}
 - Tuning: {len(result.candidates)} candidates, {len(result.feasible)} fit; rejected: {rejected}
 
 | file | what |

@@ -185,7 +185,7 @@ class Trainer:
                                     "exp_avg_sq": moments[1]}
         return groups
 
-    def _identity(self) -> dict:
+    def _identity(self) -> dict:  # what a checkpoint must match to resume (restore_state)
         return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
                 "policy": self.policy.to_dict(), "optim": self.optim.to_dict()}
 
@@ -223,7 +223,7 @@ class Trainer:
                              f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
         mine = self._identity()
         for key, value in mine.items():
-            if meta.get(key) != value:
+            if _with_defaults(key, meta.get(key)) != value:
                 raise ValueError(f"{info.path} was written with other {key} settings "
                                  f"({meta.get(key)}) than this run's ({value}): resume with "
                                  "the settings of the run that wrote it")
@@ -392,3 +392,15 @@ def _first_steps(plan: Plan, count: int) -> Plan:
                    meta={**plan.meta, "step_markers": plan.meta["step_markers"][:count]})
     trimmed.validate()
     return trimmed
+
+
+def _with_defaults(key: str, stored: object) -> object:
+    """A checkpoint's stored policy or train settings read back through their dataclass, so
+    that fields added since it was written take their defaults instead of differing."""
+    kinds = {"policy": Policy, "train": TrainSpec}
+    if key not in kinds or not isinstance(stored, dict):
+        return stored
+    try:
+        return kinds[key].from_dict(stored).to_dict()
+    except (TypeError, ValueError):
+        return stored  # not ours to read: the comparison reports it

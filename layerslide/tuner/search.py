@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
-from layerslide.planner.build import gpu_update_candidates
+from layerslide.planner.build import gpu_layout, gpu_update_candidates
 from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
@@ -168,12 +168,17 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     pred = base.prediction
     headroom = (pred.limits_bytes["gpu"] - pred.peak_bytes["gpu"]) * GPU_FILL_MARGIN
     best = base
+    tried: set[tuple[int, ...]] = set()
     # the next forward's order first; with the layers first, a large embedding that does not
     # fit leaves room for layers that do
     for order in GPU_UPDATE_ORDERS:
         count = _gpu_update_blocks_fitting(model, headroom, order)
         while count > base.policy.gpu_updated_blocks:
             filled = replace(base.policy, gpu_updated_blocks=count, gpu_updated_order=order)
+            blocks = gpu_layout(model.num_layers, filled).gpu_updated
+            if blocks in tried:  # the same blocks taken in the other order
+                break
+            tried.add(blocks)
             plan = build_plan(model, train, filled, num_steps=num_steps)
             prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs)
             if prediction.feasible:
@@ -267,9 +272,19 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
                 progress(len(results), len(jobs))
     ranked = _ranked(results)
     if settle_late:  # the leaders again, each at the speed its GPU settles at
+        settled: list[Candidate] = []
+
+        def settle(candidate: Candidate) -> Candidate:
+            settled.append(_settled(model, candidate, profile, gpu_memory_bytes, num_steps))
+            return settled[-1]
+
         leaders = [c for c in ranked if c.feasible][:CLOCK_FINALISTS]
-        settled = [_settled(model, c, profile, gpu_memory_bytes, num_steps) for c in leaders]
-        ranked = _ranked(settled + [c for c in ranked if not any(c is x for x in leaders)])
+        ranked = _ranked([settle(c) for c in leaders]
+                         + [c for c in ranked if not any(c is x for x in leaders)])
+        # settling can also slow a leader (a table below 1 when busy): until the first is a
+        # settled one, settle whichever leads
+        while ranked[0].feasible and not any(ranked[0] is x for x in settled):
+            ranked = _ranked([settle(ranked[0]), *ranked[1:]])
     best_plan = None
     if ranked and ranked[0].feasible:
         best = ranked[0]

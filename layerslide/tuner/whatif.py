@@ -48,7 +48,8 @@ class WhatIfRow:
         if r["host_grad_buffers"]:
             parts.append(f"grad_bufs={r['host_grad_buffers']}")
         if r["gpu_updated_blocks"]:
-            parts.append(f"gpu_upd={r['gpu_updated_blocks']}")
+            parts.append(f"gpu_upd={r['gpu_updated_blocks']}"
+                         + (" (layers first)" if r["gpu_updated_order"] == "layers_first" else ""))
         parts.append(f"nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
         config = " ".join(parts)
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],

@@ -122,3 +122,16 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
         with pytest.warns(RuntimeWarning, match="skipping checkpoint .*step-000000002"):
             info = trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ), fallback=True)
         assert info.step == 1 and trainer.step == 1
+
+
+def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defaults():
+    from layerslide.executor.trainer import _with_defaults
+
+    policy = Policy(window=4).to_dict()
+    older = {k: v for k, v in policy.items()
+             if k not in ("gpu_updated_order", "head_chunk_bytes", "stream_run_ahead")}
+    assert _with_defaults("policy", older) == policy
+    assert _with_defaults("policy", {**older, "window": 2}) != policy
+    train = TrainSpec(micro_batch=1, seq_len=SEQ).to_dict()
+    assert _with_defaults("train", train) == train
+    assert _with_defaults("policy", {"no_such_field": 1}) == {"no_such_field": 1}

@@ -260,3 +260,25 @@ def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
     assert 1 <= len(updated) <= 4 and EMBEDDING not in updated
     assert capped.prediction.feasible
     assert capped.prediction.tokens_per_s > base.prediction.tokens_per_s
+
+
+def test_the_pick_is_always_one_whose_clock_was_settled(monkeypatch):
+    # a table that slows a busy GPU below its efficiency tables' rate: settling the leader can
+    # drop it under an unsettled one, which is then settled before it can be the pick
+    import dataclasses
+
+    from layerslide.hwprofiles import load_profile
+    from layerslide.planner import PRESETS
+    from layerslide.tuner import search
+
+    monkeypatch.setattr(search, "CLOCK_FINALISTS", 1)
+    base = load_profile("h200-bench")
+    profile = dataclasses.replace(base, gpu=dataclasses.replace(
+        base.gpu, busy_speedup=((0.25, 1.0), (0.5, 1.0), (1.0, 0.92))))
+    space = SearchSpace(windows=(2, 4), micro_batches=(8, 16, 32), activations=("gpu", "host"),
+                        casts=("cpu_once",), allow_nvme=False, fill_gpu_updates=False)
+    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1)
+    best = result.best
+    direct = simulate(build_plan(PRESETS["llama-3.2-1b"], best.train, best.policy), profile)
+    assert best.prediction.gpu_speedup == pytest.approx(direct.gpu_speedup)
+    assert best.prediction.step_s == pytest.approx(direct.step_s)
