@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
-# Llama-3.2-3B: (in, out) of q, k, v, o, gate, up, down
-LAYER_GEMMS = [(3072, 3072), (3072, 1024), (3072, 1024), (3072, 3072), (3072, 8192),
-               (3072, 8192), (8192, 3072)]
+from layerslide.calibrate.gpu import layer_gemm_shapes
+from layerslide.planner.model import resolve_model
+
+# Llama-3.2-3B: (in, out) of q, k, v, o, gate, up, down, as calibrate measures them
+LAYER_GEMMS = layer_gemm_shapes(resolve_model("llama-3.2-3b"))
 TOKEN_COUNTS = (8 * 1024, 16 * 1024, 32 * 1024)  # micro-batch 8, 16, 32 at sequence 1024
 BUSY_FRACTIONS = (1.0, 0.5, 0.25)
 

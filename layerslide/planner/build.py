@@ -253,8 +253,8 @@ class _Builder:
                             host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
-        self.buffer(f"{head}.workspace", "gpu",
-                    sizes.head_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes), head, (head,))
+        workspace = sizes.head_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes)
+        self.buffer(f"{head}.workspace", "gpu", workspace, head, (head,))
         # the final hidden state lives from the last forward until the head has consumed it
         self.buffer(f"s{s}.m{m}.hidden.final", "gpu", hidden, producers[L], (head,))
 

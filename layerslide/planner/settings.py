@@ -76,9 +76,9 @@ class Policy:
     moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
     resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
     # Blocks whose fp32 master weights, AdamW moments and grads live on the GPU and are updated
-    # there (fused AdamW), in the order the next forward needs them: the embedding, layer 0,
-    # 1, ..., the head last. They never cross PCIe and cost the CPU nothing: 18 B/param of GPU
-    # memory buys CPU time when the CPU is the bottleneck.
+    # there (fused AdamW): the first gpu_updated_blocks of gpu_updated_order's sequence,
+    # updated in the order the next forward needs them. They never cross PCIe and cost the CPU
+    # nothing: 18 B/param of GPU memory buys CPU time when the CPU is the bottleneck.
     gpu_updated_blocks: int = 0
     gpu_updated_order: str = "forward"  # which blocks come first: see GPU_UPDATE_ORDERS
     optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline

@@ -129,7 +129,6 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
             if s2.waiting_on == 0:
                 mark_ready(s2)
 
-
     def enqueue_thread(order):
         for i, tid in enumerate(order):
             st = states[tid]
