@@ -322,8 +322,8 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
               if predicted.trace else {})
     return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
-            # each stream's pool at its own peak: the caching allocator's reserve at least
-            "predicted_gpu_reserved_bytes": predicted.gpu_reserve_floor_bytes,
+            # each stream's pool as the caching allocator's model reserves it
+            "predicted_gpu_reserved_bytes": predicted.gpu_reserved_bytes,
             "predicted_host_bytes": predicted.peak_bytes["host"],
             **({"trace": predicted.trace} if keep_trace else {})}
 

@@ -6,7 +6,8 @@ lane's tasks in order, each once its predecessors are enqueued (on a stream) or 
 lane), taking the task's dispatch time, with at most Policy.stream_run_ahead of them queued and
 unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
 and the task ends no sooner than its dispatch. So the dispatch of a task waiting for its inputs
-(a layer's weights in flight) hides behind that wait."""
+(a layer's weights in flight) hides behind that wait. A task's buffers come as it starts and go as
+the last task releasing them ends (layerslide.simulator.memory)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import simpy
 
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.memory import MemoryLedger
 from layerslide.simulator.sharing import SharedResources
-from layerslide.trace import TIERS, MemorySample, Trace, TraceEvent
+from layerslide.trace import Trace, TraceEvent
 
 
 class _TaskState:
@@ -36,54 +38,18 @@ class _TaskState:
         self.start_s = self.end_s = self.dispatch_end_s = 0.0
 
 
-class _Memory:
-    """Bytes in use per tier; buffers come and go with the tasks named in the plan."""
-
-    def __init__(self, plan: Plan):
-        self.in_use = dict.fromkeys(TIERS, 0)
-        self.samples: list[MemorySample] = []
-        self.allocs: dict[str, list] = {}
-        self.pending: dict[str, int] = {}
-        self.releases: dict[str, list] = {}
-        for b in plan.buffers:
-            if b.alloc_task is None:
-                self.in_use[b.tier] += b.bytes
-            else:
-                self.allocs.setdefault(b.alloc_task, []).append(b)
-            if b.release_tasks:
-                self.pending[b.id] = len(b.release_tasks)
-                for t in b.release_tasks:
-                    self.releases.setdefault(t, []).append(b)
-        for tier in TIERS:
-            self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
-
-    def _change(self, now: float, tier: str, delta: int) -> None:
-        self.in_use[tier] += delta
-        assert self.in_use[tier] >= 0, f"{tier} memory went negative"
-        self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=self.in_use[tier]))
-
-    def task_started(self, now: float, task_id: str) -> None:
-        for b in self.allocs.get(task_id, ()):
-            self._change(now, b.tier, b.bytes)
-
-    def task_ended(self, now: float, task_id: str) -> None:
-        for b in self.releases.get(task_id, ()):
-            self.pending[b.id] -= 1
-            if self.pending[b.id] == 0:
-                self._change(now, b.tier, -b.bytes)
-
-
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
-    """Simulate the plan to completion and return its Trace."""
+    """Simulate the plan to completion and return its Trace; its meta has the GPU's peak bytes
+    and the allocator's reserve per pool (gpu_pool_peak_bytes, gpu_pool_reserved_bytes)."""
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-    memory = _Memory(plan)
+    stream_lanes = {lane for lane, d in plan.lane_discipline.items() if d == "strict"}
+    memory = MemoryLedger(plan)
     states: dict[str, _TaskState] = {}
     for lane, order in plan.lane_order.items():
         for i, tid in enumerate(order):
             states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
     graph = plan.graph
-    stream_lanes = {lane for lane, d in plan.lane_discipline.items() if d == "strict"}
     run_ahead = plan.policy.stream_run_ahead
     for tid, st in states.items():
         st.waiting_on = graph.in_degree(tid)
@@ -109,7 +75,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
 
     def execute(st: _TaskState):
         st.start_s = env.now
-        memory.task_started(env.now, st.task.id)
+        memory.allocate(env.now, st.task.id)
         cost = st.cost
         if cost.solo_s > 0:
             if cost.uses:
@@ -122,7 +88,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         st.finished.succeed()
         if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
-        memory.task_ended(env.now, st.task.id)
+        memory.release(env.now, st.task.id)
         for succ in graph.successors(st.task.id):
             s2 = states[succ]
             s2.waiting_on -= 1
@@ -174,4 +140,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
                    layer=st.task.layer, step=st.task.step, start_s=st.start_s, end_s=st.end_s)
         for st in sorted(states.values(), key=lambda s: (s.start_s, s.end_s))
     )
-    return Trace(source="simulated", label="", events=events, memory=tuple(memory.samples))
+    meta = {"gpu_pool_peak_bytes": dict(memory.pool_peaks),
+            "gpu_pool_reserved_bytes": memory.gpu_pool_reserves()}
+    return Trace(source="simulated", label="", events=events, memory=tuple(memory.samples),
+                 meta=meta)

@@ -58,8 +58,11 @@ class Prediction:
     # allocator slack (Plan.runtime_bytes("gpu"))
     gpu_runtime_bytes: int = 0
     # Peak GPU bytes per allocation pool: the lane whose task allocates a buffer, "static" for
-    # those allocated before the plan runs (runtime included). See gpu_pool_peaks.
+    # those allocated before the plan runs (runtime included). See simulator.memory.
     gpu_pool_peak_bytes: dict[str, int] = field(default_factory=dict)
+    # GPU bytes the caching allocator reserves per pool, from its model (simulator.allocator);
+    # the runtime's bytes are not in it
+    gpu_pool_reserved_bytes: dict[str, int] = field(default_factory=dict)
     # how much faster than the profile's efficiency tables the GPU computed (GPUSpec.busy_speedup
     # at the busy fraction the simulation settled on; 1 without a table)
     gpu_speedup: float = 1.0
@@ -77,6 +80,20 @@ class Prediction:
         if not self.gpu_pool_peak_bytes:
             return self.gpu_allocated_peak_bytes
         return sum(self.gpu_pool_peak_bytes.values()) - self.gpu_runtime_bytes
+
+    @property
+    def gpu_reserved_bytes(self) -> int:
+        """The GPU reserve as the framework's allocator counts it (torch.cuda.max_memory_reserved):
+        the pools' reserves from the allocator's model; the floor where none was modelled."""
+        if not self.gpu_pool_reserved_bytes:
+            return self.gpu_reserve_floor_bytes
+        return sum(self.gpu_pool_reserved_bytes.values())
+
+    @property
+    def gpu_need_bytes(self) -> int:
+        """What must fit the GPU (see gpu_need_bytes)."""
+        return gpu_need_bytes(self.peak_bytes["gpu"], self.gpu_pool_peak_bytes,
+                              self.gpu_pool_reserved_bytes, self.gpu_runtime_bytes)
 
     @property
     def floor_s(self) -> float | None:
@@ -110,6 +127,15 @@ class Prediction:
         }
 
 
+def gpu_need_bytes(peak: int, pool_peaks: dict[str, int], pool_reserves: dict[str, int],
+                   runtime: int) -> int:
+    """What must fit the GPU: the runtime and what the allocator reserves, each stream's pool
+    with the holes its order of requests leaves (at least each pool at its own peak). Under a
+    cap the allocator would hand cached blocks on only by freeing and remapping them, which made
+    3B micro-batch 32 11-12% slower (benchmarks/results/validation_2026-11-30c, -cap)."""
+    return max(peak, sum(pool_peaks.values()), sum(pool_reserves.values()) + runtime)
+
+
 def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None) -> dict[str, int]:
     """Per-tier limits: the profile's sizes, the GPU capped at gpu_memory_bytes if given."""
     gpu = profile.gpu.memory_bytes
@@ -131,34 +157,6 @@ def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, flo
         if overlap > 0:
             busy[e.lane] = busy.get(e.lane, 0.0) + overlap
     return {lane: busy.get(lane, 0.0) / span for lane in trace.lanes} if span > 0 else {}
-
-
-def gpu_pool_peaks(plan: Plan, trace: Trace) -> dict[str, int]:
-    """Peak GPU bytes per allocation pool. The executor allocates a buffer on the stream of the
-    lane whose task allocates it (a layer's fetched checkpoint on h2d, its grads on gpu) and
-    the static ones before the plan runs; torch's caching allocator keeps one pool per stream
-    and never hands a block freed on one stream to another, so the pools' peaks add up even
-    where they fall at different times (3B micro-batch 32, H200: h2d held 0.57 GiB of fetched
-    checkpoints; benchmarks/results/validation_2026-11-30c)."""
-    start = {e.task_id: e.start_s for e in trace.events}
-    end = {e.task_id: e.end_s for e in trace.events}
-    changes: dict[str, list[tuple[float, int]]] = {}
-    for b in plan.buffers:
-        if b.tier != "gpu":
-            continue
-        pool = "static" if b.alloc_task is None else plan.task(b.alloc_task).lane
-        moves = changes.setdefault(pool, [])
-        moves.append((0.0 if b.alloc_task is None else start[b.alloc_task], b.bytes))
-        if b.release_tasks:
-            moves.append((max(end[t] for t in b.release_tasks), -b.bytes))
-    peaks = {}
-    for pool, moves in changes.items():
-        in_use = peak = 0
-        for _, delta in sorted(moves):  # at one instant, frees (negative) before allocations
-            in_use += delta
-            peak = max(peak, in_use)
-        peaks[pool] = peak
-    return peaks
 
 
 def gpu_compute_busy(gpu_tasks, costs: CostModel, step_s: float) -> float:
@@ -198,7 +196,7 @@ def _steady_step(plan: Plan, costs: CostModel, *, label: str,
     """Simulate the plan: its trace, steady step time and lane busy fractions in that step."""
     raw = run_plan(plan, costs)
     trace = Trace(source="simulated", label=label, events=raw.events, memory=raw.memory,
-                  meta={"profile": profile_name})
+                  meta={**raw.meta, "profile": profile_name})
     # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
     # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
     # the CPU's updates can fall one and a half steps into one cycle and half a step into the
@@ -273,16 +271,14 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
-    pools = gpu_pool_peaks(plan, trace)
-    # What must fit the GPU: each stream's pool at its own peak. Under a cap the allocator
-    # would hand one pool's cached blocks to another only by freeing and remapping them, which
-    # made 3B micro-batch 32 11-12% slower (benchmarks/results/validation_2026-11-30c, -cap).
-    need = {**peaks, "gpu": max(peaks["gpu"], sum(pools.values()))}
+    pools, reserves = trace.meta["gpu_pool_peak_bytes"], trace.meta["gpu_pool_reserved_bytes"]
+    need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], pools, reserves,
+                                           plan.runtime_bytes("gpu"))}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
         overflows=_overflows(need, limits), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
-        gpu_pool_peak_bytes=pools, gpu_speedup=costs.gpu_speedup,
+        gpu_pool_peak_bytes=pools, gpu_pool_reserved_bytes=reserves, gpu_speedup=costs.gpu_speedup,
     )

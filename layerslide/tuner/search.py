@@ -166,7 +166,7 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     if not (fill_gpu_updates and base.feasible):
         return base
     pred = base.prediction
-    headroom = (pred.limits_bytes["gpu"] - pred.peak_bytes["gpu"]) * GPU_FILL_MARGIN
+    headroom = (pred.limits_bytes["gpu"] - pred.gpu_need_bytes) * GPU_FILL_MARGIN
     best = base
     tried: set[tuple[int, ...]] = set()
     # the next forward's order first; with the layers first, a large embedding that does not

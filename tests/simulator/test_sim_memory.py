@@ -167,9 +167,10 @@ def test_gpu_allocated_peak_of_a_plan_rejected_before_simulating_leaves_out_the_
     assert rejected.gpu_allocated_peak_bytes == GPU_STATIC_BYTES - GPU_RUNTIME_BYTES
 
 
-def test_gpu_cap_just_below_peak_is_an_overflow(gpu_acts):
+def test_gpu_cap_just_below_what_must_fit_is_an_overflow(gpu_acts):
     plan, prediction = gpu_acts
-    peak = prediction.peak_bytes["gpu"]
+    peak = prediction.gpu_need_bytes
+    assert peak >= prediction.peak_bytes["gpu"]
     capped = simulate(plan, make_round_profile(), gpu_memory_bytes=peak - 1)
     assert not capped.feasible
     assert capped.overflows == (Overflow(tier="gpu", need_bytes=peak, limit_bytes=peak - 1),)
@@ -224,18 +225,25 @@ def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_p
         assert pools["h2d"] >= HIDDEN_BYTES
         assert sum(pools.values()) >= pred.peak_bytes["gpu"]
     assert pred.gpu_reserve_floor_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
+    # the allocator reserves whole pages per pool: at least each pool's peak
+    reserves = pred.gpu_pool_reserved_bytes
+    assert set(reserves) == set(pools)
+    assert reserves["static"] >= GPU_STATIC_BYTES - GPU_RUNTIME_BYTES
+    assert all(reserves[p] >= pools[p] for p in pools if p != "static")
+    assert pred.gpu_reserved_bytes == sum(reserves.values())
 
 
-def test_the_gpu_fits_only_if_every_stream_pool_at_its_peak_fits():
-    # checkpoints fetched on the h2d stream: their pool's peak adds to the GPU stream's, though
-    # the two peaks fall at different times; a cap between the tier's peak and the pools' sum
-    # does not fit
+def test_the_gpu_fits_only_if_every_stream_pool_as_the_allocator_reserves_it_fits():
+    # checkpoints fetched on the h2d stream: their pool adds to the GPU stream's, though the
+    # two peaks fall at different times; the allocator maps whole pages to each; a cap between
+    # the tier's peak and that does not fit
     plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy(activations="host"),
                       num_steps=3)
     pred = simulate(plan, make_round_profile())
-    pools = sum(pred.gpu_pool_peak_bytes.values())
-    assert pools > pred.peak_bytes["gpu"]
-    tight = simulate(plan, make_round_profile(), gpu_memory_bytes=pools - 1)
+    need = pred.gpu_reserved_bytes + GPU_RUNTIME_BYTES
+    assert need == pred.gpu_need_bytes
+    assert need >= sum(pred.gpu_pool_peak_bytes.values()) > pred.peak_bytes["gpu"]
+    tight = simulate(plan, make_round_profile(), gpu_memory_bytes=need - 1)
     assert pred.feasible and not tight.feasible
-    assert tight.overflows[0].tier == "gpu" and tight.overflows[0].need_bytes == pools
-    assert simulate(plan, make_round_profile(), gpu_memory_bytes=pools).feasible
+    assert tight.overflows[0].tier == "gpu" and tight.overflows[0].need_bytes == need
+    assert simulate(plan, make_round_profile(), gpu_memory_bytes=need).feasible

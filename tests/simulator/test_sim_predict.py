@@ -124,7 +124,9 @@ def test_trace_is_labelled(cpu_bound):
     plan, _, p = cpu_bound
     assert p.trace.source == "simulated"
     assert p.trace.label == "cpu-bound"
-    assert p.trace.meta == {"profile": "round"}
+    assert p.trace.meta == {"profile": "round",
+                            "gpu_pool_peak_bytes": p.gpu_pool_peak_bytes,
+                            "gpu_pool_reserved_bytes": p.gpu_pool_reserved_bytes}
     assert simulate(plan, make_round_profile()).trace.label == plan.model.name
 
 

@@ -31,19 +31,23 @@ def test_parallel_and_serial_tuning_agree():
     assert [c.row() for c in serial.candidates] == [c.row() for c in parallel.candidates]
 
 
+SEQ_FOR_PAGES = 512
+
+
 def test_gpu_cap_rejects_with_the_tier_and_the_plan_file_loads(tmp_path):
     model = make_tiny_model()
     profile = make_round_profile()
-    # a cap that every micro-batch-1 candidate fits and some micro-batch-4 one does not
-    uncapped = tune(model, profile, seq_len=16, space=SMALL, workers=1)
+    # a cap that every micro-batch-1 candidate fits and some micro-batch-4 one does not (a
+    # sequence long enough that micro-batch 4 needs more 2 MiB pages of the allocator)
+    uncapped = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, workers=1)
     peaks = {}
     for c in uncapped.candidates:
-        peaks.setdefault(c.train.micro_batch, []).append(c.prediction.peak_bytes["gpu"])
+        peaks.setdefault(c.train.micro_batch, []).append(c.prediction.gpu_need_bytes)
     cap = max(peaks[1])
     assert max(peaks[4]) > cap
-    result = tune(model, profile, seq_len=16, space=SMALL, gpu_memory_bytes=cap, workers=1)
+    result = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, gpu_memory_bytes=cap, workers=1)
     assert result.rejections().get("gpu", 0) >= 1
-    assert all(c.prediction.peak_bytes["gpu"] <= cap for c in result.feasible)
+    assert all(c.prediction.gpu_need_bytes <= cap for c in result.feasible)
     path = tmp_path / "tuned.json"
     result.best_plan.save(path)
     loaded = Plan.load(path)
@@ -169,7 +173,7 @@ def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
     # with room for the embedding's state only (18 B/param) the fill takes just that one
     room = 18 * model.embedding_params + 1000
     capped = evaluate(model, train, policy, profile,
-                      gpu_memory_bytes=base.prediction.peak_bytes["gpu"] + int(room / 0.95),
+                      gpu_memory_bytes=base.prediction.gpu_need_bytes + int(room / 0.95),
                       allow_nvme=True, num_steps=3, fill_gpu_updates=True)
     assert capped.policy.gpu_updated_blocks == 1
     assert capped.prediction.feasible
@@ -253,7 +257,7 @@ def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
     room = 18 * 4 * model.layer_params
     assert room < 18 * model.embedding_params
     capped = evaluate(model, train, policy, profile,
-                      gpu_memory_bytes=base.prediction.peak_bytes["gpu"] + int(room / 0.95),
+                      gpu_memory_bytes=base.prediction.gpu_need_bytes + int(room / 0.95),
                       allow_nvme=True, num_steps=3, fill_gpu_updates=True)
     assert capped.policy.gpu_updated_order == "layers_first"
     updated = gpu_layout(model.num_layers, capped.policy).gpu_updated
