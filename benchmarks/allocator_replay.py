@@ -25,12 +25,15 @@ def replay(events: list[dict]) -> dict[int, tuple[int, int]]:
     """Per stream: (bytes the model reserves, bytes the run mapped) over the events."""
     model = CachingAllocatorModel()
     mapped: dict[int, int] = {}
+    live: set[int] = set()
     for e in events:
         stream, action = e["stream"], e["action"]
         if action == "alloc":
             model.allocate(str(stream), e["addr"], e["size"])
-        elif action == "free_completed":
+            live.add(e["addr"])
+        elif action == "free_completed" and e["addr"] in live:  # not one from before recording
             model.free(e["addr"])
+            live.remove(e["addr"])
         elif action in GROWS:
             mapped[stream] = mapped.get(stream, 0) + e["size"]
     reserved = model.reserved_bytes()

@@ -163,6 +163,10 @@ def _print_prediction(pred: Prediction) -> None:
     print("peak memory (GiB): " + ", ".join(
         f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
         for t in TIERS))
+    if pred.trace is not None:
+        print(f"GPU: {gib(pred.gpu_need_bytes):.2f} GiB must fit (runtime plus the caching "
+              f"allocator's reserve of {gib(pred.gpu_reserved_bytes):.2f} GiB; "
+              f"{gib(pred.gpu_allocated_peak_bytes):.2f} GiB allocated at the peak)")
     if not pred.feasible:
         print(f"INFEASIBLE: {pred.reason}")
 

@@ -115,9 +115,12 @@ def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None
         raise UsageError(str(err)) from err
     profile = profile_of(args.profile)
     prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
-    gpu_need = prediction.peak_bytes.get("gpu", plan.static_bytes("gpu"))
+    # what the caching allocator reserves must fit, not only the allocated peak
+    gpu_need = (prediction.gpu_need_bytes if prediction.trace is not None
+                else plan.static_bytes("gpu"))
     if args.gpu_memory is not None and gpu_need > args.gpu_memory:
-        raise UsageError(f"the plan needs {gib(gpu_need):.2f} GiB of GPU memory, more than "
+        raise UsageError(f"the plan needs {gib(gpu_need):.2f} GiB of GPU memory (what the "
+                         "allocator reserves for it), more than "
                          f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: lower --micro-batch or "
                          "--window, or keep activations on the host")
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -126,6 +126,10 @@ class Plan:
             combined.add_edges_from(chains)
             cycle = nx.find_cycle(combined)
             raise ValueError(f"plan deadlocks: lane order contradicts dependencies at {cycle[:4]}")
+        ids = [b.id for b in self.buffers]
+        if len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"buffer ids must be unique; used more than once: {twice[:3]}")
         for b in self.buffers:
             for t in (b.alloc_task, *b.release_tasks):
                 if t is not None and t not in self.graph:

@@ -6,9 +6,9 @@ unmaps them while training (only empty_cache does). A request takes the smallest
 fits, leaving the free block at the mapped end for last (the allocator counts that one as large
 as it could grow); with none, it takes the free end plus new pages. So a block freed in the
 middle of the range that is too small for the next big request stays mapped beside it, and the
-reserve outgrows the allocated peak. Replaying the recorded requests of three H200 runs through
-this model gave their reserve within one page (2640/2640, 2760/2760, 5540/5560 MiB;
-benchmarks/results/validation_2026-11-30d, benchmarks/allocator_replay.py).
+reserve outgrows the allocated peak. Replaying the requests recorded in nine H200 runs through
+this model gave every stream's reserve exactly (16 of 16; benchmarks/allocator_replay.py,
+benchmarks/results/README.md, session 8).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ class ExpandableSegment:
 
     def __init__(self, *, page_bytes: int, min_split_bytes: int):
         self.page_bytes = page_bytes
-        # a free block's rest becomes a block of its own only when larger than this (large
-        # pool: 1 MiB; small pool: any rest of at least one 512-byte unit)
+        # a free block's rest becomes a block of its own only when larger than this (with
+        # expandable segments torch splits off any rest of at least 512 bytes, in both pools;
+        # without them a large block keeps a rest of up to 1 MiB)
         self.min_split_bytes = min_split_bytes
         self.blocks: list[_Block] = []
         self.mapped_bytes = 0
@@ -116,7 +117,7 @@ class CachingAllocatorModel:
             small = where[1]
             segment = self._segments[where] = ExpandableSegment(
                 page_bytes=SMALL_PAGE_BYTES if small else LARGE_PAGE_BYTES,
-                min_split_bytes=MIN_BLOCK_BYTES - 1 if small else SMALL_REQUEST_BYTES)
+                min_split_bytes=MIN_BLOCK_BYTES - 1)
         self._blocks[key] = (where, segment.allocate(size))
 
     def free(self, key: object) -> None:

@@ -124,6 +124,8 @@ class Prediction:
             "floor_s": self.floor_s,
             **{f"peak_{t}_bytes": self.peak_bytes.get(t, 0) for t in TIERS},
             **{f"limit_{t}_bytes": self.limits_bytes[t] for t in TIERS},
+            "gpu_reserved_bytes": self.gpu_reserved_bytes if self.trace else None,
+            "gpu_need_bytes": self.gpu_need_bytes if self.trace else None,
         }
 
 

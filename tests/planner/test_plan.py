@@ -64,3 +64,10 @@ def test_every_buffer_is_released_by_tasks_that_exist(plan):
     for b in plan.buffers:
         for t in (b.alloc_task, *b.release_tasks):
             assert t is None or t in plan.graph
+
+
+def test_a_buffer_id_used_twice_is_refused(plan):
+    data = json.loads(json.dumps(plan.to_dict()))
+    data["buffers"].append(dict(data["buffers"][-1]))
+    with pytest.raises(ValueError, match="buffer ids must be unique"):
+        Plan.from_dict(data)

@@ -14,7 +14,7 @@ from layerslide.simulator.allocator import (
 
 
 def large_segment() -> ExpandableSegment:
-    return ExpandableSegment(page_bytes=LARGE_PAGE_BYTES, min_split_bytes=MIB)
+    return ExpandableSegment(page_bytes=LARGE_PAGE_BYTES, min_split_bytes=511)
 
 
 def test_requests_round_up_to_512_bytes():
@@ -76,13 +76,34 @@ def test_frees_merge_with_free_neighbours():
     assert seg.mapped_bytes == 60 * MIB
 
 
-def test_a_rest_of_at_most_1_mib_is_not_split_off_a_large_block():
+def test_any_rest_of_512_bytes_or_more_is_split_off():
     seg = large_segment()
     a = seg.allocate(20 * MIB)
     seg.allocate(20 * MIB)
     seg.free(a)
-    seg.allocate(19 * MIB + 512 * 1024)  # 0.5 MiB rest: handed out whole
-    assert [(b.size, b.free) for b in seg.blocks] == [(20 * MIB, False), (20 * MIB, False)]
+    seg.allocate(20 * MIB - 512)  # with expandable segments torch splits off even 512 bytes
+    assert [(b.size, b.free) for b in seg.blocks] == [
+        (20 * MIB - 512, False), (512, True), (20 * MIB, False)]
+    rest_too_small = ExpandableSegment(page_bytes=LARGE_PAGE_BYTES, min_split_bytes=MIB)
+    rest_too_small.allocate(20 * MIB - 512)  # a 1 MiB threshold keeps the rest in the block
+    assert [(b.size, b.free) for b in rest_too_small.blocks] == [(20 * MIB, False)]
+
+
+def test_equal_free_blocks_go_lowest_address_first():
+    seg = large_segment()
+    a, _, c, _ = (seg.allocate(20 * MIB) for _ in range(4))
+    seg.free(c)
+    seg.free(a)
+    assert seg.allocate(20 * MIB) == a
+
+
+def test_the_small_pool_splits_its_2_mib_pages():
+    model = CachingAllocatorModel()
+    for i in range(4):
+        model.allocate("gpu", i, 512 * 1024)  # four 0.5 MiB blocks share one 2 MiB page
+    assert model.reserved_bytes() == {"gpu": SMALL_PAGE_BYTES}
+    model.allocate("gpu", "fifth", 512)
+    assert model.reserved_bytes() == {"gpu": 2 * SMALL_PAGE_BYTES}
 
 
 def test_freeing_what_is_not_allocated_says_so():

@@ -170,7 +170,6 @@ def test_gpu_allocated_peak_of_a_plan_rejected_before_simulating_leaves_out_the_
 def test_gpu_cap_just_below_what_must_fit_is_an_overflow(gpu_acts):
     plan, prediction = gpu_acts
     peak = prediction.gpu_need_bytes
-    assert peak >= prediction.peak_bytes["gpu"]
     capped = simulate(plan, make_round_profile(), gpu_memory_bytes=peak - 1)
     assert not capped.feasible
     assert capped.overflows == (Overflow(tier="gpu", need_bytes=peak, limit_bytes=peak - 1),)
@@ -230,7 +229,8 @@ def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_p
     assert set(reserves) == set(pools)
     assert reserves["static"] >= GPU_STATIC_BYTES - GPU_RUNTIME_BYTES
     assert all(reserves[p] >= pools[p] for p in pools if p != "static")
-    assert pred.gpu_reserved_bytes == sum(reserves.values())
+    # tiny buffers: each pool's requests fit whole 2 MiB pages of the small-block pool
+    assert all(r % (2 * 2**20) == 0 for r in reserves.values())
 
 
 def test_the_gpu_fits_only_if_every_stream_pool_as_the_allocator_reserves_it_fits():

@@ -1,0 +1,54 @@
+"""The simulator's memory ledger: tiers, GPU pools per allocating lane, the allocator's reserve."""
+
+from layerslide.planner.plan import Buffer, runtime_buffer_id
+from layerslide.simulator.allocator import LARGE_PAGE_BYTES, MIB
+from layerslide.simulator.memory import MemoryLedger
+
+
+class _Task:
+    def __init__(self, lane):
+        self.lane = lane
+
+
+class _Plan:
+    """The two things the ledger reads of a plan: its buffers and each task's lane."""
+
+    def __init__(self, buffers, lanes):
+        self.buffers = buffers
+        self._lanes = lanes
+
+    def task(self, tid):
+        return _Task(self._lanes[tid])
+
+
+def test_the_runtime_counts_in_the_static_pool_but_is_no_allocation():
+    plan = _Plan([Buffer(id=runtime_buffer_id("gpu"), tier="gpu", bytes=700 * MIB),
+                  Buffer(id="weights", tier="gpu", bytes=30 * MIB)], {})
+    ledger = MemoryLedger(plan)
+    assert ledger.pool_peaks == {"static": 730 * MIB}
+    assert ledger.gpu_pool_reserves() == {"static": 2 * LARGE_PAGE_BYTES}
+
+
+def test_a_buffer_leaves_the_allocator_at_its_last_release():
+    plan = _Plan([Buffer(id="acts", tier="gpu", bytes=30 * MIB, alloc_task="fwd",
+                         release_tasks=("next_fwd", "offload"))],
+                 {"fwd": "gpu", "next_fwd": "gpu", "offload": "d2h"})
+    ledger = MemoryLedger(plan)
+    ledger.allocate(0.0, "fwd")
+    ledger.release(1.0, "next_fwd")
+    assert ledger.pool_in_use == {"gpu": 30 * MIB}
+    ledger.release(2.0, "offload")
+    assert ledger.pool_in_use == {"gpu": 0}
+    ledger.allocate(3.0, "fwd")  # freed: its block is handed out again, no new pages
+    assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}
+    assert [(s.time_s, s.bytes_in_use) for s in ledger.samples if s.tier == "gpu"] == [
+        (0.0, 0), (0.0, 30 * MIB), (2.0, 0), (3.0, 30 * MIB)]
+
+
+def test_host_buffers_stay_out_of_the_gpu_pools():
+    plan = _Plan([Buffer(id="staging", tier="host", bytes=64 * MIB, alloc_task="cast",
+                         release_tasks=("load",))], {"cast": "cpu", "load": "h2d"})
+    ledger = MemoryLedger(plan)
+    ledger.allocate(0.0, "cast")
+    assert ledger.in_use["host"] == 64 * MIB
+    assert ledger.pool_peaks == {} and ledger.gpu_pool_reserves() == {}
