@@ -27,6 +27,7 @@ THOROUGH_TOKENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 # A layer's GEMMs at micro-batch 8 x 1024: bursts of a few ms to tens of ms, as a layer's
 # forward and backward run in training.
 BUSY_PROBE_TOKENS = 8192
+ADAMW_BLOCK_PARAMS = 64 * 2**20  # about a decoder layer of a 3B model (100 Mi at 3B)
 
 
 def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path | None,
@@ -35,10 +36,14 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
     """Every measurement this machine allows; `progress` hears of each before it runs."""
     numel = (64 if quick else 256) * 2**20
     repeats = 3 if quick else 10
+    # AdamW over 4 blocks of 64 Mi params even when quick: blocks of 16 Mi ran 3.8-3.95 Gparam/s
+    # where 64 Mi ran 4.3-4.5 on the H200 machine (benchmarks/results/adamw_pages_2026-11-30),
+    # and a quick profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
+    adamw_numel = ADAMW_BLOCK_PARAMS * 4
     steps: list[tuple[str, Callable[[], list[Measurement]]]] = [
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
-        ("CPU AdamW", lambda: [host.adamw_throughput(numel, repeats)]),
+        ("CPU AdamW", lambda: [host.adamw_throughput(adamw_numel, repeats)]),
         ("fp32->bf16 cast", lambda: [host.cast_throughput(numel, repeats)]),
     ]
     if disk_dir is not None:
