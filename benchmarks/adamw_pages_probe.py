@@ -57,7 +57,7 @@ def buffer(numel: int, dtype: torch.dtype, huge: bool) -> torch.Tensor:
                         MADV_HUGEPAGE) != 0:
             raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed")
     out = view.view(dtype)
-    out._keep = raw  # noqa: SLF001 (the aligned view must keep its allocation alive)
+    out._keep = raw
     return out
 
 
