@@ -56,9 +56,7 @@ def buffer(numel: int, dtype: torch.dtype, huge: bool) -> torch.Tensor:
         if libc.madvise(ctypes.c_void_p(view.data_ptr()), ctypes.c_size_t(length),
                         MADV_HUGEPAGE) != 0:
             raise OSError(ctypes.get_errno(), "madvise(MADV_HUGEPAGE) failed")
-    out = view.view(dtype)
-    out._keep = raw
-    return out
+    return view.view(dtype)  # a view shares raw's storage, which it keeps alive
 
 
 def blocks(native, numel: int, huge: bool, count: int = 4):
