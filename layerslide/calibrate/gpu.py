@@ -169,6 +169,32 @@ def device_basics(repeats: int) -> list[Measurement]:
                         how=f"{launches} tiny kernel launches from Python")]
 
 
+class CopyEngines:
+    """Both copy engines busy at once: pinned host buffers of nbytes streamed to the GPU on one
+    stream and back on another, as a training step's loads and grad offloads run."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.up_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.down_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.up_gpu, self.down_gpu = (torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+                                      for _ in range(2))
+        self.streams = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def start(self, copies: int) -> list[torch.cuda.Event]:
+        """Enqueue `copies` copies each way; the events mark when each direction is done."""
+        with torch.cuda.stream(self.streams[0]):
+            for _ in range(copies):
+                self.up_gpu.copy_(self.up_host, non_blocking=True)
+        with torch.cuda.stream(self.streams[1]):
+            for _ in range(copies):
+                self.down_host.copy_(self.down_gpu, non_blocking=True)
+        done = [torch.cuda.Event() for _ in self.streams]
+        for event, stream in zip(done, self.streams, strict=True):
+            event.record(stream)
+        return done
+
+
 def shared_host_bandwidth(numel: int, nbytes: int, *, cpu_work: str = "update",
                           repeats: int = 3) -> float:
     """Host memory bytes/s while the CPU works and both copy engines stream pinned buffers.
@@ -187,24 +213,13 @@ def shared_host_bandwidth(numel: int, nbytes: int, *, cpu_work: str = "update",
     153-155, and the simulator then put 3B micro-batch 8 at +11% (validation_2026-11-30e)."""
     work, cpu_bytes_per_call = (_executor_like_cpu_work(numel) if cpu_work == "adamw"
                                 else _update_work(numel))
-    up_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    down_host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    up_gpu, down_gpu = (torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(2))
-    streams, copies = (torch.cuda.Stream(), torch.cuda.Stream()), 40
+    engines, copies = CopyEngines(nbytes), 40
     work()  # warm: first touch, the kernel's thread pool
     rates = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter()
-        with torch.cuda.stream(streams[0]):
-            for _ in range(copies):
-                up_gpu.copy_(up_host, non_blocking=True)
-        with torch.cuda.stream(streams[1]):
-            for _ in range(copies):
-                down_host.copy_(down_gpu, non_blocking=True)
-        done = [torch.cuda.Event() for _ in streams]
-        for event, stream in zip(done, streams, strict=True):
-            event.record(stream)
+        done = engines.start(copies)
         cpu_bytes = 0
         while not all(e.query() for e in done):
             work()
