@@ -336,10 +336,8 @@ def run_watched(cmd: list[str], timeout: float, host_limit: int) -> tuple[int, s
 def child_row(args, system: str, model: str, mb: int, timeout: float,
               deadline_cut: bool = False, tune_budget: int | None = None) -> dict:
     """Run one configuration in a fresh process: its row, or a row saying why it has none."""
-    steps = max(args.steps, args.layerslide_steps) if system.startswith("layerslide") \
-        else args.steps
     child = [sys.executable, __file__, "--one", "--system", system, "--micro-batch", str(mb),
-             "--model", model, "--seq-len", str(args.seq_len), "--steps", str(steps),
+             "--model", model, "--seq-len", str(args.seq_len), "--steps", str(args.steps),
              "--gpu-memory", args.gpu_memory, "--device", args.device, "--profile", args.profile]
     if tune_budget:
         child += ["--tune-budget", str(tune_budget)]
@@ -388,11 +386,6 @@ def main() -> None:
                          "(the largest model each system trains)")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--layerslide-steps", type=int, default=10,
-                    help="at least this many steps for layerslide rows: its steps take under a "
-                         "second and, as the CPU's updates straddle step boundaries, one can be "
-                         "10%% off the next (compare_2026-11-30f: 0.617, 0.869, 0.773 s); "
-                         "DeepSpeed's agree within 1%% after the second")
     ap.add_argument("--gpu-memory", default="24GiB")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
