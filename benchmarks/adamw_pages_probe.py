@@ -79,13 +79,16 @@ def blocks(native, numel: int, huge: bool, count: int = 4):
 
 
 def with_dma(fn, nbytes: int = 2**28):
-    """Run fn while both copy engines stream pinned buffers; returns (fn's result, copy GB/s)."""
+    """Run fn while both copy engines stream pinned buffers; returns (fn's result, copy GB/s).
+    Raises if the copies ended before fn did: then fn did not run beside them throughout."""
     engines = CopyEngines(nbytes)
     copies = 400  # far longer than fn: the copies run throughout
     torch.cuda.synchronize()
     start = time.perf_counter()
-    engines.start(copies)
+    done = engines.start(copies)
     result = fn()
+    if all(e.query() for e in done):
+        raise RuntimeError("the copies finished before the AdamW run: raise `copies`")
     torch.cuda.synchronize()
     return result, 2 * copies * nbytes / (time.perf_counter() - start) / 1e9
 
@@ -125,7 +128,7 @@ def main() -> None:
                 row["with_dma_copies_gb_s"] = [c for _, c in shared]
             print(json.dumps(row), flush=True)
             report["rows"].append(row)
-            del steps
+            del steps, run  # run's default argument holds the blocks too
     for size_mi in sorted({r["block_mi_params"] for r in report["rows"]}):
         plain, huge = (next(r for r in report["rows"] if r["block_mi_params"] == size_mi
                             and r["huge_pages_asked"] is h) for h in (False, True))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +28,9 @@ THOROUGH_TOKENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 # A layer's GEMMs at micro-batch 8 x 1024: bursts of a few ms to tens of ms, as a layer's
 # forward and backward run in training.
 BUSY_PROBE_TOKENS = 8192
-ADAMW_BLOCK_PARAMS = 64 * 2**20  # about a decoder layer of a 3B model (100 Mi at 3B)
+ADAMW_BLOCK_PARAMS = 64 * 2**20  # a decoder layer's order: 1B's is 58 Mi params, 3B's 96 Mi
+# the 4 blocks' state (14 B/param) takes at most a quarter of the RAM: 4 * 14 * 4 B per param
+ADAMW_RAM_SHARE = 4 * 14 * 4
 
 
 def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path | None,
@@ -39,7 +42,7 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
     # AdamW over 4 blocks of 64 Mi params even when quick: blocks of 16 Mi ran 3.8-3.95 Gparam/s
     # where 64 Mi ran 4.3-4.5 on the H200 machine (benchmarks/results/adamw_pages_2026-11-30),
     # and a quick profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
-    adamw_numel = ADAMW_BLOCK_PARAMS * 4
+    adamw_numel = 4 * min(ADAMW_BLOCK_PARAMS, _ram_bytes() // ADAMW_RAM_SHARE)
     steps: list[tuple[str, Callable[[], list[Measurement]]]] = [
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
@@ -73,6 +76,10 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
         progress(name)
         found += run()
     return _shared_host_bandwidth(found)
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _disk(folder: Path, nbytes: int) -> list[Measurement]:

@@ -63,6 +63,8 @@ def cmd_calibrate(args) -> int:
 
     if args.seq_len < 1:
         raise UsageError(f"--seq-len {args.seq_len}: must be >= 1")
+    if args.disk_dir:  # before minutes of measuring, not after
+        _check_writable(Path(args.disk_dir))
     try:
         found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
                         disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
@@ -88,3 +90,14 @@ def cmd_calibrate(args) -> int:
         print(f"  {m.key:34s} {shown}")
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s: use it with --profile {out}")
     return 0
+
+
+def _check_writable(folder: Path) -> None:
+    probe = folder / ".layerslide-calibrate-probe"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"--disk-dir {folder}: cannot write there ({err.strerror}): pass a "
+                         "writable --disk-dir with 8 GiB free (2 GiB with --quick)") from err

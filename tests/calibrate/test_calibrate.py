@@ -23,6 +23,12 @@ def test_written_profiles_read_back_equal(tmp_path, name):
     assert dataclasses.replace(again, path=profile.path) == profile
 
 
+@pytest.fixture(autouse=True)
+def small_adamw_blocks(monkeypatch):
+    """The CLI runs here measure AdamW over 4 Mi-param blocks: the real 64 Mi take seconds."""
+    monkeypatch.setattr("layerslide.calibrate.ADAMW_BLOCK_PARAMS", 4 * 2**20)
+
+
 def test_measured_fields_replace_the_base_with_their_sources():
     base = load_profile("h200-bench")
     found = [Measurement(key="host.adamw_throughput", value=2.5e9, how="a test"),
@@ -156,3 +162,27 @@ def test_a_busy_speedup_table_is_written_and_read_back(tmp_path):
     again = load_profile(save_profile(profile, tmp_path / "mine.toml"))
     assert again.gpu.busy_speedup == table
     assert "bursts with idle gaps" in again.sources["gpu.busy_speedup"]
+
+
+def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
+    from layerslide import calibrate
+    from layerslide.calibrate import host
+    seen = []
+    monkeypatch.setattr(host, "adamw_throughput",
+                        lambda numel, repeats: seen.append(numel) or Measurement(
+                            key="host.adamw_throughput", value=1e9, how="stub"))
+    monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
+    monkeypatch.setattr(host, "memory_bandwidth", lambda *a: Measurement(
+        key="host.memory_bandwidth", value=1e10, how="stub"))
+    monkeypatch.setattr(host, "cast_throughput", lambda *a: Measurement(
+        key="host.cast_throughput", value=1e9, how="stub"))
+    monkeypatch.setattr(calibrate, "ADAMW_BLOCK_PARAMS", 64 * 2**20)
+    # 4 blocks of 14 B/param within a quarter of 3.5 GiB: 16 Mi params each
+    monkeypatch.setattr(calibrate, "_ram_bytes", lambda: 224 * 16 * 2**20)
+    measure(quick=True, model=resolve_model("llama-3.2-1b"), peak_flops=989e12, disk_dir=None,
+            gpu=False)
+    assert seen == [4 * 16 * 2**20]
+    monkeypatch.setattr(calibrate, "_ram_bytes", lambda: 2**40)  # plenty: the full 64 Mi
+    measure(quick=True, model=resolve_model("llama-3.2-1b"), peak_flops=989e12, disk_dir=None,
+            gpu=False)
+    assert seen[-1] == 4 * 64 * 2**20
