@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,7 +41,8 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
     # AdamW over 4 blocks of 64 Mi params even when quick: blocks of 16 Mi ran 3.8-3.95 Gparam/s
     # where 64 Mi ran 4.3-4.5 on the H200 machine (benchmarks/results/adamw_pages_2026-11-30),
     # and a quick profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
-    adamw_numel = 4 * min(ADAMW_BLOCK_PARAMS, _ram_bytes() // ADAMW_RAM_SHARE)
+    ram = ram_bytes or host.physical_ram_bytes()
+    adamw_numel = 4 * min(ADAMW_BLOCK_PARAMS, ram // ADAMW_RAM_SHARE)
     steps: list[tuple[str, Callable[[], list[Measurement]]]] = [
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
@@ -76,10 +76,6 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
         progress(name)
         found += run()
     return _shared_host_bandwidth(found)
-
-
-def _ram_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _disk(folder: Path, nbytes: int) -> list[Measurement]:

@@ -127,12 +127,17 @@ def cast_throughput(numel: int, repeats: int) -> Measurement:
                            f"{torch.get_num_threads()} threads, best of {repeats}")
 
 
+def physical_ram_bytes() -> int:
+    """This machine's RAM: its physical pages times the page size."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def machine_sizes(ram_bytes: int | None = None) -> list[Measurement]:
     """Cores, and RAM: as given (a machine whose RAM grows as used reports less), else the
     physical pages."""
     if ram_bytes is None:
-        ram = Measurement(key="host.ram", value=os.sysconf("SC_PAGE_SIZE")
-                          * os.sysconf("SC_PHYS_PAGES"), how="physical pages x page size")
+        ram = Measurement(key="host.ram", value=physical_ram_bytes(),
+                          how="physical pages x page size")
     else:
         ram = Measurement(key="host.ram", value=ram_bytes, how="given (--ram)")
     return [Measurement(key="host.cores", value=os.cpu_count() or 1, how="os.cpu_count()"), ram]

@@ -163,7 +163,7 @@ def _print_prediction(pred: Prediction) -> None:
     print("peak memory (GiB): " + ", ".join(
         f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
         for t in TIERS))
-    if pred.trace is not None:
+    if pred.simulated:
         print(f"GPU: {gib(pred.gpu_need_bytes):.2f} GiB must fit (runtime plus the caching "
               f"allocator's reserve of {gib(pred.gpu_reserved_bytes):.2f} GiB; "
               f"{gib(pred.gpu_allocated_peak_bytes):.2f} GiB allocated at the peak)")
@@ -265,7 +265,7 @@ def cmd_tune(args) -> int:
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
     shown = ["micro_batch", "window", "activations", "cast", "gpu_updated_blocks",
              "gpu_updated_order", "moments_on_nvme", "master_on_nvme",
-             "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "peak_gpu_bytes",
+             "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
              "peak_host_bytes"]
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))

@@ -7,7 +7,6 @@ a GPU cap or host RAM too small for the plan) is refused before any weight is al
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -107,6 +106,7 @@ def _settings(args, spec: ModelSpec) -> tuple[TrainSpec, Policy]:
 
 def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None:
     """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM."""
+    from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
     try:
@@ -115,15 +115,13 @@ def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None
         raise UsageError(str(err)) from err
     profile = profile_of(args.profile)
     prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
-    # what the caching allocator reserves must fit, not only the allocated peak
-    gpu_need = (prediction.gpu_need_bytes if prediction.trace is not None
-                else plan.static_bytes("gpu"))
+    gpu_need = prediction.gpu_need_bytes  # the allocator's reserve, not only the allocated peak
     if args.gpu_memory is not None and gpu_need > args.gpu_memory:
         raise UsageError(f"the plan needs {gib(gpu_need):.2f} GiB of GPU memory (what the "
                          "allocator reserves for it), more than "
                          f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: lower --micro-batch or "
                          "--window, or keep activations on the host")
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = physical_ram_bytes()
     host_need = plan.static_bytes("host")
     if host_need > ram:
         raise UsageError(f"the plan holds {gib(host_need):.1f} GiB of host memory, this machine "

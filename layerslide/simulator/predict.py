@@ -74,26 +74,24 @@ class Prediction:
         return self.peak_bytes["gpu"] - self.gpu_runtime_bytes
 
     @property
-    def gpu_reserve_floor_bytes(self) -> int:
-        """What the caching allocator reserves at least: each pool's own peak, summed (a stream
-        never reuses another stream's freed blocks), without the runtime estimate."""
-        if not self.gpu_pool_peak_bytes:
-            return self.gpu_allocated_peak_bytes
-        return sum(self.gpu_pool_peak_bytes.values()) - self.gpu_runtime_bytes
-
-    @property
     def gpu_reserved_bytes(self) -> int:
         """The GPU reserve as the framework's allocator counts it (torch.cuda.max_memory_reserved):
-        the pools' reserves from the allocator's model; the floor where none was modelled."""
+        the pools' reserves from the allocator's model; the allocated peak where none was
+        modelled (a plan rejected before simulating)."""
         if not self.gpu_pool_reserved_bytes:
-            return self.gpu_reserve_floor_bytes
+            return self.gpu_allocated_peak_bytes
         return sum(self.gpu_pool_reserved_bytes.values())
 
     @property
     def gpu_need_bytes(self) -> int:
         """What must fit the GPU (see gpu_need_bytes)."""
-        return gpu_need_bytes(self.peak_bytes["gpu"], self.gpu_pool_peak_bytes,
-                              self.gpu_pool_reserved_bytes, self.gpu_runtime_bytes)
+        return gpu_need_bytes(self.peak_bytes["gpu"], self.gpu_pool_reserved_bytes,
+                              self.gpu_runtime_bytes)
+
+    @property
+    def simulated(self) -> bool:
+        """False for a plan rejected before simulating (its static buffers overflow)."""
+        return self.step_s is not None
 
     @property
     def floor_s(self) -> float | None:
@@ -124,18 +122,18 @@ class Prediction:
             "floor_s": self.floor_s,
             **{f"peak_{t}_bytes": self.peak_bytes.get(t, 0) for t in TIERS},
             **{f"limit_{t}_bytes": self.limits_bytes[t] for t in TIERS},
-            "gpu_reserved_bytes": self.gpu_reserved_bytes if self.trace else None,
-            "gpu_need_bytes": self.gpu_need_bytes if self.trace else None,
+            "gpu_reserved_bytes": self.gpu_reserved_bytes if self.simulated else None,
+            "gpu_need_bytes": self.gpu_need_bytes if self.simulated else None,
         }
 
 
-def gpu_need_bytes(peak: int, pool_peaks: dict[str, int], pool_reserves: dict[str, int],
-                   runtime: int) -> int:
+def gpu_need_bytes(peak: int, pool_reserves: dict[str, int], runtime: int) -> int:
     """What must fit the GPU: the runtime and what the allocator reserves, each stream's pool
-    with the holes its order of requests leaves (at least each pool at its own peak). Under a
-    cap the allocator would hand cached blocks on only by freeing and remapping them, which made
-    3B micro-batch 32 11-12% slower (benchmarks/results/validation_2026-11-30c, -cap)."""
-    return max(peak, sum(pool_peaks.values()), sum(pool_reserves.values()) + runtime)
+    with the holes its order of requests leaves (so at least each pool at its own peak); the
+    tier's peak where nothing was modelled. Under a cap the allocator would hand cached blocks
+    on only by freeing and remapping them, which made 3B micro-batch 32 11-12% slower
+    (benchmarks/results/validation_2026-11-30c, -cap)."""
+    return max(peak, sum(pool_reserves.values()) + runtime)
 
 
 def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None) -> dict[str, int]:
@@ -274,8 +272,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
     pools, reserves = trace.meta["gpu_pool_peak_bytes"], trace.meta["gpu_pool_reserved_bytes"]
-    need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], pools, reserves,
-                                           plan.runtime_bytes("gpu"))}
+    need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], reserves, plan.runtime_bytes("gpu"))}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
         overflows=_overflows(need, limits), step_s=step_s, tokens_per_s=tokens / step_s,

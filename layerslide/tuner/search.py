@@ -115,6 +115,7 @@ class Candidate:
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
             **{f"peak_{tier}_bytes": s.peak_bytes.get(tier, 0) for tier in TIERS},
+            "gpu_need_bytes": s.gpu_need_bytes,  # what the GPU cap is checked against
         }
 
 

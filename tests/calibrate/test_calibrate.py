@@ -177,12 +177,11 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
     monkeypatch.setattr(host, "cast_throughput", lambda *a: Measurement(
         key="host.cast_throughput", value=1e9, how="stub"))
     monkeypatch.setattr(calibrate, "ADAMW_BLOCK_PARAMS", 64 * 2**20)
-    # 4 blocks of 14 B/param within a quarter of 3.5 GiB: 16 Mi params each
-    monkeypatch.setattr(calibrate, "_ram_bytes", lambda: 224 * 16 * 2**20)
-    measure(quick=True, model=resolve_model("llama-3.2-1b"), peak_flops=989e12, disk_dir=None,
-            gpu=False)
+    model = resolve_model("llama-3.2-1b")
+    # 4 blocks of 14 B/param within a quarter of 3.5 GiB (--ram): 16 Mi params each
+    measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
+            ram_bytes=224 * 16 * 2**20)
     assert seen == [4 * 16 * 2**20]
-    monkeypatch.setattr(calibrate, "_ram_bytes", lambda: 2**40)  # plenty: the full 64 Mi
-    measure(quick=True, model=resolve_model("llama-3.2-1b"), peak_flops=989e12, disk_dir=None,
-            gpu=False)
+    measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
+            ram_bytes=2**40)  # plenty: the full 64 Mi
     assert seen[-1] == 4 * 64 * 2**20

@@ -223,7 +223,6 @@ def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_p
         assert set(pools) == {"static", "gpu", "h2d"}
         assert pools["h2d"] >= HIDDEN_BYTES
         assert sum(pools.values()) >= pred.peak_bytes["gpu"]
-    assert pred.gpu_reserve_floor_bytes == sum(pools.values()) - GPU_RUNTIME_BYTES
     # the allocator reserves whole pages per pool: at least each pool's peak
     reserves = pred.gpu_pool_reserved_bytes
     assert set(reserves) == set(pools)
