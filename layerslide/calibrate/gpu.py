@@ -181,17 +181,20 @@ class CopyEngines:
                                       for _ in range(2))
         self.streams = torch.cuda.Stream(), torch.cuda.Stream()
 
-    def start(self, copies: int) -> list[torch.cuda.Event]:
-        """Enqueue `copies` copies each way; the events mark when each direction is done."""
-        with torch.cuda.stream(self.streams[0]):
-            for _ in range(copies):
-                self.up_gpu.copy_(self.up_host, non_blocking=True)
-        with torch.cuda.stream(self.streams[1]):
-            for _ in range(copies):
-                self.down_host.copy_(self.down_gpu, non_blocking=True)
-        done = [torch.cuda.Event() for _ in self.streams]
-        for event, stream in zip(done, self.streams, strict=True):
-            event.record(stream)
+    def start(self, copies: int, *, up: bool = True,
+              down: bool = True) -> list[torch.cuda.Event]:
+        """Enqueue `copies` copies each way asked for (host-to-GPU: up, back: down); the events
+        mark when each of those directions is done."""
+        done = []
+        for stream, wanted, dst, src in ((self.streams[0], up, self.up_gpu, self.up_host),
+                                         (self.streams[1], down, self.down_host, self.down_gpu)):
+            if not wanted:
+                continue
+            with torch.cuda.stream(stream):
+                for _ in range(copies):
+                    dst.copy_(src, non_blocking=True)
+            done.append(torch.cuda.Event())
+            done[-1].record(stream)
         return done
 
 
