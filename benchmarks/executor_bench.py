@@ -23,8 +23,9 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
-from layerslide.calibrate.gpu import shared_host_bandwidth
+from layerslide.calibrate.gpu import host_sharing_rates
 from layerslide.calibrate.host import memory_bandwidth
+from layerslide.calibrate.sharing import fit_host_sharing
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.compute import layer_call
 from layerslide.executor.data import SyntheticTokens
@@ -188,11 +189,13 @@ def main() -> None:
     threads = torch.get_num_threads()
     # the same probes `layerslide calibrate` runs: 1 GiB fp32 arrays, torch's threads
     cpu_bw = memory_bandwidth(GIB // 4, repeats=5).value
-    shared_bw = shared_host_bandwidth(GIB // 4, GIB // 2)
+    # the capacity CPU and DMA share, as calibrate fits it (calibrate.sharing)
+    shared_bw = fit_host_sharing(host_sharing_rates(64 * 2**20, GIB // 4, seconds=1.0,
+                                                    rounds=1))[0].value
     host_bw = max(cpu_bw, shared_bw)  # the larger: a lower floor, a stricter ratio
     h2d_bw, d2h_bw = pcie_bytes_per_s()
-    print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, CPU + both DMA "
-          f"directions {shared_bw / 1e9:.1f} GB/s ({threads} threads); "
+    print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, shared by AdamW and "
+          f"the copies {shared_bw / 1e9:.1f} GB/s ({threads} threads); "
           f"H2D {h2d_bw / 1e9:.1f} GB/s, D2H {d2h_bw / 1e9:.1f} GB/s", flush=True)
     rows = []
     configs = [(int(b), o, k) for b in args.batches.split(",")

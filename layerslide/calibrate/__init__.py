@@ -2,9 +2,9 @@
 
 Host parts (memory bandwidth, the CPU AdamW, the cast, RAM and cores) and the disk are measured
 everywhere; the GPU parts (GEMM and attention efficiency at a model's shapes, HBM bandwidth,
-launch cost, host<->GPU copies) where CUDA is present. Whatever is not measured (the GPU's bf16
-peak, the share of host bandwidth the DMA takes, AdamW's bytes per parameter) comes from a base
-profile, with the base's sources.
+launch cost, host<->GPU copies, how AdamW and the copies share host memory) where CUDA is
+present. Whatever is not measured (the GPU's bf16 peak, AdamW's bytes per parameter, without a
+GPU the host-memory sharing) comes from a base profile, with the base's sources.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from layerslide.calibrate import host
 from layerslide.calibrate.host import GIB, Measurement
+from layerslide.calibrate.sharing import fit_host_sharing
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.hwprofiles.loader import INTEGER_ATTRS, PROFILE_FIELDS
 from layerslide.planner.model import ModelSpec
@@ -65,11 +66,10 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
             ("GPU clocks by busy fraction", lambda: [device.busy_speedup(
                 model, BUSY_PROBE_TOKENS, 0.8 if quick else 2.5)]),
             ("host<->GPU copies", lambda: device.link(GIB // (4 if quick else 1), repeats)),
-            ("host bandwidth shared with DMA", lambda: [
-                Measurement(key="shared", how="", value=device.shared_host_bandwidth(
-                    numel, GIB // 4, cpu_work="update")),
-                Measurement(key="shared_adamw", how="", value=device.shared_host_bandwidth(
-                    16 * 2**20, GIB // 4, cpu_work="adamw"))]),
+            ("host memory shared by AdamW and the copies", lambda: fit_host_sharing(
+                device.host_sharing_rates(adamw_numel // 4, GIB // 4,
+                                          seconds=0.6 if quick else 1.5,
+                                          rounds=1 if quick else 3))),
         ]
     found: list[Measurement] = []
     for name, run in steps:
@@ -86,25 +86,22 @@ def _disk(folder: Path, nbytes: int) -> list[Measurement]:
 
 
 def _shared_host_bandwidth(found: list[Measurement]) -> list[Measurement]:
-    """The profile's host.memory_bandwidth is what AdamW, casts and both DMA directions move
-    together, which a CPU-only copy understates: the largest of the copy, AdamW's and the
-    cast's own traffic (28 B/param; 1.5 B per fp32 byte read) and, with a GPU, an fp32 update
-    plus both copy directions at once. AdamW with both copy directions, which moved less on the
-    H200 machine and predicted its steps less well (gpu.shared_host_bandwidth), is recorded in
-    the source beside it."""
+    """The profile's host.memory_bandwidth is the capacity AdamW, casts and both DMA directions
+    share: with a GPU, the one fitted to AdamW beside the copies (calibrate.sharing); without,
+    the largest of the CPU's own traffic (a copy, AdamW's 28 B/param, the cast's 1.5 B per
+    fp32 byte read), which the others are then recorded beside."""
     by_key = {m.key: m for m in found}
     rates = {"fp32 copy/update": by_key["host.memory_bandwidth"].value,
              "AdamW x 28 B": by_key["host.adamw_throughput"].value * 28,
              "cast x 1.5": by_key["host.cast_throughput"].value * 1.5}
-    if "shared" in by_key:
-        rates["CPU updates + H2D + D2H at once"] = by_key["shared"].value
+    alone = ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in rates.items())
+    kept = [m for m in found if m.key not in ("shared_capacity", "host.memory_bandwidth")]
+    if "shared_capacity" in by_key:
+        fitted = by_key["shared_capacity"]
+        return [*kept, Measurement(key="host.memory_bandwidth", value=fitted.value,
+                                   how=f"{fitted.how}; the CPU alone: {alone}")]
     best = max(rates, key=rates.get)
-    how = ("the largest of " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in rates.items())
-           + f" ({best}); {by_key['host.memory_bandwidth'].how}")
-    if "shared_adamw" in by_key:
-        how += (f"; for the record, AdamW (executor's kernel) + H2D + D2H at once "
-                f"{by_key['shared_adamw'].value / 1e9:.1f} GB/s")
-    kept = [m for m in found if m.key not in ("shared", "shared_adamw", "host.memory_bandwidth")]
+    how = f"the largest of {alone} ({best}); {by_key['host.memory_bandwidth'].how}"
     return [*kept, Measurement(key="host.memory_bandwidth", value=rates[best], how=how)]
 
 

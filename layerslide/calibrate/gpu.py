@@ -3,6 +3,7 @@ cost and the host<->GPU copies. Efficiencies are fractions of the profile's bf16
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -198,54 +199,70 @@ class CopyEngines:
         return done
 
 
-def shared_host_bandwidth(numel: int, nbytes: int, *, cpu_work: str = "update",
-                          repeats: int = 3) -> float:
-    """Host memory bytes/s while the CPU works and both copy engines stream pinned buffers.
-    cpu_work "update": an fp32 in-place add (r 2, w 1); "adamw": AdamW as the executor runs it
-    (layerslide's native kernel, 28 B/param; the update where it does not build).
-
-    The profile's host.memory_bandwidth is the capacity AdamW, casts and DMA share. On the one
-    H200 machine where both were measured (benchmarks/results/cpu_split_2026-11-30) the update
-    with the copies moved 159.8 GB/s and AdamW with them 139.2; the simulator's 3B steps at
-    micro-batch 1 and 8 were -3.9% / +8.1% off the executor's with the former, +0.8% / +13.8%
-    with the latter. Thin evidence either way: the profile keeps the former, as before, and
-    calibrate records the AdamW figure beside it for the next validation.
-
-    The best of `repeats` runs: a capacity, which noise only lowers. One run on a noisy lease
-    (steps of one configuration 0.66-1.27 s apart) gave 127 GB/s where the leases before gave
-    153-155, and the simulator then put 3B micro-batch 8 at +11% (validation_2026-11-30e)."""
-    work, cpu_bytes_per_call = (_executor_like_cpu_work(numel) if cpu_work == "adamw"
-                                else _update_work(numel))
-    engines, copies = CopyEngines(nbytes), 40
-    work()  # warm: first touch, the kernel's thread pool
-    rates = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        done = engines.start(copies)
-        cpu_bytes = 0
-        while not all(e.query() for e in done):
-            work()
-            cpu_bytes += cpu_bytes_per_call
-        torch.cuda.synchronize()
-        rates.append((cpu_bytes + 2 * copies * nbytes) / (time.perf_counter() - start))
-    return max(rates)
+SHARING_MODES = ("adamw", "h2d", "d2h", "adamw+h2d", "adamw+d2h", "adamw+both")
 
 
-def _update_work(numel: int) -> tuple[Callable[[], None], int]:
-    a, b = torch.ones(numel), torch.ones(numel)
-    return (lambda: a.add_(b, alpha=0.5)), 3 * 4 * numel
-
-
-def _executor_like_cpu_work(numel: int) -> tuple[Callable[[], None], int]:
-    """One short CPU update over `numel` params (AdamW as the executor runs it where the native
-    kernel builds) and the host bytes it moves; short, so the last call ends near the copies'."""
+def host_sharing_rates(block_params: int, copy_bytes: int, *, seconds: float,
+                       rounds: int) -> dict[str, dict[str, float]]:
+    """How the CPU AdamW and each copy direction slow each other down: for each of
+    SHARING_MODES, AdamW's host bytes/s (28 B/param, the executor's native kernel over 4 blocks
+    of block_params, back to back) and each direction's bytes/s, while pinned copies of
+    copy_bytes stream for about `seconds`. The median of `rounds`, modes interleaved so a slow
+    spell of the machine hits each alike. What calibrate.sharing fits the profile's host-memory
+    sharing to (benchmarks/host_sharing_probe.py prints it)."""
     from layerslide.executor.native import load_kernels
 
     native = load_kernels()
     if native is None:
-        return _update_work(numel)
-    return executor_adamw_block(native, numel), 28 * numel
+        raise RuntimeError("the native AdamW did not build: no host-sharing measurement")
+    steps = [executor_adamw_block(native, block_params) for _ in range(4)]
+    for step in steps:  # first touch, the kernel's thread pool
+        step()
+    engines = CopyEngines(copy_bytes)
+    solo = _sharing_run("h2d", steps, block_params, engines, 4)["h2d"]
+    copies = max(4, int(seconds * solo / copy_bytes))
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in SHARING_MODES}
+    for _ in range(rounds):
+        for mode in SHARING_MODES:
+            runs[mode].append(_sharing_run(mode, steps, block_params, engines, copies,
+                                           seconds=seconds))
+    return {mode: {k: statistics.median(r[k] for r in got) for k in got[0]}
+            for mode, got in runs.items()}
+
+
+def _sharing_run(mode: str, steps: list[Callable[[], None]], block_params: int,
+                 engines: CopyEngines, copies: int, seconds: float = 1.0) -> dict[str, float]:
+    up, down = ("h2d" in mode or "both" in mode), ("d2h" in mode or "both" in mode)
+    wanted = [(name, stream) for name, stream, on in
+              (("h2d", engines.streams[0], up), ("d2h", engines.streams[1], down)) if on]
+    torch.cuda.synchronize()
+    firsts = [torch.cuda.Event(enable_timing=True) for _ in wanted]
+    for event, (_, stream) in zip(firsts, wanted, strict=True):
+        event.record(stream)
+    done = engines.start(copies, up=up, down=down) if wanted else []
+    lasts = [torch.cuda.Event(enable_timing=True) for _ in wanted]
+    for event, (_, stream) in zip(lasts, wanted, strict=True):
+        event.record(stream)
+    rates: dict[str, float] = {}
+    if mode.startswith("adamw"):
+        start = last_end = time.perf_counter()
+        calls = finished = 0
+        while True:
+            steps[calls % len(steps)]()
+            calls += 1
+            now = time.perf_counter()
+            if done and any(e.query() for e in done):
+                break  # ended after a direction had: not beside the copies throughout
+            finished, last_end = finished + 1, now
+            if not done and now - start >= seconds:
+                break
+        if finished < 4:
+            raise RuntimeError(f"{mode}: only {finished} AdamW calls ran beside the copies")
+        rates["adamw"] = finished * block_params * 28 / (last_end - start)
+    torch.cuda.synchronize()
+    for (name, _), first, last in zip(wanted, firsts, lasts, strict=True):
+        rates[name] = copies * engines.nbytes / (first.elapsed_time(last) / 1e3)
+    return rates
 
 
 def link(nbytes: int, repeats: int) -> list[Measurement]:

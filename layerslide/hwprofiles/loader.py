@@ -49,6 +49,9 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "adamw_bytes_per_param": ("adamw_bytes_per_param", "bytes/param"),
             "cast_throughput": ("cast_bytes_per_s", "bytes/s"),
             "dma_share": ("dma_share", "ratio"),
+            "dma_write_share": ("dma_write_share", "ratio"),
+            "dma_read_cost": ("dma_read_cost", "ratio"),
+            "dma_write_cost": ("dma_write_cost", "ratio"),
         },
     ),
     "storage": (
@@ -61,8 +64,9 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
         },
     ),
 }
-# Fields a profile may leave out; the dataclass default (None) stands, with no source.
-OPTIONAL_FIELDS = {"storage.duplex", "gpu.busy_speedup"}
+# Fields a profile may leave out; the dataclass default stands, with no source.
+OPTIONAL_FIELDS = {"storage.duplex", "gpu.busy_speedup", "host.dma_write_share",
+                   "host.dma_read_cost", "host.dma_write_cost"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}

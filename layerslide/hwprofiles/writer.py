@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .loader import PROFILE_FIELDS
+from .loader import OPTIONAL_FIELDS, PROFILE_FIELDS
 from .profile import HardwareProfile
 
 # the SI spelling of each unit kind the loader accepts
@@ -28,9 +28,10 @@ def to_toml(profile: HardwareProfile) -> str:
         tables = []
         for key, (attr, kind) in fields.items():
             value = getattr(parts[section], attr)
-            if value is None:  # an optional field not given
-                continue
-            source = _string(profile.sources.get(f"{section}.{key}", "unknown"))
+            dotted = f"{section}.{key}"
+            if value is None or (dotted in OPTIONAL_FIELDS and dotted not in profile.sources):
+                continue  # an optional field not given: its default stands
+            source = _string(profile.sources.get(dotted, "unknown"))
             if kind == "text":
                 lines.append(f"{key} = {_string(value)}")
             elif kind == "efficiency":

@@ -100,16 +100,21 @@ class CostModel:
     def _cpu_cast(self, t: Task) -> Cost:
         return self._cpu(t)
 
-    def _copy(self, t: Task, rate: float) -> Cost:
-        host = self.profile.host
-        solo = t.bytes / rate
-        return Cost(solo_s=solo, uses=((PCIE, rate), (HOST_MEMORY, rate)), share=host.dma_share)
+    def _copy(self, t: Task, rate: float, memory_cost: float, share: float) -> Cost:
+        """A copy draws on the link at its rate and on host memory at memory_cost per byte
+        (see HostSpec: what a DMA byte takes from the capacity the CPU shares)."""
+        return Cost(solo_s=t.bytes / rate, uses=((PCIE, rate), (HOST_MEMORY, rate * memory_cost)),
+                    share=share)
 
     def _h2d(self, t: Task) -> Cost:
-        return self._copy(t, self.profile.link.h2d_bytes_per_s)
+        host = self.profile.host
+        return self._copy(t, self.profile.link.h2d_bytes_per_s, host.dma_read_cost,
+                          host.dma_share)
 
     def _d2h(self, t: Task) -> Cost:
-        return self._copy(t, self.profile.link.d2h_bytes_per_s)
+        host = self.profile.host
+        return self._copy(t, self.profile.link.d2h_bytes_per_s, host.dma_write_cost,
+                          host.d2h_share)
 
     def _cpu(self, t: Task) -> Cost:
         host = self.profile.host
