@@ -190,8 +190,8 @@ def main() -> None:
     # the same probes `layerslide calibrate` runs: 1 GiB fp32 arrays, torch's threads
     cpu_bw = memory_bandwidth(GIB // 4, repeats=5).value
     # the capacity CPU and DMA share, as calibrate fits it (calibrate.sharing)
-    shared_bw = fit_host_sharing(host_sharing_rates(64 * 2**20, GIB // 4, seconds=1.0,
-                                                    rounds=1))[0].value
+    sharing = host_sharing_rates(64 * 2**20, GIB // 4, seconds=1.0, rounds=1)
+    shared_bw = fit_host_sharing(sharing)[0].value * sharing["adamw"]["adamw"]
     host_bw = max(cpu_bw, shared_bw)  # the larger: a lower floor, a stricter ratio
     h2d_bw, d2h_bw = pcie_bytes_per_s()
     print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, shared by AdamW and "

@@ -23,7 +23,9 @@ WEIGHT_RANGE = (0.05, 20.0)
 
 
 def fit_host_sharing(rates: dict[str, dict[str, float]]) -> list[Measurement]:
-    """The capacity C (key "shared_capacity": calibrate makes it host.memory_bandwidth), and
+    """The capacity C over AdamW's own rate alone in these runs (key "shared_capacity_per_adamw":
+    calibrate multiplies it by the profile's AdamW x 28 B for host.memory_bandwidth, a ratio
+    measured side by side being steadier than two absolute rates from two tests), and
     host.dma_read_cost, dma_write_cost, dma_share and dma_write_share, from the bytes/s of each
     mode of calibrate.gpu.SHARING_MODES."""
     for mode in ("adamw", "h2d", "d2h", *CONTENDED):
@@ -48,7 +50,7 @@ def fit_host_sharing(rates: dict[str, dict[str, float]]) -> list[Measurement]:
     how = (f"AdamW (28 B/param) alone {alone / 1e9:.1f} GB/s, H2D alone "
            f"{rates['h2d']['h2d'] / 1e9:.1f}, D2H alone {rates['d2h']['d2h'] / 1e9:.1f}; "
            f"beside each other: {runs} GB/s; fitted C = AdamW + cost x copies")
-    return [Measurement(key="shared_capacity", value=capacity, how=how),
+    return [Measurement(key="shared_capacity_per_adamw", value=capacity / alone, how=how),
             Measurement(key="host.dma_read_cost", value=float(cost_up), how=how),
             Measurement(key="host.dma_write_cost", value=float(cost_down), how=how),
             Measurement(key="host.dma_share", value=share_up,

@@ -108,11 +108,11 @@ def test_host_bandwidth_is_the_fitted_capacity_else_the_largest_traffic():
     bandwidth = {m.key: m for m in _shared_host_bandwidth(found)}["host.memory_bandwidth"]
     assert bandwidth.value == 56e9 and "(AdamW x 28 B)" in bandwidth.how
     # with a GPU the capacity fitted to AdamW beside the copies wins, even when lower
-    with_dma = [*found, Measurement(key="shared_capacity", value=50e9, how="fitted")]
+    with_dma = [*found, Measurement(key="shared_capacity_per_adamw", value=1.25, how="fitted")]
     got = {m.key: m for m in _shared_host_bandwidth(with_dma)}
-    assert got["host.memory_bandwidth"].value == 50e9
-    assert "shared_capacity" not in got
-    assert got["host.memory_bandwidth"].how.startswith("fitted; the CPU alone: ")
+    assert got["host.memory_bandwidth"].value == pytest.approx(1.25 * 56e9)
+    assert "shared_capacity_per_adamw" not in got
+    assert got["host.memory_bandwidth"].how.startswith("1.250 x AdamW x 28 B; fitted; the CPU ")
 
 
 def test_a_profile_the_loader_refuses_is_not_written(tmp_path, capsys, monkeypatch):

@@ -25,7 +25,7 @@ def _fit(rates):
 
 def test_the_h200_runs_give_the_builtin_profile():
     got = _fit(MEASURED)
-    assert got["shared_capacity"] == pytest.approx(121.1 * GB, rel=0.002)
+    assert got["shared_capacity_per_adamw"] * 120.6 * GB == pytest.approx(121.1 * GB, rel=0.002)
     assert got["host.dma_read_cost"] == pytest.approx(0.42, abs=0.01)
     assert got["host.dma_write_cost"] == pytest.approx(0.64, abs=0.01)
     assert got["host.dma_share"] == pytest.approx(0.80, abs=0.01)
@@ -38,7 +38,7 @@ def test_the_fit_reproduces_each_single_direction_run():
                                     ("d2h", "host.dma_write_cost", "host.dma_write_share")):
         solo = MEASURED[direction][direction]
         adamw, copy = water_fill([120.6 * GB, solo * got[cost]], [1.0, got[weight]],
-                                 got["shared_capacity"])
+                                 got["shared_capacity_per_adamw"] * 120.6 * GB)
         beside = MEASURED[f"adamw+{direction}"]
         assert adamw * 120.6 * GB == pytest.approx(beside["adamw"], rel=0.01)
         assert copy * solo == pytest.approx(beside[direction], rel=0.01)
@@ -50,7 +50,7 @@ def test_copies_that_do_not_slow_adamw_cost_nothing_and_weigh_one():
              "adamw+d2h": {"adamw": 120.6 * GB, "d2h": 55.3 * GB},
              "adamw+both": {"adamw": 120.6 * GB, "h2d": 46.0 * GB, "d2h": 51.0 * GB}}
     got = _fit(rates)
-    assert got["shared_capacity"] == pytest.approx(120.6 * GB)
+    assert got["shared_capacity_per_adamw"] == pytest.approx(1.0)
     assert got["host.dma_read_cost"] == pytest.approx(0.0, abs=1e-6)
     assert got["host.dma_write_cost"] == pytest.approx(0.0, abs=1e-6)
     assert got["host.dma_share"] == got["host.dma_write_share"] == 1.0
@@ -64,7 +64,7 @@ def test_a_negative_cost_from_noise_is_refitted_at_zero():
     got = _fit(rates)
     assert got["host.dma_read_cost"] == 0.0
     assert got["host.dma_write_cost"] > 0.3
-    assert got["shared_capacity"] >= 120.6 * GB
+    assert got["shared_capacity_per_adamw"] >= 1.0
 
 
 def test_a_missing_run_is_refused():
