@@ -191,7 +191,8 @@ def main() -> None:
     cpu_bw = memory_bandwidth(GIB // 4, repeats=5).value
     # the capacity CPU and DMA share, as calibrate fits it (calibrate.sharing)
     sharing = host_sharing_rates(64 * 2**20, GIB // 4, seconds=1.0, rounds=1)
-    shared_bw = fit_host_sharing(sharing)[0].value * sharing["adamw"]["adamw"]
+    fitted = {m.key: m.value for m in fit_host_sharing(sharing)}
+    shared_bw = fitted["shared_capacity_per_adamw"] * sharing["adamw"]["adamw"]
     host_bw = max(cpu_bw, shared_bw)  # the larger: a lower floor, a stricter ratio
     h2d_bw, d2h_bw = pcie_bytes_per_s()
     print(f"host memory bandwidth: CPU alone {cpu_bw / 1e9:.1f} GB/s, shared by AdamW and "

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional
 
-from layerslide.calibrate.host import GIB, Measurement, executor_adamw_block
+from layerslide.calibrate.host import GIB, Measurement, adamw_blocks
 from layerslide.planner.model import ModelSpec
 
 
@@ -205,17 +205,12 @@ SHARING_MODES = ("adamw", "h2d", "d2h", "adamw+h2d", "adamw+d2h", "adamw+both")
 def host_sharing_rates(block_params: int, copy_bytes: int, *, seconds: float,
                        rounds: int) -> dict[str, dict[str, float]]:
     """How the CPU AdamW and each copy direction slow each other down: for each of
-    SHARING_MODES, AdamW's host bytes/s (28 B/param, the executor's native kernel over 4 blocks
-    of block_params, back to back) and each direction's bytes/s, while pinned copies of
+    SHARING_MODES, AdamW's host bytes/s (28 B/param, as calibrate's AdamW step runs it over 4
+    blocks of block_params, back to back) and each direction's bytes/s, while pinned copies of
     copy_bytes stream for about `seconds`. The median of `rounds`, modes interleaved so a slow
     spell of the machine hits each alike. What calibrate.sharing fits the profile's host-memory
     sharing to (benchmarks/host_sharing_probe.py prints it)."""
-    from layerslide.executor.native import load_kernels
-
-    native = load_kernels()
-    if native is None:
-        raise RuntimeError("the native AdamW did not build: no host-sharing measurement")
-    steps = [executor_adamw_block(native, block_params) for _ in range(4)]
+    steps, _kernel = adamw_blocks(block_params, 4)
     for step in steps:  # first touch, the kernel's thread pool
         step()
     engines = CopyEngines(copy_bytes)

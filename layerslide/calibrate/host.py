@@ -77,37 +77,37 @@ def executor_adamw_block(native: NativeKernels, numel: int) -> Callable[[], None
     return step
 
 
+def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]:
+    """`arrays` AdamW steps over block-sized arrays of their own, as the executor runs AdamW,
+    and a description of the kernel: layerslide's native kernel reading bf16 grads and writing
+    the bf16 weights over them, else (no compiler) torch's fused CPU AdamW with fp32 grads."""
+    native = load_kernels()
+    if native is not None:
+        kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
+                  f"{native.threads or torch.get_num_threads()} threads, chunks of "
+                  f"{native.chunk or 'one even slice'})")
+        return [executor_adamw_block(native, size) for _ in range(arrays)], kernel
+    optimizers = []
+    for _ in range(arrays):
+        p = torch.nn.Parameter(torch.randn(size))
+        p.grad = torch.randn(size) * 1e-3
+        optimizers.append(torch.optim.AdamW([p], lr=1e-5, fused=True))
+    kernel = f"torch's fused CPU AdamW, fp32 grads, {torch.get_num_threads()} threads"
+    return [opt.step for opt in optimizers], kernel
+
+
 def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
-    """Params/s of AdamW as the executor runs it (28 B/param, the profile's definition):
-    layerslide's native kernel reading bf16 grads and writing the bf16 weights over them, called on
-    `arrays` block-sized arrays in turn, over a working set far past the caches; the mean rate,
-    since a step is many such calls back to back. Else torch's fused CPU AdamW (fp32 grads).
+    """Params/s of AdamW as the executor runs it (28 B/param, the profile's definition; see
+    adamw_blocks), called on `arrays` block-sized arrays in turn, over a working set far past
+    the caches; the mean rate, since a step is many such calls back to back.
 
     On the H200 machine the best single call over one array ran 15% faster than the
     executor's own AdamW tasks, and this sustained rate within 5% of them
     (benchmarks/results/cpu_split_2026-11-30)."""
     size = max(numel // arrays, 1)
-    native = load_kernels()
     passes = max(repeats // 3, 2)
-    if native is not None:
-        blocks = [executor_adamw_block(native, size) for _ in range(arrays)]
-
-        def step(i: int) -> None:
-            blocks[i]()
-        kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
-                  f"{native.threads or torch.get_num_threads()} threads, chunks of "
-                  f"{native.chunk or 'one even slice'})")
-    else:
-        optimizers = []
-        for _ in range(arrays):
-            p = torch.nn.Parameter(torch.randn(size))
-            p.grad = torch.randn(size) * 1e-3
-            optimizers.append(torch.optim.AdamW([p], lr=1e-5, fused=True))
-
-        def step(i: int) -> None:
-            optimizers[i].step()
-        kernel = f"torch's fused CPU AdamW, fp32 grads, {torch.get_num_threads()} threads"
-    rate = sustained_rate(step, arrays, arrays * size, passes)
+    steps, kernel = adamw_blocks(size, arrays)
+    rate = sustained_rate(lambda i: steps[i](), arrays, arrays * size, passes)
     return Measurement(key="host.adamw_throughput", value=rate,
                        how=f"{kernel}, {arrays} arrays of {size / 2**20:.0f} Mi params in "
                            f"turn, mean of {passes} passes")

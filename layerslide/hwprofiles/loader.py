@@ -67,6 +67,9 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
 # Fields a profile may leave out; the dataclass default stands, with no source.
 OPTIONAL_FIELDS = {"storage.duplex", "gpu.busy_speedup", "host.dma_write_share",
                    "host.dma_read_cost", "host.dma_write_cost"}
+# Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
+# host memory the CPU uses
+ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
@@ -199,7 +202,10 @@ def _quantity(entry: Any, kind: str, *, file: str, field: str) -> tuple[float, s
             f"unit {unit!r} is a {UNIT_KIND[unit]} unit but this field needs a {kind} unit "
             f"({', '.join(UNITS_BY_KIND[kind])})",
         )
-    if not value > 0:
+    if field in ZERO_ALLOWED_FIELDS:
+        if not value >= 0:
+            raise ProfileError(file, f"{field}.value", f"must be >= 0, got {value}")
+    elif not value > 0:
         raise ProfileError(file, f"{field}.value", f"must be > 0, got {value}")
     if kind == "count" and not isinstance(value, int):
         raise ProfileError(file, f"{field}.value", f"must be a whole number, got {value}")

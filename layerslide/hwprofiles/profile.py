@@ -101,12 +101,12 @@ class HostSpec:
     adamw_params_per_s: float
     adamw_bytes_per_param: float
     cast_bytes_per_s: float
-    # How DMA and the CPU share memory_bytes_per_s (calibrate.gpu.host_sharing measures all
-    # four): a copied byte takes dma_read_cost (the DMA reads host memory: H2D) or
-    # dma_write_cost (it writes there: D2H) of the capacity, and an oversubscribed capacity is
-    # split by weight, the CPU's 1.0, H2D's dma_share, D2H's dma_write_share (None: dma_share).
-    # On the H200 machine a D2H byte cost 0.64 and kept its full rate beside AdamW, an H2D byte
-    # 0.43 at weight 0.8 (benchmarks/results/sharing_2026-11-30).
+    # How DMA and the CPU share memory_bytes_per_s (calibrate.sharing fits all four): a copied
+    # byte takes dma_read_cost (the DMA reads host memory: H2D) or dma_write_cost (it writes
+    # there: D2H) of the capacity, and an oversubscribed capacity is split by weight, the CPU's
+    # 1.0, H2D's dma_share, D2H's dma_write_share (None: dma_share). On the H200 machine a D2H
+    # byte cost 0.64 and kept its full rate beside AdamW, an H2D byte 0.42 at weight 0.8
+    # (benchmarks/results/sharing_2026-11-30). A cost may be 0: a copy that never slowed AdamW.
     dma_share: float
     dma_write_share: float | None = None
     dma_read_cost: float = 1.0

@@ -11,6 +11,7 @@ import torch
 from layerslide.calibrate import measure, merged_profile
 from layerslide.calibrate.host import Measurement
 from layerslide.cli.main import main
+from layerslide.executor.native import load_kernels
 from layerslide.hwprofiles import builtin_profile_names, load_profile
 from layerslide.hwprofiles.writer import save_profile, to_toml
 from layerslide.planner.model import resolve_model
@@ -184,3 +185,14 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
     measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
             ram_bytes=2**40)  # plenty: the full 64 Mi
     assert seen[-1] == 4 * 64 * 2**20
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_adamw_blocks_update_their_own_arrays_with_or_without_the_native_kernel(
+        monkeypatch, native):
+    from layerslide.calibrate.host import adamw_blocks
+    monkeypatch.setenv("LAYERSLIDE_NATIVE", native)
+    steps, kernel = adamw_blocks(4096, 2)
+    assert len(steps) == 2 and ("native" in kernel) == (native == "1" and load_kernels() is not None)
+    for step in steps:
+        step()  # runs: calibrate's sharing step needs no compiler either

@@ -91,6 +91,14 @@ def test_non_positive_value(tmp_path, value):
     _rejects(tmp_path, text, "link.h2d.value", "> 0")
 
 
+def test_a_copy_may_cost_host_memory_nothing_but_not_less(tmp_path):
+    line = _line("dma_read_cost =")
+    zero = _sub(line, line.replace("value = 0.42", "value = 0"))
+    assert load_profile(_write(tmp_path, zero)).host.dma_read_cost == 0.0
+    _rejects(tmp_path, _sub(line, line.replace("value = 0.42", "value = -0.1")),
+             "host.dma_read_cost.value", ">= 0")
+
+
 def test_missing_unit(tmp_path):
     text = _sub('h2d = { value = 55.4, unit = "GB/s",', "h2d = { value = 55.4,")
     _rejects(tmp_path, text, "link.h2d.unit", "missing")
