@@ -61,12 +61,13 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "write": ("write_bytes_per_s", "bytes/s"),
             "capacity": ("capacity_bytes", "bytes"),
             "duplex": ("duplex_bytes_per_s", "bytes/s"),
+            "duplex_read_share": ("duplex_read_share", "ratio"),
         },
     ),
 }
 # Fields a profile may leave out; the dataclass default stands, with no source.
-OPTIONAL_FIELDS = {"storage.duplex", "gpu.busy_speedup", "host.dma_write_share",
-                   "host.dma_read_cost", "host.dma_write_cost"}
+OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "gpu.busy_speedup",
+                   "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}
@@ -154,7 +155,10 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
             if attr in INTEGER_ATTRS:
                 value = round(value)
             kwargs[attr] = value
-        parts[section] = cls(**kwargs)
+        try:
+            parts[section] = cls(**kwargs)
+        except ValueError as e:  # the dataclass's own checks: name the file
+            raise ProfileError(file, section, str(e)) from e
     return HardwareProfile(
         name=_text(data["name"], file=file, field="name"),
         description=_text(data["description"], file=file, field="description"),

@@ -127,6 +127,19 @@ class StorageSpec:
     # bytes/s of reads and writes together while both run; None: they take turns, i.e.
     # (read + write) / 2 together (a slow disk on the H200 machine moved 14-30% less than that)
     duplex_bytes_per_s: float | None = None
+    # the reads' part of those bytes; None: an even split. On the H200 machine the NVMe
+    # tier's reads took ~60% beside its writes (benchmarks/results/sharing_2026-11-30)
+    duplex_read_share: float | None = None
+
+    def __post_init__(self) -> None:
+        share = self.duplex_read_share
+        if share is not None and not 0 < share < 1:
+            raise ValueError(f"storage duplex_read_share must lie in (0, 1), got {share}: "
+                             "the reads' part of the bytes moved while both directions run")
+
+    @property
+    def read_share(self) -> float:
+        return 0.5 if self.duplex_read_share is None else self.duplex_read_share
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,17 +55,25 @@ class CostModel:
     def mixed_capacities(self) -> dict[str, float]:
         """Capacities while reads and writes run on the disk at once (one flow each way: each
         NVMe lane runs one task at a time). Each takes 1.0 of the device's time at its own rate
-        r or w; a disk that moves `storage.duplex` together splits it evenly between the
-        directions (see _disk): duplex / 2 each, time fractions duplex / 2r + duplex / 2w. Where
-        the slower direction cannot take duplex / 2 it runs at its full rate and the faster one
-        moves the rest."""
+        r or w; a disk that moves `storage.duplex` together gives the reads `read_share` of it
+        and the writes the rest (see _disk), time fractions duplex * s / r + duplex (1 - s) / w.
+        Where a direction cannot take its part it runs at its full rate and the other moves the
+        rest, up to its own."""
         storage = self.profile.storage
         if storage.duplex_bytes_per_s is None:
             return {}
-        slow_rate = min(storage.read_bytes_per_s, storage.write_bytes_per_s)
-        fast_rate = max(storage.read_bytes_per_s, storage.write_bytes_per_s)
-        slow = min(storage.duplex_bytes_per_s / 2, slow_rate)
-        return {NVME: slow / slow_rate + (storage.duplex_bytes_per_s - slow) / fast_rate}
+        read, write = self.duplex_split()
+        return {NVME: read / storage.read_bytes_per_s + write / storage.write_bytes_per_s}
+
+    def duplex_split(self) -> tuple[float, float]:
+        """Bytes/s (read, write) while both directions run: storage.duplex split by the read
+        share, a direction capped at its own rate handing the rest to the other."""
+        storage = self.profile.storage
+        duplex, r, w = (storage.duplex_bytes_per_s, storage.read_bytes_per_s,
+                        storage.write_bytes_per_s)
+        read = min(duplex * storage.read_share, r)
+        write = min(duplex - read, w)
+        return min(duplex - write, r), write
 
     def efficiency(self, tokens: int) -> float:
         if tokens not in self._efficiency_cache:
@@ -132,22 +140,28 @@ class CostModel:
             raise ValueError(f"task {t.id}: no CPU cost model for kind {t.kind!r}")
         return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo),) if solo > 0 else ())
 
-    def _disk(self, t: Task, rate: float, tag: str) -> Cost:
+    def _disk(self, t: Task, rate: float, tag: str, memory_cost: float) -> Cost:
         storage = self.profile.storage
         solo = t.bytes / rate
         share = self.profile.host.dma_share
         if storage.duplex_bytes_per_s is not None:
-            # a disk measured reading and writing at once splits its bytes evenly between the
-            # directions, not its time (H200 machine, 1B with half the moments on NVMe: writes,
-            # the faster alone, were the long pole; benchmarks/results/validation_2026-11-30c):
-            # weights ~ 1 / rate, scaled to keep dma_share's size against host-memory users
-            # (the weight is the flow's on every resource it uses: host memory too, where a
-            # read then weighs a little more than a write)
-            share *= (storage.read_bytes_per_s + storage.write_bytes_per_s) / 2 / rate
-        return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate)), share=share, tag=tag)
+            # a disk measured reading and writing at once splits its bytes between the
+            # directions, not its time (H200 machine: reads ~60% beside the NVMe tier's writes,
+            # benchmarks/results/sharing_2026-11-30): a flow's weight is its bytes over its
+            # rate, scaled so that an even split keeps dma_share's size against host-memory
+            # users (the weight is the flow's on every resource it uses)
+            read, write = self.duplex_split()
+            moved = read if tag == "read" else write
+            share *= (storage.read_bytes_per_s + storage.write_bytes_per_s) / rate * moved / (
+                read + write)
+        # the disk's DMA writes host memory on a read and reads it on a write, like a D2H / H2D
+        return Cost(solo_s=solo, uses=((NVME, 1.0), (HOST_MEMORY, rate * memory_cost)),
+                    share=share, tag=tag)
 
     def _nvme_read(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.read_bytes_per_s, "read")
+        return self._disk(t, self.profile.storage.read_bytes_per_s, "read",
+                          self.profile.host.dma_write_cost)
 
     def _nvme_write(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.write_bytes_per_s, "write")
+        return self._disk(t, self.profile.storage.write_bytes_per_s, "write",
+                          self.profile.host.dma_read_cost)

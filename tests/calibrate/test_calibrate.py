@@ -61,6 +61,8 @@ def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, c
         assert "layerslide calibrate --quick" in profile.sources[key], key
     assert profile.host.adamw_params_per_s > 1e6 and profile.storage.read_bytes_per_s > 1e6
     assert profile.storage.duplex_bytes_per_s > 1e6  # reads and writes at once, written back
+    assert 0 < profile.storage.read_share < 1  # and the reads' part of those bytes
+    assert "layerslide calibrate --quick" in profile.sources["storage.duplex_read_share"]
     assert profile.gpu == base.gpu and profile.link == base.link  # no GPU: the base's
     assert not list((tmp_path / "disk").iterdir())  # the probe file is gone
 

@@ -194,6 +194,18 @@ def test_storage_duplex_is_optional_and_read_when_given(tmp_path):
              "storage.duplex.unit", "bytes/s")
 
 
+def test_storage_duplex_read_share_is_optional_and_must_lie_between_0_and_1(tmp_path):
+    assert load_profile("h200-bench").storage.read_share == 0.5  # not given: an even split
+    share = ('duplex_read_share = { value = 0.6, unit = "ratio", source = "measured: reads" }'
+             "\n")
+    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + share)
+    profile = load_profile(_write(tmp_path, text))
+    assert profile.storage.read_share == pytest.approx(0.6)
+    assert profile.sources["storage.duplex_read_share"] == "measured: reads"
+    _rejects(tmp_path, text.replace("value = 0.6", "value = 1.2"), "storage",
+             "duplex_read_share must lie in")
+
+
 BUSY_SECTION = H200[H200.index("[gpu.busy_speedup]"):H200.index("[link]")]
 
 

@@ -224,6 +224,39 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     assert log["a"][1] == pytest.approx(20.0, rel=1e-9)
 
 
+def test_a_disk_whose_reads_take_60_percent_of_the_duplex_bytes_ends_them_sooner():
+    """storage.duplex_read_share: the NVMe tier's reads took ~60% of the bytes beside its
+    writes on the H200 machine; the same bytes each way then end at duplex * 0.6 and 0.4."""
+    import dataclasses
+
+    base = load_profile("h200-bench")
+    r, w, duplex, part = 1.67e9, 1.97e9, 1.8e9, 0.6
+    profile = dataclasses.replace(base, storage=dataclasses.replace(
+        base.storage, read_bytes_per_s=r, write_bytes_per_s=w, duplex_bytes_per_s=duplex,
+        duplex_read_share=part))
+    costs = CostModel(profile)
+    assert costs.duplex_split() == pytest.approx((part * duplex, (1 - part) * duplex))
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
+    ends: dict[str, float] = {}
+
+    def run(kind, nbytes):
+        def proc():
+            cost = costs.cost(_task(kind, kind, bytes=nbytes))
+            yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
+            ends[kind] = env.now
+        env.process(proc())
+
+    same = 9e9
+    run("nvme_read", same)
+    run("nvme_write", same)
+    env.run()
+    read_end = same / (part * duplex)  # 8.33 s; then the write runs alone at w
+    left = same - (1 - part) * duplex * read_end
+    assert ends["nvme_read"] == pytest.approx(read_end, rel=1e-9)
+    assert ends["nvme_write"] == pytest.approx(read_end + left / w, rel=1e-9)
+
+
 def test_where_the_slower_direction_cannot_take_half_the_duplex_rate_the_faster_takes_the_rest():
     """read 7, write 2, duplex 5 GB/s: the write runs at its full 2 GB/s and the read gets the
     other 3, never more than the 5 the disk moves together."""
