@@ -134,6 +134,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     history = (args.traces is not None and args.device.startswith("cuda")
                and label in args.allocator_history.split(","))
     phase("predict")
+    adamw_before = probe_adamw_rate() if args.probe_adamw else None
+    phase("probe_adamw")
     with Trainer(config=config, spec=spec, train=train, policy=policy,
                  optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
@@ -184,6 +186,13 @@ def run_one(label: str, cfg: dict, args) -> dict:
             except Exception as error:  # noqa: BLE001
                 print(f"{label}: the allocator history was not saved: {error!r}", flush=True)
     phase("close_and_save")
+    probed = {}
+    if args.probe_adamw:
+        probed = {"adamw_probed_params_per_s": [adamw_before, probe_adamw_rate()],
+                  "adamw_profile_params_per_s": profile.host.adamw_params_per_s}
+        probed["predicted_step_s_at_probed_adamw"] = predict_at_probed_adamw(
+            spec, train, policy, profile, cap, probed["adamw_probed_params_per_s"])
+        phase("probe_adamw_after")
     steady = logs[2:] or logs[-1:]  # the first steps carry compilation and first touches
     return {
         "label": label, "config": cfg, "policy": policy.to_dict(), "seq_len": train.seq_len,
@@ -198,8 +207,40 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
-        "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
+        "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction, **probed,
     }
+
+
+# calibrate's AdamW test at a quarter of its passes: 4 arrays of 64 Mi params, 2 passes
+PROBE_PARAMS, PROBE_REPEATS = 4 * 64 * 2**20, 6
+
+
+def probe_adamw_rate() -> float:
+    """The host's AdamW params/s right now, measured as `calibrate` measures it. The lent
+    machine's memory drifts between the rows of one call (call h: 3B AdamW tasks 22.0 ms a
+    layer at micro-batch 1, 20.7 at 8, minutes apart, copies overlapping them alike), so each
+    row probes before and after it: what the model misses apart from the machine moving."""
+    from layerslide.calibrate.host import adamw_throughput
+    from layerslide.executor.memory import return_freed_heap
+
+    rate = adamw_throughput(PROBE_PARAMS, PROBE_REPEATS).value
+    return_freed_heap()
+    return rate
+
+
+def at_adamw_rate(profile, rate: float):
+    """The profile with AdamW at `rate`, and the host memory's capacity with it (calibrate
+    keeps that capacity as a ratio to AdamW's rate: calibrate.sharing)."""
+    host = profile.host
+    scale = rate / host.adamw_params_per_s
+    return dataclasses.replace(profile, host=dataclasses.replace(
+        host, adamw_params_per_s=rate, memory_bytes_per_s=host.memory_bytes_per_s * scale))
+
+
+def predict_at_probed_adamw(spec, train, policy, profile, cap: int, rates: list[float]) -> float:
+    """The step time predicted with AdamW at the mean of the row's probes."""
+    local = at_adamw_rate(profile, statistics.fmean(rates))
+    return predict(spec, train, policy, local, cap)["predicted_step_s"]
 
 
 def preload() -> None:
@@ -352,6 +393,9 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
                 policy = dataclasses.replace(policy, stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
+            if row.get("adamw_probed_params_per_s"):
+                row["predicted_step_s_at_probed_adamw"] = predict_at_probed_adamw(
+                    spec, train, policy, profile, cap, row["adamw_probed_params_per_s"])
             if row.get("grads_land_in_upload", False) != grads_land_in_upload(policy, train):
                 # measured where the grads landed elsewhere than this plan has them (rows from
                 # before 2026-11-30 had landing buffers: 2 B/param more RAM): no comparison
@@ -398,6 +442,9 @@ def main() -> None:
     ap.add_argument("--repredict", type=Path, nargs="+", metavar="JSON",
                     help="train nothing: predict the rows of these validation.json files again "
                          "with --profile and write the report of them to --out")
+    ap.add_argument("--probe-adamw", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the host's AdamW rate before and after each configuration "
+                         "(~2 s each) and predict its step again at that rate too")
     ap.add_argument("--traces", type=Path,
                     help="a folder for each configuration's measured and predicted trace "
                          "(gzipped JSON, layerslide.trace.Trace)")
@@ -475,6 +522,28 @@ def spread_line(rows: list[dict]) -> str | None:
             f"{statistics.median(spreads.values()):.1%}, worst {spreads[worst]:.1%} ({worst})")
 
 
+def probed_lines(rows: list[dict]) -> list[str]:
+    """How far AdamW's rate moved over the rows (probed before and after each) from the
+    profile's, and the step-time error with each row predicted at its own probed rate: the
+    error that is the model's once the machine's drift is taken out."""
+    have = [r for r in rows if r.get("predicted_step_s_at_probed_adamw")]
+    if not have:
+        return []
+    probes = [rate for r in have for rate in r["adamw_probed_params_per_s"]]
+    within = max(max(r["adamw_probed_params_per_s"]) / min(r["adamw_probed_params_per_s"]) - 1
+                 for r in have)
+    errors = {r["label"]: r["predicted_step_s_at_probed_adamw"] / r["measured_step_s"] - 1
+              for r in have}
+    worst = max(errors, key=lambda label: abs(errors[label]))
+    return [(f"- AdamW probed before and after each row: {min(probes) / 1e9:.2f}-"
+            f"{max(probes) / 1e9:.2f} Gparam/s (the profile: "
+            f"{have[0]['adamw_profile_params_per_s'] / 1e9:.2f}; within one row up to "
+            f"{within:.1%} apart)"),
+            (f"- step time predicted at each row's probed AdamW rate: mean absolute error "
+            f"{statistics.fmean(map(abs, errors.values())):.1%}, worst {errors[worst]:+.1%} "
+            f"({worst})")]
+
+
 def report(rows: list[dict], out: Path) -> None:
     from layerslide.reports.validation import allocator_table, figure, markdown, summarize
 
@@ -499,6 +568,9 @@ def report(rows: list[dict], out: Path) -> None:
                   f"{summary['tuned_vs_best_measured']:+.1%}\n")
     if spread is not None:
         table += spread + "\n"
+    probed = probed_lines(rows)
+    summary["step_s_at_probed_adamw"] = probed
+    table += "".join(line + "\n" for line in probed)
     table += "\n".join(allocator_table(every)) + "\n"
     (out / "validation.md").write_text(table)
     figure(rows, out / "validation.png")
