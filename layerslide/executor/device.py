@@ -73,6 +73,20 @@ class LaneDevice:
         if stream is not None and event is not None:
             stream.wait_event(event)
 
+    def prime_blas_workspaces(self, lane: str) -> None:
+        """Make cuBLAS's workspaces for this thread and for autograd's now, on the lane's
+        stream, while its pool holds nothing else. Each thread's cuBLAS handle takes a 32 MiB
+        workspace per stream from the caching allocator at its first GEMM there and keeps it:
+        left to autograd's first backward GEMM, it landed above everything step 0 had live and
+        split the pool's address range, and the head's logits chunk no longer fit below it
+        (allocator histories, H200: 160-460 MiB more reserved at micro-batch 8-16;
+        benchmarks/results/README.md, session 10). A no-op on the CPU."""
+        if not self.is_cuda:
+            return
+        with self.on(lane):
+            x = torch.ones(16, 16, device=self.device, dtype=torch.bfloat16, requires_grad=True)
+            (x @ x).sum().backward()  # forward: this thread's handle; backward: autograd's
+
     def bind_thread(self) -> None:
         """Make this thread's CUDA calls go to our device (threads start on the default one)."""
         if self.is_cuda:

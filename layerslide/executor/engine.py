@@ -30,6 +30,7 @@ from layerslide.planner.plan import Plan, Task
 
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
 ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
+COMPUTE_LANE = "gpu"  # the lane whose thread runs the layers' GEMMs (and autograd's backward)
 # Python's GIL switch interval while the lanes run (the interpreter's default is 5 ms). The CPU
 # lane needs the GIL back between its optimizer calls, which release it; another lane's thread
 # may hold it for up to the interval. On the H200 machine 0.2 ms took the 3B step at micro-batch
@@ -134,6 +135,8 @@ class PlanEngine:
     def _guard(self, worker: Callable[[str], None], lane: str) -> None:
         try:
             self.device.bind_thread()
+            if lane == COMPUTE_LANE:
+                self.device.prime_blas_workspaces(lane)
             worker(lane)
         except _Aborted:
             pass
@@ -250,6 +253,7 @@ class PlanEngine:
 
     # --- serial ----------------------------------------------------------------------------------
     def _run_serial(self) -> None:
+        self.device.prime_blas_workspaces(COMPUTE_LANE)
         combined = nx.DiGraph(self.graph.edges)
         combined.add_nodes_from(self.graph.nodes)
         for lane, order in self.plan.lane_order.items():

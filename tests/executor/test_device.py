@@ -18,3 +18,29 @@ def test_each_lane_is_named_by_the_stream_memory_snapshots_report():
     owner = next(s["stream"] for s in torch.cuda.memory_snapshot()
                  if s["address"] <= block.data_ptr() < s["address"] + s["total_size"])
     assert lanes[owner] == "h2d"
+
+
+@pytest.mark.gpu
+def test_priming_makes_the_blas_workspaces_of_the_thread_and_of_autograd_once():
+    device = LaneDevice("cuda")
+    stream = device._streams["gpu"].cuda_stream
+
+    def large_blocks() -> int:
+        return sum(1 for s in torch.cuda.memory_snapshot() if s["stream"] == stream
+                   for b in s["blocks"] if b["state"] == "active_allocated"
+                   and b["size"] >= 2**20)
+
+    before = large_blocks()
+    device.prime_blas_workspaces("gpu")
+    torch.cuda.synchronize()
+    made = large_blocks() - before
+    assert made >= 2  # this thread's handle and autograd's, each a workspace on the stream
+    device.prime_blas_workspaces("gpu")  # they stay: the next GEMMs take nothing more
+    torch.cuda.synchronize()
+    assert large_blocks() - before == made
+
+
+def test_priming_does_nothing_on_the_cpu():
+    device = LaneDevice("cpu")
+    device.prime_blas_workspaces("gpu")
+    assert device.lane_of_stream() == {}

@@ -206,6 +206,9 @@ class _QueuedGpu:
     def bind_thread(self):
         pass
 
+    def prime_blas_workspaces(self, lane):
+        pass
+
     def event_time_s(self, event):
         return 0.0
 
@@ -255,3 +258,29 @@ def test_the_bound_comes_from_the_plans_policy_unless_the_environment_says(monke
     monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "0")
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 0
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None, run_ahead=1).run_ahead == 1
+
+
+class _PrimingDevice(LaneDevice):
+    """Records which thread primed the BLAS workspaces, and when."""
+
+    def __init__(self, events):
+        super().__init__("cpu")
+        self.events = events
+
+    def prime_blas_workspaces(self, lane):
+        self.events.append(("prime", lane, threading.get_ident()))
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_the_compute_lane_thread_primes_the_blas_workspaces_before_its_first_task(serial):
+    events = []
+
+    def run_task(task):
+        events.append(("task", task.lane, threading.get_ident()))
+
+    PlanEngine(PLAN, _PrimingDevice(events), run_task, serial=serial).run()
+    primes = [e for e in events if e[0] == "prime"]
+    assert [e[1] for e in primes] == ["gpu"]  # once per run, for the compute lane
+    first_gpu = next(i for i, e in enumerate(events) if e[:2] == ("task", "gpu"))
+    assert events.index(primes[0]) < first_gpu
+    assert primes[0][2] == events[first_gpu][2]  # on the thread that runs the GEMMs
