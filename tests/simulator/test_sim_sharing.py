@@ -224,6 +224,23 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     assert log["a"][1] == pytest.approx(20.0, rel=1e-9)
 
 
+def _disk_ends(costs: CostModel, **bytes_of_kind: float) -> dict[str, float]:
+    """When each disk task ends, all started at once (one per kind: nvme_read, nvme_write)."""
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
+    ends: dict[str, float] = {}
+
+    def run(kind, nbytes):
+        cost = costs.cost(_task(kind, kind, bytes=nbytes))
+        yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
+        ends[kind] = env.now
+
+    for kind, nbytes in bytes_of_kind.items():
+        env.process(run(kind, nbytes))
+    env.run()
+    return ends
+
+
 def test_a_disk_whose_reads_take_60_percent_of_the_duplex_bytes_ends_them_sooner():
     """storage.duplex_read_share: the NVMe tier's reads took ~60% of the bytes beside its
     writes on the H200 machine; the same bytes each way then end at duplex * 0.6 and 0.4."""
@@ -236,21 +253,8 @@ def test_a_disk_whose_reads_take_60_percent_of_the_duplex_bytes_ends_them_sooner
         duplex_read_share=part))
     costs = CostModel(profile)
     assert costs.duplex_split() == pytest.approx((part * duplex, (1 - part) * duplex))
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-    ends: dict[str, float] = {}
-
-    def run(kind, nbytes):
-        def proc():
-            cost = costs.cost(_task(kind, kind, bytes=nbytes))
-            yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
-            ends[kind] = env.now
-        env.process(proc())
-
     same = 9e9
-    run("nvme_read", same)
-    run("nvme_write", same)
-    env.run()
+    ends = _disk_ends(costs, nvme_read=same, nvme_write=same)
     read_end = same / (part * duplex)  # 8.33 s; then the write runs alone at w
     left = same - (1 - part) * duplex * read_end
     assert ends["nvme_read"] == pytest.approx(read_end, rel=1e-9)
@@ -266,19 +270,6 @@ def test_where_the_slower_direction_cannot_take_half_the_duplex_rate_the_faster_
     profile = dataclasses.replace(base, storage=dataclasses.replace(
         base.storage, read_bytes_per_s=7e9, write_bytes_per_s=2e9, duplex_bytes_per_s=5e9))
     costs = CostModel(profile)
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-    ends: dict[str, float] = {}
-
-    def run(kind, nbytes):
-        def proc():
-            cost = costs.cost(_task(kind, kind, bytes=nbytes))
-            yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
-            ends[kind] = env.now
-        env.process(proc())
-
-    run("nvme_read", 30e9)  # 10 s at 3 GB/s
-    run("nvme_write", 20e9)  # 10 s at 2 GB/s
-    env.run()
+    ends = _disk_ends(costs, nvme_read=30e9, nvme_write=20e9)  # 10 s at 3 and at 2 GB/s
     assert ends == {"nvme_read": pytest.approx(10.0, rel=1e-9),
                     "nvme_write": pytest.approx(10.0, rel=1e-9)}
