@@ -124,10 +124,10 @@ class _Builder:
             self.graph.add_edge(src, dst, reason=reason)
 
     def buffer(self, id: str, tier: str, nbytes: float, alloc: str | None = None,
-               release: tuple[str, ...] = ()) -> None:
+               release: tuple[str, ...] = (), at_end: bool = False) -> None:
         if nbytes > 0:
             self.buffers.append(Buffer(id=id, tier=tier, bytes=int(nbytes), alloc_task=alloc,
-                                       release_tasks=release))
+                                       release_tasks=release, at_end=at_end))
 
     def params(self, block: int) -> int:
         return sizes.block_params(self.model, block)
@@ -253,10 +253,13 @@ class _Builder:
                             host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
-        workspace = sizes.head_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes)
-        self.buffer(f"{head}.workspace", "gpu", workspace, head, (head,))
+        # its requests in their order: the final norm's saved tensors, the LM weight's grad
+        # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
+        # goes on top of the forward's blocks, the logits chunk above it)
+        self.buffer(f"{head}.norm", "gpu", sizes.final_norm_saved_bytes(model, T), head, (head,))
         # the final hidden state lives from the last forward until the head has consumed it
-        self.buffer(f"s{s}.m{m}.hidden.final", "gpu", hidden, producers[L], (head,))
+        self.buffer(f"s{s}.m{m}.hidden.final", "gpu", hidden, producers[L], (head,),
+                    at_end=True)
 
         bwd: dict[int, str] = {}
         prev = head
@@ -271,7 +274,7 @@ class _Builder:
         flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]
         for maker, reader in pairwise(flow_users):
             self.edge(maker, reader, "data")
-            self.buffer(f"{maker}.dgrad", "gpu", hidden, maker, (reader,))
+            self.buffer(f"{maker}.dgrad", "gpu", hidden, maker, (reader,), at_end=True)
 
         for i in reversed(range(L)):
             t = bwd[i]
@@ -285,6 +288,9 @@ class _Builder:
         for i in reversed(range(L)):
             self.grads(s, m, i, bwd[i])
         self.grads(s, m, EMBEDDING, emb_bwd)
+        self.buffer(f"{head}.workspace", "gpu",
+                    sizes.head_loss_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes),
+                    head, (head,))
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
                    consumer_bwd: str, bwd_pos: int) -> None:
@@ -293,14 +299,15 @@ class _Builder:
         nbytes = sizes.hidden_bytes(self.model, self.tokens)
         name = f"s{s}.m{m}.ckpt.L{i}"
         if pol.activations == "gpu":
-            self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, consumer_bwd))
+            self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, consumer_bwd),
+                        at_end=True)
             return
         producer_pos = self.pos(s, m, "fwd", i - 1 if i > 0 else EMBEDDING)
         common = {"layer": i, "step": s, "micro_batch": m, "bytes": nbytes}
         off = self.add(Task(id=f"{name}.offload", kind="offload_activation", lane="d2h", **common),
                        key=(producer_pos, 0))
         self.edge(producer, off, "data")
-        self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, off))
+        self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, off), at_end=True)
         fetch = self.add(Task(id=f"{name}.fetch", kind="fetch_activation", lane="h2d", **common),
                          key=(bwd_pos, 1))
         self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 1), fetch, "prefetch")
@@ -349,8 +356,9 @@ class _Builder:
             # tied LM-head grad + embedding grad both alive, not a standing grad buffer)
             if tied:
                 self.tied_grad(s, m, release=off)
-            else:
-                self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
+            else:  # an untied LM head's weight grad sums over the loss's chunks: from the start
+                self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,),
+                            at_end=block != self.L)
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
             if block == EMBEDDING and self.model.tie_word_embeddings:
                 # the head makes the tied LM-head grad the embedding backward adds in: it waits
@@ -360,7 +368,7 @@ class _Builder:
         else:
             # autograd makes a layer's grads afresh too; at most grad_buffers layers' grads are
             # alive at once (a backward waits for the offload grad_buffers layers before it)
-            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,))
+            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,), at_end=True)
             slot = self.grad_slot_next % len(self.grad_slots)
             self.edge(self.grad_slots[slot], producer, "unit_reuse")
             self.grad_slots[slot] = off
@@ -526,6 +534,12 @@ class _Builder:
             # every step, so the interval between two markers is the steady-state step.
             self.step_markers.append(self.gpu_order[-1])
             self.update(s)
+        # cuBLAS's workspaces on the compute stream, the lane thread's and autograd's: made
+        # before its first task (LaneDevice.prime_blas_workspaces), the first in its pool
+        first = self.gpu_order[0]
+        self.buffers[:0] = [Buffer(id=f"gpu.blas_workspace.{i}", tier="gpu",
+                                   bytes=sizes.BLAS_WORKSPACE_BYTES, alloc_task=first)
+                            for i in range(sizes.BLAS_WORKSPACES)]
         lane_order = {"gpu": tuple(self.gpu_order)}
         by_lane: dict[str, list[str]] = {lane: [] for lane in LANES[1:]}
         for tid in self.keys:

@@ -58,6 +58,9 @@ class Buffer:
     bytes: int
     alloc_task: str | None = None
     release_tasks: tuple[str, ...] = ()
+    # made as alloc_task ends rather than as it starts: a task's outputs (the gradients a
+    # backward hands on), which its own scratch tensors have mostly been freed for
+    at_end: bool = False
 
     @property
     def is_static(self) -> bool:

@@ -12,8 +12,13 @@ from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
 
 GIB = 1024**3
 
-# estimate: CUDA context, cuBLAS/cuDNN workspaces and allocator slack that every run pays.
-GPU_RUNTIME_BYTES = int(0.75 * GIB)
+# estimate: CUDA context, cuDNN workspaces and allocator slack that every run pays.
+GPU_RUNTIME_BYTES = int(0.75 * GIB) - 64 * 2**20  # 64 MiB: the BLAS workspaces, below
+# cuBLAS's workspace per thread and stream, taken from the caching allocator at the thread's
+# first GEMM on the stream and kept (PyTorch's default on Hopper; 8 MiB or less on older
+# GPUs): the compute lane's thread and autograd's each take one on the compute stream.
+BLAS_WORKSPACE_BYTES = 32 * 2**20
+BLAS_WORKSPACES = 2
 # estimate: resident set of a Python process with torch and the CUDA libraries loaded.
 HOST_RUNTIME_BYTES = int(2 * GIB)
 
@@ -129,17 +134,28 @@ def fused_head_chunk_tokens(model: ModelSpec, tokens: int,
 FINAL_NORM_SAVED_BYTES_PER_ELEMENT = 2 * FP32_BYTES + BF16_BYTES
 
 
+def final_norm_saved_bytes(model: ModelSpec, tokens: int) -> int:
+    """GPU bytes the head's final norm keeps for its backward (made before its loss's)."""
+    return FINAL_NORM_SAVED_BYTES_PER_ELEMENT * model.hidden_size * tokens
+
+
+def head_loss_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str,
+                              chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES) -> int:
+    """Transient GPU bytes of the LM head and cross-entropy, forward and backward."""
+    if head_loss == "materialized":
+        # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
+        return (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
+    # one chunk's bf16 logits, overwritten by their grad in place, and its rows' fp32 losses
+    chunk = fused_head_chunk_tokens(model, tokens, chunk_bytes)
+    return (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
+
+
 def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str,
                          chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES) -> int:
     """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward; the
     grad w.r.t. the head's input is the plan's dgrad buffer, not counted here."""
-    norm = FINAL_NORM_SAVED_BYTES_PER_ELEMENT * model.hidden_size * tokens
-    if head_loss == "materialized":
-        # bf16 logits, their fp32 upcast for the loss, and the fp32 grad of the logits.
-        return norm + (BF16_BYTES + 2 * FP32_BYTES) * model.vocab_size * tokens
-    # one chunk's bf16 logits, overwritten by their grad in place, and its rows' fp32 losses
-    chunk = fused_head_chunk_tokens(model, tokens, chunk_bytes)
-    return norm + (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
+    return (final_norm_saved_bytes(model, tokens)
+            + head_loss_workspace_bytes(model, tokens, head_loss, chunk_bytes))
 
 
 def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:

@@ -75,6 +75,8 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
 
     def execute(st: _TaskState):
         st.start_s = env.now
+        if st.task.lane not in stream_lanes:  # a host lane's task: dispatched as it starts
+            memory.dispatched(env.now, st.task.id)
         memory.allocate(env.now, st.task.id)
         cost = st.cost
         if cost.solo_s > 0:
@@ -88,6 +90,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
         st.finished.succeed()
         if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
+            memory.enqueued(env.now, st.task.id)
         memory.release(env.now, st.task.id)
         for succ in graph.successors(st.task.id):
             s2 = states[succ]
@@ -103,9 +106,11 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
             yield env.all_of([states[p].enqueued for p in graph.predecessors(tid)])
             st.dispatch_end_s = env.now + st.cost.dispatch_s
             st.dispatched.succeed()
+            memory.dispatched(env.now, tid)
             if st.cost.dispatch_s > 0:
                 yield env.timeout(st.cost.dispatch_s)
             st.enqueued.succeed()
+            memory.enqueued(env.now, tid)
 
     def strict_lane(order):
         for tid in order:

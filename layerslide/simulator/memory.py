@@ -1,18 +1,24 @@
 """Memory of a simulated run: bytes in use per tier as the plan's buffers come and go, and on the
 GPU per allocation pool with what the caching allocator reserves for them.
 
-A buffer comes as the task allocating it starts and goes as the last task releasing it ends. The
-executor allocates a buffer on the stream of the lane whose task allocates it (a layer's fetched
-checkpoint on h2d, its grads on gpu), the static ones before the plan runs. torch's caching
-allocator keeps one pool per stream and never hands a block freed on one stream to another, so
-the pools' peaks add up even where they fall at different times (3B micro-batch 32, H200: h2d
-held 0.57 GiB of fetched checkpoints; benchmarks/results/validation_2026-11-30c), and each pool
-keeps the holes its own order of requests leaves (simulator.allocator).
+Bytes in use follow the tasks on their lanes: a buffer comes as the task allocating it starts
+(a task's outputs, Buffer.at_end, as it ends: its scratch is gone by then) and goes as the last
+task releasing it ends. The executor allocates a buffer on the stream of the lane whose task
+allocates it (a layer's fetched checkpoint on h2d, its grads on gpu), the static ones before the
+plan runs. torch's caching allocator keeps one pool per stream and never hands a block freed on
+one stream to another, so the pools' peaks add up even where they fall at different times (3B
+micro-batch 32, H200: h2d held 0.57 GiB of fetched checkpoints;
+benchmarks/results/validation_2026-11-30c), and each pool keeps the holes its own order of
+requests leaves (simulator.allocator).
 
-Allocating as the task's dispatch begins, as the executor's threads do, was tried too: with the
-plan's buffers as lumps (a task's scratch tensors as one workspace) it put 2.5-4.8% mean error on
-the allocated peak against 1.8-1.9% this way, for 4-5% on the reserve either way
-(validation_2026-11-30d and e, predicted again).
+The allocator's model follows the host threads instead, as the caching allocator sees the
+requests: a task's blocks are requested as its dispatch begins (its outputs as the dispatch
+ends), a block only its own stream used is free again once the thread has enqueued its last
+user (stream order makes it safe), and one another stream used once that user's GPU work has
+ended (its event must complete first). On the 14 rows of validation_2026-11-30i/j this, the
+outputs made at the end, the head's requests in their order and cuBLAS's workspaces took the
+allocated peak's mean error from 2.2% to 0.7% and the reserve's from 5.8% to 2.8%, and made the
+h2d pool's reserve exact on every row.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ STATIC_POOL = "static"  # buffers allocated before the plan runs
 
 
 class MemoryLedger:
-    """Bytes in use per tier, GPU bytes per pool and the allocator's reserve, over a run."""
+    """Bytes in use per tier, GPU bytes per pool and the allocator's reserve, over a run.
+
+    Bytes in use follow the tasks on their lanes (allocate, release). The allocator's model
+    follows the host threads instead (dispatched, enqueued), as the caching allocator sees the
+    requests: see the module's doc."""
 
     def __init__(self, plan: Plan):
         self.in_use = dict.fromkeys(TIERS, 0)
@@ -37,23 +47,33 @@ class MemoryLedger:
         self._releases: dict[str, list] = {}
         self._pending: dict[str, int] = {}
         self._pool: dict[str, str] = {}
+        # the allocator's side: blocks freed by their own lane's thread (pending enqueues) or
+        # by another stream's (pending ends); blocks in the allocator; frees that came first
+        self._host_pending: dict[str, int] = {}
+        self._cross: set[str] = set()
+        self._in_allocator: set[str] = set()
+        self._early_free: set[str] = set()
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
             self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
                                 else plan.task(b.alloc_task).lane)
             if b.alloc_task is None:
-                self._change(0.0, b, 1, sample=False, allocator=b.id != runtime)
+                self._change(0.0, b, 1, sample=False)
+                if b.tier == "gpu" and b.id != runtime:
+                    self._allocator_allocate(b)
             else:
                 self._allocs.setdefault(b.alloc_task, []).append(b)
             if b.release_tasks:
                 self._pending[b.id] = len(b.release_tasks)
+                self._host_pending[b.id] = len(b.release_tasks)
+                if any(plan.task(t).lane != self._pool[b.id] for t in b.release_tasks):
+                    self._cross.add(b.id)
             for t in b.release_tasks:
                 self._releases.setdefault(t, []).append(b)
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
 
-    def _change(self, now: float, buffer, sign: int, *, sample: bool = True,
-                allocator: bool = True) -> None:
+    def _change(self, now: float, buffer, sign: int, *, sample: bool = True) -> None:
         tier = buffer.tier
         self.in_use[tier] += sign * buffer.bytes
         assert self.in_use[tier] >= 0, f"{tier} memory went negative"
@@ -65,24 +85,61 @@ class MemoryLedger:
         pool = self._pool[buffer.id]
         self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + sign * buffer.bytes
         self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), self.pool_in_use[pool])
-        if not allocator:  # the runtime's bytes: no allocation
+
+    def _allocator_allocate(self, buffer) -> None:
+        if buffer.tier != "gpu":
             return
-        if sign > 0:
-            self.allocator.allocate(pool, buffer.id, buffer.bytes)
-        else:
+        if buffer.id in self._early_free:  # freed before its request was seen: never placed
+            self._early_free.discard(buffer.id)
+            return
+        self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
+        self._in_allocator.add(buffer.id)
+
+    def _allocator_free(self, buffer) -> None:
+        if buffer.tier != "gpu":
+            return
+        if buffer.id in self._in_allocator:
+            self._in_allocator.discard(buffer.id)
             self.allocator.free(buffer.id)
+        else:
+            self._early_free.add(buffer.id)
 
     def allocate(self, now: float, task_id: str) -> None:
         """The task has started: its buffers come."""
         for b in self._allocs.get(task_id, ()):
-            self._change(now, b, 1)
+            if not b.at_end:
+                self._change(now, b, 1)
 
     def release(self, now: float, task_id: str) -> None:
-        """The task has ended: the buffers it was the last to release go."""
+        """The task has ended: the buffers it was the last to release go, and the outputs it
+        made at its end come. Blocks another stream used are the allocator's again from now
+        (its event has completed)."""
         for b in self._releases.get(task_id, ()):
             self._pending[b.id] -= 1
             if self._pending[b.id] == 0:
                 self._change(now, b, -1)
+                if b.id in self._cross:
+                    self._allocator_free(b)
+        for b in self._allocs.get(task_id, ()):
+            if b.at_end:
+                self._change(now, b, 1)
+
+    def dispatched(self, now: float, task_id: str) -> None:
+        """The task's host thread begins enqueueing it: its requests reach the allocator."""
+        for b in self._allocs.get(task_id, ()):
+            if not b.at_end:
+                self._allocator_allocate(b)
+
+    def enqueued(self, now: float, task_id: str) -> None:
+        """The task's host thread is done with it: the blocks of its own stream it was the last
+        to use go back (stream-ordered, reusable at once) and its outputs are requested."""
+        for b in self._releases.get(task_id, ()):
+            self._host_pending[b.id] -= 1
+            if self._host_pending[b.id] == 0 and b.id not in self._cross:
+                self._allocator_free(b)
+        for b in self._allocs.get(task_id, ()):
+            if b.at_end:
+                self._allocator_allocate(b)
 
     def gpu_pool_reserves(self) -> dict[str, int]:
         """What the caching allocator has reserved per pool so far (it never gives pages back

@@ -28,14 +28,16 @@ BWD_WORKSPACE_BYTES = 1944 * 32 + FWD_WORKSPACE_BYTES  # 62208 + 24576 = 86784
 # hidden element: 10*64*32 = 20480.
 HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32 + 10 * 64 * 32  # 36992
 
-GPU_RUNTIME_BYTES = int(0.75 * GIB)  # 805306368
+# the runtime estimate less cuBLAS's two 32 MiB workspaces, which the plan allocates itself
+GPU_RUNTIME_BYTES = int(0.75 * GIB) - 64 * 2**20  # 738197504
+BLAS_WORKSPACE_BYTES = 64 * 2**20  # the compute lane's first task makes them and keeps them
 # Static GPU buffers (build.static_buffers), default window 2:
 GPU_STATIC_BYTES = (
     GPU_RUNTIME_BYTES
     + 2 * 2 * LAYER_PARAMS  # two bf16 weight units of the window: 147968
     + 2 * EMB_PARAMS  # embedding bf16 weights: 32768
     + 2 * HEAD_PARAMS  # head bf16 weights: 32896
-)  # = 805520000
+)  # = 738411136
 # No bf16 grads are static: each block's backward (the head's is the head task) makes them and
 # their offload frees them. The head's: 32896, a layer's: 73984 (the embedding's: 32768)
 HEAD_GRAD_BYTES = 2 * HEAD_PARAMS
@@ -70,7 +72,7 @@ def _first_peak_time_s(prediction, tier: str) -> float:
 def test_static_bytes_by_hand(gpu_acts):
     plan, _ = gpu_acts
     assert TOTAL_PARAMS == plan.model.total_params
-    assert GPU_STATIC_BYTES == 805520000
+    assert GPU_STATIC_BYTES == 738411136
     assert plan.static_bytes("gpu") == GPU_STATIC_BYTES
     assert plan.static_bytes("host") == HOST_STATIC_BYTES
     assert plan.static_bytes("nvme") == 0
@@ -81,44 +83,46 @@ def test_host_static_bytes_with_checkpoints_on_host(host_acts):
     assert plan.static_bytes("host") == HOST_STATIC_BYTES_HOST_ACTS
 
 
+# Every block's bf16 grads wait on the GPU for the d2h lane: it takes ~33 us for the head's
+# 32896 B and ~74 us for a layer's 73984 B, a backward ~7.5 us, so as the embedding's backward
+# ends all four blocks' grads are alive (the head's still being offloaded).
+ALL_GRADS_BYTES = HEAD_GRAD_BYTES + 2 * LAYER_GRAD_BYTES + 2 * EMB_PARAMS  # 213632
+
+
 def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
-    # The GPU runs its sequence one task at a time and every dynamic GPU buffer is made and
-    # freed by GPU tasks, so the dynamic set is the one alive around one GPU task:
-    #   forward L0: ckpt L0 + ckpt L1 + workspace            = 2*4096 + 24576       = 32768
-    #   forward L1: 2 ckpts + final hidden + workspace       = 3*4096 + 24576       = 36864
-    #   head:       2 ckpts + final hidden + its dgrad + ws  = 4*4096 + 16512       = 32896
-    #   backward L1 (last layer): both ckpts + head's dgrad + workspace + its own dgrad
-    #                                                        = 4*4096 + 86784       = 103168
-    #   backward L0: ckpt L0 + L1's dgrad + workspace + its dgrad = 3*4096 + 86784  = 99072
-    #   backward emb: L0's dgrad                             = 4096
-    # Plus each block's bf16 grads, made by its backward (the head's by the head task) and
-    # alive until its offload ends. The d2h lane takes ~33 us at 1e9 B/s for the head's 32896 B
-    # and ~74 us for a layer's 73984 B, while a backward takes ~7.5 us: when backward L0 starts,
-    # the head's grads are still being offloaded and L1's wait for them:
-    #   backward L1: 103168 + head 32896 + L1 73984 = 210048
-    #   backward L0: 99072 + head 32896 + L1 73984 + L0 73984 = 279936
-    dynamic_peak = 3 * HIDDEN_BYTES + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES + 2 * LAYER_GRAD_BYTES
-    assert dynamic_peak == 279936
+    # The GPU runs its sequence one task at a time. A task's scratch comes as it starts; what
+    # it hands on (a backward's dgrad and grads, a forward's checkpoint) as it ends, when its
+    # scratch is gone. Around the GPU tasks, besides the grads awaiting the d2h lane:
+    #   forward L1: ckpt L0 + ckpt L1 + workspace            = 2*4096 + 24576       = 32768
+    #   head:       2 ckpts + final hidden + its workspace   = 3*4096 + 36992       = 49280
+    #   backward L1: both ckpts + head's dgrad + workspace   = 3*4096 + 86784       = 99072
+    #   backward L0: ckpt L0 + L1's dgrad + workspace        = 2*4096 + 86784       = 94976
+    # with the grads: the head's (made as it starts) at backward L1, 99072 + 32896 = 131968;
+    # the head's and L1's at backward L0, 94976 + 32896 + 73984 = 201856; all four as the
+    # embedding's backward ends, 213632: the peak. Plus cuBLAS's two workspaces, which the
+    # first GPU task makes and keeps.
+    assert ALL_GRADS_BYTES == 213632
     _plan, prediction = gpu_acts
-    assert prediction.peak_bytes["gpu"] == GPU_STATIC_BYTES + dynamic_peak == 805799936
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES
+                                            + ALL_GRADS_BYTES) == 805733632
     events = {e.task_id: e for e in prediction.trace.events}
-    assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.L0"].start_s
+    assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.emb"].end_s
     # no host traffic for checkpoints: the host only sees grads and optimizer buffers
     assert not any(e.kind in ("offload_activation", "fetch_activation")
                    for e in prediction.trace.events)
 
 
 def test_head_and_forward_sets_are_smaller(gpu_acts):
-    """The head's set (86272 B: 2 ckpts, final hidden, its dgrad, its workspace and the head's
-    grads) stays below the backward's: the peak is not at the head."""
+    """The head's set (82176 B: 2 ckpts, final hidden, its workspace with the final norm's
+    saved tensors, and the head's grads; its dgrad comes as it ends) stays below the peak."""
     _plan, prediction = gpu_acts
     events = {e.task_id: e for e in prediction.trace.events}
     head = events["s0.m0.head.head"]
     at_head = [m.bytes_in_use for m in prediction.trace.memory
                if m.tier == "gpu" and head.start_s <= m.time_s < head.end_s]
-    head_set = 4 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
-    assert head_set == 86272 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
-    assert max(at_head) == GPU_STATIC_BYTES + head_set
+    head_set = 3 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
+    assert head_set == 82176 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
+    assert max(at_head) == GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES + head_set
 
 
 def test_host_peak_with_checkpoints_on_host(host_acts):
@@ -140,12 +144,10 @@ def test_host_peak_with_checkpoints_on_host(host_acts):
     events = {e.task_id: e for e in prediction.trace.events}
     opt_l0 = events["s0.optimizer_step.L0"]
     assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
-    # GPU with offloaded checkpoints: backward L0 holds the fetched L0 checkpoint, L1's dgrad,
-    # its workspace and dgrad, and the grads of the head, L1 and L0 still awaiting the d2h lane:
-    # the same 279936 bytes as with checkpoints on the GPU.
-    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + 3 * HIDDEN_BYTES
-                                            + BWD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
-                                            + 2 * LAYER_GRAD_BYTES)
+    # GPU with offloaded checkpoints: as with them on the GPU, the peak is every block's grads
+    # awaiting the d2h lane as the embedding's backward ends
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES
+                                            + ALL_GRADS_BYTES)
 
 
 def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
@@ -155,9 +157,10 @@ def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
     assert prediction.gpu_runtime_bytes == sizes.GPU_RUNTIME_BYTES == GPU_RUNTIME_BYTES
     assert prediction.gpu_allocated_peak_bytes == (prediction.peak_bytes["gpu"]
                                                    - sizes.GPU_RUNTIME_BYTES)
-    # weight units 147968 + emb weights 32768 + head weights 32896, and the dynamic peak at
-    # backward L0 (279936)
-    assert prediction.gpu_allocated_peak_bytes == 213632 + 279936 == 493568
+    # weight units 147968 + emb weights 32768 + head weights 32896, cuBLAS's workspaces and
+    # the grads at the peak (213632)
+    assert prediction.gpu_allocated_peak_bytes == (213632 + BLAS_WORKSPACE_BYTES
+                                                   + ALL_GRADS_BYTES) == 67536128
 
 
 def test_gpu_allocated_peak_of_a_plan_rejected_before_simulating_leaves_out_the_runtime(gpu_acts):

@@ -34,12 +34,16 @@ def test_a_buffer_leaves_the_allocator_at_its_last_release():
                          release_tasks=("next_fwd", "offload"))],
                  {"fwd": "gpu", "next_fwd": "gpu", "offload": "d2h"})
     ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "fwd")
     ledger.allocate(0.0, "fwd")
+    ledger.enqueued(0.5, "next_fwd")
     ledger.release(1.0, "next_fwd")
     assert ledger.pool_in_use == {"gpu": 30 * MIB}
+    # the d2h stream used it: the allocator takes it back once that use has ended
     ledger.release(2.0, "offload")
     assert ledger.pool_in_use == {"gpu": 0}
-    ledger.allocate(3.0, "fwd")  # freed: its block is handed out again, no new pages
+    ledger.dispatched(3.0, "fwd")  # freed: its block is handed out again, no new pages
+    ledger.allocate(3.0, "fwd")
     assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}
     assert [(s.time_s, s.bytes_in_use) for s in ledger.samples if s.tier == "gpu"] == [
         (0.0, 0), (0.0, 30 * MIB), (2.0, 0), (3.0, 30 * MIB)]
