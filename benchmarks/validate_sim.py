@@ -134,8 +134,10 @@ def run_one(label: str, cfg: dict, args) -> dict:
     history = (args.traces is not None and args.device.startswith("cuda")
                and label in args.allocator_history.split(","))
     phase("predict")
-    adamw_before = probe_adamw_rate() if args.probe_adamw else None
-    phase("probe_adamw")
+    adamw_before = None
+    if args.probe_adamw:
+        adamw_before = probe_adamw_rate()
+        phase("probe_adamw")
     with Trainer(config=config, spec=spec, train=train, policy=policy,
                  optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
@@ -395,6 +397,7 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
                 policy = dataclasses.replace(policy, stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
             if row.get("adamw_probed_params_per_s"):
+                row["adamw_profile_params_per_s"] = profile.host.adamw_params_per_s
                 row["predicted_step_s_at_probed_adamw"] = predict_at_probed_adamw(
                     spec, train, policy, profile, cap, row["adamw_probed_params_per_s"])
             if row.get("grads_land_in_upload", False) != grads_land_in_upload(policy, train):
@@ -447,7 +450,7 @@ def main() -> None:
                     help="measure the host's AdamW rate before and after each configuration "
                          "(~2 s each) and predict its step again at that rate too (calls i and "
                          "j: the probes read 4.7-5.4 Gparam/s against calibrate's 4.76 and "
-                         "predicted worse, 5.2% mean error against 2.2%: the machine's drift "
+                         "predicted worse, 4.4% mean error against 2.2%: the machine's drift "
                          "between rows is not what the model misses)")
     ap.add_argument("--traces", type=Path,
                     help="a folder for each configuration's measured and predicted trace "
@@ -565,6 +568,8 @@ def report(rows: list[dict], out: Path) -> None:
         summary["tuned_vs_best_measured"] = tuned["measured_step_s"] / best - 1.0
     spread = spread_line(rows)
     summary["step_s_spread"] = spread
+    probed = probed_lines(rows)
+    summary["step_s_at_probed_adamw_lines"] = probed
     (out / "validation_summary.json").write_text(json.dumps(summary, indent=1))
     table = markdown(rows)
     if "tuned_vs_best_measured" in summary:
@@ -572,8 +577,6 @@ def report(rows: list[dict], out: Path) -> None:
                   f"{summary['tuned_vs_best_measured']:+.1%}\n")
     if spread is not None:
         table += spread + "\n"
-    probed = probed_lines(rows)
-    summary["step_s_at_probed_adamw"] = probed
     table += "".join(line + "\n" for line in probed)
     table += "\n".join(allocator_table(every)) + "\n"
     (out / "validation.md").write_text(table)

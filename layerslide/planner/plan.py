@@ -50,8 +50,9 @@ class Task:
 
 @dataclass(frozen=True, kw_only=True)
 class Buffer:
-    """Memory on one tier: allocated when alloc_task starts (None: before the plan runs) and
-    freed when every task in release_tasks has ended (empty: held to the end)."""
+    """Memory on one tier: allocated when alloc_task starts, or as it ends where at_end (None:
+    before the plan runs), and freed when every task in release_tasks has ended (empty: held
+    to the end)."""
 
     id: str
     tier: str
@@ -97,9 +98,16 @@ class Plan:
         """Bytes held for the whole run on a tier: a lower bound on its peak."""
         return sum(b.bytes for b in self.buffers if b.tier == tier and b.is_static)
 
+    def kept_bytes(self, tier: str) -> int:
+        """Bytes a task makes and keeps to the end (cuBLAS's workspaces): with static_bytes,
+        what the tier holds once the plan has run."""
+        return sum(b.bytes for b in self.buffers
+                   if b.tier == tier and b.alloc_task is not None and not b.release_tasks)
+
     def runtime_bytes(self, tier: str) -> int:
         """Bytes of the tier's runtime buffer (runtime_buffer_id): held for the run, but not by
-        the framework's allocator (the CUDA context and workspaces; the process itself)."""
+        the framework's allocator (the CUDA context and cuDNN's workspaces; the process itself;
+        cuBLAS's workspaces are buffers of their own)."""
         return sum(b.bytes for b in self.buffers if b.id == runtime_buffer_id(tier))
 
     def validate(self) -> None:
@@ -137,6 +145,9 @@ class Plan:
             for t in (b.alloc_task, *b.release_tasks):
                 if t is not None and t not in self.graph:
                     raise ValueError(f"buffer {b.id} names unknown task {t}")
+            if b.at_end and (b.alloc_task is None or b.alloc_task in b.release_tasks):
+                raise ValueError(f"buffer {b.id} is made as its task ends (at_end): it needs "
+                                 "an alloc_task, and another task to release it")
 
     # --- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -12,13 +12,14 @@ from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
 
 GIB = 1024**3
 
-# estimate: CUDA context, cuDNN workspaces and allocator slack that every run pays.
-GPU_RUNTIME_BYTES = int(0.75 * GIB) - 64 * 2**20  # 64 MiB: the BLAS workspaces, below
 # cuBLAS's workspace per thread and stream, taken from the caching allocator at the thread's
 # first GEMM on the stream and kept (PyTorch's default on Hopper; 8 MiB or less on older
 # GPUs): the compute lane's thread and autograd's each take one on the compute stream.
 BLAS_WORKSPACE_BYTES = 32 * 2**20
 BLAS_WORKSPACES = 2
+# estimate: CUDA context, cuDNN workspaces and allocator slack that every run pays (0.75 GiB
+# with cuBLAS's workspaces, which are buffers of the plan's own now)
+GPU_RUNTIME_BYTES = int(0.75 * GIB) - BLAS_WORKSPACES * BLAS_WORKSPACE_BYTES
 # estimate: resident set of a Python process with torch and the CUDA libraries loaded.
 HOST_RUNTIME_BYTES = int(2 * GIB)
 

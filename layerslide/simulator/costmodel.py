@@ -71,6 +71,9 @@ class CostModel:
         storage = self.profile.storage
         duplex, r, w = (storage.duplex_bytes_per_s, storage.read_bytes_per_s,
                         storage.write_bytes_per_s)
+        if duplex is None:
+            raise ValueError(f"profile {self.profile.name}: storage.duplex is not given, so "
+                             "reads and writes take turns and have no split")
         read = min(duplex * storage.read_share, r)
         write = min(duplex - read, w)
         return min(duplex - write, r), write

@@ -6,8 +6,9 @@ lane's tasks in order, each once its predecessors are enqueued (on a stream) or 
 lane), taking the task's dispatch time, with at most Policy.stream_run_ahead of them queued and
 unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
 and the task ends no sooner than its dispatch. So the dispatch of a task waiting for its inputs
-(a layer's weights in flight) hides behind that wait. A task's buffers come as it starts and go as
-the last task releasing them ends (layerslide.simulator.memory)."""
+(a layer's weights in flight) hides behind that wait. A task's buffers come as it starts (its
+outputs as it ends) and go as the last task releasing them ends; the allocator's model sees them
+as the host threads dispatch and enqueue (layerslide.simulator.memory)."""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class Prediction:
     # over its capacity. The largest is the floor no schedule of this plan can beat.
     floors_s: dict[str, float] = field(default_factory=dict)
     trace: Trace | None = None
-    # the part of the GPU peak that is not allocations: the CUDA context, library workspaces and
+    # the part of the GPU peak that is not allocations: the CUDA context, cuDNN's workspaces and
     # allocator slack (Plan.runtime_bytes("gpu"))
     gpu_runtime_bytes: int = 0
     # Peak GPU bytes per allocation pool: the lane whose task allocates a buffer, "static" for

@@ -198,3 +198,13 @@ def test_adamw_blocks_update_their_own_arrays_with_or_without_the_native_kernel(
     assert len(steps) == 2 and ("native" in kernel) == (native == "1" and load_kernels() is not None)
     for step in steps:
         step()  # runs: calibrate's sharing step needs no compiler either
+
+
+def test_the_read_share_is_the_reads_part_of_the_bytes_moved_at_once(monkeypatch, tmp_path):
+    from layerslide.calibrate import host
+
+    monkeypatch.setattr(host, "_write_file", lambda *a, stop=None: 1 * host.CHUNK_BYTES)
+    monkeypatch.setattr(host, "_read_file", lambda *a, stop=None: 3 * host.CHUNK_BYTES)
+    rate, read_share = host._both_at_once(tmp_path / "a", tmp_path / "b", 4 * host.CHUNK_BYTES,
+                                          0, [None, None])
+    assert read_share == 0.75 and rate > 0

@@ -455,3 +455,30 @@ def test_gpu_updated_blocks_can_take_the_decoder_layers_first():
     assert every.gpu_updated == (EMBEDDING, 0, 1, 2, 3, 4)
     with pytest.raises(ValueError, match="gpu_updated_order"):
         Policy(gpu_updated_order="largest")
+
+
+def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_model):
+    from layerslide.planner import sizes
+
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    first_gpu_task = plan.lane_order["gpu"][0]
+    made_by_it = [b for b in plan.buffers if b.alloc_task == first_gpu_task]
+    workspaces = made_by_it[:sizes.BLAS_WORKSPACES]  # requested before the task's own buffers
+    assert [b.bytes for b in workspaces] == [sizes.BLAS_WORKSPACE_BYTES] * sizes.BLAS_WORKSPACES
+    assert all(b.tier == "gpu" and not b.release_tasks and not b.at_end for b in workspaces)
+    assert len(made_by_it) > len(workspaces)  # the embedding's forward makes more after them
+
+
+def test_a_tasks_outputs_are_made_as_it_ends_and_the_heads_requests_keep_their_order(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    head = "s0.m0.head.head"
+    assert buffer_named(plan, "s0.m0.offload_grads.L1.gpu").at_end  # a backward's grads
+    assert buffer_named(plan, "s0.m0.backward.L1.dgrad").at_end  # and the grad it hands on
+    assert buffer_named(plan, f"{head}.dgrad").at_end
+    assert not buffer_named(plan, "s0.m0.backward.L1.workspace").at_end  # scratch: at the start
+    order = [b.id for b in plan.buffers if b.alloc_task == head]
+    # the final norm's saved tensors, then the LM weight's grad (summed over the loss's chunks:
+    # there from the start), then the loss's logits
+    grad = "s0.m0.offload_grads.head.gpu"
+    assert not buffer_named(plan, grad).at_end
+    assert order.index(f"{head}.norm") < order.index(grad) < order.index(f"{head}.workspace")

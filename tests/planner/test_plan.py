@@ -71,3 +71,11 @@ def test_a_buffer_id_used_twice_is_refused(plan):
     data["buffers"].append(dict(data["buffers"][-1]))
     with pytest.raises(ValueError, match="buffer ids must be unique"):
         Plan.from_dict(data)
+
+
+def test_a_buffer_made_as_its_task_ends_needs_another_task_to_release_it(plan):
+    data = json.loads(json.dumps(plan.to_dict()))
+    made = next(b for b in data["buffers"] if b["at_end"])
+    made["release_tasks"] = [made["alloc_task"]]
+    with pytest.raises(ValueError, match="another task to release it"):
+        Plan.from_dict(data)

@@ -114,9 +114,7 @@ def test_memory_never_negative_and_returns_to_static(case, layers, profile_name)
         static = plan.static_bytes(tier)
         assert tier_samples[0].bytes_in_use == static  # before the first task starts
         # and what a task made to keep (the compute stream's BLAS workspaces)
-        kept = sum(b.bytes for b in plan.buffers
-                   if b.tier == tier and b.alloc_task is not None and not b.release_tasks)
-        assert tier_samples[-1].bytes_in_use == static + kept, tier
+        assert tier_samples[-1].bytes_in_use == static + plan.kept_bytes(tier), tier
         assert prediction.peak_bytes[tier] >= static
         times = [m.time_s for m in tier_samples]
         assert times == sorted(times)

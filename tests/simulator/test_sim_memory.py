@@ -30,7 +30,7 @@ HEAD_WORKSPACE_BYTES = (2 * 256 + 4) * 32 + 10 * 64 * 32  # 36992
 
 # the runtime estimate less cuBLAS's two 32 MiB workspaces, which the plan allocates itself
 GPU_RUNTIME_BYTES = int(0.75 * GIB) - 64 * 2**20  # 738197504
-BLAS_WORKSPACE_BYTES = 64 * 2**20  # the compute lane's first task makes them and keeps them
+BLAS_WORKSPACES_BYTES = 2 * 32 * 2**20  # the compute lane's first task makes both, keeps them
 # Static GPU buffers (build.static_buffers), default window 2:
 GPU_STATIC_BYTES = (
     GPU_RUNTIME_BYTES
@@ -103,7 +103,7 @@ def test_gpu_peak_with_checkpoints_on_gpu(gpu_acts):
     # first GPU task makes and keeps.
     assert ALL_GRADS_BYTES == 213632
     _plan, prediction = gpu_acts
-    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACES_BYTES
                                             + ALL_GRADS_BYTES) == 805733632
     events = {e.task_id: e for e in prediction.trace.events}
     assert _first_peak_time_s(prediction, "gpu") == events["s0.m0.backward.emb"].end_s
@@ -122,7 +122,7 @@ def test_head_and_forward_sets_are_smaller(gpu_acts):
                if m.tier == "gpu" and head.start_s <= m.time_s < head.end_s]
     head_set = 3 * HIDDEN_BYTES + HEAD_WORKSPACE_BYTES + HEAD_GRAD_BYTES
     assert head_set == 82176 < prediction.peak_bytes["gpu"] - GPU_STATIC_BYTES
-    assert max(at_head) == GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES + head_set
+    assert max(at_head) == GPU_STATIC_BYTES + BLAS_WORKSPACES_BYTES + head_set
 
 
 def test_host_peak_with_checkpoints_on_host(host_acts):
@@ -146,7 +146,7 @@ def test_host_peak_with_checkpoints_on_host(host_acts):
     assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
     # GPU with offloaded checkpoints: as with them on the GPU, the peak is every block's grads
     # awaiting the d2h lane as the embedding's backward ends
-    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACE_BYTES
+    assert prediction.peak_bytes["gpu"] == (GPU_STATIC_BYTES + BLAS_WORKSPACES_BYTES
                                             + ALL_GRADS_BYTES)
 
 
@@ -159,7 +159,7 @@ def test_gpu_allocated_peak_leaves_out_the_runtime_estimate(gpu_acts):
                                                    - sizes.GPU_RUNTIME_BYTES)
     # weight units 147968 + emb weights 32768 + head weights 32896, cuBLAS's workspaces and
     # the grads at the peak (213632)
-    assert prediction.gpu_allocated_peak_bytes == (213632 + BLAS_WORKSPACE_BYTES
+    assert prediction.gpu_allocated_peak_bytes == (213632 + BLAS_WORKSPACES_BYTES
                                                    + ALL_GRADS_BYTES) == 67536128
 
 

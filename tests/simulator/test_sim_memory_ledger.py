@@ -56,3 +56,72 @@ def test_host_buffers_stay_out_of_the_gpu_pools():
     ledger.allocate(0.0, "cast")
     assert ledger.in_use["host"] == 64 * MIB
     assert ledger.pool_peaks == {} and ledger.gpu_pool_reserves() == {}
+
+
+def test_a_block_only_its_own_stream_used_is_free_once_its_user_is_enqueued():
+    """The caching allocator hands a block freed on a stream to the next request there at once
+    (stream order): the next task's scratch takes the same pages before the GPU has run."""
+    plan = _Plan([Buffer(id="a.scratch", tier="gpu", bytes=30 * MIB, alloc_task="a",
+                         release_tasks=("a",)),
+                  Buffer(id="b.scratch", tier="gpu", bytes=30 * MIB, alloc_task="b",
+                         release_tasks=("b",))], {"a": "gpu", "b": "gpu"})
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "a")
+    ledger.enqueued(0.1, "a")
+    ledger.dispatched(0.1, "b")  # a has not even started on the GPU
+    assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}  # 30 MiB: 2 pages
+
+
+def test_a_block_another_stream_used_waits_for_that_use_to_end_and_its_own_users():
+    plan = _Plan([Buffer(id="ckpt", tier="gpu", bytes=30 * MIB, alloc_task="fwd",
+                         release_tasks=("next_fwd", "offload")),
+                  Buffer(id="later", tier="gpu", bytes=30 * MIB, alloc_task="fwd2")],
+                 {"fwd": "gpu", "next_fwd": "gpu", "offload": "d2h", "fwd2": "gpu"})
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "fwd")
+    ledger.release(1.0, "offload")  # the d2h copy is done, the next forward still holds it
+    ledger.dispatched(1.0, "fwd2")
+    # no reuse: 60 MiB side by side, 3 pages
+    assert ledger.gpu_pool_reserves() == {"gpu": 3 * LARGE_PAGE_BYTES}
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "fwd")
+    ledger.enqueued(0.5, "next_fwd")  # its own stream is done with it, the copy is not
+    ledger.dispatched(0.6, "fwd2")
+    assert ledger.gpu_pool_reserves() == {"gpu": 3 * LARGE_PAGE_BYTES}
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "fwd")
+    ledger.enqueued(0.5, "next_fwd")
+    ledger.release(1.0, "offload")  # both done: the block is the allocator's again
+    ledger.dispatched(1.0, "fwd2")
+    assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}
+
+
+def test_a_tasks_outputs_come_as_it_ends_in_the_scratch_it_has_freed():
+    """A backward's grads (at_end) are requested after its workspace is freed, so they take
+    its block; in bytes in use they come as the task ends, its workspace gone."""
+    plan = _Plan([Buffer(id="bwd.workspace", tier="gpu", bytes=30 * MIB, alloc_task="bwd",
+                         release_tasks=("bwd",)),
+                  Buffer(id="bwd.grads", tier="gpu", bytes=30 * MIB, alloc_task="bwd",
+                         release_tasks=("offload",), at_end=True)],
+                 {"bwd": "gpu", "offload": "d2h"})
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "bwd")
+    ledger.allocate(0.0, "bwd")
+    assert ledger.in_use["gpu"] == 30 * MIB  # the workspace alone
+    ledger.enqueued(0.1, "bwd")
+    ledger.release(1.0, "bwd")
+    assert ledger.in_use["gpu"] == 30 * MIB  # the grads alone
+    assert ledger.pool_peaks == {"gpu": 30 * MIB}
+    assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}
+
+
+def test_host_buffers_never_reach_the_allocator_through_the_threads_either():
+    plan = _Plan([Buffer(id="staging", tier="host", bytes=64 * MIB, alloc_task="cast",
+                         release_tasks=("load",))], {"cast": "cpu", "load": "h2d"})
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "cast")
+    ledger.allocate(0.0, "cast")
+    ledger.enqueued(0.1, "cast")
+    ledger.enqueued(0.2, "load")
+    ledger.release(0.3, "load")
+    assert ledger.gpu_pool_reserves() == {}

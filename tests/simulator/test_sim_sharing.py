@@ -273,3 +273,23 @@ def test_where_the_slower_direction_cannot_take_half_the_duplex_rate_the_faster_
     ends = _disk_ends(costs, nvme_read=30e9, nvme_write=20e9)  # 10 s at 3 and at 2 GB/s
     assert ends == {"nvme_read": pytest.approx(10.0, rel=1e-9),
                     "nvme_write": pytest.approx(10.0, rel=1e-9)}
+
+
+def test_a_disk_read_draws_host_memory_as_a_d2h_and_a_write_as_an_h2d():
+    """The disk's DMA writes host memory on a read and reads it on a write."""
+    import dataclasses
+
+    base = load_profile("h200-bench")
+    profile = dataclasses.replace(base, host=dataclasses.replace(
+        base.host, dma_read_cost=0.25, dma_write_cost=0.75))
+    costs = CostModel(profile)
+    r, w = profile.storage.read_bytes_per_s, profile.storage.write_bytes_per_s
+    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1e9))
+    write = costs.cost(_task("nvme_write", "nvme_write", bytes=1e9))
+    assert dict(read.uses)[HOST_MEMORY] == pytest.approx(0.75 * r)
+    assert dict(write.uses)[HOST_MEMORY] == pytest.approx(0.25 * w)
+
+
+def test_the_duplex_split_needs_a_measured_duplex_rate():
+    with pytest.raises(ValueError, match="storage.duplex is not given"):
+        CostModel(load_profile("h200-bench")).duplex_split()
