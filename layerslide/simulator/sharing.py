@@ -34,8 +34,11 @@ def water_fill(demands: list[float], weights: list[float], capacity: float) -> l
     if total <= capacity:
         return [1.0] * len(demands)
     # Raise lam until capacity is spent; consumers saturate (fraction 1) in order of weight.
-    order = sorted(range(len(demands)), key=lambda i: 1.0 / weights[i])
-    fractions = [0.0] * len(demands)
+    # One that asks for nothing (a copy whose host-memory cost was fitted at 0) takes nothing:
+    # it runs at its full rate.
+    order = sorted((i for i in range(len(demands)) if demands[i] > 0),
+                   key=lambda i: 1.0 / weights[i])
+    fractions = [0.0 if d > 0 else 1.0 for d in demands]
     left, weighted = capacity, sum(d * w for d, w in zip(demands, weights))
     for idx in order:
         lam = left / weighted if weighted > 0 else 0.0

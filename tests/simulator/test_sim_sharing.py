@@ -41,6 +41,11 @@ def test_one_consumer_saturates_and_the_rest_share_what_is_left():
     assert water_fill([2.0, 10.0, 10.0], [4.0, 1.0, 1.0], 12.0) == pytest.approx([1.0, 0.5, 0.5])
 
 
+def test_a_consumer_that_asks_for_nothing_runs_at_its_full_rate():
+    # a copy whose host-memory cost was fitted at 0 shares nothing with AdamW there
+    assert water_fill([10.0, 0.0], [1.0, 0.1], 5.0) == pytest.approx([0.5, 1.0])
+
+
 def test_oversubscribed_grants_exactly_the_capacity():
     rng = random.Random(1234)
     for _ in range(200):
