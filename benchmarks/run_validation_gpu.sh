@@ -8,10 +8,12 @@
 #   only: the thorough calibration before it takes ~60 s (4 GiB disk files included).
 # Writes 7 files under $OUT (the device tool brings back 8 at most).
 # A suite split over two calls on one warm machine shares one calibration: the first call
-# keeps its profile in $PROFILE_KEPT, which a call finding it there uses instead of calibrating.
+# keeps its profile in $PROFILE_KEPT, which a call finding it there uses instead of calibrating
+# (kept per version of the calibration's code: a changed calibrate calibrates again).
 set -uo pipefail
 source benchmarks/device_env.sh
-PROFILE_KEPT=/tmp/layerslide-validation-profile.toml
+CALIBRATE_CODE=$(cat layerslide/calibrate/*.py layerslide/hwprofiles/*.py | md5sum | cut -c1-12)
+PROFILE_KEPT=/tmp/layerslide-validation-profile-$CALIBRATE_CODE.toml
 rm -rf /tmp/nvme /tmp/traces  # traces.tar.gz holds this call's rows alone
 if [ -s "$PROFILE_KEPT" ]; then
     echo "this machine's calibration from an earlier call: $PROFILE_KEPT"
