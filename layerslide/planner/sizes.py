@@ -151,14 +151,6 @@ def head_loss_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str,
     return (BF16_BYTES * model.vocab_size + FP32_BYTES) * chunk
 
 
-def head_workspace_bytes(model: ModelSpec, tokens: int, head_loss: str,
-                         chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES) -> int:
-    """Transient GPU bytes of final norm + LM head + cross-entropy, forward and backward; the
-    grad w.r.t. the head's input is the plan's dgrad buffer, not counted here."""
-    return (final_norm_saved_bytes(model, tokens)
-            + head_loss_workspace_bytes(model, tokens, head_loss, chunk_bytes))
-
-
 def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
     """HBM traffic of the logits in the head's loss, forward and backward (estimate)."""
     # materialised: write bf16 logits, upcast to fp32 (r2 w4), softmax/loss (r4), grad (w4),

@@ -52,12 +52,9 @@ class MemoryLedger:
         # events), whichever comes last
         self._own_users_left: dict[str, int] = {}
         self._other_users_left: dict[str, int] = {}
+        self._plan = plan
         runtime = runtime_buffer_id("gpu")
-        self._lane: dict[str, str] = {}  # task -> its lane, for the tasks that touch buffers
         for b in plan.buffers:
-            for t in (b.alloc_task, *b.release_tasks):
-                if t is not None:
-                    self._lane[t] = plan.task(t).lane
             self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
                                 else plan.task(b.alloc_task).lane)
             if b.alloc_task is None:
@@ -115,7 +112,7 @@ class MemoryLedger:
             self._pending[b.id] -= 1
             if self._pending[b.id] == 0:
                 self._change(now, b, -1)
-            if self._pool[b.id] != self._lane[task_id]:
+            if self._pool[b.id] != self._plan.task(task_id).lane:
                 self._user_done(b, self._other_users_left)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
@@ -132,7 +129,7 @@ class MemoryLedger:
         last to use there go back (stream order makes them reusable at once), then its outputs
         are requested."""
         for b in self._releases.get(task_id, ()):
-            if self._pool[b.id] == self._lane[task_id]:
+            if self._pool[b.id] == self._plan.task(task_id).lane:
                 self._user_done(b, self._own_users_left)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
