@@ -9,7 +9,9 @@ ran 4.0-5.4 on the same machine, and calibrate's figure (blocks of 64 Mi) was 4.
 - the same beside a thread that dispatches tiny CUDA kernels without pause, as the executor's
   GPU lane does at micro-batch 1 (skipped without CUDA);
 - calibrate's own AdamW measurement (calibrate.host.adamw_throughput) at the start, middle and
-  end of the run: how far apart it lands within one machine's few minutes.
+  end of the run: how far apart it lands within one machine's few minutes;
+- with --drift N: that measurement N times back to back, then N times 3 s apart (does the rate
+  climb with AdamW's own activity, or with the process's age?).
 
 Per size: the median call time, its rate, and t = t0 + n / r fitted over the sizes.
 Writes JSON to --out; prints a table.
@@ -71,6 +73,19 @@ class Dispatcher:
         self.thread.join()
 
 
+PROCESS_START = time.perf_counter()
+
+
+def drift(samples: int, pause_s: float) -> list[tuple[float, float]]:
+    """(seconds since the process started, calibrate's AdamW rate) for each sample."""
+    found = []
+    for _ in range(samples):
+        rate = adamw_throughput(4 * 64 * 2**20, 10).value
+        found.append((time.perf_counter() - PROCESS_START, rate))
+        time.sleep(pause_s)
+    return found
+
+
 def sweep(blocks: dict[int, list], rounds: int) -> dict[int, list[float]]:
     times: dict[int, list[float]] = {n: [] for n in blocks}
     order = list(blocks)
@@ -96,8 +111,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-params", type=int, default=max(SIZES),
                         help="leave out larger blocks (a smoke test on a small machine)")
+    parser.add_argument("--drift", type=int, default=0, metavar="N")
+    parser.add_argument("--drift-only", action="store_true", help="no block sweeps")
     args = parser.parse_args()
     found: dict = {"threads": torch.get_num_threads(), "calibrate_adamw": []}
+    if args.drift:
+        found["drift_back_to_back"] = drift(args.drift, pause_s=0.0)
+        found["drift_spaced_3s"] = drift(args.drift, pause_s=3.0)
+        for key in ("drift_back_to_back", "drift_spaced_3s"):
+            print(f"{key}, G/s (seconds since start):", " ".join(
+                f"{rate / 1e9:.2f}({at:.0f})" for at, rate in found[key]))
+    if args.drift_only:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(found, indent=1))
+        return
     found["calibrate_adamw"].append(adamw_throughput(4 * 64 * 2**20, 10).value)
     blocks, kernel = {}, ""
     for n in (n for n in SIZES if n <= args.max_params):
