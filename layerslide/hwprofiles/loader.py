@@ -52,6 +52,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "dma_write_share": ("dma_write_share", "ratio"),
             "dma_read_cost": ("dma_read_cost", "ratio"),
             "dma_write_cost": ("dma_write_cost", "ratio"),
+            "dispatch_cores": ("dispatch_cores", "ratio"),
         },
     ),
     "storage": (
@@ -67,7 +68,8 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
 }
 # Fields a profile may leave out; the dataclass default stands, with no source.
 OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "gpu.busy_speedup",
-                   "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost"}
+                   "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
+                   "host.dispatch_cores"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}

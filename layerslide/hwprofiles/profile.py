@@ -111,6 +111,11 @@ class HostSpec:
     dma_write_share: float | None = None
     dma_read_cost: float = 1.0
     dma_write_cost: float = 1.0
+    # Cores a stream lane's host thread takes from the CPU lanes' kernels while it launches
+    # kernels: 1.0, or what calibrate measured (AdamW beside a thread launching kernels flat
+    # out: its slowdown s over 16 cores is 16 s / (1 - s) cores; the chunks of a call wait on
+    # the thread that shares a core, so it may be more than one).
+    dispatch_cores: float = 1.0
 
     @property
     def d2h_share(self) -> float:

@@ -1,5 +1,6 @@
 """Cost model: how long a task takes alone on a hardware profile, and which shared resources
-(host memory bandwidth, the PCIe link, the NVMe device) it draws on while it runs.
+(host memory bandwidth, the CPU's cores, the PCIe link, the NVMe device) it draws on while it
+runs.
 
 The one place the simulator gets durations from. It reads a Task's amounts (FLOPs, bytes,
 params, tokens, host ops) and the profile; it knows nothing about how the plan was built.
@@ -16,6 +17,12 @@ from layerslide.planner.plan import Task
 HOST_MEMORY = "host_memory"  # bytes/s, host.memory_bytes_per_s
 PCIE = "pcie"  # bytes/s of both directions together, link.duplex_bytes_per_s
 NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or storage.duplex)
+# cores, host.cores: the CPU lanes' kernels (AdamW, casts) run a thread on every core, and a
+# stream lane's host thread takes host.dispatch_cores of them while it launches kernels. H200
+# machine: a thread launching kernels flat out slowed AdamW by 4-17% at decoder-layer sizes
+# (benchmarks/results/adamw_blocks_2026-11-30), the chunks of a call waiting on the thread
+# that shares its core.
+HOST_CORES = "host_cores"
 
 # A fp32->bf16 cast reads 4 bytes and writes 2 per parameter.
 CAST_TRAFFIC_PER_READ_BYTE = 1.5
@@ -32,6 +39,7 @@ class Cost:
     # before its dispatch has.
     dispatch_s: float = 0.0
     uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
+    dispatch_uses: tuple[tuple[str, float], ...] = ()  # the same, of its dispatch
     share: float = 1.0  # weight when an oversubscribed resource is split
     tag: str = ""  # what kind of use ("read", "write"): see CostModel.mixed_capacities
 
@@ -50,7 +58,8 @@ class CostModel:
 
     def capacities(self) -> dict[str, float]:
         p = self.profile
-        return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0}
+        return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0,
+                HOST_CORES: float(p.host.cores)}
 
     def mixed_capacities(self) -> dict[str, float]:
         """Capacities while reads and writes run on the disk at once (one flow each way: each
@@ -106,7 +115,10 @@ class CostModel:
         busy_s += t.bytes / gpu.hbm_bytes_per_s
         # Dispatches overlap with the GPU's work (and with the wait for the task's inputs); a
         # task is host-bound only when they take longer.
-        return Cost(solo_s=busy_s, dispatch_s=t.host_ops * gpu.kernel_launch_s)
+        dispatch_s = t.host_ops * gpu.kernel_launch_s
+        return Cost(solo_s=busy_s, dispatch_s=dispatch_s,
+                    dispatch_uses=((HOST_CORES, self.profile.host.dispatch_cores),)
+                    if dispatch_s > 0 else ())
 
     def _cpu_cast(self, t: Task) -> Cost:
         return self._cpu(t)
@@ -141,7 +153,8 @@ class CostModel:
             return Cost(solo_s=0.0)  # partial norms come with the grads; this is a barrier
         else:
             raise ValueError(f"task {t.id}: no CPU cost model for kind {t.kind!r}")
-        return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo),) if solo > 0 else ())
+        cores = (HOST_CORES, float(host.cores))
+        return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo), cores) if solo > 0 else ())
 
     def _disk(self, t: Task, rate: float, tag: str, memory_cost: float) -> Cost:
         storage = self.profile.storage

@@ -3,8 +3,8 @@ memory tracked per tier as buffers are allocated and released.
 
 A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
 lane's tasks in order, each once its predecessors are enqueued (on a stream) or done (on a host
-lane), taking the task's dispatch time, with at most Policy.stream_run_ahead of them queued and
-unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
+lane), taking the task's dispatch time (longer while the CPU lanes' kernels hold the cores it needs:
+CostModel's HOST_CORES), with at most Policy.stream_run_ahead of them queued and unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
 and the task ends no sooner than its dispatch. So the dispatch of a task waiting for its inputs
 (a layer's weights in flight) hides behind that wait. A task's buffers come as it starts (its
 outputs as it ends) and go as the last task releasing them ends; the allocator's model sees them
@@ -24,8 +24,8 @@ from layerslide.trace import Trace, TraceEvent
 
 
 class _TaskState:
-    __slots__ = ("cost", "dispatch_end_s", "dispatched", "end_s", "enqueued", "finished",
-                 "order", "ready", "start_s", "task", "waiting_on")
+    __slots__ = ("cost", "dispatched", "end_s", "enqueued", "finished", "order", "ready",
+                 "start_s", "task", "waiting_on")
 
     def __init__(self, task, cost, order: int, env: simpy.Environment):
         self.task = task
@@ -36,7 +36,7 @@ class _TaskState:
         self.dispatched = env.event()  # its host thread began enqueueing it (strict lanes)
         self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
         self.finished = env.event()
-        self.start_s = self.end_s = self.dispatch_end_s = 0.0
+        self.start_s = self.end_s = 0.0
 
 
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
@@ -85,8 +85,8 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
                 yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
             else:
                 yield env.timeout(cost.solo_s)
-        if env.now < st.dispatch_end_s:  # its last kernels were still being launched
-            yield env.timeout(st.dispatch_end_s - env.now)
+        if st.task.lane in stream_lanes and not st.enqueued.triggered:
+            yield st.enqueued  # its last kernels were still being launched
         st.end_s = env.now
         st.finished.succeed()
         if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
@@ -105,11 +105,13 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
             if run_ahead and i >= run_ahead:  # at most run_ahead queued and unfinished
                 yield states[order[i - run_ahead]].finished
             yield env.all_of([states[p].enqueued for p in graph.predecessors(tid)])
-            st.dispatch_end_s = env.now + st.cost.dispatch_s
             st.dispatched.succeed()
             memory.dispatched(env.now, tid)
-            if st.cost.dispatch_s > 0:
-                yield env.timeout(st.cost.dispatch_s)
+            cost = st.cost
+            if cost.dispatch_s > 0 and cost.dispatch_uses:
+                yield shared.run(cost.dispatch_s, cost.dispatch_uses, 1.0)
+            elif cost.dispatch_s > 0:
+                yield env.timeout(cost.dispatch_s)
             st.enqueued.succeed()
             memory.enqueued(env.now, tid)
 

@@ -53,3 +53,29 @@ def test_with_one_task_in_flight_short_tasks_cannot_be_dispatched_ahead():
     one, three, unbounded = step_s(1), step_s(3), step_s(0)
     assert one > three * 1.005
     assert three == pytest.approx(unbounded, rel=1e-3)
+
+
+def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_it():
+    # a dispatch-bound GPU lane beside a busy CPU lane: the more cores a launching thread needs,
+    # the more AdamW's threads on every core slow its dispatch (and it theirs)
+    base = _profile(launch_s=5e-5)
+    slow_cpu = dataclasses.replace(base.host, adamw_params_per_s=2e6)
+
+    def run(dispatch_cores: float):
+        host = dataclasses.replace(slow_cpu, dispatch_cores=dispatch_cores)
+        profile = dataclasses.replace(base, host=host)
+        plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy(window=2), num_steps=3)
+        prediction = simulate(plan, profile)
+        costs = CostModel(profile)
+        events = [e for e in prediction.trace.events if e.lane == "gpu"]
+        # no GPU task ends before its own dispatch alone could have
+        assert all(e.duration_s >= costs.cost(plan.task(e.task_id)).solo_s * (1 - 1e-9)
+                   for e in events)
+        return prediction.trace, prediction.step_s
+
+    light_trace, light = run(1e-3)
+    heavy_trace, heavy = run(float(base.host.cores))
+    assert heavy > light * 1.01
+    def gpu_s(trace):
+        return sum(e.duration_s for e in trace.events if e.lane == "gpu")
+    assert gpu_s(heavy_trace) > gpu_s(light_trace)

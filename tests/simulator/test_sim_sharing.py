@@ -1,4 +1,5 @@
-"""water_fill and SharedResources: fluid sharing of host memory bandwidth, PCIe and the disk,
+"""water_fill and SharedResources: fluid sharing of host memory bandwidth, the CPU's cores, PCIe
+and the disk,
 checked against the contention measured on the H200 benchmark machine
 (benchmarks/results/sharing_2026-11-30)."""
 
@@ -12,7 +13,7 @@ import simpy
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import Task
 from layerslide.simulator import CostModel
-from layerslide.simulator.costmodel import HOST_MEMORY, NVME, PCIE
+from layerslide.simulator.costmodel import HOST_CORES, HOST_MEMORY, NVME, PCIE, Cost
 from layerslide.simulator.sharing import SharedResources, water_fill
 
 GIB = 1024**3
@@ -84,7 +85,59 @@ def _start(env, shared, cost, log, name):
 
 
 def test_capacities_come_from_the_profile(costs):
-    assert costs.capacities() == {HOST_MEMORY: 121.1e9, PCIE: 100e9, NVME: 1.0}
+    assert costs.capacities() == {HOST_MEMORY: 121.1e9, PCIE: 100e9, NVME: 1.0,
+                                  HOST_CORES: 16.0}
+
+
+def test_cpu_kernels_take_every_core_and_a_dispatch_the_profiles_share(costs):
+    import dataclasses
+
+    adamw = costs.cost(_task("optimizer_step", "cpu", params=10**8))
+    cast = costs.cost(_task("cast", "cpu", bytes=10**9))
+    forward = costs.cost(_task("forward", "gpu", flops=1e12, tokens=1024, host_ops=100))
+    assert (HOST_CORES, 16.0) in adamw.uses and (HOST_CORES, 16.0) in cast.uses
+    assert forward.dispatch_uses == ((HOST_CORES, 1.0),)  # h200-bench: no measured share
+    profile = costs.profile
+    measured = dataclasses.replace(profile, host=dataclasses.replace(profile.host,
+                                                                     dispatch_cores=2.5))
+    assert CostModel(measured).cost(
+        _task("forward", "gpu", flops=1e12, tokens=1024, host_ops=100)).dispatch_uses == (
+        (HOST_CORES, 2.5),)
+    # no kernels to launch, nothing drawn
+    assert costs.cost(_task("forward", "gpu", flops=1e12, tokens=1024)).dispatch_uses == ()
+
+
+def _alone_and_together(costs, first, second):
+    """Each task's (start, end) run alone, and run from 0 side by side."""
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, first, log, "first")
+    _start(env, shared, second, log, "second")
+    env.run()
+    return log
+
+
+def test_adamw_and_a_cast_on_two_workers_split_the_cores(costs):
+    # both kernels run a thread on every core: at once, each gets half of them (H200
+    # benchmarks/results/h200_cpu_probe_2026-11-29: 16 + 16 threads, AdamW 3.99 -> 2.09 Gparam/s)
+    adamw = costs.cost(_task("optimizer_step", "cpu", params=10**8))
+    cast = costs.cost(_task("cast", "cpu_cast", bytes=adamw.solo_s * 48.9e9))
+    assert cast.solo_s == pytest.approx(adamw.solo_s)
+    log = _alone_and_together(costs, adamw, cast)
+    assert log["first"][1] == pytest.approx(2 * adamw.solo_s, rel=1e-9)
+    assert log["second"][1] == pytest.approx(2 * cast.solo_s, rel=1e-9)
+
+
+def test_a_dispatching_thread_takes_its_core_from_adamw(costs):
+    # 16 AdamW threads and one launching kernels ask 17 cores of 16: each flow runs at 16/17
+    adamw = costs.cost(_task("optimizer_step", "cpu", params=10**8))
+    dispatch_s = adamw.solo_s / 2
+    dispatch = Cost(solo_s=dispatch_s, uses=((HOST_CORES, 1.0),))
+    log = _alone_and_together(costs, adamw, dispatch)
+    assert log["second"][1] == pytest.approx(dispatch_s * 17 / 16, rel=1e-9)
+    # AdamW did 16/17 of the dispatch's time at 16/17 speed, then the rest alone
+    assert log["first"][1] == pytest.approx(adamw.solo_s + dispatch_s * 17 / 16 / 17, rel=1e-9)
 
 
 def _adamw_beside_copies(costs, copy):
