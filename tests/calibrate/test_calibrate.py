@@ -183,10 +183,44 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
     # 4 blocks of 14 B/param within a quarter of 3.5 GiB (--ram): 16 Mi params each
     measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
             ram_bytes=224 * 16 * 2**20)
-    assert seen == [4 * 16 * 2**20]
+    assert seen == [4 * 16 * 2**20] * calibrate.ADAMW_SAMPLES_QUICK
     measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
             ram_bytes=2**40)  # plenty: the full 64 Mi
     assert seen[-1] == 4 * 64 * 2**20
+
+
+def _stub_host_steps(monkeypatch, adamw_rates):
+    from layerslide.calibrate import host
+    rates = iter(adamw_rates)
+    monkeypatch.setattr(host, "adamw_throughput", lambda numel, repeats: Measurement(
+        key="host.adamw_throughput", value=next(rates), how="4 arrays in turn"))
+    monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
+    monkeypatch.setattr(host, "memory_bandwidth", lambda *a: Measurement(
+        key="host.memory_bandwidth", value=1e10, how="stub"))
+    monkeypatch.setattr(host, "cast_throughput", lambda *a: Measurement(
+        key="host.cast_throughput", value=1e9, how="stub"))
+    monkeypatch.setattr(host, "disk", lambda folder, nbytes: [Measurement(
+        key="storage.read", value=1e9, how="stub")])
+
+
+def test_the_adamw_rate_is_the_median_of_samples_spread_over_the_calibration(monkeypatch,
+                                                                             tmp_path):
+    from layerslide import calibrate
+    _stub_host_steps(monkeypatch, [5e9, 1e9, 4e9, 2e9, 3e9])
+    steps: list[str] = []
+    found = measure(quick=False, model=resolve_model("llama-3.2-1b"), peak_flops=989e12,
+                    disk_dir=tmp_path, gpu=False, progress=steps.append)
+    adamw = next(m for m in found if m.key == "host.adamw_throughput")
+    assert adamw.value == 3e9
+    assert adamw.how.startswith("4 arrays in turn; the median of 5 such runs")
+    assert "5.00, 1.00, 4.00, 2.00, 3.00 Gparam/s" in adamw.how
+    samples = [i for i, name in enumerate(steps) if name.startswith("CPU AdamW")]
+    assert len(samples) == calibrate.ADAMW_SAMPLES_THOROUGH
+    assert samples[-1] == len(steps) - 1  # the last at the end
+    assert steps.index("disk") < samples[-1] and steps.index("fp32->bf16 cast") < samples[-1]
+    # the host bandwidth without a GPU is the largest CPU traffic: AdamW's at the median
+    bandwidth = next(m for m in found if m.key == "host.memory_bandwidth")
+    assert bandwidth.value == 3e9 * 28
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
