@@ -84,6 +84,17 @@ def _start(env, shared, cost, log, name):
     return env.process(proc())
 
 
+def _side_by_side(costs, first, second):
+    """Each task's (start, end), both started at 0 on the profile's shared resources."""
+    env = simpy.Environment()
+    shared = SharedResources(env, costs.capacities())
+    log: dict[str, tuple[float, float]] = {}
+    _start(env, shared, first, log, "first")
+    _start(env, shared, second, log, "second")
+    env.run()
+    return log
+
+
 def test_capacities_come_from_the_profile(costs):
     assert costs.capacities() == {HOST_MEMORY: 121.1e9, PCIE: 100e9, NVME: 1.0,
                                   HOST_CORES: 16.0}
@@ -107,24 +118,13 @@ def test_cpu_kernels_take_every_core_and_a_dispatch_the_profiles_share(costs):
     assert costs.cost(_task("forward", "gpu", flops=1e12, tokens=1024)).dispatch_uses == ()
 
 
-def _alone_and_together(costs, first, second):
-    """Each task's (start, end) run alone, and run from 0 side by side."""
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities())
-    log: dict[str, tuple[float, float]] = {}
-    _start(env, shared, first, log, "first")
-    _start(env, shared, second, log, "second")
-    env.run()
-    return log
-
-
 def test_adamw_and_a_cast_on_two_workers_split_the_cores(costs):
     # both kernels run a thread on every core: at once, each gets half of them (H200
     # benchmarks/results/h200_cpu_probe_2026-11-29: 16 + 16 threads, AdamW 3.99 -> 2.09 Gparam/s)
     adamw = costs.cost(_task("optimizer_step", "cpu", params=10**8))
     cast = costs.cost(_task("cast", "cpu_cast", bytes=adamw.solo_s * 48.9e9))
     assert cast.solo_s == pytest.approx(adamw.solo_s)
-    log = _alone_and_together(costs, adamw, cast)
+    log = _side_by_side(costs, adamw, cast)
     assert log["first"][1] == pytest.approx(2 * adamw.solo_s, rel=1e-9)
     assert log["second"][1] == pytest.approx(2 * cast.solo_s, rel=1e-9)
 
@@ -134,7 +134,7 @@ def test_a_dispatching_thread_takes_its_core_from_adamw(costs):
     adamw = costs.cost(_task("optimizer_step", "cpu", params=10**8))
     dispatch_s = adamw.solo_s / 2
     dispatch = Cost(solo_s=dispatch_s, uses=((HOST_CORES, 1.0),))
-    log = _alone_and_together(costs, adamw, dispatch)
+    log = _side_by_side(costs, adamw, dispatch)
     assert log["second"][1] == pytest.approx(dispatch_s * 17 / 16, rel=1e-9)
     # AdamW did 16/17 of the dispatch's time at 16/17 speed, then the rest alone
     assert log["first"][1] == pytest.approx(adamw.solo_s + dispatch_s * 17 / 16 / 17, rel=1e-9)
@@ -185,16 +185,11 @@ def test_h2d_and_d2h_together_move_the_measured_duplex(costs):
     # its full rate, the H2D moves the rest (measured both at once: D2H 51.7, H2D 46.6 GB/s)
     h2d = costs.cost(_task("load_weights", "h2d", bytes=GIB))
     d2h = costs.cost(_task("offload_grads", "d2h", bytes=GIB))
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities())
-    log: dict[str, tuple[float, float]] = {}
-    _start(env, shared, h2d, log, "h2d")
-    _start(env, shared, d2h, log, "d2h")
-    env.run()
-    assert log["d2h"][1] == pytest.approx(GIB / 55.3e9, rel=1e-9)
+    log = _side_by_side(costs, h2d, d2h)
+    assert log["second"][1] == pytest.approx(GIB / 55.3e9, rel=1e-9)
     h2d_while_both = 100e9 - 55.3e9
-    h2d_left = GIB - log["d2h"][1] * h2d_while_both  # then alone at its full rate
-    assert log["h2d"][1] == pytest.approx(log["d2h"][1] + h2d_left / 55.4e9, rel=1e-9)
+    h2d_left = GIB - log["second"][1] * h2d_while_both  # then alone at its full rate
+    assert log["first"][1] == pytest.approx(log["second"][1] + h2d_left / 55.4e9, rel=1e-9)
 
 
 def test_disk_reads_and_writes_take_turns(costs):
@@ -204,14 +199,9 @@ def test_disk_reads_and_writes_take_turns(costs):
     read = costs.cost(_task("nvme_read", "nvme_read", bytes=disk.read_bytes_per_s))
     write = costs.cost(_task("nvme_write", "nvme_write", bytes=disk.write_bytes_per_s))
     assert read.solo_s == pytest.approx(1.0) and write.solo_s == pytest.approx(1.0)
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities())
-    log: dict[str, tuple[float, float]] = {}
-    _start(env, shared, read, log, "read")
-    _start(env, shared, write, log, "write")
-    env.run()
-    assert log["read"] == pytest.approx((0.0, 2.0), rel=1e-9)
-    assert log["write"] == pytest.approx((0.0, 2.0), rel=1e-9)
+    log = _side_by_side(costs, read, write)
+    assert log["first"] == pytest.approx((0.0, 2.0), rel=1e-9)
+    assert log["second"] == pytest.approx((0.0, 2.0), rel=1e-9)
 
 
 def test_disk_alone_runs_at_its_solo_speed_and_a_late_task_shares_the_rest(costs):
