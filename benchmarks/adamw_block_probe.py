@@ -7,7 +7,8 @@ ran 4.0-5.4 on the same machine, and calibrate's figure (blocks of 64 Mi) was 4.
   over 2 arrays of each block size in turn, each call timed; the sizes take turns round by
   round so that the machine's drift falls on all of them alike;
 - the same beside a thread that dispatches tiny CUDA kernels without pause, as the executor's
-  GPU lane does at micro-batch 1 (skipped without CUDA);
+  GPU lane does at micro-batch 1 (skipped without CUDA). A Python thread, as the executor's
+  is: what AdamW loses beside it may include handing the GIL back, not only a core;
 - calibrate's own AdamW measurement (calibrate.host.adamw_throughput) at the start, middle and
   end of the run: how far apart it lands within one machine's few minutes;
 - with --drift N: that measurement N times back to back, then N times 3 s apart (does the rate
@@ -65,6 +66,7 @@ class Dispatcher:
             torch.cuda.synchronize()
 
     def __enter__(self):
+        self.started_s = time.perf_counter()
         self.thread.start()
         return self
 
@@ -96,7 +98,8 @@ def sweep(blocks: dict[int, list], rounds: int) -> dict[int, list[float]]:
 
 
 def summary(times: dict[int, list[float]]) -> dict:
-    rows = {str(n): {"median_s": statistics.median(t), "rate_params_per_s": n / statistics.median(t),
+    rows = {str(n): {"median_s": statistics.median(t),
+                     "rate_params_per_s": n / statistics.median(t),
                      "min_s": min(t), "max_s": max(t), "calls": len(t)}
             for n, t in times.items()}
     n = np.array(list(times), dtype=float)
@@ -114,6 +117,9 @@ def main() -> None:
     parser.add_argument("--drift", type=int, default=0, metavar="N")
     parser.add_argument("--drift-only", action="store_true", help="no block sweeps")
     args = parser.parse_args()
+    if sum(n <= args.max_params for n in SIZES) < 2 and not args.drift_only:
+        parser.error(f"--max-params {args.max_params} leaves fewer than 2 block sizes to fit "
+                     f"(the smallest is {min(SIZES)})")
     found: dict = {"threads": torch.get_num_threads(), "calibrate_adamw": []}
     if args.drift:
         found["drift_back_to_back"] = drift(args.drift, pause_s=0.0)
@@ -135,9 +141,9 @@ def main() -> None:
     found["calibrate_adamw"].append(adamw_throughput(4 * 64 * 2**20, 10).value)
     if torch.cuda.is_available():
         with Dispatcher() as spinning:
-            start = time.perf_counter()
             found["beside_dispatch"] = summary(sweep(blocks, args.rounds))
-            found["dispatch_launches_per_s"] = spinning.launches / (time.perf_counter() - start)
+            found["dispatch_launches_per_s"] = spinning.launches / (
+                time.perf_counter() - spinning.started_s)
     found["calibrate_adamw"].append(adamw_throughput(4 * 64 * 2**20, 10).value)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(found, indent=1))
@@ -148,8 +154,8 @@ def main() -> None:
         if mode not in found:
             continue
         s = found[mode]
-        print(f"{mode}: fit t0 {s['fit_t0_s'] * 1e3:.2f} ms, r {s['fit_rate_params_per_s'] / 1e9:.2f}"
-              " G/s")
+        print(f"{mode}: fit t0 {s['fit_t0_s'] * 1e3:.2f} ms, "
+              f"r {s['fit_rate_params_per_s'] / 1e9:.2f} G/s")
         for n, row in s["by_size"].items():
             print(f"  {int(n) / 1e6:7.1f} M params: median {row['median_s'] * 1e3:7.2f} ms "
                   f"({row['rate_params_per_s'] / 1e9:.2f} G/s), min {row['min_s'] * 1e3:.2f}, "

@@ -218,7 +218,9 @@ def profile_adamw_rate(name: str) -> float:
     return load_profile(name).host.adamw_params_per_s
 
 
-LAYER_ADAMW = "optimizer_step@cpu"
+LAYER_ADAMW = "optimizer_step@cpu"  # the decoder layers' CPU AdamW (median_task_s's key)
+# rounds of rescaling the rate by measured / simulated median: the copies beside AdamW could
+# slow it differently at the new rate; on call o's rows one rescale already matched to 0.01%
 AT_MEASURED_ROUNDS = 3
 
 
@@ -396,6 +398,8 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
                 policy = dataclasses.replace(policy, stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
+            for key in ("adamw_in_situ_params_per_s", "predicted_step_s_at_measured_adamw"):
+                row.pop(key, None)  # from an earlier profile
             row.update(at_measured_adamw(spec, train, policy, profile, cap,
                                          row.get("measured_task_s", {})))
             if row.get("grads_land_in_upload", False) != grads_land_in_upload(policy, train):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,17 +39,27 @@ ADAMW_RAM_SHARE = 4 * 14 * 4
 # 11-30, adamw_drift_2026-11-30), more than the step-time target the profile serves.
 ADAMW_SAMPLES_THOROUGH = 5
 ADAMW_SAMPLES_QUICK = 2
+# seconds at least between the end of one run and the start of the next, where no other step
+# lies between them (a thorough calibration without a GPU)
+ADAMW_SPACING_S = 3.0
 
 
 class AdamwSamples:
     """calibrate's AdamW rate taken at several points of the calibration, and their median."""
 
-    def __init__(self, numel: int, repeats: int, wanted: int):
+    def __init__(self, *, numel: int, repeats: int, wanted: int, spacing_s: float = 0.0):
+        if wanted < 1:
+            raise ValueError(f"wanted={wanted}: take at least one AdamW sample")
         self.numel, self.repeats, self.wanted = numel, repeats, wanted
+        self.spacing_s = spacing_s
         self.taken: list[Measurement] = []
+        self._last_end_s: float | None = None
 
     def sample(self) -> list[Measurement]:
+        if self._last_end_s is not None:  # back to back, runs of the test drifted more
+            time.sleep(max(0.0, self._last_end_s + self.spacing_s - time.monotonic()))
         self.taken.append(host.adamw_throughput(self.numel, self.repeats))
+        self._last_end_s = time.monotonic()
         return []
 
     def measurement(self) -> Measurement:
@@ -72,8 +83,9 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
     # and a quick profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
     ram = ram_bytes or host.physical_ram_bytes()
     adamw_numel = 4 * min(ADAMW_BLOCK_PARAMS, ram // ADAMW_RAM_SHARE)
-    adamw = AdamwSamples(adamw_numel, repeats,
-                         ADAMW_SAMPLES_QUICK if quick else ADAMW_SAMPLES_THOROUGH)
+    adamw = AdamwSamples(numel=adamw_numel, repeats=repeats,
+                         wanted=ADAMW_SAMPLES_QUICK if quick else ADAMW_SAMPLES_THOROUGH,
+                         spacing_s=0.0 if quick else ADAMW_SPACING_S)
     steps: list[tuple[str, Callable[[], list[Measurement]]]] = [
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
@@ -111,18 +123,21 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path 
 
 def _spread(steps: list[tuple[str, Callable[[], list[Measurement]]]],
             adamw: AdamwSamples) -> list[tuple[str, Callable[[], list[Measurement]]]]:
-    """The steps with AdamW's further samples spread among those after its first: evenly, the
-    last at the end."""
+    """The steps with AdamW's further samples spread among those after its first, as evenly as
+    their count allows (fewer later steps than samples: some come back to back, spaced by the
+    sampler), the last at the end."""
     first = next(i for i, (_, run) in enumerate(steps) if run == adamw.sample)
     head, tail = steps[:first + 1], steps[first + 1:]
     more = adamw.wanted - 1
+    if more <= 0:
+        return steps
     spread: list[tuple[str, Callable[[], list[Measurement]]]] = []
     for k in range(more):
         # after a share of the later steps each, so the last sample comes last
         start, stop = len(tail) * k // more, len(tail) * (k + 1) // more
         spread += tail[start:stop]
         spread.append((f"CPU AdamW again ({k + 2} of {adamw.wanted})", adamw.sample))
-    return head + (spread if more else tail)
+    return head + spread
 
 
 def _disk(folder: Path, nbytes: int) -> list[Measurement]:

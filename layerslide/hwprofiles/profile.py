@@ -112,10 +112,18 @@ class HostSpec:
     dma_read_cost: float = 1.0
     dma_write_cost: float = 1.0
     # Cores a stream lane's host thread takes from the CPU lanes' kernels while it launches
-    # kernels: 1.0, or what calibrate measured (AdamW beside a thread launching kernels flat
-    # out: its slowdown s over 16 cores is 16 s / (1 - s) cores; the chunks of a call wait on
-    # the thread that shares a core, so it may be more than one).
+    # kernels (the simulator's HOST_CORES). One thread, one core; a profile may say more: AdamW
+    # slowed by s beside a thread launching kernels flat out means cores * s / (1 - s), and the
+    # chunks of a call wait on the thread that shares a core (H200 machine: 15% at a 3B layer,
+    # 2.8 cores; a profile with 2.8 predicted the validation suite no better than with 1.0,
+    # benchmarks/results/README.md session 11). calibrate does not measure it.
     dispatch_cores: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.dispatch_cores <= self.cores:
+            raise ValueError(f"host dispatch_cores must lie in (0, cores={self.cores}], got "
+                             f"{self.dispatch_cores}: the cores a thread launching kernels "
+                             "takes from the CPU's kernels")
 
     @property
     def d2h_share(self) -> float:

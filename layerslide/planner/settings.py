@@ -84,7 +84,7 @@ class Policy:
     optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
     cast: str = "cpu_once"
     # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
-    # bandwidth (and, in the executor, the cores) instead of taking turns.
+    # bandwidth and the cores instead of taking turns.
     cast_worker: bool = False
     head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
     # GPU bytes of one chunk of the fused head's bf16 logits. Smaller chunks hold less at the head

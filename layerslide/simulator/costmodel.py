@@ -34,9 +34,9 @@ class Cost:
     its host dispatch, and its draw on shared resources while running at full speed."""
 
     solo_s: float  # its lane's work alone (a GPU task: the GPU's busy time)
-    # Host time to enqueue a stream task (the executor's lane thread launching its kernels).
-    # It may run ahead, while the task's inputs are still in flight; the task cannot finish
-    # before its dispatch has.
+    # Host time to enqueue a stream task alone (the executor's lane thread launching its
+    # kernels; longer while the CPU's kernels hold the cores: dispatch_uses). It may run ahead,
+    # while the task's inputs are still in flight; the task cannot finish before its dispatch.
     dispatch_s: float = 0.0
     uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
     dispatch_uses: tuple[tuple[str, float], ...] = ()  # the same, of its dispatch

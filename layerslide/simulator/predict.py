@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner.plan import Plan
-from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.costmodel import HOST_CORES, CostModel
 from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
 
@@ -212,8 +212,9 @@ def _steady_step(plan: Plan, costs: CostModel, *, label: str,
 def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
     """Per-step lower bounds: 'lane:<name>' is the lane's work alone, 'dispatch:<name>' the
     host time to enqueue a stream lane's tasks, '<resource>' is the total use of a shared
-    resource (host memory, PCIe, NVMe) over its capacity. Uses step 0's tasks: every step does
-    the same work."""
+    resource (host memory, PCIe, NVMe) over its capacity; the cores are left out (the CPU lanes'
+    kernels take all of them: their floor is those lanes'). Uses step 0's tasks: every step
+    does the same work."""
     floors: dict[str, float] = {}
     capacities = costs.capacities()
     for task in plan.tasks:
@@ -226,6 +227,8 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
             key = f"dispatch:{task.lane}"
             floors[key] = floors.get(key, 0.0) + cost.dispatch_s
         for resource, rate in cost.uses:
+            if resource == HOST_CORES:
+                continue
             floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
     return floors
 

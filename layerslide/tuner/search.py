@@ -50,8 +50,9 @@ class SearchSpace:
     grad_accums: tuple[int, ...] = (1,)
     activations: tuple[str, ...] = ("gpu", "host")
     casts: tuple[str, ...] = ("cpu_once", "gpu")
-    # Casts on a worker beside the optimizer's: not tried by default, because the cost model
-    # shares host memory bandwidth between them but not the cores (it would always win).
+    # Casts on a worker beside the optimizer's: not tried by default. The cost model, sharing
+    # host memory and the cores between them, predicts them even with taking turns, where the
+    # H200 machine ran them 11% slower at once (benchmarks/results/sim_vs_reference.md).
     cast_workers: tuple[bool, ...] = (False,)
     optimizer_orders: tuple[str, ...] = ("deadline",)
     allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small

@@ -206,21 +206,41 @@ def _stub_host_steps(monkeypatch, adamw_rates):
 def test_the_adamw_rate_is_the_median_of_samples_spread_over_the_calibration(monkeypatch,
                                                                              tmp_path):
     from layerslide import calibrate
-    _stub_host_steps(monkeypatch, [5e9, 1e9, 4e9, 2e9, 3e9])
+    monkeypatch.setattr(calibrate, "ADAMW_SPACING_S", 0.0)
+    # median 4, mean 4.2, first 9, last 5: only the median gives 4
+    _stub_host_steps(monkeypatch, [9e9, 1e9, 4e9, 2e9, 5e9])
     steps: list[str] = []
     found = measure(quick=False, model=resolve_model("llama-3.2-1b"), peak_flops=989e12,
                     disk_dir=tmp_path, gpu=False, progress=steps.append)
     adamw = next(m for m in found if m.key == "host.adamw_throughput")
-    assert adamw.value == 3e9
+    assert adamw.value == 4e9
     assert adamw.how.startswith("4 arrays in turn; the median of 5 such runs")
-    assert "5.00, 1.00, 4.00, 2.00, 3.00 Gparam/s" in adamw.how
-    samples = [i for i, name in enumerate(steps) if name.startswith("CPU AdamW")]
-    assert len(samples) == calibrate.ADAMW_SAMPLES_THOROUGH
-    assert samples[-1] == len(steps) - 1  # the last at the end
-    assert steps.index("disk") < samples[-1] and steps.index("fp32->bf16 cast") < samples[-1]
+    assert "9.00, 1.00, 4.00, 2.00, 5.00 Gparam/s" in adamw.how
+    # the later steps (cast, disk) lie between the samples, the last sample at the end
+    assert steps == ["sizes", "host memory bandwidth", "CPU AdamW", "CPU AdamW again (2 of 5)",
+                     "fp32->bf16 cast", "CPU AdamW again (3 of 5)", "CPU AdamW again (4 of 5)",
+                     "disk", "CPU AdamW again (5 of 5)"]
     # the host bandwidth without a GPU is the largest CPU traffic: AdamW's at the median
     bandwidth = next(m for m in found if m.key == "host.memory_bandwidth")
-    assert bandwidth.value == 3e9 * 28
+    assert bandwidth.value == 4e9 * 28
+
+
+def test_adamw_samples_back_to_back_wait_their_spacing(monkeypatch):
+    from layerslide import calibrate
+    _stub_host_steps(monkeypatch, [1e9, 2e9, 3e9])
+    clock = [100.0]
+    slept: list[float] = []
+    monkeypatch.setattr(calibrate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(calibrate.time, "sleep", slept.append)
+    samples = calibrate.AdamwSamples(numel=4, repeats=1, wanted=3, spacing_s=3.0)
+    samples.sample()
+    clock[0] += 1.0  # another step ran for 1 s in between
+    samples.sample()
+    samples.sample()  # right after the last
+    assert slept == [2.0, 3.0]
+    assert samples.measurement().value == 2e9
+    with pytest.raises(ValueError, match="at least one AdamW sample"):
+        calibrate.AdamwSamples(numel=4, repeats=1, wanted=0)
 
 
 @pytest.mark.parametrize("native", ["1", "0"])

@@ -206,6 +206,21 @@ def test_storage_duplex_read_share_is_optional_and_must_lie_between_0_and_1(tmp_
              "duplex_read_share must lie in")
 
 
+def test_host_dispatch_cores_is_optional_and_must_lie_within_the_cores(tmp_path):
+    from layerslide.hwprofiles.writer import save_profile
+
+    assert load_profile("h200-bench").host.dispatch_cores == 1.0  # not given: one thread's
+    cores = 'dispatch_cores = { value = 2.5, unit = "ratio", source = "measured: beside" }\n'
+    text = _sub(_line("adamw_throughput = ") + "\n", _line("adamw_throughput = ") + "\n" + cores)
+    profile = load_profile(_write(tmp_path, text))
+    assert profile.host.dispatch_cores == 2.5
+    assert profile.sources["host.dispatch_cores"] == "measured: beside"
+    again = load_profile(save_profile(profile, tmp_path / "again.toml"))
+    assert again.host.dispatch_cores == 2.5 and again.sources == profile.sources
+    _rejects(tmp_path, text.replace("value = 2.5", "value = 17.0"), "host",
+             "dispatch_cores must lie in (0, cores=16]")
+
+
 BUSY_SECTION = H200[H200.index("[gpu.busy_speedup]"):H200.index("[link]")]
 
 

@@ -68,7 +68,7 @@ def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_i
         prediction = simulate(plan, profile)
         costs = CostModel(profile)
         events = [e for e in prediction.trace.events if e.lane == "gpu"]
-        # no GPU task ends before its own dispatch alone could have
+        # no GPU task ends before its GPU work alone could have
         assert all(e.duration_s >= costs.cost(plan.task(e.task_id)).solo_s * (1 - 1e-9)
                    for e in events)
         return prediction.trace, prediction.step_s
@@ -76,6 +76,7 @@ def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_i
     light_trace, light = run(1e-3)
     heavy_trace, heavy = run(float(base.host.cores))
     assert heavy > light * 1.01
+
     def gpu_s(trace):
         return sum(e.duration_s for e in trace.events if e.lane == "gpu")
     assert gpu_s(heavy_trace) > gpu_s(light_trace)

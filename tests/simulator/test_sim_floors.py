@@ -33,6 +33,7 @@ def test_the_step_is_never_faster_than_its_floor(micro_batch, cast):
     assert pred.floor_s <= pred.step_s * (1 + 1e-9)
     assert pred.floor_s == max(pred.floors_s.values())
     assert {"lane:gpu", "lane:cpu", "host_memory", "pcie"} <= set(pred.floors_s)
+    assert "host_cores" not in pred.floors_s  # the CPU lanes' floor already
 
 
 def test_round_profile_floor_is_reached_when_one_lane_dominates():
