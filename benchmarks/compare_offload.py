@@ -157,6 +157,7 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
     from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
     from layerslide.executor.trainer import Trainer
+    from layerslide.planner.build import build_plan
     from layerslide.planner.settings import Policy, TrainSpec
 
     train = TrainSpec(micro_batch=mb, seq_len=seq)
@@ -176,7 +177,7 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
             raise SystemExit(f"tune finds no policy for micro-batch {mb} under the cap")
         policy = best.policy
         print(f"policy: {json.dumps(policy.to_dict())}", flush=True)
-    with Trainer(config=hf_config_from_spec(spec), spec=spec, train=train, policy=policy,
+    with Trainer(config=hf_config_from_spec(spec), plan=build_plan(spec, train, policy),
                  optim=OptimConfig(lr=1e-5), device=device, gpu_memory_bytes=cap,
                  keep_trace=False) as trainer:
         trainer.init_random(0)

@@ -34,6 +34,7 @@ from layerslide.executor.native import NativeKernels, load_kernels
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles.units import parse_bytes
+from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import Policy, TrainSpec
 
@@ -166,7 +167,7 @@ def executor_rates(trainer: Trainer, first_step: int) -> dict:
     for e in trainer.trace_events:
         if e.kind != "optimizer_step" or e.step < first_step or e.lane != "cpu":
             continue
-        n, dur = trainer.blocks.numel(e.layer), e.end_s - e.start_s
+        n, dur = trainer.blocks.numel(e.block), e.end_s - e.start_s
         if dur > 0:
             rates.append(n / dur)
             params += n
@@ -232,7 +233,7 @@ def main() -> None:
     # --- inside the executor, per split -------------------------------------------------------
     for mb in (int(b) for b in args.batches.split(",")):
         train = TrainSpec(micro_batch=mb, seq_len=args.seq_len)
-        with Trainer(config=config, spec=spec, train=train, policy=Policy(), device=args.device,
+        with Trainer(config=config, plan=build_plan(spec, train, Policy()), device=args.device,
                      optim=OptimConfig(lr=1e-5), segment_steps=args.steps,
                      gpu_memory_bytes=parse_bytes(args.gpu_memory) if cuda else None) as trainer:
             trainer.init_random(0)

@@ -216,9 +216,9 @@ def main() -> None:
         floor_s = max(gpu_s, host_s, pcie_s)
         torch.cuda.reset_peak_memory_stats()
         try:
-            with Trainer(config=config, spec=spec, train=train, policy=policy,
-                         optim=OptimConfig(lr=1e-5), device="cuda", segment_steps=args.steps,
-                         gpu_memory_bytes=cap) as trainer:
+            with Trainer(config=config, plan=build_plan(spec, train, policy),
+                         optim=OptimConfig(lr=1e-5), device="cuda",
+                         segment_steps=args.steps, gpu_memory_bytes=cap) as trainer:
                 trainer.init_random(0)
                 logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)
                 host_state_bytes = trainer.state.state_bytes()

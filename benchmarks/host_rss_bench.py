@@ -37,7 +37,7 @@ def main() -> None:
     spec = resolve_model(args.model)
     train = TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len)
     policy = Policy()
-    with Trainer(config=hf_config_from_spec(spec), spec=spec, train=train, policy=policy,
+    with Trainer(config=hf_config_from_spec(spec), plan=build_plan(spec, train, policy),
                  optim=OptimConfig(lr=1e-5), device=args.device, keep_trace=False) as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(spec.vocab_size, args.seq_len), args.steps)

@@ -75,7 +75,7 @@ def main() -> None:
         policy = Policy(moments_on_nvme=fraction, **lean)
         plan = build_plan(spec, train, policy, num_steps=3)
         predicted = simulate(plan, measured, gpu_memory_bytes=cap)
-        with Trainer(config=config, spec=spec, train=train, policy=policy,
+        with Trainer(config=config, plan=build_plan(spec, train, policy),
                      optim=OptimConfig(lr=1e-5), device="cuda", gpu_memory_bytes=cap,
                      nvme_dir=args.nvme_dir, keep_trace=False) as trainer:
             trainer.init_random(0)

@@ -5,6 +5,11 @@ its events with the task ids left out (a refactor may rename ids and kinds, not 
     python benchmarks/plan_equivalence.py --out before.json     # on one version
     python benchmarks/plan_equivalence.py --out after.json      # on the other
     python benchmarks/plan_equivalence.py --compare before.json after.json
+    python benchmarks/plan_equivalence.py --golden OLD_GOLDEN.json --mapping-out MAP.json
+
+--golden checks that the golden plan (tests/simulator/test_sim_golden.py) runs as an earlier
+golden file says, its ids renamed by OLD_ID_RULES (the ids of plan format 1), and writes the
+mapping of each old id to its new one.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -24,6 +30,45 @@ GIB = 1024**3
 # Kinds one version split into several: an event's kind is compared through this map.
 KIND_ALIASES = {"read_state": "nvme_read", "read_activation": "nvme_read",
                 "write_state": "nvme_write", "write_activation": "nvme_write"}
+
+_B = r"(L\d+|emb|head)"
+# plan format 1's task ids -> format 2's (planner.plan.task_id)
+OLD_ID_RULES = [
+    (rf"^(s\d+)\.(optimizer_step|read_state|write_state|cast)\.{_B}$", r"\1.m0.\2.\3"),
+    (r"^(s\d+)\.grad_norm$", r"\1.m0.grad_norm.head"),
+    (rf"^(s\d+\.m\d+)\.(forward|backward|head)\.{_B}\.load\.cast$", r"\1.cast.\3.\2"),
+    (rf"^(s\d+\.m\d+)\.(forward|backward|head)\.{_B}\.load$", r"\1.load_weights.\3.\2"),
+    (rf"^(s\d+\.m\d+)\.ckpt\.{_B}\.offload$", r"\1.offload_activation.\2"),
+    (rf"^(s\d+\.m\d+)\.ckpt\.{_B}\.fetch$", r"\1.fetch_activation.\2"),
+    (rf"^(s\d+\.m\d+)\.ckpt\.{_B}\.nvme_write$", r"\1.write_activation.\2"),
+    (rf"^(s\d+\.m\d+)\.ckpt\.{_B}\.nvme_read$", r"\1.read_activation.\2"),
+]
+
+
+def new_id(old: str) -> str:
+    for pattern, replacement in OLD_ID_RULES:
+        old = re.sub(pattern, replacement, old)
+    return old
+
+
+def check_golden(old_path: Path, mapping_out: Path | None) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "simulator"))
+    from test_sim_golden import event_rows, golden_prediction
+
+    old = json.loads(old_path.read_text())
+    _, prediction = golden_prediction()
+    now = event_rows(prediction)
+    renamed = [[new_id(e[0]), *e[1:]] for e in old["events"]]
+    same = ([[str(x) for x in r[:2]] + r[2:] for r in now] == renamed
+            and prediction.step_s == old["step_s"])
+    print(f"golden trace: {len(now)} events, {'identical' if same else 'DIFFERENT'} up to the "
+          f"renamed ids; step {prediction.step_s} s (was {old['step_s']})")
+    if mapping_out is not None:
+        mapping = {e[0]: new_id(e[0]) for e in old["events"]}
+        mapping_out.write_text(json.dumps(mapping, indent=1) + "\n")
+    return 0 if same else 1
+
 
 # (name, model, profile, GPU cap in GiB or None, TrainSpec fields, Policy fields)
 CONFIGS = [
@@ -127,7 +172,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="write the predictions here (JSON)")
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    parser.add_argument("--golden", type=Path, help="an earlier golden_tiny.json to check")
+    parser.add_argument("--mapping-out", type=Path, help="with --golden: write old -> new ids")
     args = parser.parse_args()
+    if args.golden:
+        return check_golden(args.golden, args.mapping_out)
     if args.compare:
         return compare(*args.compare)
     if args.out is None:

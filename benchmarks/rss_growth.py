@@ -18,6 +18,7 @@ from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.memory import host_rss_bytes
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
+from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
 
 
@@ -29,8 +30,9 @@ def main() -> None:
     args = ap.parse_args()
     config = tiny_config("llama")
     spec = spec_of(config, Path(tempfile.mkdtemp()))
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
-                 policy=Policy(), optim=OptimConfig(), device="cpu", keep_trace=False,
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 optim=OptimConfig(), device="cpu", keep_trace=False,
                  segment_steps=args.segment_steps) as trainer:
         trainer.init_random(0)
         data = SyntheticTokens(VOCAB, SEQ)

@@ -96,6 +96,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
     from layerslide.executor.trainer import Trainer
     from layerslide.hwprofiles import load_profile
     from layerslide.hwprofiles.units import parse_bytes
+    from layerslide.planner.build import build_plan
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
     from layerslide.reports.validation import median_task_s
@@ -134,8 +135,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     history = (args.traces is not None and args.device.startswith("cuda")
                and label in args.allocator_history.split(","))
     phase("predict")
-    with Trainer(config=config, spec=spec, train=train, policy=policy,
-                 optim=OptimConfig(lr=1e-5), device=args.device, gpu_memory_bytes=allocator_cap,
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OptimConfig(lr=1e-5),
+                 device=args.device, gpu_memory_bytes=allocator_cap,
                  nvme_dir=args.nvme_dir) as trainer:
         if history:  # from here (the device's allocator settings are in force): every
             # allocation, free and segment change with its stream and time (context=None: no

@@ -1,5 +1,5 @@
-"""Trace: what ran where and when, and memory over time; the one schema that the simulator
-writes, the executor will write, and the reports read."""
+"""Trace: what ran where and when, and memory over time; the one schema that the simulator and
+the executor write and the reports read."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ TIERS = ("gpu", "host", "nvme")
 class TraceEvent:
     """One task's run on one lane, in seconds from the trace's start."""
 
-    task_id: str
-    lane: str
-    kind: str
-    layer: int
+    task_id: str  # a label (planner.plan.task_id), never parsed
+    lane: str  # a kinds.Lane
+    kind: str  # a kinds.TaskKind
+    block: int  # -1 the embedding, 0..L-1 the decoder layers, L the head
     step: int
     start_s: float
     end_s: float
@@ -73,7 +73,7 @@ class Trace:
             source=data["source"],
             label=data["label"],
             meta=dict(data.get("meta", {})),
-            events=tuple(TraceEvent(**e) for e in data["events"]),
+            events=tuple(TraceEvent(**_renamed(e)) for e in data["events"]),
             memory=tuple(MemorySample(**m) for m in data.get("memory", [])),
         )
 
@@ -83,3 +83,11 @@ class Trace:
     @classmethod
     def load(cls, path: str | Path) -> Trace:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _renamed(event: dict) -> dict:
+    """An event as written before its block was called a block (traces kept in results/)."""
+    if "layer" in event:
+        event = {**event, "block": event["layer"]}
+        del event["layer"]
+    return event

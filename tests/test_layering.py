@@ -67,3 +67,34 @@ def test_lower_layers_do_not_import_upper_ones():
     for sub, banned in forbidden.items():
         bad = [m for m in imported_modules(sub) if m.startswith(banned)]
         assert not bad, f"layerslide.{sub} imports {bad}"
+
+
+# what the executor may take from the planner: the plan, the model and the settings, as data
+PLANNER_DATA = {"layerslide.planner.plan", "layerslide.planner.model",
+                "layerslide.planner.settings"}
+
+
+def test_executor_reads_plans_and_never_builds_or_sizes_them():
+    planner = {m for m in imported_modules("executor") if m.startswith("layerslide.planner")}
+    assert planner <= PLANNER_DATA, f"the executor imports {sorted(planner - PLANNER_DATA)}"
+
+
+def test_planner_data_definitions_need_no_builder():
+    for module in PLANNER_DATA:
+        path = PACKAGE / "planner" / f"{module.rsplit('.', 1)[1]}.py"
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+        planner = {m for m in names if m.startswith("layerslide.planner")}
+        assert planner <= PLANNER_DATA, f"{module} imports {sorted(planner - PLANNER_DATA)}"
+
+
+def test_kinds_and_lanes_are_defined_once():
+    """No module but kinds.py spells out the list of lanes or of task kinds."""
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "kinds.py":
+            continue
+        text = path.read_text()
+        assert '"gpu", "h2d", "d2h", "cpu"' not in text, path
+        assert '"offload_activation",\n' not in text, path

@@ -24,7 +24,6 @@ from layerslide.cli.options import (
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import Plan
-from layerslide.planner.settings import Policy, TrainSpec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "generation_config.json")
@@ -88,9 +87,13 @@ def add_train_command(sub, units: str) -> None:
     p.set_defaults(run=cmd_train)
 
 
-def _settings(args, spec: ModelSpec) -> tuple[TrainSpec, Policy]:
+def _plan(args, spec: ModelSpec) -> Plan:
+    """The plan to run: the --plan file as it is, or one built from the flags."""
     if not args.plan:
-        return train_of(args), policy_of(args)
+        try:
+            return build_plan(spec, train_of(args), policy_of(args), num_steps=3)
+        except ValueError as err:
+            raise UsageError(str(err)) from err
     try:
         plan = Plan.load(args.plan)
     except ValueError as err:
@@ -101,18 +104,16 @@ def _settings(args, spec: ModelSpec) -> tuple[TrainSpec, Policy]:
                          f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
     if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         args.gpu_memory = plan.meta.get("gpu_memory_bytes")
-    return plan.train, plan.policy
+    return plan
 
 
-def _check_fits(args, spec: ModelSpec, train: TrainSpec, policy: Policy) -> None:
+def _check_fits(args, plan: Plan) -> None:
     """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM."""
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
-    try:
-        plan = build_plan(spec, train, policy, num_steps=3)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    if plan.num_steps < 3:  # simulating needs a steady-state step: the plan's own, repeated
+        plan = plan.unroll(3)
     profile = profile_of(args.profile)
     prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
     gpu_need = prediction.gpu_need_bytes  # the allocator's reserve, not only the allocated peak
@@ -202,13 +203,14 @@ def cmd_train(args) -> int:
             config = hf_config_from_spec(spec)
     except ValueError as err:
         raise UsageError(str(err)) from err
-    train, policy = _settings(args, spec)
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: train at least one step")
     schedule = _checkpoint_schedule(args)
     if args.out and Path(args.out).exists() and not args.overwrite:
         raise UsageError(f"--out {args.out} exists: pass --overwrite or another folder")
-    _check_fits(args, spec, train, policy)
+    plan = _plan(args, spec)
+    train, policy = plan.train, plan.policy
+    _check_fits(args, plan)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda but torch sees no CUDA GPU: use --device cpu")
@@ -224,8 +226,7 @@ def cmd_train(args) -> int:
         raise UsageError(str(err)) from err
 
     try:
-        trainer = Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
-                          device=device, serial=args.serial, segment_steps=args.segment_steps,
+        trainer = Trainer(config=config, plan=plan, optim=optim, device=device, serial=args.serial, segment_steps=args.segment_steps,
                           gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out),
                           nvme_dir=args.nvme_dir,
                           nvme_checkpoint_copies=_checkpoints_beside(args, schedule))

@@ -15,7 +15,8 @@ from typing import Self
 
 import torch
 
-STREAM_LANES = ("gpu", "h2d", "d2h")
+from layerslide.kinds import STREAM_LANES
+
 # Host buffers at least this large are malloc'ed with mmap (glibc's threshold tops out at
 # 32 MiB), so each owns whole pages and can be page-locked in place.
 REGISTER_MIN_BYTES = 64 * 2**20

@@ -25,7 +25,8 @@ from itertools import pairwise
 
 import networkx as nx
 
-from layerslide.executor.device import STREAM_LANES, LaneDevice
+from layerslide.executor.device import LaneDevice
+from layerslide.kinds import STREAM_LANES
 from layerslide.planner.plan import Plan, Task
 
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)

@@ -1,7 +1,7 @@
 """Training state on the host: per block fp32 master weights, AdamW moments and the buffers the
-plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads). Where the
-grads can land in the bf16 upload copies (settings.grads_land_in_upload) they do, and there are
-no landing buffers.
+plan's host-side tasks fill (bf16 weights to upload, landed bf16 grads, fp32 grads), laid out as
+the plan's Placement says: where the grads land in the bf16 upload copies there are no landing
+buffers.
 
 Each block's state is one flat buffer, so one AdamW call updates it: the decayed matrices are at
 the front, norms and biases behind them. The call is layerslide's native one-pass kernel (reads
@@ -23,19 +23,20 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
 from layerslide.executor.nvme import NvmeState, check_nvme_folder
 from layerslide.executor.optim import OptimConfig
-from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
+from layerslide.planner.plan import Placement
+from layerslide.planner.settings import Policy, TrainSpec
 
 
 class HostState:
     """Owns the host tensors of every block and one AdamW per block."""
 
     def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
-                 optim: OptimConfig, *, gpu_updated: tuple[int, ...] = (),
+                 optim: OptimConfig, placement: Placement, *,
                  nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
         # blocks updated on the GPU keep only their master weights here (for load and save)
-        cpu_blocks = [b for b in blocks.blocks if b not in gpu_updated]
+        cpu_blocks = [b for b in blocks.blocks if b not in placement.gpu_updated]
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         self.native = load_kernels() if policy.cpu_optimizer == "native" else None
@@ -62,7 +63,7 @@ class HostState:
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
                                  "not 0): torch's AdamW keeps whole moments in RAM")
             self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
-                                  policy.nvme_prefetch, extra_bytes=activation_bytes,
+                                  placement.nvme_staging_slots, extra_bytes=activation_bytes,
                                   checkpoint_copies=nvme_checkpoint_copies)
         elif activation_bytes:
             check_nvme_folder(self.nvme_dir, activation_bytes)
@@ -73,17 +74,15 @@ class HostState:
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
                         for b in cpu_blocks} if policy.cast == "cpu_once" else {})
-        # where offloaded bf16 grads land: in the block's upload copy (grads_land_in_upload), one
-        # buffer per block, or (policy.host_grad_buffers, no clipping) a pool the plan's
-        # backpressure edges make safe to reuse in d2h order
-        self.land_in_upload = grads_land_in_upload(policy, train)
+        # where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or a
+        # pool whose buffers the plan's tasks name (its backpressure edges make reuse safe)
+        self.land_in_upload = placement.grad_landing == "upload"
         self.landing_pool: list[torch.Tensor] = []
         self.landing: dict[int, torch.Tensor] = {}
-        pool = policy.host_grad_buffers
-        pooled = pool is not None and train.max_grad_norm is None and pool < len(cpu_blocks)
-        if pooled and not self.land_in_upload:
+        if placement.grad_landing == "pool":
             largest = max(blocks.numel(b) for b in cpu_blocks)
-            self.landing_pool = [device.host_empty(largest, torch.bfloat16) for _ in range(pool)]
+            self.landing_pool = [device.host_empty(largest, torch.bfloat16)
+                                 for _ in range(placement.grad_landing_buffers)]
         elif not self.land_in_upload:
             self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
@@ -195,11 +194,12 @@ class HostState:
 
     # --- gradients and the update --------------------------------------------------------------
     def landing_buffer(self, block: int, pool_slot: int) -> torch.Tensor:
-        """The bf16 buffer a block's offloaded grads land in (pool_slot: its turn in the pool)."""
+        """The bf16 buffer a block's offloaded grads land in (pool_slot: the pool's buffer the
+        plan gives them, where they land in a pool)."""
         if self.land_in_upload:
             return self.upload[block]
         if self.landing_pool:
-            return self.landing_pool[pool_slot % len(self.landing_pool)][:self.blocks.numel(block)]
+            return self.landing_pool[pool_slot][:self.blocks.numel(block)]
         return self.landing[block]
 
     def accumulate(self, block: int, micro_batch: int, landed: torch.Tensor) -> None:

@@ -33,12 +33,9 @@ from layerslide.kernels.linear_cross_entropy import (
     fused_linear_cross_entropy,
     triton_head_available,
 )
-from layerslide.planner import sizes
-from layerslide.planner.build import gpu_layout
+from layerslide.kinds import COMPUTE_KINDS, TaskKind
 from layerslide.planner.model import ModelSpec
-from layerslide.planner.plan import Plan, Task
-
-COMPUTE_KINDS = ("forward", "head", "backward")
+from layerslide.planner.plan import DEDICATED, Placement, Plan, Task
 
 
 @dataclass
@@ -84,8 +81,8 @@ class StepOutcome:
 class TaskRunner:
     """Owns the GPU weight units and performs every task kind of a plan."""
 
-    def __init__(self, blocks: ModelBlocks, spec: ModelSpec, state: HostState,
-                 device: LaneDevice, optim: OptimConfig):
+    def __init__(self, blocks: ModelBlocks, spec: ModelSpec, placement: Placement,
+                 state: HostState, device: LaneDevice, optim: OptimConfig):
         policy, train = state.policy, state.train
         self.blocks, self.spec, self.state, self.device, self.optim = (
             blocks, spec, state, device, optim)
@@ -93,8 +90,9 @@ class TaskRunner:
         self.L = blocks.num_layers
         dev = device.device
         landing = policy.cast == "gpu"
-        layout = gpu_layout(self.L, policy)  # the planner's: the same units it plans with
+        layout = placement  # the units the plan was made for
         self.gpu_updated = list(layout.gpu_updated)
+        self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 
         def unit(block: int, with_module: bool) -> WeightUnit:
             n = blocks.numel(block)
@@ -128,10 +126,7 @@ class TaskRunner:
                         and triton_head_available(dev))
         self._head_loss = (fused_linear_cross_entropy if fused_on_gpu
                            else chunked_linear_cross_entropy)
-        self.head_chunk_tokens = (
-            sizes.fused_head_chunk_tokens(spec, train.tokens_per_micro_batch,
-                                          policy.head_chunk_bytes)
-            if policy.head_loss == "fused" else train.tokens_per_micro_batch)
+        self.head_chunk_tokens = placement.head_chunk_tokens
         if policy.head_loss == "fused" and dev.type == "cuda" and not fused_on_gpu:
             # the plan sized chunks for the Triton head's 2 B per logit; the PyTorch one holds
             # ~10 (fp32 logits, exp, grad): a fifth of the rows keeps to the planned memory
@@ -152,11 +147,9 @@ class TaskRunner:
     def _reset_segment(self) -> None:
         self.handoff = Handoff()
         self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.unit_of: dict[str, WeightUnit] = {}
-        self.cast_before: set[str] = set()
+        # cast=cpu_per_load: a load's bf16 staging copy, by (block, step, micro-batch, for_kind)
+        self.staging: dict[tuple, torch.Tensor] = {}
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
-        self.staging: dict[str, torch.Tensor] = {}
-        self.landing_slot: dict[tuple[int, int, int], int] = {}
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
         self.final_sq: dict[int, torch.Tensor] = {}  # step -> [L + 2]: GPU-updated blocks' sums
         self.block_sq: dict[tuple[int, int], float] = {}
@@ -167,33 +160,15 @@ class TaskRunner:
     # --- a segment: one plan, run once ---------------------------------------------------------
     def prepare(self, plan: Plan, batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]],
                 step_offset: int) -> None:
-        """Bind the plan's GPU tasks to weight units and stage the segment's token batches."""
+        """Check the plan's bindings against the units here and stage the segment's batches."""
         self._reset_segment()
         self.step_offset = step_offset
         pin = self.device.is_cuda
         self.batches = {k: (ids.pin_memory() if pin else ids, lab.pin_memory() if pin else lab)
                         for k, (ids, lab) in batches.items()}
-        current: dict[int, WeightUnit] = {}
-        for tid in plan.lane_order["gpu"]:
-            task = plan.task(tid)
-            if task.kind not in COMPUTE_KINDS:
-                continue
-            block = task.layer
-            load = next((plan.task(p) for p in plan.graph.predecessors(tid)
-                         if plan.task(p).kind == "load_weights"), None)
-            if load is not None:
-                current[block] = self.dedicated[block] if load.unit < 0 else self.ring[load.unit]
-                if self.policy.cast == "gpu":
-                    self.cast_before.add(tid)
-            if block in self.dedicated:
-                current.setdefault(block, self.dedicated[block])
-            if block not in current:
-                raise ValueError(f"{tid}: the plan never loads block {block}'s weights")
-            self.unit_of[tid] = current[block]
-        offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
-        self.landing_slot = {(plan.task(t).step, plan.task(t).micro_batch, plan.task(t).layer): k
-                             for k, t in enumerate(offloads)}
-        self.nvme_slot = nvme_slots(plan)
+        for task in plan.tasks:
+            if task.kind in (*COMPUTE_KINDS, TaskKind.LOAD_WEIGHTS) and task.block >= 0:
+                self._weight_unit(task)  # raises where the plan names a unit that is not here
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
             self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
@@ -201,30 +176,39 @@ class TaskRunner:
             self.final_sq[s] = torch.zeros(self.L + 2, dtype=torch.float32, pin_memory=pin)
 
     def run(self, task: Task) -> None:
-        getattr(self, f"_do_{task.kind}")(task)
+        self._handlers[task.kind](task)
 
     # --- weights ---------------------------------------------------------------------------------
-    def _load_target(self, task: Task) -> WeightUnit:
-        return self.dedicated[task.layer] if task.unit < 0 else self.ring[task.unit]
+    def _weight_unit(self, task: Task) -> WeightUnit:
+        """The unit the plan binds the task to: a ring unit, or the block's own."""
+        if task.unit == DEDICATED:
+            if task.block not in self.dedicated:
+                raise ValueError(f"{task.id}: the plan gives block {task.block} no unit: its "
+                                 "placement and tasks disagree")
+            return self.dedicated[task.block]
+        if not 0 <= task.unit < len(self.ring):
+            raise ValueError(f"{task.id}: unit {task.unit} is not one of the plan's "
+                             f"{len(self.ring)} ring units")
+        return self.ring[task.unit]
 
     def _do_load_weights(self, task: Task) -> None:
-        unit = self._load_target(task)
+        unit = self._weight_unit(task)
         if self.policy.cast == "gpu":
-            unit.landing_fp32.copy_(self.state.master[task.layer], non_blocking=True)
+            unit.landing_fp32.copy_(self.state.master[task.block], non_blocking=True)
         elif self.policy.cast == "cpu_per_load":
-            unit.flat.copy_(self.staging.pop(task.id), non_blocking=True)
+            unit.flat.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
         else:
-            unit.flat.copy_(self.state.upload[task.layer], non_blocking=True)
+            unit.flat.copy_(self.state.upload[task.block], non_blocking=True)
 
     def _do_cast(self, task: Task) -> None:
-        staging = self.state.cast_to_upload(task.layer)
-        if self.policy.cast == "cpu_per_load":  # the cast of one load: id "<load>.cast"
-            self.staging[task.id.removesuffix(".cast")] = staging
+        staging = self.state.cast_to_upload(task.block)
+        if task.for_kind:  # the cast of one load (cast=cpu_per_load)
+            self.staging[_load_key(task)] = staging
 
     # --- compute ---------------------------------------------------------------------------------
     def _unit(self, task: Task) -> WeightUnit:
-        unit = self.unit_of[task.id]
-        if task.id in self.cast_before:
+        unit = self._weight_unit(task)
+        if task.casts_weights:
             unit.flat.copy_(unit.landing_fp32)
         return unit
 
@@ -237,7 +221,7 @@ class TaskRunner:
         return self._position_embeddings[seq_len]
 
     def _do_forward(self, task: Task) -> None:
-        s, m, i = task.step, task.micro_batch, task.layer
+        s, m, i = task.step, task.micro_batch, task.block
         unit = self._unit(task)
         if i == EMBEDDING:
             ids_host, _ = self.batches[(s, m)]
@@ -254,7 +238,7 @@ class TaskRunner:
         self.handoff.put(("input", s, m, nxt), hidden, readers=1 if nxt == self.L else 2)
 
     def _do_offload_activation(self, task: Task) -> None:
-        key = (task.step, task.micro_batch, task.layer)
+        key = (task.step, task.micro_batch, task.block)
         x = self.handoff.take(("input", *key))
         if self.policy.activations == "nvme":
             # only between the copy and the disk write: from torch's pinned caching allocator,
@@ -262,23 +246,23 @@ class TaskRunner:
             host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
             self.act_passing[key] = host
         else:
-            host = self.act_host.get(task.layer)
+            host = self.act_host.get(task.block)
             if host is None or host.numel() != x.numel():
                 self.act_host = checkpoint_views(self.device, self.L, x.numel(), x.dtype)
-                host = self.act_host[task.layer]
+                host = self.act_host[task.block]
         self.device.keep_for(x, "d2h")
         host.copy_(x.view(-1), non_blocking=True)
 
     def _do_fetch_activation(self, task: Task) -> None:
         if self.policy.activations == "nvme":  # read back from disk by the plan's nvme_read
-            host = self.act_passing.pop((task.step, task.micro_batch, task.layer))
+            host = self.act_passing.pop((task.step, task.micro_batch, task.block))
         else:
-            host = self.act_host[task.layer]
+            host = self.act_host[task.block]
         shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
         x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
         x.view(-1).copy_(host, non_blocking=True)
         self.device.keep_for(x, "gpu")
-        self.handoff.put(("fetched", task.step, task.micro_batch, task.layer), x, readers=1)
+        self.handoff.put(("fetched", task.step, task.micro_batch, task.block), x, readers=1)
 
     def _do_head(self, task: Task) -> None:
         s, m = task.step, task.micro_batch
@@ -312,7 +296,7 @@ class TaskRunner:
         self.handoff.put(("dgrad", s, m, self.L - 1), x.grad, readers=1)
 
     def _do_backward(self, task: Task) -> None:
-        s, m, i = task.step, task.micro_batch, task.layer
+        s, m, i = task.step, task.micro_batch, task.block
         dgrad = self.handoff.take(("dgrad", s, m, i))
         if i == EMBEDDING:
             ids = self.handoff.take(("ids", s, m))
@@ -358,21 +342,22 @@ class TaskRunner:
 
     # --- gradients to the host -------------------------------------------------------------------
     def _do_offload_grads(self, task: Task) -> None:
-        s, m, b = task.step, task.micro_batch, task.layer
+        s, m, b = task.step, task.micro_batch, task.block
         *grads, sq = self.grads.pop((s, m, b))
-        landing = self._landed(s, m, b)
+        landing = self._landed(task)
         for (_, view), grad in zip(self.blocks.views(b, landing), grads, strict=True):
             self.device.keep_for(grad, "d2h")
             view.copy_(grad, non_blocking=True)
         self.device.keep_for(sq, "d2h")
         self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
 
-    def _landed(self, s: int, m: int, b: int) -> torch.Tensor:
-        return self.state.landing_buffer(b, self.landing_slot[(s, m, b)])
+    def _landed(self, task: Task) -> torch.Tensor:
+        """The host buffer the task's block's grads land in (the task's slot of the pool)."""
+        return self.state.landing_buffer(task.block, task.slot)
 
     def _do_accumulate_grads(self, task: Task) -> None:
-        s, m, b = task.step, task.micro_batch, task.layer
-        self.state.accumulate(b, m, self._landed(s, m, b))
+        s, m, b = task.step, task.micro_batch, task.block
+        self.state.accumulate(b, m, self._landed(task))
         if m == self.train.grad_accum - 1 and self.train.max_grad_norm is not None:
             self.block_sq[(s, b)] = self.state.host_grad_sq_norm(b)
 
@@ -394,7 +379,7 @@ class TaskRunner:
         self.clip_coef[s] = min(1.0, self.train.max_grad_norm / (total + 1e-6))
 
     def _do_optimizer_step(self, task: Task) -> None:
-        s, b = task.step, task.layer
+        s, b = task.step, task.block
         outcome = self.outcomes[s]
         if outcome.skipped:
             self.state.restore_upload(b)  # the grads that landed there are not weights
@@ -408,7 +393,7 @@ class TaskRunner:
             outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
             self.state.restore_upload(b)
             return
-        landed = self._landed(s, 0, b) if self.train.grad_accum == 1 else None
+        landed = self._landed(task) if self.train.grad_accum == 1 else None
         self.state.step(b, lr, coef, landed)
 
     def collect_gpu_skips(self) -> None:
@@ -418,40 +403,28 @@ class TaskRunner:
                 self.outcomes[s].skipped_blocks.append(b)
         self.gpu_blocks.found_inf.clear()
 
-    # --- the NVMe tier: each block's on-disk moments, around its optimizer step -------------------
-    def _do_nvme_read(self, task: Task) -> None:
-        if ".read_state." in task.id:
-            self.state.nvme.read(task.layer, self.nvme_slot[task.id])
-            return
-        # an activation checkpoint, into a pinned buffer the fetch copies to the GPU
+    # --- the NVMe tier: each block's on-disk state around its optimizer step; checkpoints ------
+    def _do_read_state(self, task: Task) -> None:
+        self.state.nvme.read(task.block, task.slot)
+
+    def _do_write_state(self, task: Task) -> None:
+        self.state.nvme.write(task.block, task.slot)
+
+    def _do_read_activation(self, task: Task) -> None:
+        # into a pinned buffer the fetch copies to the GPU
         shape_numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
         host = torch.empty(shape_numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
-        self.activation_files.read(task.layer, host)
-        self.act_passing[(task.step, task.micro_batch, task.layer)] = host
+        self.activation_files.read(task.block, host)
+        self.act_passing[(task.step, task.micro_batch, task.block)] = host
 
-    def _do_nvme_write(self, task: Task) -> None:
-        if ".write_state." in task.id:
-            self.state.nvme.write(task.layer, self.nvme_slot[task.id.replace("write_state",
-                                                                              "read_state")])
-            return
-        host = self.act_passing.pop((task.step, task.micro_batch, task.layer))
-        self.activation_files.write(task.layer, host)
+    def _do_write_activation(self, task: Task) -> None:
+        host = self.act_passing.pop((task.step, task.micro_batch, task.block))
+        self.activation_files.write(task.block, host)
 
 
-def nvme_slots(plan: Plan) -> dict[str, int]:
-    """The staging buffer each state read fills: a read that waits for an earlier block's write
-    (the plan's unit_reuse edge) takes that block's buffer, the first reads take fresh ones."""
-    slots: dict[str, int] = {}
-    for tid in plan.lane_order.get("nvme_read", ()):
-        if plan.task(tid).kind != "nvme_read" or ".read_state." not in tid:
-            continue
-        freed = [src for src in plan.graph.predecessors(tid)
-                 if plan.graph.edges[src, tid].get("reason") == "unit_reuse"]
-        if freed:
-            slots[tid] = slots[freed[0].replace("write_state", "read_state")]
-        else:
-            slots[tid] = len(slots)
-    return slots
+def _load_key(task: Task) -> tuple:
+    """What a load and the cast made for it share (cast=cpu_per_load)."""
+    return task.block, task.step, task.micro_batch, task.for_kind
 
 
 def checkpoint_views(device: LaneDevice, layers: int, numel: int,

@@ -1,10 +1,11 @@
-"""Trainer: fine-tune a Hugging Face causal LM by running the plan's tasks, segment by segment.
+"""Trainer: fine-tune a Hugging Face causal LM by running a plan's tasks, segment by segment.
 
-A segment is one plan of `segment_steps` consecutive steps, built from the same model, training
-settings and policy as the plan that was simulated: inside it one step's optimizer tail overlaps
-the next step's forward, between segments the pipeline drains (where logs and checkpoints of
-the full training state are taken: segments end on checkpoint steps). Steps are timed like the simulator times them: from one step's last
-GPU task to the next one's.
+The Trainer runs the plan it is given, the one that was simulated: its placement says what to
+allocate, and a segment of `segment_steps` consecutive steps is that plan unrolled
+(Plan.unroll: its first steps, its last step repeated). Inside a segment one step's optimizer
+tail overlaps the next step's forward; between segments the pipeline drains (where logs and
+checkpoints of the full training state are taken: segments end on checkpoint steps). Steps are
+timed like the simulator times them: from one step's last GPU task to the next one's.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner
-from layerslide.planner import sizes
-from layerslide.planner.build import build_plan, gpu_layout
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import Policy, TrainSpec
@@ -81,9 +80,9 @@ def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> No
         raise ValueError("optimizer state on NVMe needs cpu_optimizer='native' (torch's AdamW "
                          "keeps whole moments in RAM)")
     for b in blocks.blocks:
-        if blocks.numel(b) != sizes.block_params(spec, b):
+        if blocks.numel(b) != spec.block_params(b):
             raise ValueError(f"the plan is for {spec.name}, whose block {b} has "
-                             f"{sizes.block_params(spec, b)} parameters; this model's has "
+                             f"{spec.block_params(b)} parameters; this model's has "
                              f"{blocks.numel(b)}: plan for this model (`layerslide plan/tune "
                              "--model <its folder>`)")
 
@@ -95,16 +94,19 @@ class Trainer:
     checkpoints will be kept on that filesystem (each ends up owning a copy of the state files
     it hard-linked), counted when the folder's room is checked."""
 
-    def __init__(self, *, config: PretrainedConfig, spec: ModelSpec, train: TrainSpec,
-                 policy: Policy, optim: OptimConfig, device: str | torch.device = "cuda",
-                 serial: bool = False, segment_steps: int = 16,
-                 gpu_memory_bytes: int | None = None, keep_trace: bool = True,
-                 nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
+    def __init__(self, *, config: PretrainedConfig, plan: Plan, optim: OptimConfig,
+                 device: str | torch.device = "cuda", serial: bool = False,
+                 segment_steps: int = 16, gpu_memory_bytes: int | None = None,
+                 keep_trace: bool = True, nvme_dir: str | Path | None = None,
+                 nvme_checkpoint_copies: int = 0):
+        spec, train, policy = plan.model, plan.train, plan.policy
         check_supported(config, train.seq_len)
         self.blocks = ModelBlocks(config)
         check_executable(spec, policy, self.blocks)
         if segment_steps < 1:
             raise ValueError(f"segment_steps={segment_steps}: must be >= 1")
+        plan.unroll(min(segment_steps, plan.num_steps + 1))  # can it repeat? (raises if not)
+        self.plan = plan
         self.spec, self.train, self.policy, self.optim = spec, train, policy, optim
         self.serial, self.segment_steps = serial, segment_steps
         self.device = LaneDevice(device)
@@ -114,10 +116,10 @@ class Trainer:
                                                        self.device.device)
         try:
             self.state = HostState(self.blocks, self.device, policy, train, optim,
-                                   gpu_updated=gpu_layout(spec.num_layers, policy).gpu_updated,
-                                   nvme_dir=nvme_dir,
+                                   plan.placement, nvme_dir=nvme_dir,
                                    nvme_checkpoint_copies=nvme_checkpoint_copies)
-            self.runner = TaskRunner(self.blocks, spec, self.state, self.device, optim)
+            self.runner = TaskRunner(self.blocks, spec, plan.placement, self.state, self.device,
+                                     optim)
         except BaseException:
             self.device.close()  # unpin what was pinned before the failure
             raise
@@ -294,9 +296,7 @@ class Trainer:
 
     def _segment(self, data: TokenSource, count: int,
                  on_step_done: Callable[[int], None] | None) -> list[StepLog]:
-        # a plan needs >= 2 steps; a 1-step segment runs the first step of a 2-step plan
-        plan = build_plan(self.spec, self.train, self.policy, num_steps=max(2, count))
-        plan = _first_steps(plan, count)
+        plan = self.plan.unroll(count)
         batches = {(s, m): data.next_batch(self.train.micro_batch)
                    for s in range(count) for m in range(self.train.grad_accum)}
         self.runner.prepare(plan, batches, self.step)
@@ -321,7 +321,7 @@ class Trainer:
         end_of = {t.task.id: t.end_s for t in timings}
         if self.keep_trace:
             self.trace_events.extend(TraceEvent(
-                task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, layer=t.task.layer,
+                task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, block=t.task.block,
                 step=self.step + t.task.step, start_s=self._clock_s + t.start_s,
                 end_s=self._clock_s + t.end_s) for t in timings)
             self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
@@ -374,24 +374,6 @@ class Trainer:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.failed = self.failed or exc_type is not None
         self.close()
-
-
-def _first_steps(plan: Plan, count: int) -> Plan:
-    """The plan restricted to its first `count` steps (tasks of later steps dropped)."""
-    if count == plan.num_steps:
-        return plan
-    keep = [n for n in plan.graph if plan.task(n).step < count]
-    graph = plan.graph.subgraph(keep).copy()
-    lane_order = {lane: tuple(t for t in order if t in graph)
-                  for lane, order in plan.lane_order.items()}
-    buffers = tuple(b for b in plan.buffers
-                    if all(t in graph for t in (b.alloc_task, *b.release_tasks) if t is not None))
-    trimmed = Plan(model=plan.model, train=plan.train, policy=plan.policy, num_steps=count,
-                   graph=graph, lane_order=lane_order, lane_discipline=plan.lane_discipline,
-                   buffers=buffers,
-                   meta={**plan.meta, "step_markers": plan.meta["step_markers"][:count]})
-    trimmed.validate()
-    return trimmed
 
 
 def _with_defaults(key: str, stored: object) -> object:

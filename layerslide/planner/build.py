@@ -16,14 +16,26 @@ from itertools import pairwise
 
 import networkx as nx
 
+from layerslide.kinds import STREAM_LANES, Lane, TaskKind
 from layerslide.planner import sizes
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
-from layerslide.planner.plan import EMBEDDING, LANES, Buffer, Plan, Task, runtime_buffer_id
+from layerslide.planner.plan import (
+    DEDICATED,
+    EMBEDDING,
+    LANES,
+    NO_SLOT,
+    Buffer,
+    Placement,
+    Plan,
+    Task,
+    block_name,
+    runtime_buffer_id,
+    task_buffer_id,
+    task_id,
+)
 from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 
-# CUDA streams run in issue order; the other lanes are workers that pick the most urgent ready
-# task (CPU optimizer and casts, NVMe I/O).
-STRICT_LANES = ("gpu", "h2d", "d2h")
+K = TaskKind
 
 
 def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps: int = 3) -> Plan:
@@ -37,21 +49,20 @@ def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps:
     return _Builder(model, train, policy, num_steps).build()
 
 
-@dataclass(frozen=True, kw_only=True)
-class GpuLayout:
-    """Which blocks stay on the GPU and how many cache units the other layers slide through;
-    the planner plans with it and the executor allocates by it."""
-
-    gpu_updated: tuple[int, ...]  # updated on the GPU, in the order the next forward needs them
-    dedicated_layers: tuple[int, ...]  # decoder layers with a unit of their own (never slide)
-    ring_units: int  # units the sliding layers share
-
-
 def gpu_update_candidates(num_layers: int, order: str) -> list[int]:
     """Blocks in the order gpu_updated_blocks takes them (Policy.gpu_updated_order)."""
     if order == "layers_first":
         return [*range(num_layers), num_layers, EMBEDDING]
     return [EMBEDDING, *range(num_layers), num_layers]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuLayout:
+    """Which blocks stay on the GPU and how many cache units the other layers slide through."""
+
+    gpu_updated: tuple[int, ...]  # updated on the GPU, in the order the next forward needs them
+    dedicated_layers: tuple[int, ...]  # decoder layers with a unit of their own (never slide)
+    ring_units: int  # units the sliding layers share
 
 
 def gpu_layout(num_layers: int, policy: Policy) -> GpuLayout:
@@ -81,10 +92,10 @@ class _Builder:
         self.A = train.grad_accum
         self.tokens = train.tokens_per_micro_batch
         self.graph = nx.DiGraph()
-        self.keys: dict[str, tuple[float, int]] = {}
+        self.worker_tasks: list[str] = []  # tasks of the copy and worker lanes, as added
         self.gpu_order: list[str] = []
         self.buffers: list[Buffer] = []
-        layout = gpu_layout(self.L, policy)
+        self.layout = layout = gpu_layout(self.L, policy)
         self.gpu_updated = list(layout.gpu_updated)
         self.gpu_grad_producer: dict[tuple[int, int], str] = {}
         self.resident = {EMBEDDING, self.L, *layout.dedicated_layers, *self.gpu_updated}
@@ -103,41 +114,56 @@ class _Builder:
             pool = min(policy.host_grad_buffers, blocks)
         self.host_grad_consumers: list[str] = []  # consumer of each offload, in d2h order
         self.host_grad_pool = pool
-        self.state_chain: list[tuple[str, str]] = []  # (nvme_read, nvme_write) in issue order
+        self.grad_landing = ("upload" if self.land_in_upload
+                             else "pool" if pool < blocks else "per_block")
+        self.state_chain: list[tuple[str, str]] = []  # (read_state, write_state) in issue order
+        self.state_slots: dict[str, int] = {}  # write_state -> the staging slot it frees
+        self.landing_slots: dict[tuple[int, int, int], int] = {}  # (step, micro, block) -> slot
         self.step_markers: list[str] = []
-        self.cast_lane = "cpu_cast" if policy.cast_worker else "cpu"
+        self.cast_lane = Lane.CPU_CAST if policy.cast_worker else Lane.CPU
 
     # --- small helpers ---------------------------------------------------------------------
-    def add(self, task: Task, key: tuple[float, int] | None = None) -> str:
+    def tid(self, kind: TaskKind, block: int, step: int, micro: int = 0,
+            for_kind: str = "") -> str:
+        return task_id(kind=kind, block=block, step=step, micro_batch=micro, num_layers=self.L,
+                       for_kind=for_kind)
+
+    def add(self, key: tuple[int, int] | None = None, **fields) -> str:
+        """Add a task, its id from task_id(). key: its priority on a copy or worker lane (the
+        GPU position it serves); a GPU task's is its own position in the GPU sequence."""
+        tid = self.tid(fields["kind"], fields["block"], fields["step"],
+                       fields.get("micro_batch", 0), fields.get("for_kind", ""))
         # an edge may name a task before it is added (a later step's consumer): not twice, though
-        assert task.id not in self.graph or "task" not in self.graph.nodes[task.id], task.id
-        self.graph.add_node(task.id, task=task)
-        if task.lane == "gpu":
-            self.gpu_order.append(task.id)
+        assert tid not in self.graph or "task" not in self.graph.nodes[tid], tid
+        if fields["lane"] == Lane.GPU:
+            key = (len(self.gpu_order), 0)
+            self.gpu_order.append(tid)
         else:
-            assert key is not None, task.id
-            self.keys[task.id] = key
-        return task.id
+            assert key is not None, tid
+            self.worker_tasks.append(tid)
+        self.graph.add_node(tid, task=Task(id=tid, priority=key, **fields))
+        return tid
+
+    def update_task(self, tid: str, **changes) -> None:
+        self.graph.nodes[tid]["task"] = replace(self.graph.nodes[tid]["task"], **changes)
 
     def edge(self, src: str | None, dst: str, reason: str) -> None:
         if src is not None:
             self.graph.add_edge(src, dst, reason=reason)
 
-    def buffer(self, id: str, tier: str, nbytes: float, alloc: str | None = None,
+    def buffer(self, owner: str | None, name: str, tier: str, nbytes: float,
                release: tuple[str, ...] = (), at_end: bool = False) -> None:
+        """A buffer `owner` allocates (named after it), or a static one (owner None)."""
         if nbytes > 0:
-            self.buffers.append(Buffer(id=id, tier=tier, bytes=int(nbytes), alloc_task=alloc,
+            bid = name if owner is None else task_buffer_id(owner, name)
+            self.buffers.append(Buffer(id=bid, tier=tier, bytes=int(nbytes), alloc_task=owner,
                                        release_tasks=release, at_end=at_end))
 
     def params(self, block: int) -> int:
-        return sizes.block_params(self.model, block)
-
-    @staticmethod
-    def name(block: int, num_layers: int) -> str:
-        return "emb" if block == EMBEDDING else ("head" if block == num_layers else f"L{block}")
+        return self.model.block_params(block)
 
     def blk(self, block: int) -> str:
-        return self.name(block, self.L)
+        return block_name(block, self.L)
 
     # --- positions in the GPU sequence (known in advance: used as priorities) ---------------
     @property
@@ -172,8 +198,8 @@ class _Builder:
         if step == 0:
             return None
         if self.policy.cast == "cpu_once" and not self.policy.optimizer_casts:
-            return f"s{step - 1}.cast.{self.blk(block)}"
-        return f"s{step - 1}.optimizer_step.{self.blk(block)}"
+            return self.tid(K.CAST, block, step - 1)
+        return self.tid(K.OPTIMIZER_STEP, block, step - 1)
 
     def ensure_weights(self, block: int, step: int, micro: int, consumer: str, pos: int) -> None:
         """Make block weights (version `step`) present for `consumer`, loading them if needed."""
@@ -181,7 +207,7 @@ class _Builder:
         if block in self.gpu_updated:  # never leaves the GPU: wait for its last update there
             slot = self.resident_slots[block]
             if slot.content != (block, step) and step > 0:
-                self.edge(f"s{step - 1}.optimizer_step.{self.blk(block)}", consumer, "weights")
+                self.edge(self.tid(K.OPTIMIZER_STEP, block, step - 1), consumer, "weights")
             slot.content = (block, step)
             return
         if block in self.resident:
@@ -190,42 +216,44 @@ class _Builder:
             slot = next((s for s in self.slots if s.content == (block, step)), None)
             if slot is None:
                 slot = min(self.slots, key=lambda s: s.last_pos)  # least recently used unit
+        unit = DEDICATED if block in self.resident else self.slots.index(slot)
+        if unit != DEDICATED:
+            self.update_task(consumer, unit=unit)
         if slot.content != (block, step):
             p = self.params(block)
             wire_bytes = (FP32_BYTES if self.policy.cast == "gpu" else BF16_BYTES) * p
-            unit = -1 if block in self.resident else self.slots.index(slot)
-            load = self.add(Task(id=f"{consumer}.load", kind="load_weights", lane="h2d",
-                                 layer=block, step=step, micro_batch=micro, bytes=wire_bytes,
-                                 params=p, unit=unit), key=(pos, 0))
+            for_kind = self.graph.nodes[consumer]["task"].kind
+            load = self.add(kind=K.LOAD_WEIGHTS, lane=Lane.H2D, block=block, step=step,
+                            micro_batch=micro, for_kind=for_kind, bytes=wire_bytes, params=p,
+                            unit=unit, key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
                 self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 1), load, "prefetch")
             if self.policy.cast == "cpu_per_load":
-                cast = self.add(Task(id=f"{load}.cast", kind="cast", lane=self.cast_lane, layer=block,
-                                     step=step, micro_batch=micro, bytes=FP32_BYTES * p,
-                                     params=p), key=(pos - self.policy.prefetch_depth - 1, 0))
+                cast = self.add(kind=K.CAST, lane=self.cast_lane, block=block, step=step,
+                                micro_batch=micro, for_kind=for_kind, bytes=FP32_BYTES * p,
+                                params=p, key=(pos - self.policy.prefetch_depth - 1, 0))
                 if step > 0:
-                    self.edge(f"s{step - 1}.optimizer_step.{self.blk(block)}", cast, "weights")
+                    self.edge(self.tid(K.OPTIMIZER_STEP, block, step - 1), cast, "weights")
                 self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 2), cast, "prefetch")
                 self.edge(cast, load, "data")
-                self.buffer(f"{cast}.staging", "host", BF16_BYTES * p, cast, (load,))
+                self.buffer(cast, "staging", "host", BF16_BYTES * p, (load,))
             else:
                 self.edge(self.weights_ready(block, step), load, "weights")
             if self.policy.cast == "gpu":  # the consumer first casts the fp32 it was sent
                 task = self.graph.nodes[consumer]["task"]
-                self.graph.nodes[consumer]["task"] = replace(
-                    task, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p, host_ops=task.host_ops + 1)
+                self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p,
+                                 host_ops=task.host_ops + 1, casts_weights=True)
             self.edge(load, consumer, "weights")
             slot.content = (block, step)
         slot.last_use, slot.last_pos = consumer, pos
 
     # --- the GPU sequence of one micro-batch ----------------------------------------------------
-    def compute(self, step: int, micro: int, kind: str, block: int, flops: float = 0.0,
+    def compute(self, step: int, micro: int, kind: TaskKind, block: int, flops: float = 0.0,
                 nbytes: float = 0.0, host_ops: int = 0, attention_flops: float = 0.0) -> str:
-        tid = f"s{step}.m{micro}.{kind}.{self.blk(block)}"
-        return self.add(Task(id=tid, kind=kind, lane="gpu", layer=block, step=step,
-                             micro_batch=micro, flops=flops, attention_flops=attention_flops,
-                             bytes=nbytes, tokens=self.tokens, host_ops=host_ops))
+        return self.add(kind=kind, lane=Lane.GPU, block=block, step=step, micro_batch=micro,
+                        flops=flops, attention_flops=attention_flops, bytes=nbytes,
+                        tokens=self.tokens, host_ops=host_ops)
 
     def micro_batch(self, s: int, m: int) -> None:
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
@@ -235,20 +263,20 @@ class _Builder:
         attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
 
         # (micro-batches follow each other on the strict GPU lane: no edge between them needed)
-        emb = self.compute(s, m, "forward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
+        emb = self.compute(s, m, K.FORWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
         self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
         producers = {0: emb}  # layer i's checkpointed input is produced by this task
         prev = emb
         fwd: dict[int, str] = {}
         for i in range(L):
-            t = self.compute(s, m, "forward", i, flops=gemm_flops, attention_flops=attn_flops,
+            t = self.compute(s, m, K.FORWARD, i, flops=gemm_flops, attention_flops=attn_flops,
                              nbytes=ew, host_ops=sizes.LAYER_FORWARD_OPS)
             self.edge(prev, t, "data")
             self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
-            self.buffer(f"{t}.workspace", "gpu", sizes.forward_workspace_bytes(model, T), t, (t,))
+            self.buffer(t, "workspace", "gpu", sizes.forward_workspace_bytes(model, T), (t,))
             fwd[i] = prev = producers[i + 1] = t
 
-        head = self.compute(s, m, "head", L, flops=3 * model.head_forward_flops_per_token * T,
+        head = self.compute(s, m, K.HEAD, L, flops=3 * model.head_forward_flops_per_token * T,
                             nbytes=4 * hidden + sizes.head_logit_bytes(model, T, pol.head_loss),
                             host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
@@ -256,76 +284,72 @@ class _Builder:
         # its requests in their order: the final norm's saved tensors, the LM weight's grad
         # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
         # goes on top of the forward's blocks, the logits chunk above it)
-        self.buffer(f"{head}.norm", "gpu", sizes.final_norm_saved_bytes(model, T), head, (head,))
+        self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T), (head,))
         # the final hidden state lives from the last forward until the head has consumed it
-        self.buffer(f"s{s}.m{m}.hidden.final", "gpu", hidden, producers[L], (head,),
-                    at_end=True)
+        self.buffer(producers[L], "final_hidden", "gpu", hidden, (head,), at_end=True)
 
         bwd: dict[int, str] = {}
         prev = head
         for i in reversed(range(L)):
             # recompute the forward, then backward (GEMMs and elementwise traffic twice the forward)
-            bwd[i] = self.compute(s, m, "backward", i, flops=3 * gemm_flops,
+            bwd[i] = self.compute(s, m, K.BACKWARD, i, flops=3 * gemm_flops,
                                   attention_flops=attn_flops, nbytes=3 * ew,
                                   host_ops=sizes.LAYER_BACKWARD_OPS)
-        emb_bwd = self.compute(s, m, "backward", EMBEDDING, nbytes=2 * hidden, host_ops=2)
+        emb_bwd = self.compute(s, m, K.BACKWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
 
         # gradient flowing backwards: made by the head and each backward, read by the next
         flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]
         for maker, reader in pairwise(flow_users):
             self.edge(maker, reader, "data")
-            self.buffer(f"{maker}.dgrad", "gpu", hidden, maker, (reader,), at_end=True)
+            self.buffer(maker, "dgrad", "gpu", hidden, (reader,), at_end=True)
 
         for i in reversed(range(L)):
             t = bwd[i]
             pos = self.pos(s, m, "bwd", i)
             self.ensure_weights(i, s, m, t, pos)
-            self.buffer(f"{t}.workspace", "gpu",
-                        sizes.backward_workspace_bytes(model, T, pol.layer_kernels), t, (t,))
+            self.buffer(t, "workspace", "gpu",
+                        sizes.backward_workspace_bytes(model, T, pol.layer_kernels), (t,))
             self.checkpoint(s, m, i, producers[i], fwd[i], t, pos)
 
         self.grads(s, m, L, head)
         for i in reversed(range(L)):
             self.grads(s, m, i, bwd[i])
         self.grads(s, m, EMBEDDING, emb_bwd)
-        self.buffer(f"{head}.workspace", "gpu",
+        self.buffer(head, "workspace", "gpu",
                     sizes.head_loss_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes),
-                    head, (head,))
+                    (head,))
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
                    consumer_bwd: str, bwd_pos: int) -> None:
         """The input of layer i: kept on the GPU, or offloaded after forward and fetched back."""
         pol = self.policy
         nbytes = sizes.hidden_bytes(self.model, self.tokens)
-        name = f"s{s}.m{m}.ckpt.L{i}"
         if pol.activations == "gpu":
-            self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, consumer_bwd),
+            self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, consumer_bwd),
                         at_end=True)
             return
         producer_pos = self.pos(s, m, "fwd", i - 1 if i > 0 else EMBEDDING)
-        common = {"layer": i, "step": s, "micro_batch": m, "bytes": nbytes}
-        off = self.add(Task(id=f"{name}.offload", kind="offload_activation", lane="d2h", **common),
-                       key=(producer_pos, 0))
+        common = {"block": i, "step": s, "micro_batch": m, "bytes": nbytes}
+        off = self.add(kind=K.OFFLOAD_ACTIVATION, lane=Lane.D2H, **common, key=(producer_pos, 0))
         self.edge(producer, off, "data")
-        self.buffer(f"{name}.gpu", "gpu", nbytes, producer, (consumer_fwd, off), at_end=True)
-        fetch = self.add(Task(id=f"{name}.fetch", kind="fetch_activation", lane="h2d", **common),
-                         key=(bwd_pos, 1))
+        self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, off), at_end=True)
+        fetch = self.add(kind=K.FETCH_ACTIVATION, lane=Lane.H2D, **common, key=(bwd_pos, 1))
         self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 1), fetch, "prefetch")
         if pol.activations == "host":  # its pinned buffer: static_buffers' host.checkpoints
             self.edge(off, fetch, "data")
         else:
-            write = self.add(Task(id=f"{name}.nvme_write", kind="nvme_write", lane="nvme_write",
-                                  **common), key=(producer_pos, 0))
-            read = self.add(Task(id=f"{name}.nvme_read", kind="nvme_read", lane="nvme_read",
-                                 **common), key=(bwd_pos - pol.prefetch_depth - 1, 1))
+            write = self.add(kind=K.WRITE_ACTIVATION, lane=Lane.NVME_WRITE, **common,
+                             key=(producer_pos, 0))
+            read = self.add(kind=K.READ_ACTIVATION, lane=Lane.NVME_READ, **common,
+                            key=(bwd_pos - pol.prefetch_depth - 1, 1))
             self.edge(off, write, "data")
             self.edge(write, read, "data")
             self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 2), read, "prefetch")
             self.edge(read, fetch, "data")
-            self.buffer(f"{name}.host", "host", nbytes, off, (write,))
-            self.buffer(f"{name}.nvme", "nvme", nbytes, write, (read,))
-            self.buffer(f"{name}.staging", "host", nbytes, read, (fetch,))
-        self.buffer(f"{name}.fetched", "gpu", nbytes, fetch, (consumer_bwd,))
+            self.buffer(off, "host", "host", nbytes, (write,))
+            self.buffer(write, "file", "nvme", nbytes, (read,))
+            self.buffer(read, "staging", "host", nbytes, (fetch,))
+        self.buffer(fetch, "fetched", "gpu", nbytes, (consumer_bwd,))
         self.edge(fetch, consumer_bwd, "data")
 
     def grads(self, s: int, m: int, block: int, producer: str) -> None:
@@ -337,18 +361,22 @@ class _Builder:
             # second [V, h] grad doubled the peak): that tensor, made by the head, is the
             # embedding's grads from then on; the rows, summed per token id, are its workspace
             rows = min(self.tokens, self.model.vocab_size) * self.model.hidden_size
-            self.buffer(f"{producer}.rows", "gpu", BF16_BYTES * rows, producer, (producer,))
+            self.buffer(producer, "rows", "gpu", BF16_BYTES * rows, (producer,))
         if block in self.gpu_updated:  # fp32 grads accumulate on the GPU, in place
             self.gpu_grad_producer[(s, block)] = producer
             if tied:
                 self.tied_grad(s, m, release=producer)
             else:  # autograd's fresh bf16 grad, added into the fp32 sum within the task
-                self.buffer(f"{producer}.grads", "gpu", BF16_BYTES * p, producer, (producer,))
+                self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
             return
         pos = self.grad_pos(s, m, block)
-        off = self.add(Task(id=f"s{s}.m{m}.offload_grads.{self.blk(block)}", kind="offload_grads",
-                            lane="d2h", layer=block, step=s, micro_batch=m,
-                            bytes=BF16_BYTES * p, params=p), key=(pos, 1))
+        # the pool's buffers are taken in d2h order; the offload, and the task that reads the
+        # landed grads, name the one they use
+        landing = len(self.host_grad_consumers) % self.host_grad_pool
+        landing = landing if self.grad_landing == "pool" else NO_SLOT
+        self.landing_slots[(s, m, block)] = landing
+        off = self.add(kind=K.OFFLOAD_GRADS, lane=Lane.D2H, block=block, step=s, micro_batch=m,
+                       bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
         self.edge(producer, off, "data")
         if block in self.dedicated_grad_last:
             # autograd makes these grads afresh in each backward; the caching allocator takes
@@ -357,35 +385,33 @@ class _Builder:
             if tied:
                 self.tied_grad(s, m, release=off)
             else:  # an untied LM head's weight grad sums over the loss's chunks: from the start
-                self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,),
+                self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,),
                             at_end=block != self.L)
             self.edge(self.dedicated_grad_last[block], producer, "unit_reuse")
             if block == EMBEDDING and self.model.tie_word_embeddings:
                 # the head makes the tied LM-head grad the embedding backward adds in: it waits
                 # as that backward does, so one embedding-sized grad of a kind is alive at once
-                self.edge(self.dedicated_grad_last[block], f"s{s}.m{m}.head.head", "unit_reuse")
+                self.edge(self.dedicated_grad_last[block], self.tid(K.HEAD, self.L, s, m),
+                          "unit_reuse")
             self.dedicated_grad_last[block] = off
         else:
             # autograd makes a layer's grads afresh too; at most grad_buffers layers' grads are
             # alive at once (a backward waits for the offload grad_buffers layers before it)
-            self.buffer(f"{off}.gpu", "gpu", BF16_BYTES * p, producer, (off,), at_end=True)
+            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
             slot = self.grad_slot_next % len(self.grad_slots)
             self.edge(self.grad_slots[slot], producer, "unit_reuse")
             self.grad_slots[slot] = off
             self.grad_slot_next += 1
-            backward = self.graph.nodes[producer]["task"]
-            self.graph.nodes[producer]["task"] = replace(backward, unit=slot)
+            self.update_task(producer, slot=slot)
         if self.A == 1:
-            consumer = f"s{s}.optimizer_step.{self.blk(block)}"
+            consumer = self.tid(K.OPTIMIZER_STEP, block, s)
         else:
-            consumer = self.add(Task(id=f"s{s}.m{m}.accumulate_grads.{self.blk(block)}",
-                                     kind="accumulate_grads", lane="cpu", layer=block, step=s,
-                                     micro_batch=m,
-                                     bytes=sizes.ACCUMULATE_BYTES_PER_PARAM * p, params=p),
-                                key=(pos, 2))
+            consumer = self.add(kind=K.ACCUMULATE_GRADS, lane=Lane.CPU, block=block, step=s,
+                                micro_batch=m, bytes=sizes.ACCUMULATE_BYTES_PER_PARAM * p,
+                                params=p, slot=landing, key=(pos, 2))
             self.edge(off, consumer, "data")
             if m > 0:
-                self.edge(f"s{s}.m{m - 1}.accumulate_grads.{self.blk(block)}", consumer, "data")
+                self.edge(self.tid(K.ACCUMULATE_GRADS, block, s, m - 1), consumer, "data")
         # it lands in a pinned buffer of host.grad_landing (static_buffers)
         # backpressure: the offload waits for a free pinned landing buffer
         if len(self.host_grad_consumers) >= self.host_grad_pool:
@@ -395,9 +421,8 @@ class _Builder:
     def tied_grad(self, s: int, m: int, release: str) -> None:
         """The head's [V, h] LM-weight grad of a tied model: made by the head, and the
         embedding's grads once its backward has added its rows in; freed by `release`."""
-        head = f"s{s}.m{m}.head.head"
-        self.buffer(f"{head}.tied_grad", "gpu", BF16_BYTES * self.model.embedding_params, head,
-                    (release,))
+        self.buffer(self.tid(K.HEAD, self.L, s, m), "tied_grad", "gpu",
+                    BF16_BYTES * self.model.embedding_params, (release,))
 
     # --- the per-step CPU work --------------------------------------------------------------------
     def blocks_in_arrival_order(self) -> list[int]:
@@ -409,29 +434,27 @@ class _Builder:
         last = A - 1
         final_grad = {
             b: (self.gpu_grad_producer[(s, b)] if b in self.gpu_updated
-                else f"s{s}.m{last}.offload_grads.{self.blk(b)}" if A == 1
-                else f"s{s}.m{last}.accumulate_grads.{self.blk(b)}")
+                else self.tid(K.OFFLOAD_GRADS if A == 1 else K.ACCUMULATE_GRADS, b, s, last))
             for b in self.blocks_in_arrival_order()
         }
         norm = None
         if self.train.max_grad_norm is not None:
-            norm = self.add(Task(id=f"s{s}.grad_norm", kind="grad_norm", lane="cpu", layer=L,
-                                 step=s), key=(self.pos(s, last, "bwd", EMBEDDING), 3))
+            norm = self.add(kind=K.GRAD_NORM, lane=Lane.CPU, block=L, step=s,
+                            key=(self.pos(s, last, "bwd", EMBEDDING), 3))
             for t in final_grad.values():
                 self.edge(t, norm, "clip")
 
-        def arrival_key(b: int) -> tuple[float, int]:
+        def arrival_key(b: int) -> tuple[int, int]:
             return (self.grad_pos(s, last, b), 4)
 
-        def deadline_key(b: int) -> tuple[float, int]:
+        def deadline_key(b: int) -> tuple[int, int]:
             return (self.first_use_pos(s + 1, b), 4)
 
         for b in self.gpu_updated:  # after the step's backwards, in GPU order
             p = self.params(b)
-            opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
-                                lane="gpu", layer=b, step=s, params=p,
-                                bytes=sizes.GPU_ADAMW_BYTES_PER_PARAM * p,
-                                host_ops=sizes.GPU_ADAMW_OPS))
+            opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.GPU, block=b, step=s, params=p,
+                           bytes=sizes.GPU_ADAMW_BYTES_PER_PARAM * p,
+                           host_ops=sizes.GPU_ADAMW_OPS)
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
 
@@ -444,37 +467,45 @@ class _Builder:
             p = self.params(b)
             extra = sizes.cpu_optimizer_extra_bytes_per_param(pol.cpu_optimizer, A,
                                                               pol.optimizer_casts)
-            opt = self.add(Task(id=f"s{s}.optimizer_step.{self.blk(b)}", kind="optimizer_step",
-                                lane="cpu", layer=b, step=s, params=p, bytes=extra * p),
+            opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
+                           bytes=extra * p,
+                           slot=self.landing_slots[(s, 0, b)] if A == 1 else NO_SLOT,
                            key=opt_key(b))
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
             if A == 1 and pol.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
-                self.buffer(f"{opt}.grad_fp32", "host", FP32_BYTES * p, opt, (opt,))
+                self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
             state_bytes = p * (FP32_BYTES * pol.master_on_nvme + 2 * FP32_BYTES * pol.moments_on_nvme)
             if state_bytes > 0:
-                common = {"layer": b, "step": s, "bytes": state_bytes, "params": p}
-                read = self.add(Task(id=f"s{s}.read_state.{self.blk(b)}", kind="nvme_read",
-                                     lane="nvme_read", **common), key=io_key(b))
-                write = self.add(Task(id=f"s{s}.write_state.{self.blk(b)}", kind="nvme_write",
-                                      lane="nvme_write", **common), key=io_key(b))
-                if s > 0:
-                    self.edge(f"s{s - 1}.write_state.{self.blk(b)}", read, "data")
-                if len(self.state_chain) >= pol.nvme_prefetch:
-                    self.edge(self.state_chain[-pol.nvme_prefetch][1], read, "unit_reuse")
-                self.state_chain.append((read, write))
-                self.edge(read, opt, "data")
-                self.edge(opt, write, "data")
-                self.buffer(f"{read}.staging", "host", state_bytes, read, (write,))
+                self.state_io(s, b, state_bytes, opt, io_key(b))
             if pol.cast == "cpu_once" and not pol.optimizer_casts:
-                cast = self.add(Task(id=f"s{s}.cast.{self.blk(b)}", kind="cast", lane=self.cast_lane,
-                                     layer=b, step=s, bytes=FP32_BYTES * p, params=p),
-                                key=(opt_key(b)[0], 5))
+                cast = self.add(kind=K.CAST, lane=self.cast_lane, block=b, step=s,
+                                bytes=FP32_BYTES * p, params=p, key=(opt_key(b)[0], 5))
                 self.edge(opt, cast, "data")
                 if state_bytes > 0 and pol.master_on_nvme > 0:
                     # the cast reads the updated master weights from the staging buffer: write
                     # them back (and free the buffer) only after it
-                    self.edge(cast, f"s{s}.write_state.{self.blk(b)}", "data")
+                    self.edge(cast, self.tid(K.WRITE_STATE, b, s), "data")
+
+    def state_io(self, s: int, b: int, state_bytes: float, opt: str,
+                 key: tuple[int, int]) -> None:
+        """Read the block's NVMe state into a staging slot before its optimizer step, and write
+        it back after; a read waits for the write nvme_prefetch reads back, whose slot it takes."""
+        pol, p = self.policy, self.params(b)
+        reuse = (self.state_chain[-pol.nvme_prefetch][1]
+                 if len(self.state_chain) >= pol.nvme_prefetch else None)
+        slot = self.state_slots[reuse] if reuse else len(self.state_slots)
+        common = {"block": b, "step": s, "bytes": state_bytes, "params": p, "slot": slot}
+        read = self.add(kind=K.READ_STATE, lane=Lane.NVME_READ, **common, key=key)
+        write = self.add(kind=K.WRITE_STATE, lane=Lane.NVME_WRITE, **common, key=key)
+        self.state_slots[write] = slot
+        if s > 0:
+            self.edge(self.tid(K.WRITE_STATE, b, s - 1), read, "data")
+        self.edge(reuse, read, "unit_reuse")
+        self.state_chain.append((read, write))
+        self.edge(read, opt, "data")
+        self.edge(opt, write, "data")
+        self.buffer(read, "staging", "host", state_bytes, (write,))
 
     # --- static buffers ------------------------------------------------------------------------
     def static_buffers(self) -> None:
@@ -482,32 +513,32 @@ class _Builder:
         on_gpu = sum(self.params(b) for b in self.gpu_updated)
         n = model.total_params - on_gpu  # parameters whose state lives on the host
         unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
-        self.buffer(runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
-        self.buffer("gpu.weight_units", "gpu", len(self.slots) * unit)
+        self.buffer(None, runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
+        self.buffer(None, "gpu.weight_units", "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
-        self.buffer("gpu.resident_layers", "gpu", loaded_layers * unit
+        self.buffer(None, "gpu.resident_layers", "gpu", loaded_layers * unit
                     + updated_layers * BF16_BYTES * model.layer_params)
         landing = FP32_BYTES if pol.cast == "gpu" else 0  # fp32 arrives, then is cast
         for b in (EMBEDDING, self.L):
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
-            self.buffer(f"gpu.{self.blk(b)}.weights", "gpu",
+            self.buffer(None, f"gpu.{self.blk(b)}.weights", "gpu",
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
-        self.buffer("gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
-        self.buffer(runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
+        self.buffer(None, "gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
+        self.buffer(None, runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
         # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
         # initialisation, loading and checkpoints (the GPU holds the live copy)
-        self.buffer("host.master_fp32", "host",
+        self.buffer(None, "host.master_fp32", "host",
                     FP32_BYTES * (n * (1 - pol.master_on_nvme) + on_gpu))
         if pol.activations == "host":
             # one page-locked buffer per layer, allocated at the first offload and reused by
             # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
             # to 32, the checkpoints' size)
-            self.buffer("host.checkpoints", "host",
+            self.buffer(None, "host.checkpoints", "host",
                         self.L * sizes.hidden_bytes(model, self.tokens))
-        self.buffer("host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
+        self.buffer(None, "host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
         if pol.cast == "cpu_once":
-            self.buffer("host.weights_bf16", "host", BF16_BYTES * n)
+            self.buffer(None, "host.weights_bf16", "host", BF16_BYTES * n)
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
         # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
         # largest block's size
@@ -518,11 +549,22 @@ class _Builder:
             landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
         else:
             landing = sum(self.params(b) for b in cpu_blocks)
-        self.buffer("host.grad_landing", "host", BF16_BYTES * landing)
+        self.buffer(None, "host.grad_landing", "host", BF16_BYTES * landing)
         if self.A > 1:
-            self.buffer("host.grad_accum_fp32", "host", FP32_BYTES * n)
-        self.buffer("nvme.master_fp32", "nvme", FP32_BYTES * n * pol.master_on_nvme)
-        self.buffer("nvme.adam_moments", "nvme", 2 * FP32_BYTES * n * pol.moments_on_nvme)
+            self.buffer(None, "host.grad_accum_fp32", "host", FP32_BYTES * n)
+        self.buffer(None, "nvme.master_fp32", "nvme", FP32_BYTES * n * pol.master_on_nvme)
+        self.buffer(None, "nvme.adam_moments", "nvme", 2 * FP32_BYTES * n * pol.moments_on_nvme)
+
+    def placement(self) -> Placement:
+        pol, tokens = self.policy, self.tokens
+        return Placement(
+            gpu_updated=self.layout.gpu_updated, dedicated_layers=self.layout.dedicated_layers,
+            ring_units=self.layout.ring_units, grad_landing=self.grad_landing,
+            grad_landing_buffers=self.host_grad_pool if self.grad_landing == "pool" else 0,
+            nvme_staging_slots=len(set(self.state_slots.values())),
+            head_chunk_tokens=(sizes.fused_head_chunk_tokens(self.model, tokens,
+                                                             pol.head_chunk_bytes)
+                               if pol.head_loss == "fused" else tokens))
 
     def build(self) -> Plan:
         self.static_buffers()
@@ -540,16 +582,16 @@ class _Builder:
         self.buffers[:0] = [Buffer(id=f"gpu.blas_workspace.{i}", tier="gpu",
                                    bytes=sizes.BLAS_WORKSPACE_BYTES, alloc_task=first)
                             for i in range(sizes.BLAS_WORKSPACES)]
-        lane_order = {"gpu": tuple(self.gpu_order)}
+        lane_order = {Lane.GPU: tuple(self.gpu_order)}
         by_lane: dict[str, list[str]] = {lane: [] for lane in LANES[1:]}
-        for tid in self.keys:
+        for tid in self.worker_tasks:
             by_lane[self.graph.nodes[tid]["task"].lane].append(tid)
         for lane, ids in by_lane.items():
-            lane_order[lane] = tuple(sorted(ids, key=self.keys.__getitem__))
-        disciplines = {lane: ("strict" if lane in STRICT_LANES else "priority") for lane in LANES}
+            lane_order[lane] = tuple(sorted(ids, key=lambda t: self.graph.nodes[t]["task"].priority))
+        disciplines = {lane: ("strict" if lane in STREAM_LANES else "priority") for lane in LANES}
         plan = Plan(model=self.model, train=self.train, policy=self.policy,
                     num_steps=self.num_steps, graph=self.graph, lane_order=lane_order,
                     lane_discipline=disciplines, buffers=tuple(self.buffers),
-                    meta={"step_markers": self.step_markers})
+                    placement=self.placement(), meta={"step_markers": self.step_markers})
         plan.validate()
         return plan

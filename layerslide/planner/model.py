@@ -129,6 +129,15 @@ class ModelSpec:
             + self.final_norm_params
         )
 
+    def block_params(self, block: int) -> int:
+        """Parameters of a block: the embedding (-1), a decoder layer (0..L-1) or the head (L:
+        the final norm, and the LM head when it is not tied)."""
+        if block < 0:
+            return self.embedding_params
+        if block >= self.num_layers:
+            return self.head_params + self.final_norm_params
+        return self.layer_params
+
     def layer_param_bytes(self, dtype_bytes: int) -> int:
         """Bytes of one layer's parameters stored at dtype_bytes per element."""
         if dtype_bytes <= 0:

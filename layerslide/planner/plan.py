@@ -1,28 +1,51 @@
-"""Plan: the training step as data. Tasks on lanes, dependency edges, lane orders and buffers.
+"""Plan: the training step as data. Tasks on lanes, dependency edges, lane orders, buffers and
+the placement of everything the executor allocates.
 
-The simulator and the executor both interpret a Plan; neither knows how it was built.
+The simulator and the executor both interpret a Plan; neither knows how it was built. Every
+binding the executor needs is a field here: a task's weight unit, landing or staging slot, a
+lane's order; ids are labels made by task_id() and never parsed.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 
 import networkx as nx
 
+from layerslide.kinds import Lane, TaskKind
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.settings import Policy, TrainSpec
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
 
-LANES = ("gpu", "h2d", "d2h", "cpu", "cpu_cast", "nvme_read", "nvme_write")
+LANES = tuple(Lane)
 # strict: tasks run in lane order (a CUDA stream); priority: the earliest ready task in lane
 # order runs next (a worker that picks from a ready queue).
 LANE_DISCIPLINES = ("strict", "priority")
 
 EMBEDDING = -1  # block index of the token embedding; decoder layers are 0..L-1, the head is L
+DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slides)
+NO_SLOT = -1
+
+
+def block_name(block: int, num_layers: int) -> str:
+    """emb, L0..L{n-1} or head: how ids name a block."""
+    return "emb" if block == EMBEDDING else ("head" if block == num_layers else f"L{block}")
+
+
+def task_id(*, kind: str, block: int, step: int, micro_batch: int, num_layers: int,
+            for_kind: str = "") -> str:
+    """The one way a task's id is made: a readable label, unique within a plan, never parsed."""
+    tail = f".{for_kind}" if for_kind else ""
+    return f"s{step}.m{micro_batch}.{kind}.{block_name(block, num_layers)}{tail}"
+
+
+def task_buffer_id(task: str, name: str) -> str:
+    """The id of a buffer that task `task` allocates."""
+    return f"{task}.{name}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,22 +53,60 @@ class Task:
     """One unit of work on one lane. Its cost is derived from these amounts by a cost model."""
 
     id: str
-    kind: str
-    lane: str
-    layer: int  # block index: EMBEDDING, 0..L-1, or L for final norm + head + loss
+    kind: TaskKind
+    lane: Lane
+    block: int  # EMBEDDING, 0..L-1, or L for final norm + head + loss
     step: int
     micro_batch: int = 0
+    # a load (or its cast, cast=cpu_per_load): the compute kind it serves, which tells a
+    # block's forward load from its backward load within one micro-batch
+    for_kind: str = ""
     flops: float = 0.0  # GEMM FLOPs (GPU compute tasks)
     attention_flops: float = 0.0  # forward attention FLOPs; backward tasks recompute them too
     bytes: float = 0.0  # bytes moved: copy size, HBM traffic of elementwise ops, disk I/O
     params: int = 0  # parameters touched (optimizer, cast, gradient accumulation)
     tokens: int = 0  # GEMM rows, for the matmul efficiency curve
     host_ops: int = 0  # host-side op dispatches (GPU tasks): the floor when work is small
-    # Which pre-allocated GPU unit a load fills (the weight cache unit; -1 for dedicated
-    # buffers of resident blocks): the executor follows it rather than re-deriving the
-    # planner's unit assignment. On a layer's backward: the grad slot of the reuse edge that
-    # bounds how many layers' grads await their offload (informational).
-    unit: int = -1
+    # The GPU weight unit a load fills and a compute task computes from: an index into the
+    # sliding ring (Placement.ring_units), or DEDICATED for the block's own unit.
+    unit: int = DEDICATED
+    # offload_grads: the host landing buffer of the pool (Placement.grad_landing == "pool");
+    # read_state / write_state: the NVMe staging buffer; backward: the GPU grad slot whose
+    # reuse edge bounds the grads awaiting their offload (informational). NO_SLOT otherwise.
+    slot: int = NO_SLOT
+    casts_weights: bool = False  # cast=gpu: the compute task first casts the fp32 just loaded
+    # (GPU position it serves, tie-break): a lane's order is its tasks by (priority, step)
+    priority: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", TaskKind(self.kind))
+        object.__setattr__(self, "lane", Lane(self.lane))
+        object.__setattr__(self, "priority", tuple(self.priority))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Placement:
+    """What the executor allocates and where, as the planner laid it out."""
+
+    gpu_updated: tuple[int, ...] = ()  # updated on the GPU, in the order the next forward needs
+    dedicated_layers: tuple[int, ...] = ()  # decoder layers with a GPU unit of their own
+    ring_units: int  # GPU units the sliding layers share
+    # where offloaded bf16 grads land on the host: in the block's bf16 upload copy ("upload"),
+    # a buffer per block ("per_block"), or a pool of grad_landing_buffers buffers ("pool")
+    grad_landing: str = "per_block"
+    grad_landing_buffers: int = 0
+    nvme_staging_slots: int = 0  # host buffers the NVMe state reads fill in turn
+    head_chunk_tokens: int  # rows of logits the head's loss makes at a time
+
+    def __post_init__(self) -> None:
+        if self.grad_landing not in ("upload", "per_block", "pool"):
+            raise ValueError(f"Placement.grad_landing={self.grad_landing!r}: choose upload, "
+                             "per_block or pool")
+        object.__setattr__(self, "gpu_updated", tuple(self.gpu_updated))
+        object.__setattr__(self, "dedicated_layers", tuple(self.dedicated_layers))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +146,7 @@ class Plan:
     lane_order: dict[str, tuple[str, ...]]
     lane_discipline: dict[str, str]
     buffers: tuple[Buffer, ...]
+    placement: Placement
     meta: dict = field(default_factory=dict)
 
     def task(self, task_id: str) -> Task:
@@ -130,6 +192,13 @@ class Plan:
                 raise ValueError(f"task {t.id} is not in the order of its lane {t.lane}")
         if sum(len(o) for o in self.lane_order.values()) != self.graph.number_of_nodes():
             raise ValueError("a task appears in more than one lane order")
+        for lane, order in self.lane_order.items():
+            for a, b in pairwise(order):
+                ta, tb = self.task(a), self.task(b)
+                if (tb.priority, tb.step) < (ta.priority, ta.step):
+                    raise ValueError(f"lane {lane}: {b} follows {a} but has a lower priority: a "
+                                     "lane's order is its tasks by (priority, step); to reorder "
+                                     "a lane, change the tasks' priorities as well")
         chains = [pair for lane, order in self.lane_order.items()
                   if self.lane_discipline[lane] == "strict" for pair in pairwise(order)]
         if not _acyclic(self.graph, chains):
@@ -162,6 +231,7 @@ class Plan:
             "lane_order": {lane: list(order) for lane, order in self.lane_order.items()},
             "lane_discipline": dict(self.lane_discipline),
             "buffers": [asdict(b) for b in self.buffers],
+            "placement": self.placement.to_dict(),
             "meta": self.meta,
         }
 
@@ -199,6 +269,7 @@ class Plan:
             lane_order={lane: tuple(o) for lane, o in data["lane_order"].items()},
             lane_discipline=dict(data["lane_discipline"]),
             buffers=buffers,
+            placement=Placement(**data["placement"]),
             meta=dict(data.get("meta", {})),
         )
         plan.validate()
@@ -222,10 +293,175 @@ class Plan:
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from err
 
+    # --- segments: the repeating step structure, instantiated ------------------------------
+    def unroll(self, num_steps: int) -> Plan:
+        """The plan over `num_steps` steps: its first ones, or (more than it has) its last step
+        repeated, with every edge, buffer and priority shifted by whole steps. A plan of S steps
+        repeats a step whose dependencies reach at most S - 1 steps back."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps={num_steps}: a segment needs at least one step")
+        if num_steps <= self.num_steps:
+            return self._first_steps(num_steps)
+        last = self.num_steps - 1
+        template = [t for t in self.tasks if t.step == last]
+        shift = sum(1 for t in template if t.lane == Lane.GPU)  # GPU positions per step
+        L = self.model.num_layers
+
+        def same_task(task: Task, step: int) -> str:
+            return task_id(kind=task.kind, block=task.block, step=step,
+                           micro_batch=task.micro_batch, num_layers=L, for_kind=task.for_kind)
+
+        for t in template:
+            if same_task(t, t.step) != t.id:
+                raise ValueError(f"task {t.id}: its id is not task_id() of its fields; a plan "
+                                 "to repeat must keep the ids the planner gave it")
+        # units and slots are taken in turn, so a step may use them in another order than the
+        # step before (3 layers through 2 units swap them every step): a repeated step applies
+        # the permutation the last step applied to the one before it, once more per step
+        turn = _step_permutations(self, template)
+
+        def moved(task: Task, step: int) -> Task:
+            pos, tie = task.priority
+            ahead = step - task.step
+            return replace(task, step=step, priority=(pos + ahead * shift, tie),
+                           id=same_task(task, step),
+                           unit=turn.apply(("unit",), task.unit, ahead),
+                           slot=turn.apply(("slot", _slot_kinds(task.kind)), task.slot, ahead))
+        graph = self.graph.copy()
+        lane_order = {lane: list(order) for lane, order in self.lane_order.items()}
+        buffers = list(self.buffers)
+        markers = list(self.meta["step_markers"])
+        owned = [b for b in self.buffers if b.alloc_task is not None
+                 and self.task(b.alloc_task).step == last]
+        for b in owned:
+            if not b.id.startswith(b.alloc_task + ".") or any(
+                    self.task(r).step != last for r in b.release_tasks):
+                raise ValueError(f"buffer {b.id}: a repeated step's buffers must be named after "
+                                 "the task that makes them and released within the step")
+        for step in range(self.num_steps, num_steps):
+            new = {t.id: moved(t, step) for t in template}
+            for t in new.values():
+                graph.add_node(t.id, task=t)
+            for t in template:
+                for u in self.graph.predecessors(t.id):
+                    src = self.task(u)
+                    graph.add_edge(moved(src, src.step + step - last).id, new[t.id].id,
+                                   reason=self.graph.edges[u, t.id].get("reason", ""))
+            for lane, order in self.lane_order.items():
+                lane_order[lane].extend(new[tid].id for tid in order if tid in new)
+            for b in owned:
+                alloc = new[b.alloc_task].id
+                buffers.append(replace(b, id=alloc + b.id[len(b.alloc_task):], alloc_task=alloc,
+                                       release_tasks=tuple(new[r].id for r in b.release_tasks)))
+            markers.append(new[markers[last]].id)
+
+        def rank(tid: str) -> tuple:
+            task = graph.nodes[tid]["task"]
+            return task.priority, task.step
+
+        unrolled = Plan(model=self.model, train=self.train, policy=self.policy,
+                        num_steps=num_steps, graph=graph,
+                        lane_order={lane: tuple(sorted(o, key=rank))
+                                    for lane, o in lane_order.items()},
+                        lane_discipline=dict(self.lane_discipline), buffers=tuple(buffers),
+                        placement=self.placement, meta={**self.meta, "step_markers": markers})
+        unrolled.validate()
+        return unrolled
+
+    def _first_steps(self, count: int) -> Plan:
+        """The plan restricted to its first `count` steps (tasks of later steps dropped)."""
+        if count == self.num_steps:
+            return self
+        keep = [n for n in self.graph if self.task(n).step < count]
+        graph = self.graph.subgraph(keep).copy()
+        lane_order = {lane: tuple(t for t in order if t in graph)
+                      for lane, order in self.lane_order.items()}
+        buffers = tuple(b for b in self.buffers if all(
+            t in graph for t in (b.alloc_task, *b.release_tasks) if t is not None))
+        trimmed = Plan(model=self.model, train=self.train, policy=self.policy, num_steps=count,
+                       graph=graph, lane_order=lane_order, lane_discipline=self.lane_discipline,
+                       buffers=buffers, placement=self.placement,
+                       meta={**self.meta, "step_markers": self.meta["step_markers"][:count]})
+        trimmed.validate()
+        return trimmed
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Plan):
             return NotImplemented
         return self.to_dict() == other.to_dict()
+
+
+# the kinds that share one space of slots (Task.slot): landing buffers, NVMe staging, grad slots
+_SLOT_SPACES = ((TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP),
+                (TaskKind.READ_STATE, TaskKind.WRITE_STATE), (TaskKind.BACKWARD,))
+
+
+def _slot_kinds(kind: TaskKind) -> tuple[TaskKind, ...]:
+    return next((space for space in _SLOT_SPACES if kind in space), (kind,))
+
+
+def _slot_count(plan: Plan, space: tuple[TaskKind, ...]) -> int:
+    """How many slots a space has: its tasks take them in turn, one after another."""
+    if TaskKind.OFFLOAD_GRADS in space:
+        return plan.placement.grad_landing_buffers
+    if TaskKind.READ_STATE in space:
+        return plan.placement.nvme_staging_slots
+    return plan.policy.grad_buffers
+
+
+@dataclass
+class _Permutations:
+    """Where the last step moved each unit taken the step before (LRU keeps them a
+    permutation), and how far it turned each space of slots (taken in turn: a rotation)."""
+
+    units: dict[int, int]
+    slot_turns: dict[tuple[TaskKind, ...], tuple[int, int]]  # space -> (turn, slot count)
+
+    def apply(self, space: tuple, value: int, times: int) -> int:
+        if value < 0:  # DEDICATED / NO_SLOT
+            return value
+        if space[0] == "slot":
+            turn, count = self.slot_turns[space[1]]
+            return (value + times * turn) % count
+        for _ in range(times):
+            value = self.units[value]
+        return value
+
+
+def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
+    if plan.num_steps < 2:
+        raise ValueError("a plan of one step cannot be repeated: plan at least two")
+    units: dict[int, int] = {}
+    turns: dict[tuple[TaskKind, ...], tuple[int, int]] = {}
+    L = plan.model.num_layers
+
+    def refuse(what: str) -> None:
+        raise ValueError(f"cannot repeat the plan's last step: {what}; plan it with more steps "
+                         "or as the planner makes it")
+
+    for t in template:
+        before = task_id(kind=t.kind, block=t.block, step=t.step - 1,
+                         micro_batch=t.micro_batch, num_layers=L, for_kind=t.for_kind)
+        prev = plan.task(before) if before in plan.graph else None
+        if prev is None:  # new in the last step: fine unless it takes a unit or slot in turn
+            if t.unit >= 0 or t.slot >= 0:
+                refuse(f"task {t.id} has no counterpart in the step before")
+            continue
+        if (prev.unit < 0) != (t.unit < 0) or (prev.slot < 0) != (t.slot < 0):
+            refuse(f"task {t.id} takes a unit or slot where the step before took none")
+        if t.unit >= 0 and units.setdefault(prev.unit, t.unit) != t.unit:
+            refuse(f"unit {prev.unit} of the step before became two units")
+        if t.slot >= 0:
+            space = _slot_kinds(t.kind)
+            count = _slot_count(plan, space)
+            if not 0 <= t.slot < count:
+                refuse(f"task {t.id} takes slot {t.slot} of {count}")
+            turn = (t.slot - prev.slot) % count
+            if turns.setdefault(space, (turn, count)) != (turn, count):
+                refuse(f"the slots of {space[0]} do not turn by one step's count")
+    if sorted(units) != sorted(units.values()):
+        refuse("its units are not a permutation of the step before's")
+    return _Permutations(units, turns)
 
 
 def _acyclic(graph: nx.DiGraph, extra_edges: list[tuple[str, str]]) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from layerslide.planner.sizes import HEAD_CHUNK_LOGIT_BYTES
+# GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
+# at a 128k vocab, 4k-row chunks
+HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
 ACTIVATION_PLACEMENTS = ("gpu", "host", "nvme")
 OPTIMIZER_ORDERS = ("arrival", "deadline")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
+from layerslide.planner.settings import HEAD_CHUNK_LOGIT_BYTES
 
 GIB = 1024**3
 
@@ -108,9 +109,6 @@ def backward_workspace_bytes(model: ModelSpec, tokens: int, layer_kernels: str) 
     return saved + forward_workspace_bytes(model, tokens)
 
 
-# GPU bytes one chunk of the fused head's bf16 logits may take by default (Policy's
-# head_chunk_bytes): at a 128k vocab, 4k-row chunks
-HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
 
 def hidden_bytes(model: ModelSpec, tokens: int) -> int:
@@ -166,10 +164,6 @@ def head_params(model: ModelSpec) -> int:
     return model.head_params + model.final_norm_params
 
 
-def block_params(model: ModelSpec, layer: int) -> int:
+def block_params(model: ModelSpec, block: int) -> int:
     """Parameters of a block: the embedding (-1), a decoder layer (0..L-1) or the head (L)."""
-    if layer < 0:
-        return model.embedding_params
-    if layer >= model.num_layers:
-        return head_params(model)
-    return model.layer_params
+    return model.block_params(block)

@@ -4,29 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from layerslide.kinds import Lane, TaskKind
 from layerslide.trace import Trace
 
 GIB = 1024**3  # reports show memory in GiB (2**30 bytes), never GB
 
-# Lanes in the order a reader expects them; unknown lanes follow in order of first appearance.
-LANE_ORDER = ("gpu", "h2d", "d2h", "cpu", "cpu_cast", "nvme_read", "nvme_write")
-
-# Kinds in a fixed order so that a kind keeps its colour across figures and traces.
-KIND_ORDER = (
-    "load_weights",
-    "forward",
-    "backward",
-    "head",
-    "offload_activation",
-    "fetch_activation",
-    "offload_grads",
-    "accumulate_grads",
-    "grad_norm",
-    "optimizer_step",
-    "cast",
-    "nvme_read",
-    "nvme_write",
-)
+# Lanes and kinds in the order a reader expects them (kinds.py), so that a kind keeps its colour
+# across figures and traces; unknown ones follow.
+LANE_ORDER = tuple(Lane)
+KIND_ORDER = tuple(TaskKind)
 
 
 def ordered_lanes(lanes: Iterable[str]) -> list[str]:

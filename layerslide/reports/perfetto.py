@@ -60,7 +60,7 @@ def _process_events(trace: Trace, pid: int) -> list[dict]:
                 "tid": tids[event.lane],
                 "ts": event.start_s * _US_PER_S,
                 "dur": event.duration_s * _US_PER_S,
-                "args": {"task_id": event.task_id, "layer": event.layer, "step": event.step},
+                "args": {"task_id": event.task_id, "block": event.block, "step": event.step},
             }
         )
     for sample in sorted(trace.memory, key=lambda m: m.time_s):

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from layerslide.reports._common import check_events, ordered_lanes
 from layerslide.trace import Trace
 
-TASK_COLUMNS = ["task_id", "lane", "kind", "layer", "step", "start_s", "end_s", "duration_s"]
+TASK_COLUMNS = ["task_id", "lane", "kind", "block", "step", "start_s", "end_s", "duration_s"]
 
 
 def write_table(df: pd.DataFrame, path_stem: str | Path) -> tuple[Path, Path]:
@@ -61,7 +61,7 @@ def task_table(trace: Trace) -> pd.DataFrame:
     """One row per event, sorted by start time: TASK_COLUMNS."""
     check_events(trace)
     rows = [
-        (e.task_id, e.lane, e.kind, e.layer, e.step, e.start_s, e.end_s, e.duration_s)
+        (e.task_id, e.lane, e.kind, e.block, e.step, e.start_s, e.end_s, e.duration_s)
         for e in trace.events
     ]
     df = pd.DataFrame(rows, columns=TASK_COLUMNS)
@@ -129,12 +129,12 @@ def compare_traces(predicted: Trace, measured: Trace) -> pd.DataFrame:
             )
         sides[name] = df.set_index("task_id")
     pred, meas = sides["predicted"], sides["measured"]
-    keys = ["lane", "kind", "layer", "step"]
+    keys = ["lane", "kind", "block", "step"]
     out = pred[keys].combine_first(meas[keys])
     for name, df in sides.items():
         for col in ("start_s", "end_s", "duration_s"):
             out[f"{name}_{col}"] = df[col].reindex(out.index)
-    for col in ("layer", "step"):
+    for col in ("block", "step"):
         out[col] = out[col].astype("int64")
     out["duration_error_s"] = out["predicted_duration_s"] - out["measured_duration_s"]
     measured_s = out["measured_duration_s"].where(out["measured_duration_s"] != 0)

@@ -37,7 +37,7 @@ def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, f
     durations: dict[str, list[float]] = {}
     for e in trace.events:
         key = f"{e.kind}@{e.lane}"
-        if key in TASK_KINDS and e.step >= first_step and 0 <= e.layer < num_layers:
+        if key in TASK_KINDS and e.step >= first_step and 0 <= e.block < num_layers:
             durations.setdefault(key, []).append(e.duration_s)
     return {k: statistics.median(v) for k, v in durations.items()}
 

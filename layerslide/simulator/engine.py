@@ -146,7 +146,7 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
                            f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
     events = tuple(
         TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
-                   layer=st.task.layer, step=st.task.step, start_s=st.start_s, end_s=st.end_s)
+                   block=st.task.block, step=st.task.step, start_s=st.start_s, end_s=st.end_s)
         for st in sorted(states.values(), key=lambda s: (s.start_s, s.end_s))
     )
     meta = {"gpu_pool_peak_bytes": dict(memory.pool_peaks),

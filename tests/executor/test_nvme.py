@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 
-import networkx as nx
 import pytest
 import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
@@ -18,7 +17,6 @@ from layerslide.executor.checkpoint_store import CheckpointStore
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.engine import TaskFailedError
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.runner import nvme_slots
 from layerslide.executor.trainer import CheckpointSchedule, Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
@@ -29,8 +27,8 @@ OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=1)
 def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama", tied=False):
     config = tiny_config(family, tied)
     spec = spec_of(config, tmp_path)
-    with Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
-                 device="cpu", serial=serial, nvme_dir=tmp_path / "nvme") as trainer:
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device="cpu",
+                 serial=serial, nvme_dir=tmp_path / "nvme") as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
         activation_files = sorted(p.name for p in (tmp_path / "nvme").glob("activations_*"))
@@ -67,28 +65,13 @@ def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moment
         assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
 
 
-@pytest.mark.parametrize("prefetch", [1, 2, 3])
-def test_staging_buffers_are_reused_only_after_their_write(tmp_path, prefetch):
-    spec = spec_of(tiny_config("llama"), tmp_path)
-    plan = build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ),
-                      Policy(moments_on_nvme=1.0, nvme_prefetch=prefetch), num_steps=3)
-    slots = nvme_slots(plan)
-    reads = [t for t in plan.lane_order["nvme_read"] if ".read_state." in t]
-    assert sorted(slots) == sorted(reads) and set(slots.values()) == set(range(prefetch))
-    order = {t: k for k, t in enumerate(reads)}
-    for a in reads:  # two reads sharing a buffer: the later waits for the earlier's write
-        for b in reads:
-            if order[a] < order[b] and slots[a] == slots[b]:
-                assert nx.has_path(plan.graph, a.replace("read_state", "write_state"), b)
-
-
 def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
 
     def make(policy, nvme_dir):
-        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+        return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
                        device="cpu", nvme_dir=nvme_dir)
 
     with pytest.raises(ValueError, match="--nvme-dir"):
@@ -114,9 +97,9 @@ def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_pa
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt")
     policy = Policy(moments_on_nvme=1.0)
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
-                 policy=policy, optim=OPTIM, device="cpu",
-                 nvme_dir=tmp_path / "nvme") as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), policy),
+                 optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme") as trainer:
         trainer.init_random(0)
         data = SyntheticTokens(VOCAB, SEQ)
         trainer.fit(data, 2, checkpoints=CheckpointSchedule(store=store, every_steps=2))
@@ -143,7 +126,7 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
     policy = Policy(moments_on_nvme=0.5, master_on_nvme=0.5)
 
     def trainer(folder):
-        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+        return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
                        device="cpu", nvme_dir=folder)
 
     with trainer(tmp_path / "whole") as whole:
@@ -176,7 +159,7 @@ def test_master_on_nvme_loads_and_saves_hugging_face_folders_whole(tmp_path):
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
 
     def trainer(policy, folder):
-        return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
+        return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
                        device="cpu", nvme_dir=folder)
 
     with trainer(Policy(), None) as in_ram:
@@ -215,9 +198,10 @@ def test_room_counts_the_copies_kept_checkpoints_end_up_owning(tmp_path, monkeyp
         free = 0
 
     def make(copies):
-        return Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
-                       policy=Policy(moments_on_nvme=1.0), optim=OPTIM, device="cpu",
-                       nvme_dir=tmp_path / "nvme", nvme_checkpoint_copies=copies)
+        return Trainer(config=config,
+                       plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy(moments_on_nvme=1.0)),
+                       optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme",
+                       nvme_checkpoint_copies=copies)
 
     with make(0) as trainer:
         state["files"] = sum(trainer.state.nvme.file_bytes.values())
@@ -235,9 +219,9 @@ def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path
     spec = spec_of(config, tmp_path)
     folder = tmp_path / "nvme"
     store = CheckpointStore(tmp_path / "ckpt")
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
-                 policy=Policy(moments_on_nvme=1.0, activations="nvme"), optim=OPTIM,
-                 device="cpu", nvme_dir=folder) as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy(moments_on_nvme=1.0, activations="nvme")),
+                 optim=OPTIM, device="cpu", nvme_dir=folder) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
                     checkpoints=CheckpointSchedule(store=store, every_steps=2))

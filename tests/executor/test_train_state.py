@@ -10,6 +10,7 @@ from layerslide.executor.checkpoint_store import CheckpointCorruptError, Checkpo
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import CheckpointSchedule, Trainer
+from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=6)
@@ -19,8 +20,8 @@ GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 
 
 def make_trainer(config, spec, train, policy, segment_steps=4, device="cpu"):
-    return Trainer(config=config, spec=spec, train=train, policy=policy, optim=OPTIM,
-                   device=device, segment_steps=segment_steps)
+    return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device=device,
+                   segment_steps=segment_steps)
 
 
 def final_state(trainer):

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.trainer import Trainer
+from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
 
 GPU = pytest.param("cuda", marks=pytest.mark.gpu)
@@ -27,8 +28,8 @@ GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 
 def run_executor(config, spec, train, policy, optim, *, steps, serial=False, device="cpu",
                  segment_steps=3, poison=None, check_uploads=False):
-    with Trainer(config=config, spec=spec, train=train, policy=policy, optim=optim,
-                 device=device, serial=serial, segment_steps=segment_steps) as trainer:
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=optim, device=device,
+                 serial=serial, segment_steps=segment_steps) as trainer:
         trainer.init_random(0)
         if poison is not None:
             block, index = poison
@@ -148,8 +149,9 @@ def test_non_finite_blocks_are_skipped_without_clipping(tmp_path, gpu_updated):
 def test_saved_folder_loads_in_transformers_with_the_same_logits(tmp_path):
     config = tiny_config("qwen3", tied=True)
     spec = spec_of(config, tmp_path)
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
-                 policy=Policy(), optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         trainer.init_random(3)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
         folder = trainer.save(tmp_path / "out")
@@ -165,8 +167,9 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(tmp_path):
         assert torch.equal(loaded(input_ids=ids).logits, expected(input_ids=ids).logits)
 
     # and the executor reads that folder back into the same master weights (bf16-rounded)
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
-                 policy=Policy(), optim=OptimConfig(), device="cpu") as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 optim=OptimConfig(), device="cpu") as trainer:
         trainer.load_checkpoint(folder)
         for name, value in trainer.state.named_master():
             assert torch.equal(value, master[name].to(torch.bfloat16).float()), name
@@ -177,24 +180,25 @@ def test_executor_refuses_what_it_does_not_run(tmp_path):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ)
     with pytest.raises(ValueError, match="NVMe"):
-        Trainer(config=config, spec=spec, train=train, policy=Policy(moments_on_nvme=0.5),
+        Trainer(config=config, plan=build_plan(spec, train, Policy(moments_on_nvme=0.5)),
                 optim=OptimConfig(), device="cpu")
     other = spec_of(tiny_config("qwen2"), tmp_path / "other")  # q/k/v biases: other sizes
     with pytest.raises(ValueError, match="plan is for"):
-        Trainer(config=config, spec=other, train=train, policy=Policy(), optim=OptimConfig(),
+        Trainer(config=config, plan=build_plan(other, train, Policy()), optim=OptimConfig(),
                 device="cpu")
 
 
 def test_trace_uses_the_plan_task_ids(tmp_path):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=2, seq_len=SEQ),
-                 policy=Policy(), optim=OptimConfig(), device="cpu", segment_steps=3) as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 optim=OptimConfig(), device="cpu", segment_steps=3) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 3)
         trace = trainer.trace()
     ids = {e.task_id for e in trace.events}
-    assert {"s0.m0.forward.emb", "s2.m0.backward.L0", "s1.optimizer_step.L2"} <= ids
+    assert {"s0.m0.forward.emb", "s2.m0.backward.L0", "s1.m0.optimizer_step.L2"} <= ids
     assert all(e.end_s >= e.start_s >= 0 for e in trace.events)
     assert trace.source == "measured" and trace.peak_bytes("host") > 0
 
@@ -222,8 +226,8 @@ def test_without_a_c_compiler_the_torch_kernels_stand_in(tmp_path, monkeypatch):
 def test_the_bf16_upload_copy_follows_every_update(tmp_path, monkeypatch, native):
     monkeypatch.setenv("LAYERSLIDE_NATIVE", native)
     config = tiny_config("llama")
-    with Trainer(config=config, spec=spec_of(config, tmp_path),
-                 train=TrainSpec(micro_batch=2, seq_len=SEQ), policy=Policy(),
+    with Trainer(config=config,
+                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert (trainer.state.native is not None) == (native == "1")
         trainer.init_random(0)
@@ -239,8 +243,8 @@ def test_accumulating_steps_keep_landing_buffers_apart_from_the_upload_copies(tm
     """With two micro-batches the second loads each block again after the first one's grads
     landed: they must not land in the copy it loads."""
     config = tiny_config("llama")
-    with Trainer(config=config, spec=spec_of(config, tmp_path),
-                 train=TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), policy=Policy(),
+    with Trainer(config=config,
+                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert set(trainer.state.landing) == set(trainer.state.upload)
         assert trainer.state.landing_buffer(0, 0) is not trainer.state.upload[0]
@@ -252,7 +256,7 @@ def test_first_step_grads_match_the_reference_per_tensor(tmp_path, family, tied)
     ulps of plain autograd's (measured 0.4-2% relative; a wrong block would be O(1))."""
     config = tiny_config(family, tied)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
-    with Trainer(config=config, spec=spec_of(config, tmp_path), train=train, policy=Policy(),
+    with Trainer(config=config, plan=build_plan(spec_of(config, tmp_path), train, Policy()),
                  optim=OptimConfig(lr=1e-3), device="cpu", segment_steps=1) as trainer:
         trainer.init_random(0)
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
@@ -270,11 +274,71 @@ def test_first_step_grads_match_the_reference_per_tensor(tmp_path, family, tied)
 def test_random_init_drawn_on_threads_in_place_equals_each_block_drawn_alone(tmp_path):
     config = tiny_config("qwen2", tied=True)
     spec = spec_of(config, tmp_path)
-    with Trainer(config=config, spec=spec, train=TrainSpec(micro_batch=1, seq_len=SEQ),
-                 policy=Policy(), optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy()),
+                 optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         trainer.init_random(7)
         for b in trainer.blocks.blocks:
             assert torch.equal(trainer.state.master[b], trainer.blocks.init_block(b, 7)), b
         assert trainer.state.master[0].std() > 0  # a layer's matrices were drawn
         with pytest.raises(ValueError, match="out must be"):
             trainer.blocks.init_block(0, 7, out=torch.empty(3))
+
+
+def _edited(plan, edit):
+    """The plan as a file, edited, and read back: what `train --plan` runs."""
+    from layerslide.planner.plan import Plan
+
+    data = plan.to_dict()
+    edit(data)
+    return Plan.from_dict(data)
+
+
+def _losses_and_cpu_order(config, plan, steps=3):
+    with Trainer(config=config, plan=plan, optim=OptimConfig(lr=1e-2), device="cpu",
+                 serial=True) as trainer:
+        trainer.init_random(0)
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
+        cpu = [e.task_id for e in sorted(trainer.trace_events, key=lambda e: e.start_s)
+               if e.lane == "cpu"]
+    return [log.loss for log in logs], cpu
+
+
+def test_the_executor_follows_the_units_and_the_lane_order_of_a_plan_file(tmp_path):
+    config = tiny_config("llama")
+    plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ),
+                      Policy(window=2, prefetch_depth=1), num_steps=3)
+    losses, cpu_order = _losses_and_cpu_order(config, plan)
+
+    def swap_units(data):  # the ring's two units trade places: the same computation
+        for t in data["tasks"]:
+            if t["unit"] >= 0:
+                t["unit"] = 1 - t["unit"]
+
+    assert _losses_and_cpu_order(config, _edited(plan, swap_units))[0] == losses
+
+    def one_unit(data):  # every layer into unit 0: a backward finds another layer's weights
+        for t in data["tasks"]:
+            t["unit"] = min(0, t["unit"])
+
+    clobbered = _losses_and_cpu_order(config, _edited(plan, one_unit))[0]
+    assert clobbered[0] == losses[0] and clobbered[1] != losses[1]
+
+    # with clipping every update waits for the norm: the lane's order alone says which runs first
+    plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ,
+                                                           max_grad_norm=1.0),
+                      Policy(window=2, prefetch_depth=1), num_steps=3)
+    _, cpu_order = _losses_and_cpu_order(config, plan)
+    first, second = [t for t in cpu_order if ".optimizer_step." in t][:2]
+
+    def swap_first_updates(data):
+        order = data["lane_order"]["cpu"]
+        i, j = order.index(first), order.index(second)
+        order[i], order[j] = order[j], order[i]
+        tasks = {t["id"]: t for t in data["tasks"]}
+        tasks[first]["priority"], tasks[second]["priority"] = (tasks[second]["priority"],
+                                                               tasks[first]["priority"])
+
+    _, swapped_order = _losses_and_cpu_order(config, _edited(plan, swap_first_updates))
+    updates = [t for t in swapped_order if ".optimizer_step." in t]
+    assert updates[:2] == [second, first]

@@ -36,7 +36,7 @@ def test_window_decides_how_many_layers_are_loaded_twice():
         plan = build_plan(model, train, Policy(window=window, prefetch_depth=1), num_steps=2)
         loads = [plan.task(t) for t in plan.lane_order["h2d"]
                  if plan.task(t).kind == "load_weights" and plan.task(t).step == 0]
-        per_layer = Counter(t.layer for t in loads)
+        per_layer = Counter(t.block for t in loads)
         # embedding and head are resident: loaded once per step; layers once for forward and
         # again for backward unless still in one of the `window` cache units.
         assert per_layer[EMBEDDING] == 1 and per_layer[6] == 1
@@ -47,7 +47,7 @@ def test_resident_layers_are_loaded_once_per_step():
     model = make_tiny_model(num_layers=4)
     plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
                       Policy(window=1, prefetch_depth=1, resident_layers=2), num_steps=2)
-    loads = Counter(plan.task(t).layer for t in plan.lane_order["h2d"]
+    loads = Counter(plan.task(t).block for t in plan.lane_order["h2d"]
                     if plan.task(t).kind == "load_weights" and plan.task(t).step == 1)
     assert loads[0] == 1 and loads[1] == 1  # resident
     assert loads[2] == 2 and loads[3] == 1  # window of one: layer 3 stays for its backward
@@ -61,9 +61,9 @@ def test_optimizer_step_precedes_next_steps_load_of_same_layer(tiny_model):
             load = plan.task(tid)
             if load.kind != "load_weights" or load.step == 0:
                 continue
-            blk = {EMBEDDING: "emb", tiny_model.num_layers: "head"}.get(load.layer,
-                                                                       f"L{load.layer}")
-            assert nx.has_path(plan.graph, f"s{load.step - 1}.optimizer_step.{blk}", tid), tid
+            blk = {EMBEDDING: "emb", tiny_model.num_layers: "head"}.get(load.block,
+                                                                       f"L{load.block}")
+            assert nx.has_path(plan.graph, f"s{load.step - 1}.m0.optimizer_step.{blk}", tid), tid
 
 
 def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
@@ -81,7 +81,7 @@ def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
 
 def test_without_clipping_an_update_does_not_wait_for_other_layers(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
-    assert not nx.has_path(plan.graph, "s0.m0.offload_grads.L0", "s0.optimizer_step.L1")
+    assert not nx.has_path(plan.graph, "s0.m0.offload_grads.L0", "s0.m0.optimizer_step.L1")
 
 
 def test_optimizer_priority_order_follows_policy(tiny_model):
@@ -114,17 +114,17 @@ def test_activation_policies_route_checkpoints(tiny_model):
     assert kinds_on(on_host, "d2h")["offload_activation"] == 2 * tiny_model.num_layers
     assert kinds_on(on_host, "h2d")["fetch_activation"] == 2 * tiny_model.num_layers
     on_nvme = build_plan(tiny_model, train, Policy(activations="nvme"), num_steps=2)
-    assert kinds_on(on_nvme, "nvme_write")["nvme_write"] == 2 * tiny_model.num_layers
-    ckpt = on_nvme.task("s0.m0.ckpt.L1.nvme_read")
+    assert kinds_on(on_nvme, "nvme_write")["write_activation"] == 2 * tiny_model.num_layers
+    ckpt = on_nvme.task("s0.m0.read_activation.L1")
     assert ckpt.bytes == BF16_BYTES * tiny_model.hidden_size * train.tokens_per_micro_batch
 
 
 def test_optimizer_state_on_nvme_is_read_and_written_per_block(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16),
                       Policy(master_on_nvme=0.5, moments_on_nvme=1.0), num_steps=2)
-    read = plan.task("s1.read_state.L0")
+    read = plan.task("s1.m0.read_state.L0")
     assert read.bytes == tiny_model.layer_params * (4 * 0.5 + 8 * 1.0)
-    assert nx.has_path(plan.graph, "s0.write_state.L0", "s1.read_state.L0")
+    assert nx.has_path(plan.graph, "s0.m0.write_state.L0", "s1.m0.read_state.L0")
     n = tiny_model.total_params
     assert plan.static_bytes("nvme") == int(4 * n * 0.5) + 8 * n
 
@@ -164,13 +164,13 @@ def test_grads_landing_in_the_upload_copy_follow_every_load_of_their_block(tiny_
     for block in ("L0", "L1"):
         offload = f"s0.m0.offload_grads.{block}"
         loads = [t for t in g if plan.task(t).kind == "load_weights"
-                 and plan.task(t).step == 0 and t.endswith(f".{block}.load")]
+                 and plan.task(t).step == 0 and f".load_weights.{block}." in t]
         assert loads
         for load in loads:
             assert nx.has_path(g, load, offload), (load, offload)
         for load in (t for t in g if plan.task(t).kind == "load_weights"
-                     and plan.task(t).step == 1 and t.endswith(f".{block}.load")):
-            assert nx.has_path(g, f"s0.optimizer_step.{block}", load)
+                     and plan.task(t).step == 1 and f".load_weights.{block}." in t):
+            assert nx.has_path(g, f"s0.m0.optimizer_step.{block}", load)
 
 
 def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
@@ -178,8 +178,8 @@ def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
     base = build_plan(tiny_model, train, Policy(cast="cpu_once"), num_steps=2)
     gpu = build_plan(tiny_model, train, Policy(cast="gpu"), num_steps=2)
     p = tiny_model.layer_params
-    assert gpu.task("s0.m0.forward.L0.load").bytes == 4 * p
-    assert base.task("s0.m0.forward.L0.load").bytes == 2 * p
+    assert gpu.task("s0.m0.load_weights.L0.forward").bytes == 4 * p
+    assert base.task("s0.m0.load_weights.L0.forward").bytes == 2 * p
     assert gpu.task("s0.m0.forward.L0").bytes - base.task("s0.m0.forward.L0").bytes == 6 * p
 
 
@@ -219,7 +219,7 @@ def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
                       Policy(master_on_nvme=1.0, moments_on_nvme=1.0, cpu_optimizer="torch"),
                       num_steps=2)
     for blk in ("emb", "L0", "L1", "head"):
-        assert nx.has_path(plan.graph, f"s0.cast.{blk}", f"s0.write_state.{blk}")
+        assert nx.has_path(plan.graph, f"s0.m0.cast.{blk}", f"s0.m0.write_state.{blk}")
 
 
 def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
@@ -242,18 +242,18 @@ def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64  # vocab x hidden
     assert emb.alloc_task == "s0.m0.head.head"
     assert emb.release_tasks == ("s0.m0.offload_grads.emb",)
-    assert not [b for b in plan.buffers if b.id == "s0.m0.offload_grads.emb.gpu"]
+    assert not [b for b in plan.buffers if b.id == "s0.m0.backward.emb.offloaded_grads"]
     # the backward's workspace: its rows summed per token id (16 tokens of hidden 64, bf16)
     rows = buffer_named(plan, "s0.m0.backward.emb.rows")
     assert rows.bytes == BF16_BYTES * 16 * 64 and rows.release_tasks == ("s0.m0.backward.emb",)
     # untied: autograd makes the embedding's own bf16 grads in its backward, freed offloaded
     untied = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
                         Policy(), num_steps=2)
-    own = buffer_named(untied, "s0.m0.offload_grads.emb.gpu")
+    own = buffer_named(untied, "s0.m0.backward.emb.offloaded_grads")
     assert own.bytes == BF16_BYTES * 256 * 64 and own.alloc_task == "s0.m0.backward.emb"
     assert own.release_tasks == ("s0.m0.offload_grads.emb",)
     # tied: the head block's own grads are the final norm's (hidden 64), made by the head task
-    head = buffer_named(plan, "s0.m0.offload_grads.head.gpu")
+    head = buffer_named(plan, "s0.m0.head.head.offloaded_grads")
     assert head.tier == "gpu" and head.bytes == BF16_BYTES * 64
     assert head.alloc_task == "s0.m0.head.head"
     assert head.release_tasks == ("s0.m0.offload_grads.head",)
@@ -261,7 +261,7 @@ def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
     assert len([b for b in plan.buffers if b.id.endswith(".tied_grad")]) == 4
     # a decoder layer's grads too: made by its backward, freed once offloaded (autograd's, from
     # the caching allocator: no standing grad buffers on the GPU)
-    layer = buffer_named(plan, "s0.m1.offload_grads.L1.gpu")
+    layer = buffer_named(plan, "s0.m1.backward.L1.offloaded_grads")
     assert layer.bytes == BF16_BYTES * tied.layer_params
     assert layer.alloc_task == "s0.m1.backward.L1"
     assert layer.release_tasks == ("s0.m1.offload_grads.L1",)
@@ -322,13 +322,15 @@ def test_host_checkpoints_are_one_static_buffer_only_when_activations_go_to_the_
     on_host = plan_for("host")
     ckpts = buffer_named(on_host, "host.checkpoints")
     assert ckpts.is_static and ckpts.bytes == 3 * BF16_BYTES * 32 * 64
-    assert not [b for b in on_host.buffers if ".ckpt." in b.id and b.tier == "host"]
+    assert not [b for b in on_host.buffers if b.tier == "host" and b.alloc_task is not None]
     on_gpu = plan_for("gpu")
     assert not [b for b in on_gpu.buffers if b.id == "host.checkpoints"]
     # on NVMe they pass through the host one at a time: transient buffers, no static one
     on_nvme = plan_for("nvme")
     assert not [b for b in on_nvme.buffers if b.id == "host.checkpoints"]
-    assert buffer_named(on_nvme, "s0.m0.ckpt.L1.host").alloc_task == "s0.m0.ckpt.L1.offload"
+    host = buffer_named(on_nvme, "s0.m0.offload_activation.L1.host")
+    assert host.alloc_task == "s0.m0.offload_activation.L1"
+    assert host.release_tasks == ("s0.m0.write_activation.L1",)
 
 
 def test_all_layers_resident_needs_no_ring_units(tiny_model):
@@ -342,7 +344,7 @@ def test_all_layers_resident_needs_no_ring_units(tiny_model):
 def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
     train = TrainSpec(micro_batch=1, seq_len=16)
     plan = build_plan(tiny_model, train, Policy(gpu_updated_blocks=2), num_steps=2)  # emb, L0
-    moved = {(plan.task(t).kind, plan.task(t).layer) for lane in ("h2d", "d2h", "cpu")
+    moved = {(plan.task(t).kind, plan.task(t).block) for lane in ("h2d", "d2h", "cpu")
              for t in plan.lane_order[lane]}
     state_kinds = {"load_weights", "offload_grads", "optimizer_step", "cast"}
     for block in (EMBEDDING, 0):  # (layer 0's checkpoints still go to the host: not state)
@@ -350,9 +352,9 @@ def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
     assert ("optimizer_step", 1) in moved and ("load_weights", 1) in moved
     # their updates run on the GPU after the step's backwards, before the next step's forward
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
-    assert step0[-2:] == ["s0.optimizer_step.emb", "s0.optimizer_step.L0"]
-    assert nx.has_path(plan.graph, "s0.optimizer_step.L0", "s1.m0.forward.L0")
-    assert nx.has_path(plan.graph, "s0.m0.backward.L0", "s0.optimizer_step.L0")
+    assert step0[-2:] == ["s0.m0.optimizer_step.emb", "s0.m0.optimizer_step.L0"]
+    assert nx.has_path(plan.graph, "s0.m0.optimizer_step.L0", "s1.m0.forward.L0")
+    assert nx.has_path(plan.graph, "s0.m0.backward.L0", "s0.m0.optimizer_step.L0")
 
 
 def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
@@ -366,15 +368,15 @@ def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
     # the GPU gains fp32 master, m, v and grads (16 B/param) as static state
     assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e
     # and no longer makes the transient bf16 grads (2 B/param) the backward made for the offload
-    assert buffer_named(base, "s0.m0.offload_grads.emb.gpu").bytes == 2 * e
+    assert buffer_named(base, "s0.m0.backward.emb.offloaded_grads").bytes == 2 * e
     assert not [b for b in moved.buffers if b.tier == "gpu" and ".offload_grads.emb" in b.id]
 
 
 def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
                       Policy(gpu_updated_blocks=1), num_steps=2)
-    assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.optimizer_step.emb")
-    assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.grad_norm")
+    assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.m0.optimizer_step.emb")
+    assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.m0.grad_norm.head")
 
 
 def test_plan_names_the_gpu_unit_of_each_load_and_backward():
@@ -382,7 +384,7 @@ def test_plan_names_the_gpu_unit_of_each_load_and_backward():
     plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
                       Policy(window=2, grad_buffers=2), num_steps=2)
     loads = [plan.task(t) for t in plan.lane_order["h2d"] if plan.task(t).kind == "load_weights"]
-    ring = [t for t in loads if 0 <= t.layer < model.num_layers]
+    ring = [t for t in loads if 0 <= t.block < model.num_layers]
     assert {t.unit for t in ring} == {0, 1}
     assert all(t.unit == -1 for t in loads if t not in ring)  # embedding, head: dedicated
     # a unit is reloaded only after the task that last read it: the reuse edge says which
@@ -391,11 +393,21 @@ def test_plan_names_the_gpu_unit_of_each_load_and_backward():
         by_unit.setdefault(t.unit, []).append(t.id)
     for ids in by_unit.values():
         for earlier, later in pairwise(ids):
-            consumer_of_earlier = earlier.removesuffix(".load")
+            (consumer_of_earlier,) = [s for s in plan.graph.successors(earlier)
+                                      if plan.task(s).lane == "gpu"]
             assert nx.has_path(plan.graph, consumer_of_earlier, later)
-    backward_units = [plan.task(t).unit for t in plan.lane_order["gpu"]
-                      if plan.task(t).kind == "backward" and 0 <= plan.task(t).layer < 4]
-    assert backward_units[:4] == [0, 1, 0, 1]
+    # a compute task names the unit its weights are in: the unit of its block's last load
+    unit_of = {}
+    for t in plan.lane_order["gpu"]:
+        task = plan.task(t)
+        for src in plan.graph.predecessors(t):
+            if plan.task(src).kind == "load_weights":
+                unit_of[task.block] = plan.task(src).unit
+        if task.kind in ("forward", "backward") and 0 <= task.block < 4:
+            assert task.unit == unit_of[task.block], t
+    grad_slots = [plan.task(t).slot for t in plan.lane_order["gpu"]
+                  if plan.task(t).kind == "backward" and 0 <= plan.task(t).block < 4]
+    assert grad_slots[:4] == [0, 1, 0, 1]
 
 
 def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
@@ -406,11 +418,11 @@ def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
     assert not [t for t in native.tasks if t.kind == "cast"]
     assert len([t for t in torch_.tasks if t.kind == "cast"]) == 2 * 4
     # step 1's first load of a block waits for step 0's optimizer step of that block
-    assert native.graph.has_edge("s0.optimizer_step.L0", "s1.m0.forward.L0.load")
-    assert torch_.graph.has_edge("s0.cast.L0", "s1.m0.forward.L0.load")
+    assert native.graph.has_edge("s0.m0.optimizer_step.L0", "s1.m0.load_weights.L0.forward")
+    assert torch_.graph.has_edge("s0.m0.cast.L0", "s1.m0.load_weights.L0.forward")
     # one pass over bf16 grads that writes bf16 weights: no upcast traffic, no fp32 buffer
-    opt = native.task("s0.optimizer_step.L0")
-    assert opt.bytes == 0 and torch_.task("s0.optimizer_step.L0").bytes == 6 * opt.params
+    opt = native.task("s0.m0.optimizer_step.L0")
+    assert opt.bytes == 0 and torch_.task("s0.m0.optimizer_step.L0").bytes == 6 * opt.params
     assert not [b for b in native.buffers if b.id.endswith("grad_fp32")]
 
 
@@ -424,7 +436,7 @@ def test_an_offload_never_overtakes_the_reader_of_the_buffer_it_reuses(tiny_mode
     offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
     readers = [next(iter(plan.graph.successors(t))) for t in offloads]
     assert all(plan.task(r).kind == "accumulate_grads" for r in readers)
-    pool = host_grad_buffers or len({plan.task(t).layer for t in offloads})
+    pool = host_grad_buffers or len({plan.task(t).block for t in offloads})
     for i in range(pool, len(offloads)):  # buffer i % pool: the reader of offload i - pool first
         assert nx.has_path(plan.graph, readers[i - pool], offloads[i]), offloads[i]
 
@@ -472,13 +484,30 @@ def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_mod
 def test_a_tasks_outputs_are_made_as_it_ends_and_the_heads_requests_keep_their_order(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
     head = "s0.m0.head.head"
-    assert buffer_named(plan, "s0.m0.offload_grads.L1.gpu").at_end  # a backward's grads
+    assert buffer_named(plan, "s0.m0.backward.L1.offloaded_grads").at_end  # a backward's grads
     assert buffer_named(plan, "s0.m0.backward.L1.dgrad").at_end  # and the grad it hands on
     assert buffer_named(plan, f"{head}.dgrad").at_end
     assert not buffer_named(plan, "s0.m0.backward.L1.workspace").at_end  # scratch: at the start
     order = [b.id for b in plan.buffers if b.alloc_task == head]
     # the final norm's saved tensors, then the LM weight's grad (summed over the loss's chunks:
     # there from the start), then the loss's logits
-    grad = "s0.m0.offload_grads.head.gpu"
+    grad = "s0.m0.head.head.offloaded_grads"
     assert not buffer_named(plan, grad).at_end
     assert order.index(f"{head}.norm") < order.index(grad) < order.index(f"{head}.workspace")
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 3])
+def test_state_reads_reuse_a_staging_slot_only_after_its_write(prefetch):
+    plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16),
+                      Policy(moments_on_nvme=1.0, nvme_prefetch=prefetch), num_steps=3)
+    reads = [plan.task(t) for t in plan.lane_order["nvme_read"]]
+    assert {t.kind for t in reads} == {"read_state"}
+    assert {t.slot for t in reads} == set(range(prefetch)) == set(range(
+        plan.placement.nvme_staging_slots))
+    writes = {(t.block, t.step): t for t in plan.tasks if t.kind == "write_state"}
+    for t in reads:  # a read and its block's write name one slot
+        assert writes[(t.block, t.step)].slot == t.slot
+    for k, a in enumerate(reads):  # two reads sharing a slot: the later waits for the earlier's write
+        for b in reads[k + 1:]:
+            if a.slot == b.slot:
+                assert nx.has_path(plan.graph, writes[(a.block, a.step)].id, b.id)

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from helpers import make_tiny_model
 
 from layerslide.planner import Plan, Policy, TrainSpec, build_plan
 
@@ -49,6 +50,11 @@ def test_lane_order_that_contradicts_dependencies_is_refused(plan):
     data = json.loads(json.dumps(plan.to_dict()))
     gpu = data["lane_order"]["gpu"]
     gpu[0], gpu[1] = gpu[1], gpu[0]  # layer 0's forward before the embedding's
+    with pytest.raises(ValueError, match="lower priority"):  # the order alone: inconsistent
+        Plan.from_dict(data)
+    tasks = {t["id"]: t for t in data["tasks"]}
+    first, second = tasks[gpu[0]], tasks[gpu[1]]
+    first["priority"], second["priority"] = second["priority"], first["priority"]
     with pytest.raises(ValueError, match="deadlocks"):
         Plan.from_dict(data)
 
@@ -79,3 +85,74 @@ def test_a_buffer_made_as_its_task_ends_needs_another_task_to_release_it(plan):
     made["release_tasks"] = [made["alloc_task"]]
     with pytest.raises(ValueError, match="another task to release it"):
         Plan.from_dict(data)
+
+
+def _canonical(plan: Plan) -> dict:
+    """The plan as data, its tasks, edges and buffers in a fixed order (ids are unique)."""
+    data = plan.to_dict()
+    data["tasks"] = sorted(data["tasks"], key=lambda t: t["id"])
+    data["edges"] = sorted(map(tuple, data["edges"]))
+    data["buffers"] = sorted(data["buffers"], key=lambda b: b["id"])
+    return data
+
+
+UNROLLED_POLICIES = [
+    (TrainSpec(micro_batch=1, seq_len=16), Policy()),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy(window=2, cpu_optimizer="torch",
+                                                  cast_worker=True)),
+    (TrainSpec(micro_batch=2, seq_len=16, grad_accum=3), Policy(window=1, activations="gpu")),
+    (TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
+     Policy(moments_on_nvme=1.0, master_on_nvme=0.5, nvme_prefetch=3, activations="nvme")),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy(cast="cpu_per_load", host_grad_buffers=3,
+                                                  grad_buffers=3)),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy(cast="gpu", gpu_updated_blocks=2,
+                                                  resident_layers=1)),
+]
+
+
+@pytest.mark.parametrize("num_layers", [2, 3, 5])
+@pytest.mark.parametrize(("train", "policy"), UNROLLED_POLICIES)
+def test_a_plan_unrolled_is_the_plan_built_for_that_many_steps(num_layers, train, policy):
+    """A segment of N steps is the planned steps, then the last one repeated: the same tasks,
+    edges, units, slots, buffers and lane orders as planning N steps (5 layers through a ring
+    of 2 units take them in another order every step)."""
+    model = make_tiny_model(num_layers=num_layers)
+    planned = build_plan(model, train, policy, num_steps=3)
+    for steps in (1, 2, 3, 4, 7):
+        expected = build_plan(model, train, policy, num_steps=max(steps, 2))
+        if steps == 1:
+            assert planned.unroll(1).num_steps == 1
+            assert all(t.step == 0 for t in planned.unroll(1).tasks)
+            continue
+        assert _canonical(planned.unroll(steps)) == _canonical(expected), steps
+
+
+def test_a_plan_file_unrolls_as_the_plan_does(plan, tmp_path):
+    plan.save(tmp_path / "plan.json")
+    assert _canonical(Plan.load(tmp_path / "plan.json").unroll(5)) == _canonical(plan.unroll(5))
+
+
+def test_a_plan_whose_ids_were_renamed_is_not_repeated(plan):
+    data = plan.to_dict()
+    last = next(t for t in data["tasks"] if t["step"] == plan.num_steps - 1)
+    old = last["id"]
+    last["id"] = "renamed"
+    data["edges"] = [[("renamed" if u == old else u), ("renamed" if v == old else v), r]
+                     for u, v, r in data["edges"]]
+    data["lane_order"] = {lane: ["renamed" if t == old else t for t in order]
+                          for lane, order in data["lane_order"].items()}
+    data["buffers"] = [{**b, "alloc_task": "renamed" if b["alloc_task"] == old else
+                        b["alloc_task"], "release_tasks": ["renamed" if t == old else t
+                                                           for t in b["release_tasks"]]}
+                       for b in data["buffers"]]
+    data["meta"]["step_markers"] = ["renamed" if t == old else t
+                                    for t in data["meta"]["step_markers"]]
+    edited = Plan.from_dict(data)
+    with pytest.raises(ValueError, match="task_id"):
+        edited.unroll(plan.num_steps + 1)
+    assert edited.unroll(1).num_steps == 1  # its first steps need no repeating
+
+
+def test_unroll_needs_a_step(plan):
+    with pytest.raises(ValueError, match="at least one step"):
+        plan.unroll(0)

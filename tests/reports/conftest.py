@@ -9,7 +9,7 @@ GIB = 1024**3
 
 def ev(task_id, lane, kind, start_s, end_s, layer=0, step=0):
     return TraceEvent(
-        task_id=task_id, lane=lane, kind=kind, layer=layer, step=step, start_s=start_s, end_s=end_s
+        task_id=task_id, lane=lane, kind=kind, block=layer, step=step, start_s=start_s, end_s=end_s
     )
 
 

@@ -27,7 +27,7 @@ def test_counts_units_and_tracks(small_trace):
     assert fwd1["name"] == "forward"
     assert fwd1["ts"] == pytest.approx(1.5e6)
     assert fwd1["dur"] == pytest.approx(1.5e6)
-    assert fwd1["args"] == {"task_id": "fwd1", "layer": 1, "step": 0}
+    assert fwd1["args"] == {"task_id": "fwd1", "block": 1, "step": 0}
     gpu_peak = max(e["args"]["GiB"] for e in cs if e["name"].startswith("gpu"))
     assert gpu_peak == pytest.approx(3.0)
     assert {e["name"] for e in cs} == {"gpu memory (GiB)", "host memory (GiB)"}
@@ -55,7 +55,7 @@ def test_single_trace_write_and_bad_event(tmp_path, small_trace):
         label="bad",
         events=(
             TraceEvent(
-                task_id="t", lane="gpu", kind="forward", layer=0, step=0, start_s=2.0, end_s=1.0
+                task_id="t", lane="gpu", kind="forward", block=0, step=0, start_s=2.0, end_s=1.0
             ),
         ),
     )

@@ -48,7 +48,7 @@ def test_compare_traces(small_trace, measured_trace):
     assert math.isnan(df.loc["head", "measured_duration_s"])
     assert math.isnan(df.loc["extra", "predicted_duration_s"])
     assert df.loc["extra", "lane"] == "cpu" and df.loc["extra", "kind"] == "optimizer_step"
-    assert df["layer"].dtype.kind == "i"
+    assert df["block"].dtype.kind == "i"
 
 
 def test_compare_traces_rejects_repeated_ids(small_trace):

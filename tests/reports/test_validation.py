@@ -82,7 +82,7 @@ def test_task_medians_compare_decoder_layer_tasks_kind_by_kind():
     from layerslide.trace import Trace, TraceEvent
 
     def event(kind, lane, layer, step, duration_s):
-        return TraceEvent(task_id=f"s{step}.{kind}.{layer}", lane=lane, kind=kind, layer=layer,
+        return TraceEvent(task_id=f"s{step}.{kind}.{layer}", lane=lane, kind=kind, block=layer,
                           step=step, start_s=0.0, end_s=duration_s)
 
     trace = Trace(source="measured", label="x", events=(

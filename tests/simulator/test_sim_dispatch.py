@@ -30,7 +30,7 @@ def test_a_tasks_dispatch_hides_behind_the_wait_for_its_weights():
                       num_steps=3)
     costs = CostModel(profile)
     events = [e for e in simulate(plan, profile).trace.events if e.kind == "forward"
-              and e.layer >= 0]
+              and e.block >= 0]
     costs_of = {e.task_id: costs.cost(plan.task(e.task_id)) for e in events}
     assert all(e.duration_s >= costs_of[e.task_id].solo_s * (1 - 1e-9) for e in events)
     hidden = [e for e in events if e.duration_s < 0.5 * costs_of[e.task_id].dispatch_s]

@@ -117,14 +117,14 @@ def _assert_times(event, start_s: float, end_s: float) -> None:
 
 
 def test_first_loads_run_back_to_back_on_h2d(events):
-    _assert_times(events["s0.m0.forward.emb.load"], 0.0, 32.768 * US)
+    _assert_times(events["s0.m0.load_weights.emb.forward"], 0.0, 32.768 * US)
     assert EMB_LOAD_S == pytest.approx(32.768 * US)
     # layer 0's load follows on the strict h2d lane: ends at 32.768 + 73.984 = 106.752 us
-    _assert_times(events["s0.m0.forward.L0.load"], EMB_LOAD_S, EMB_LOAD_S + LAYER_LOAD_S)
+    _assert_times(events["s0.m0.load_weights.L0.forward"], EMB_LOAD_S, EMB_LOAD_S + LAYER_LOAD_S)
     assert EMB_LOAD_S + LAYER_LOAD_S == pytest.approx(106.752 * US)
     l1_load_end_s = EMB_LOAD_S + 2 * LAYER_LOAD_S  # 180.736 us
-    _assert_times(events["s0.m0.forward.L1.load"], EMB_LOAD_S + LAYER_LOAD_S, l1_load_end_s)
-    _assert_times(events["s0.m0.head.head.load"], l1_load_end_s, l1_load_end_s + HEAD_LOAD_S)
+    _assert_times(events["s0.m0.load_weights.L1.forward"], EMB_LOAD_S + LAYER_LOAD_S, l1_load_end_s)
+    _assert_times(events["s0.m0.load_weights.head.head"], l1_load_end_s, l1_load_end_s + HEAD_LOAD_S)
 
 
 def test_forwards_wait_for_their_weights(events):
@@ -138,7 +138,7 @@ def test_forwards_wait_for_their_weights(events):
     _assert_times(events["s0.m0.head.head"], head_start_s, head_start_s + HEAD_S)
     # the embedding's output (layer 0's checkpoint) goes to the host as soon as it exists
     emb_end_s = EMB_LOAD_S + EMB_FWD_S
-    _assert_times(events["s0.m0.ckpt.L0.offload"], emb_end_s, emb_end_s + CKPT_COPY_S)
+    _assert_times(events["s0.m0.offload_activation.L0"], emb_end_s, emb_end_s + CKPT_COPY_S)
 
 
 def test_cpu_chain_and_step_time(golden, events):
@@ -149,14 +149,14 @@ def test_cpu_chain_and_step_time(golden, events):
     # The head's grads land first, so the CPU starts with the head's step; by its end every
     # block's grads are in, and deadline order picks the embedding (first used next step), then
     # the embedding's cast (its key sorts before layer 0's step).
-    _assert_times(events["s0.optimizer_step.head"], grads_end_s, grads_end_s + OPT_HEAD_S)
+    _assert_times(events["s0.m0.optimizer_step.head"], grads_end_s, grads_end_s + OPT_HEAD_S)
     emb_opt_start_s = grads_end_s + OPT_HEAD_S
-    _assert_times(events["s0.optimizer_step.emb"], emb_opt_start_s, emb_opt_start_s + OPT_EMB_S)
+    _assert_times(events["s0.m0.optimizer_step.emb"], emb_opt_start_s, emb_opt_start_s + OPT_EMB_S)
     cast_end_s = emb_opt_start_s + OPT_EMB_S + CAST_EMB_S
-    _assert_times(events["s0.cast.emb"], emb_opt_start_s + OPT_EMB_S, cast_end_s)
+    _assert_times(events["s0.m0.cast.emb"], emb_opt_start_s + OPT_EMB_S, cast_end_s)
     assert cast_end_s == pytest.approx(46669.12949277 * US, abs=1e-12)
     # step 1's embedding is loaded once step 0's cast is done, then the embedding forward runs
-    _assert_times(events["s1.m0.forward.emb.load"], cast_end_s, cast_end_s + EMB_LOAD_S)
+    _assert_times(events["s1.m0.load_weights.emb.forward"], cast_end_s, cast_end_s + EMB_LOAD_S)
     # the step is the last cycle between the ends of consecutive steps' last GPU tasks (or the
     # mean cycle, if longer); with the CPU this slow every cycle is the same (to rounding)
     step_s = events["s2.m0.backward.emb"].end_s - events["s1.m0.backward.emb"].end_s
@@ -166,7 +166,7 @@ def test_cpu_chain_and_step_time(golden, events):
     # step 1's head waits for the last CPU task of step 0 (the head's cast, deadline order),
     # then the head's load; behind it on H2D the L1 checkpoint (2048 B, 2.048 us, longer than
     # the head's 1.57 us) gates backward L1; then both layer backwards and the embedding's run
-    tail = events["s1.m0.backward.emb"].end_s - events["s0.cast.head"].end_s
+    tail = events["s1.m0.backward.emb"].end_s - events["s0.m0.cast.head"].end_s
     assert tail == pytest.approx(HEAD_LOAD_S + 2048 / 1e9
                                  + events["s1.m0.backward.L1"].duration_s
                                  + events["s1.m0.backward.L0"].duration_s

@@ -142,7 +142,7 @@ def test_host_peak_with_checkpoints_on_host(host_acts):
     _plan, prediction = host_acts
     assert prediction.peak_bytes["host"] == HOST_STATIC_BYTES_HOST_ACTS + dynamic_peak
     events = {e.task_id: e for e in prediction.trace.events}
-    opt_l0 = events["s0.optimizer_step.L0"]
+    opt_l0 = events["s0.m0.optimizer_step.L0"]
     assert opt_l0.start_s <= _first_peak_time_s(prediction, "host") < opt_l0.end_s
     # GPU with offloaded checkpoints: as with them on the GPU, the peak is every block's grads
     # awaiting the d2h lane as the embedding's backward ends

@@ -72,7 +72,7 @@ def costs():
 
 
 def _task(kind: str, lane: str, **amounts) -> Task:
-    return Task(id=f"probe.{kind}", kind=kind, lane=lane, layer=0, step=0, **amounts)
+    return Task(id=f"probe.{kind}", kind=kind, lane=lane, block=0, step=0, **amounts)
 
 
 def _start(env, shared, cost, log, name):
@@ -195,8 +195,8 @@ def test_disk_reads_and_writes_take_turns(costs):
     # read and write 1 s of bytes alone each: each gets half of the device's time, so both
     # end at 2 s
     disk = costs.profile.storage
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=disk.read_bytes_per_s))
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=disk.write_bytes_per_s))
+    read = costs.cost(_task("read_state", "nvme_read", bytes=disk.read_bytes_per_s))
+    write = costs.cost(_task("write_state", "nvme_write", bytes=disk.write_bytes_per_s))
     assert read.solo_s == pytest.approx(1.0) and write.solo_s == pytest.approx(1.0)
     log = _side_by_side(costs, read, write)
     assert log["first"] == pytest.approx((0.0, 2.0), rel=1e-9)
@@ -207,8 +207,8 @@ def test_disk_alone_runs_at_its_solo_speed_and_a_late_task_shares_the_rest(costs
     # a 1 s read; a 1 s write starts at 0.5 s: the read has 0.5 s of work left, done at half
     # speed -> ends at 1.5 s; the write did 0.5 s of its work by then, the rest alone -> 2.0 s
     disk = costs.profile.storage
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=disk.read_bytes_per_s))
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=disk.write_bytes_per_s))
+    read = costs.cost(_task("read_state", "nvme_read", bytes=disk.read_bytes_per_s))
+    write = costs.cost(_task("write_state", "nvme_write", bytes=disk.write_bytes_per_s))
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities())
     log: dict[str, tuple[float, float]] = {}
@@ -237,8 +237,8 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     costs = CostModel(profile)
     assert costs.mixed_capacities() == {NVME: pytest.approx(duplex / 2 / r + duplex / 2 / w)}
     assert CostModel(base).mixed_capacities() == {}  # not given: they take turns
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=10 * r))  # 10 s alone
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=10 * w))
+    read = costs.cost(_task("read_state", "nvme_read", bytes=10 * r))  # 10 s alone
+    write = costs.cost(_task("write_state", "nvme_write", bytes=10 * w))
     assert (read.tag, write.tag) == ("read", "write")
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
@@ -256,8 +256,8 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     # traces: reads ran ahead of writes, though alone they are the slower), so each moves
     # duplex / 2 and they end together
     same = 10e9
-    run(costs.cost(_task("nvme_read", "nvme_read", bytes=same)), "read")
-    run(costs.cost(_task("nvme_write", "nvme_write", bytes=same)), "write")
+    run(costs.cost(_task("read_state", "nvme_read", bytes=same)), "read")
+    run(costs.cost(_task("write_state", "nvme_write", bytes=same)), "write")
     env.run()
     assert log["read"][1] == pytest.approx(2 * same / duplex, rel=1e-9)
     assert log["write"][1] == pytest.approx(2 * same / duplex, rel=1e-9)
@@ -272,18 +272,19 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
 
 
 def _disk_ends(costs: CostModel, **bytes_of_kind: float) -> dict[str, float]:
-    """When each disk task ends, all started at once (one per kind: nvme_read, nvme_write)."""
+    """When each disk task ends, all started at once (one per lane: nvme_read, nvme_write)."""
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
     ends: dict[str, float] = {}
 
-    def run(kind, nbytes):
-        cost = costs.cost(_task(kind, kind, bytes=nbytes))
+    def run(lane, nbytes):
+        kind = "read_state" if lane == "nvme_read" else "write_state"
+        cost = costs.cost(_task(kind, lane, bytes=nbytes))
         yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
-        ends[kind] = env.now
+        ends[lane] = env.now
 
-    for kind, nbytes in bytes_of_kind.items():
-        env.process(run(kind, nbytes))
+    for lane, nbytes in bytes_of_kind.items():
+        env.process(run(lane, nbytes))
     env.run()
     return ends
 
@@ -331,8 +332,8 @@ def test_a_disk_read_draws_host_memory_as_a_d2h_and_a_write_as_an_h2d():
         base.host, dma_read_cost=0.25, dma_write_cost=0.75))
     costs = CostModel(profile)
     r, w = profile.storage.read_bytes_per_s, profile.storage.write_bytes_per_s
-    read = costs.cost(_task("nvme_read", "nvme_read", bytes=1e9))
-    write = costs.cost(_task("nvme_write", "nvme_write", bytes=1e9))
+    read = costs.cost(_task("read_state", "nvme_read", bytes=1e9))
+    write = costs.cost(_task("write_state", "nvme_write", bytes=1e9))
     assert dict(read.uses)[HOST_MEMORY] == pytest.approx(0.75 * r)
     assert dict(write.uses)[HOST_MEMORY] == pytest.approx(0.25 * w)
 

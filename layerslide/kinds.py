@@ -1,0 +1,49 @@
+"""The vocabulary every layer shares: the lanes tasks run on and the kinds of task, defined once.
+
+Both are string enums, so a plan file or a trace stores them as plain strings and a member
+compares equal to its value. Lanes and kinds are listed in the order a reader expects them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Lane(StrEnum):
+    """Where a task runs: a CUDA stream (strict order) or a worker (picks a ready task)."""
+
+    GPU = "gpu"  # the compute stream
+    H2D = "h2d"  # host-to-device copies
+    D2H = "d2h"  # device-to-host copies
+    CPU = "cpu"  # the CPU optimizer's worker (and casts, unless they have their own)
+    CPU_CAST = "cpu_cast"  # the cast's own worker (Policy.cast_worker)
+    NVME_READ = "nvme_read"
+    NVME_WRITE = "nvme_write"
+
+
+# CUDA streams run their tasks in issue order; the other lanes pick the most urgent ready one.
+STREAM_LANES = (Lane.GPU, Lane.H2D, Lane.D2H)
+
+
+class TaskKind(StrEnum):
+    """What a task does; the executor has one handler per kind, the cost model one rule."""
+
+    LOAD_WEIGHTS = "load_weights"  # a block's bf16 (or fp32) weights into a GPU unit
+    FORWARD = "forward"
+    BACKWARD = "backward"  # recomputes the forward from the checkpoint, then backward
+    HEAD = "head"  # final norm, LM head and loss, forward and backward
+    OFFLOAD_ACTIVATION = "offload_activation"  # a layer's checkpointed input to the host
+    FETCH_ACTIVATION = "fetch_activation"  # and back to the GPU for its backward
+    WRITE_ACTIVATION = "write_activation"  # a checkpoint from the host to NVMe
+    READ_ACTIVATION = "read_activation"  # and back
+    OFFLOAD_GRADS = "offload_grads"  # a block's bf16 grads to their host landing buffer
+    ACCUMULATE_GRADS = "accumulate_grads"  # landed grads into the fp32 sum (accumulation)
+    GRAD_NORM = "grad_norm"  # the global norm for clipping
+    OPTIMIZER_STEP = "optimizer_step"  # AdamW of one block (CPU, or GPU for GPU-updated blocks)
+    CAST = "cast"  # fp32 master -> bf16 upload copy
+    READ_STATE = "read_state"  # a block's optimizer state on NVMe into its staging slot
+    WRITE_STATE = "write_state"  # and back after the block's optimizer step
+
+
+# kinds that run on the compute stream and compute from a block's weights
+COMPUTE_KINDS = (TaskKind.FORWARD, TaskKind.HEAD, TaskKind.BACKWARD)
