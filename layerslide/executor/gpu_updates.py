@@ -29,6 +29,12 @@ class GpuUpdatedBlocks:
         self.steps = {b: torch.zeros((), device=device) for b in self.ids}
         self.found_inf: dict[tuple[int, int], torch.Tensor] = {}  # (step, block) -> 0/1
 
+    def state_bytes(self) -> int:
+        """GPU bytes of the fp32 master weights, moments and grad sums (the step counters aside)."""
+        return sum(t.numel() * t.element_size() for group in
+                   (self.master, self.exp_avg, self.exp_avg_sq, self.grad_sum)
+                   for t in group.values())
+
     def __contains__(self, block: int) -> bool:
         return block in self.master
 

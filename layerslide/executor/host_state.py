@@ -23,7 +23,16 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
 from layerslide.executor.nvme import NvmeState, check_nvme_folder
 from layerslide.executor.optim import OptimConfig
-from layerslide.planner.plan import Placement
+from layerslide.planner.plan import (
+    HOST_GRAD_ACCUM,
+    HOST_GRAD_LANDING,
+    HOST_MASTER,
+    HOST_MOMENTS,
+    HOST_UPLOAD,
+    NVME_MASTER,
+    NVME_MOMENTS,
+    Placement,
+)
 from layerslide.planner.settings import Policy, TrainSpec
 
 
@@ -40,12 +49,11 @@ class HostState:
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         self.native = load_kernels() if policy.cpu_optimizer == "native" else None
-        # master_on_nvme = f_m, moments_on_nvme = f_v: the first round(f * n) of each block's
-        # master weights / moments live on disk, the rest here (self.master and self.moments
-        # hold that rest; blocks updated on the GPU keep theirs whole)
-        self.disk_master = {b: round(policy.master_on_nvme * blocks.numel(b)) for b in cpu_blocks}
-        self.disk_moments = {b: round(policy.moments_on_nvme * blocks.numel(b))
-                             for b in cpu_blocks}
+        # the first elements of each block's master weights / moments live on disk, as many
+        # as the plan's placement says, the rest here (self.master and self.moments hold that
+        # rest; blocks updated on the GPU keep theirs whole)
+        self.disk_master = {b: placement.disk_numel(b)[0] for b in cpu_blocks}
+        self.disk_moments = {b: placement.disk_numel(b)[1] for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
         self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
         state_on_nvme = policy.moments_on_nvme > 0 or policy.master_on_nvme > 0
@@ -284,6 +292,21 @@ class HostState:
             self._scratch = torch.empty(max(self.blocks.numel(b) for b in self.master),
                                         dtype=torch.float32)
         return self._scratch[:self.blocks.numel(block)]
+
+    def allocated_bytes(self) -> dict[str, int]:
+        """What this state holds, by the ids of the plan's static buffers (its ledger)."""
+        def nbytes(tensors) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors)
+
+        held = {HOST_MASTER: nbytes(self.master.values()),
+                HOST_MOMENTS: nbytes(t for pair in self.moments.values() for t in pair),
+                HOST_UPLOAD: nbytes(self.upload.values()),
+                HOST_GRAD_LANDING: nbytes([*self.landing.values(), *self.landing_pool]),
+                HOST_GRAD_ACCUM: nbytes(self.grad32.values()),
+                # the files' contents; each file is padded to the disk's O_DIRECT alignment
+                NVME_MASTER: 4 * sum(self.disk_master.values()),
+                NVME_MOMENTS: 8 * sum(self.disk_moments.values())}
+        return {k: v for k, v in held.items() if v}
 
     def state_bytes(self) -> int:
         """Host bytes held by this state (master, moments, upload and grad buffers)."""

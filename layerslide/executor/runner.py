@@ -35,7 +35,17 @@ from layerslide.kernels.linear_cross_entropy import (
 )
 from layerslide.kinds import COMPUTE_KINDS, TaskKind
 from layerslide.planner.model import ModelSpec
-from layerslide.planner.plan import DEDICATED, Placement, Plan, Task
+from layerslide.planner.plan import (
+    DEDICATED,
+    GPU_RESIDENT_LAYERS,
+    GPU_UPDATED_STATE,
+    GPU_WEIGHT_UNITS,
+    HOST_CHECKPOINTS,
+    Placement,
+    Plan,
+    Task,
+    block_weights_buffer_id,
+)
 
 
 @dataclass
@@ -143,6 +153,22 @@ class TaskRunner:
         self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers)
                                  if policy.activations == "nvme" else None)
         self._reset_segment()
+
+    def allocated_bytes(self) -> dict[str, int]:
+        """The GPU units and the host checkpoints' arena, by the ids of the plan's static
+        buffers (its ledger); the checkpoints exist from the first offload on."""
+        def nbytes(units) -> int:
+            return sum(t.numel() * t.element_size() for u in units
+                       for t in (u.flat, u.landing_fp32) if t is not None)
+
+        layers = [u for b, u in self.dedicated.items() if 0 <= b < self.L]
+        held = {GPU_WEIGHT_UNITS: nbytes(self.ring), GPU_RESIDENT_LAYERS: nbytes(layers),
+                GPU_UPDATED_STATE: self.gpu_blocks.state_bytes(),
+                HOST_CHECKPOINTS: sum(t.numel() * t.element_size()
+                                      for t in self.act_host.values())}
+        for b in (EMBEDDING, self.L):
+            held[block_weights_buffer_id(b, self.L)] = nbytes([self.dedicated[b]])
+        return {k: v for k, v in held.items() if v}
 
     def _reset_segment(self) -> None:
         self.handoff = Handoff()

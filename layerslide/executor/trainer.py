@@ -132,6 +132,11 @@ class Trainer:
         self.memory: list[MemorySample] = []
         self._clock_s = 0.0  # trace time of the end of the last segment
 
+    def allocated_bytes(self) -> dict[str, int]:
+        """What this run holds, by the ids of the plan's static buffers
+        (Plan.static_buffer_bytes: the two agree)."""
+        return {**self.state.allocated_bytes(), **self.runner.allocated_bytes()}
+
     # --- weights ---------------------------------------------------------------------------------
     def init_random(self, seed: int = 0) -> None:
         """Random weights (blocks.init_block). torch draws normals with an explicit generator on

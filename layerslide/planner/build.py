@@ -22,13 +22,25 @@ from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
 from layerslide.planner.plan import (
     DEDICATED,
     EMBEDDING,
+    GPU_RESIDENT_LAYERS,
+    GPU_UPDATED_STATE,
+    GPU_WEIGHT_UNITS,
+    HOST_CHECKPOINTS,
+    HOST_GRAD_ACCUM,
+    HOST_GRAD_LANDING,
+    HOST_MASTER,
+    HOST_MOMENTS,
+    HOST_UPLOAD,
     LANES,
     NO_SLOT,
+    NVME_MASTER,
+    NVME_MOMENTS,
     Buffer,
     Placement,
     Plan,
     Task,
     block_name,
+    block_weights_buffer_id,
     runtime_buffer_id,
     task_buffer_id,
     task_id,
@@ -121,6 +133,12 @@ class _Builder:
         self.landing_slots: dict[tuple[int, int, int], int] = {}  # (step, micro, block) -> slot
         self.step_markers: list[str] = []
         self.cast_lane = Lane.CPU_CAST if policy.cast_worker else Lane.CPU
+        # the first round(fraction * n) of each CPU-updated block's master weights and moments
+        # live on NVMe (GPU-updated blocks keep theirs whole)
+        self.disk = {b: (0, 0) if b in self.gpu_updated else
+                     (round(policy.master_on_nvme * self.params(b)),
+                      round(policy.moments_on_nvme * self.params(b)))
+                     for b in (EMBEDDING, *range(self.L), self.L)}
 
     # --- small helpers ---------------------------------------------------------------------
     def tid(self, kind: TaskKind, block: int, step: int, micro: int = 0,
@@ -475,7 +493,8 @@ class _Builder:
             self.edge(norm, opt, "clip")
             if A == 1 and pol.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
                 self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
-            state_bytes = p * (FP32_BYTES * pol.master_on_nvme + 2 * FP32_BYTES * pol.moments_on_nvme)
+            master_disk, moments_disk = self.disk[b]
+            state_bytes = FP32_BYTES * master_disk + 2 * FP32_BYTES * moments_disk
             if state_bytes > 0:
                 self.state_io(s, b, state_bytes, opt, io_key(b))
             if pol.cast == "cpu_once" and not pol.optimizer_casts:
@@ -514,31 +533,33 @@ class _Builder:
         n = model.total_params - on_gpu  # parameters whose state lives on the host
         unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
         self.buffer(None, runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
-        self.buffer(None, "gpu.weight_units", "gpu", len(self.slots) * unit)
+        self.buffer(None, GPU_WEIGHT_UNITS, "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
-        self.buffer(None, "gpu.resident_layers", "gpu", loaded_layers * unit
+        self.buffer(None, GPU_RESIDENT_LAYERS, "gpu", loaded_layers * unit
                     + updated_layers * BF16_BYTES * model.layer_params)
         landing = FP32_BYTES if pol.cast == "gpu" else 0  # fp32 arrives, then is cast
         for b in (EMBEDDING, self.L):
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
-            self.buffer(None, f"gpu.{self.blk(b)}.weights", "gpu",
+            self.buffer(None, block_weights_buffer_id(b, self.L), "gpu",
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
-        self.buffer(None, "gpu.updated_state", "gpu", sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
+        self.buffer(None, GPU_UPDATED_STATE, "gpu",
+                    sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
         self.buffer(None, runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
         # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
         # initialisation, loading and checkpoints (the GPU holds the live copy)
-        self.buffer(None, "host.master_fp32", "host",
-                    FP32_BYTES * (n * (1 - pol.master_on_nvme) + on_gpu))
+        master_disk = sum(m for m, _ in self.disk.values())
+        moments_disk = sum(v for _, v in self.disk.values())
+        self.buffer(None, HOST_MASTER, "host", FP32_BYTES * (model.total_params - master_disk))
         if pol.activations == "host":
             # one page-locked buffer per layer, allocated at the first offload and reused by
             # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
             # to 32, the checkpoints' size)
-            self.buffer(None, "host.checkpoints", "host",
+            self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * sizes.hidden_bytes(model, self.tokens))
-        self.buffer(None, "host.adam_moments", "host", 2 * FP32_BYTES * n * (1 - pol.moments_on_nvme))
+        self.buffer(None, HOST_MOMENTS, "host", 2 * FP32_BYTES * (n - moments_disk))
         if pol.cast == "cpu_once":
-            self.buffer(None, "host.weights_bf16", "host", BF16_BYTES * n)
+            self.buffer(None, HOST_UPLOAD, "host", BF16_BYTES * n)
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
         # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
         # largest block's size
@@ -549,11 +570,11 @@ class _Builder:
             landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
         else:
             landing = sum(self.params(b) for b in cpu_blocks)
-        self.buffer(None, "host.grad_landing", "host", BF16_BYTES * landing)
+        self.buffer(None, HOST_GRAD_LANDING, "host", BF16_BYTES * landing)
         if self.A > 1:
-            self.buffer(None, "host.grad_accum_fp32", "host", FP32_BYTES * n)
-        self.buffer(None, "nvme.master_fp32", "nvme", FP32_BYTES * n * pol.master_on_nvme)
-        self.buffer(None, "nvme.adam_moments", "nvme", 2 * FP32_BYTES * n * pol.moments_on_nvme)
+            self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
+        self.buffer(None, NVME_MASTER, "nvme", FP32_BYTES * master_disk)
+        self.buffer(None, NVME_MOMENTS, "nvme", 2 * FP32_BYTES * moments_disk)
 
     def placement(self) -> Placement:
         pol, tokens = self.policy, self.tokens
@@ -564,7 +585,9 @@ class _Builder:
             nvme_staging_slots=len(set(self.state_slots.values())),
             head_chunk_tokens=(sizes.fused_head_chunk_tokens(self.model, tokens,
                                                              pol.head_chunk_bytes)
-                               if pol.head_loss == "fused" else tokens))
+                               if pol.head_loss == "fused" else tokens),
+            master_on_nvme=tuple(self.disk[b][0] for b in sorted(self.disk)),
+            moments_on_nvme=tuple(self.disk[b][1] for b in sorted(self.disk)))
 
     def build(self) -> Plan:
         self.static_buffers()

@@ -31,6 +31,27 @@ DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slid
 NO_SLOT = -1
 
 
+# The static buffers a plan sizes and the executor allocates, by id: the one ledger of what a
+# run holds (Plan.static_buffer_bytes; the executor reports its own by these ids, and a test
+# holds the two equal).
+GPU_WEIGHT_UNITS = "gpu.weight_units"  # the sliding ring
+GPU_RESIDENT_LAYERS = "gpu.resident_layers"  # decoder layers with a unit of their own
+GPU_UPDATED_STATE = "gpu.updated_state"  # fp32 master, m, v and grad sums of GPU-updated blocks
+HOST_MASTER = "host.master_fp32"
+HOST_MOMENTS = "host.adam_moments"
+HOST_UPLOAD = "host.weights_bf16"  # the bf16 copies the GPU loads (cast=cpu_once)
+HOST_GRAD_LANDING = "host.grad_landing"
+HOST_GRAD_ACCUM = "host.grad_accum_fp32"
+HOST_CHECKPOINTS = "host.checkpoints"  # activations=host: one page-locked arena of all layers
+NVME_MASTER = "nvme.master_fp32"
+NVME_MOMENTS = "nvme.adam_moments"
+
+
+def block_weights_buffer_id(block: int, num_layers: int) -> str:
+    """The GPU unit of the embedding or the head (and its fp32 landing, cast=gpu)."""
+    return f"gpu.{block_name(block, num_layers)}.weights"
+
+
 def block_name(block: int, num_layers: int) -> str:
     """emb, L0..L{n-1} or head: how ids name a block."""
     return "emb" if block == EMBEDDING else ("head" if block == num_layers else f"L{block}")
@@ -97,13 +118,23 @@ class Placement:
     grad_landing_buffers: int = 0
     nvme_staging_slots: int = 0  # host buffers the NVMe state reads fill in turn
     head_chunk_tokens: int  # rows of logits the head's loss makes at a time
+    # Per block (index block + 1: the embedding first, the head last), how many of its fp32
+    # master weights and of its AdamW moments live on NVMe: the first ones of its flat layout.
+    master_on_nvme: tuple[int, ...] = ()
+    moments_on_nvme: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.grad_landing not in ("upload", "per_block", "pool"):
             raise ValueError(f"Placement.grad_landing={self.grad_landing!r}: choose upload, "
                              "per_block or pool")
-        object.__setattr__(self, "gpu_updated", tuple(self.gpu_updated))
-        object.__setattr__(self, "dedicated_layers", tuple(self.dedicated_layers))
+        for name in ("gpu_updated", "dedicated_layers", "master_on_nvme", "moments_on_nvme"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def disk_numel(self, block: int) -> tuple[int, int]:
+        """(master, moments) elements of the block that live on NVMe."""
+        if not self.master_on_nvme:
+            return 0, 0
+        return self.master_on_nvme[block + 1], self.moments_on_nvme[block + 1]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,6 +190,12 @@ class Plan:
     def static_bytes(self, tier: str) -> int:
         """Bytes held for the whole run on a tier: a lower bound on its peak."""
         return sum(b.bytes for b in self.buffers if b.tier == tier and b.is_static)
+
+    def static_buffer_bytes(self) -> dict[str, int]:
+        """Bytes of each static buffer by id, the runtime estimates left out: what the executor
+        allocates before the plan runs (or, the host checkpoints, at its first offload)."""
+        runtime = {runtime_buffer_id(tier) for tier in ("gpu", "host", "nvme")}
+        return {b.id: b.bytes for b in self.buffers if b.is_static and b.id not in runtime}
 
     def kept_bytes(self, tier: str) -> int:
         """Bytes a task makes and keeps to the end (cuBLAS's workspaces): with static_bytes,

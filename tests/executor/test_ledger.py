@@ -1,0 +1,45 @@
+"""One memory ledger: what the executor allocates equals the plan's static buffers, buffer by
+buffer and tier by tier, for a set of policies (on the CPU device: the same tensors, unpinned)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import SEQ, VOCAB, spec_of, tiny_config
+
+from layerslide.executor.data import SyntheticTokens
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.trainer import Trainer
+from layerslide.planner.build import build_plan
+from layerslide.planner.settings import Policy, TrainSpec
+
+CASES = [
+    ("default", TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+    ("window-1-resident", TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy(window=1, resident_layers=1)),
+    ("cast-gpu", TrainSpec(micro_batch=1, seq_len=SEQ), Policy(cast="gpu")),
+    ("per-load-pool", TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy(cast="cpu_per_load", host_grad_buffers=2)),
+    ("per-block-landing", TrainSpec(micro_batch=1, seq_len=SEQ, max_grad_norm=1.0),
+     Policy(cast="cpu_per_load")),
+    ("accumulation", TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
+     Policy(activations="gpu")),
+    ("gpu-updated", TrainSpec(micro_batch=1, seq_len=SEQ), Policy(gpu_updated_blocks=2)),
+    ("nvme", TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy(master_on_nvme=0.5, moments_on_nvme=0.75)),
+]
+
+
+@pytest.mark.parametrize(("name", "train", "policy"), CASES, ids=[c[0] for c in CASES])
+def test_the_executor_allocates_what_the_plan_says(tmp_path, name, train, policy):
+    config = tiny_config("llama", tied=name == "gpu-updated")
+    plan = build_plan(spec_of(config, tmp_path), train, policy)
+    with Trainer(config=config, plan=plan, optim=OptimConfig(lr=1e-3), device="cpu",
+                 nvme_dir=tmp_path / "nvme") as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)  # the checkpoints' arena comes now
+        allocated = trainer.allocated_bytes()
+    expected = plan.static_buffer_bytes()
+    assert allocated == expected
+    for tier in ("gpu", "host", "nvme"):
+        assert sum(v for k, v in allocated.items() if k.startswith(tier)) == (
+            plan.static_bytes(tier) - plan.runtime_bytes(tier))
