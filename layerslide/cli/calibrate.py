@@ -49,10 +49,7 @@ def cmd_calibrate(args) -> int:
     if out.exists() and not args.overwrite:
         raise UsageError(f"--out {out} exists: pass --overwrite or another file")
     base = profile_of(args.base)
-    try:
-        model = resolve_model(args.model)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    model = resolve_model(args.model)
     gpu = torch.cuda.is_available()
     print(f"calibrating {'host, disk and GPU' if gpu else 'host and disk (no GPU here)'}"
           f"{' (quick)' if args.quick else ''}; unmeasured fields from {base.name}", flush=True)

@@ -112,17 +112,11 @@ def _plan_summary(plan: Plan) -> dict:
 
 
 def _build(args) -> Plan:
-    try:
-        return build_plan(model_of(args), train_of(args), policy_of(args), num_steps=args.steps)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    return build_plan(model_of(args), train_of(args), policy_of(args), num_steps=args.steps)
 
 
 def _save(plan: Plan, path: str) -> None:
-    try:
-        plan.save(path)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    plan.save(path)
 
 
 def cmd_plan(args) -> int:
@@ -174,10 +168,7 @@ def _print_prediction(pred: Prediction) -> None:
 def cmd_simulate(args) -> int:
     tuned = {}
     if args.plan:
-        try:
-            plan = Plan.load(args.plan)
-        except ValueError as err:
-            raise UsageError(str(err)) from err
+        plan = Plan.load(args.plan)
         tuned = plan.meta
     else:
         if not args.model:
@@ -186,10 +177,7 @@ def cmd_simulate(args) -> int:
     profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE)
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
-    try:
-        pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
     check_writable(args.trace_out)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)
@@ -228,30 +216,24 @@ def _rejection_lines(result) -> list[str]:
 
 
 def space_of(args) -> SearchSpace:
-    try:
-        defaults = SearchSpace()
-        return SearchSpace(
-            windows=args.windows or defaults.windows,
-            micro_batches=args.micro_batches or defaults.micro_batches,
-            grad_accums=args.grad_accums or defaults.grad_accums,
-            activations=args.activations_list or defaults.activations,
-            casts=args.casts or defaults.casts,
-            optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
-            allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    defaults = SearchSpace()
+    return SearchSpace(
+        windows=args.windows or defaults.windows,
+        micro_batches=args.micro_batches or defaults.micro_batches,
+        grad_accums=args.grad_accums or defaults.grad_accums,
+        activations=args.activations_list or defaults.activations,
+        casts=args.casts or defaults.casts,
+        optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
+        allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
 
 
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile)
     check_writable(args.output)
-    try:
-        TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
-        result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
-                      space=space_of(args), gpu_memory_bytes=args.gpu_memory,
-                      progress=progress_printer("tune: candidates simulated"))
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
+    result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
+                  space=space_of(args), gpu_memory_bytes=args.gpu_memory,
+                  progress=progress_printer("tune: candidates simulated"))
     if args.output and result.best_plan is not None:
         _save(result.best_plan, args.output)
     table = pd.DataFrame([c.row() for c in result.candidates])
@@ -302,31 +284,28 @@ def _largest_by_size(rows: list[WhatIfRow], profile) -> list[dict]:
 
 def cmd_whatif(args) -> int:
     progress = progress_printer("whatif")
-    try:
-        if args.profile_axis:
-            if args.model or args.profiles:
-                raise UsageError("--on-profile compares models: give them with --models, "
-                                 "not --model or --profiles")
-            profile = profile_of(args.profile_axis)
-            models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
-            rows = across_models(profile, models, ram_sizes=args.ram or (None,),
-                                 nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                                 gpu_memory_bytes=args.gpu_memory, progress=progress)
-            title = f"models on {profile.name}"
-        else:
-            if not args.model:
-                raise UsageError("give --model M (across profiles) or --on-profile P "
-                                 "(across models)")
-            if args.models or args.ram or args.nvme:
-                raise UsageError("--models, --ram and --nvme go with --on-profile")
-            model = model_of(args)
-            profiles = ([profile_of(n) for n in args.profiles] if args.profiles
-                        else builtin_profiles())
-            rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                                   gpu_memory_bytes=args.gpu_memory, progress=progress)
-            title = f"{model.name} across profiles"
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    if args.profile_axis:
+        if args.model or args.profiles:
+            raise UsageError("--on-profile compares models: give them with --models, "
+                             "not --model or --profiles")
+        profile = profile_of(args.profile_axis)
+        models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
+        rows = across_models(profile, models, ram_sizes=args.ram or (None,),
+                             nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
+                             gpu_memory_bytes=args.gpu_memory, progress=progress)
+        title = f"models on {profile.name}"
+    else:
+        if not args.model:
+            raise UsageError("give --model M (across profiles) or --on-profile P "
+                             "(across models)")
+        if args.models or args.ram or args.nvme:
+            raise UsageError("--models, --ram and --nvme go with --on-profile")
+        model = model_of(args)
+        profiles = ([profile_of(n) for n in args.profiles] if args.profiles
+                    else builtin_profiles())
+        rows = across_profiles(model, profiles, seq_len=args.seq_len,
+                               gpu_memory_bytes=args.gpu_memory, progress=progress)
+        title = f"{model.name} across profiles"
     table = _whatif_table(rows)
     largest = _largest_by_size(rows, profile) if args.profile_axis else []
     if args.json:

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except UsageError as err:
+    except (UsageError, ValueError) as err:  # bad input says what to change (house style)
         print(f"layerslide {args.command}: error: {err}", file=sys.stderr)
         return 2
 

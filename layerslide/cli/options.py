@@ -8,6 +8,7 @@ from pathlib import Path
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
+from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
@@ -130,9 +131,9 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                         "plus upcast and cast passes (40 B/param)")
     if not plan_steps:
         return
-    p.add_argument("--steps", type=int, default=3,
-                   help="consecutive training steps to plan (simulate needs >= 3: the last "
-                        "cycle is the steady-state step it reports)")
+    p.add_argument("--steps", type=int, default=STEADY_STEPS,
+                   help=f"consecutive training steps to plan (simulate needs >= {STEADY_STEPS}: "
+                        "the last cycle is the steady-state step it reports)")
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -140,42 +141,30 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 
 def model_of(args) -> ModelSpec:
-    try:
-        return resolve_model(args.model)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    return resolve_model(args.model)
 
 
 def profile_of(name: str) -> HardwareProfile:
-    try:
-        return load_profile(name)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    return load_profile(name)
 
 
 def train_of(args) -> TrainSpec:
-    try:
-        return TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len,
-                         grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    return TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len,
+                     grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
 
 
 def policy_of(args) -> Policy:
-    try:
-        return Policy(window=args.window, grad_buffers=args.grad_buffers,
-                      prefetch_depth=args.prefetch_depth, activations=args.activations,
-                      moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
-                      resident_layers=args.resident_layers,
-                      gpu_updated_blocks=args.gpu_updated_blocks,
-                      gpu_updated_order=args.gpu_updated_order,
-                      optimizer_order=args.optimizer_order,
-                      cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
-                      layer_kernels=args.layer_kernels,
-                      host_grad_buffers=args.host_grad_buffers,
-                      cpu_optimizer=args.cpu_optimizer)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    return Policy(window=args.window, grad_buffers=args.grad_buffers,
+                  prefetch_depth=args.prefetch_depth, activations=args.activations,
+                  moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
+                  resident_layers=args.resident_layers,
+                  gpu_updated_blocks=args.gpu_updated_blocks,
+                  gpu_updated_order=args.gpu_updated_order,
+                  optimizer_order=args.optimizer_order,
+                  cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
+                  layer_kernels=args.layer_kernels,
+                  host_grad_buffers=args.host_grad_buffers,
+                  cpu_optimizer=args.cpu_optimizer)
 
 
 def check_writable(path: str | None) -> None:

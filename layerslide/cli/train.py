@@ -23,7 +23,7 @@ from layerslide.cli.options import (
 )
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import ModelSpec, resolve_model
-from layerslide.planner.plan import Plan
+from layerslide.planner.plan import STEADY_STEPS, Plan
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "generation_config.json")
@@ -90,14 +90,8 @@ def add_train_command(sub, units: str) -> None:
 def _plan(args, spec: ModelSpec) -> Plan:
     """The plan to run: the --plan file as it is, or one built from the flags."""
     if not args.plan:
-        try:
-            return build_plan(spec, train_of(args), policy_of(args), num_steps=3)
-        except ValueError as err:
-            raise UsageError(str(err)) from err
-    try:
-        plan = Plan.load(args.plan)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+        return build_plan(spec, train_of(args), policy_of(args))
+    plan = Plan.load(args.plan)
     shape = {k: v for k, v in plan.model.to_dict().items() if k != "name"}
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
         raise UsageError(f"{args.plan} is a plan for {plan.model.name}, not for {args.model}: "
@@ -112,8 +106,8 @@ def _check_fits(args, plan: Plan) -> None:
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
-    if plan.num_steps < 3:  # simulating needs a steady-state step: the plan's own, repeated
-        plan = plan.unroll(3)
+    if plan.num_steps < STEADY_STEPS:  # to simulate a steady step: the plan's last, repeated
+        plan = plan.unroll(STEADY_STEPS)
     profile = profile_of(args.profile)
     prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
     gpu_need = prediction.gpu_need_bytes  # the allocator's reserve, not only the allocated peak
@@ -193,16 +187,13 @@ def cmd_train(args) -> int:
 
     folder = Path(args.model).expanduser()
     from_folder = folder.is_dir()
-    try:
-        spec = resolve_model(args.model)
-        if from_folder:
-            from transformers import AutoConfig
-            read_hf_config(folder)  # supported architecture, readable JSON
-            config = AutoConfig.from_pretrained(folder, local_files_only=True)
-        else:
-            config = hf_config_from_spec(spec)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    spec = resolve_model(args.model)
+    if from_folder:
+        from transformers import AutoConfig
+        read_hf_config(folder)  # supported architecture, readable JSON
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    else:
+        config = hf_config_from_spec(spec)
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: train at least one step")
     schedule = _checkpoint_schedule(args)
@@ -214,16 +205,13 @@ def cmd_train(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda but torch sees no CUDA GPU: use --device cpu")
-    try:
-        optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,
-                            warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
-                            decay_steps=max(1, args.steps - args.warmup_steps))
-        tokenizer = args.tokenizer or (folder if from_folder else None)
-        data = open_token_source(None if args.data == "synthetic" else args.data,
-                                 tokenizer_dir=tokenizer, vocab_size=spec.vocab_size,
-                                 seq_len=train.seq_len, seed=args.seed)
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,
+                        warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
+                        decay_steps=max(1, args.steps - args.warmup_steps))
+    tokenizer = args.tokenizer or (folder if from_folder else None)
+    data = open_token_source(None if args.data == "synthetic" else args.data,
+                             tokenizer_dir=tokenizer, vocab_size=spec.vocab_size,
+                             seq_len=train.seq_len, seed=args.seed)
 
     try:
         trainer = Trainer(config=config, plan=plan, optim=optim, device=device, serial=args.serial, segment_steps=args.segment_steps,

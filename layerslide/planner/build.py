@@ -32,9 +32,11 @@ from layerslide.planner.plan import (
     HOST_MOMENTS,
     HOST_UPLOAD,
     LANES,
+    MIN_STEPS,
     NO_SLOT,
     NVME_MASTER,
     NVME_MOMENTS,
+    STEADY_STEPS,
     Buffer,
     Placement,
     Plan,
@@ -50,11 +52,12 @@ from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 K = TaskKind
 
 
-def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *, num_steps: int = 3) -> Plan:
-    """Plan `num_steps` consecutive training steps (>= 2 so the step boundary is visible)."""
-    if num_steps < 2:
-        raise ValueError(f"num_steps={num_steps}: plan at least 2 steps so that one step's "
-                         "optimizer tail meets the next step's forward")
+def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *,
+               num_steps: int = STEADY_STEPS) -> Plan:
+    """Plan `num_steps` consecutive training steps (at least MIN_STEPS)."""
+    if num_steps < MIN_STEPS:
+        raise ValueError(f"num_steps={num_steps}: plan at least {MIN_STEPS} steps so that one "
+                         "step's optimizer tail meets the next step's forward")
     if train.seq_len > model.max_position_embeddings:
         raise ValueError(f"seq_len={train.seq_len} exceeds {model.name}'s "
                          f"max_position_embeddings={model.max_position_embeddings}")
@@ -494,7 +497,8 @@ class _Builder:
             if A == 1 and pol.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
                 self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
             master_disk, moments_disk = self.disk[b]
-            state_bytes = FP32_BYTES * master_disk + 2 * FP32_BYTES * moments_disk
+            state_bytes = (sizes.MASTER_BYTES_PER_PARAM * master_disk
+                           + sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
             if state_bytes > 0:
                 self.state_io(s, b, state_bytes, opt, io_key(b))
             if pol.cast == "cpu_once" and not pol.optimizer_casts:
@@ -550,16 +554,17 @@ class _Builder:
         # initialisation, loading and checkpoints (the GPU holds the live copy)
         master_disk = sum(m for m, _ in self.disk.values())
         moments_disk = sum(v for _, v in self.disk.values())
-        self.buffer(None, HOST_MASTER, "host", FP32_BYTES * (model.total_params - master_disk))
+        self.buffer(None, HOST_MASTER, "host",
+                    sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
         if pol.activations == "host":
             # one page-locked buffer per layer, allocated at the first offload and reused by
             # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
             # to 32, the checkpoints' size)
             self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * sizes.hidden_bytes(model, self.tokens))
-        self.buffer(None, HOST_MOMENTS, "host", 2 * FP32_BYTES * (n - moments_disk))
+        self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
         if pol.cast == "cpu_once":
-            self.buffer(None, HOST_UPLOAD, "host", BF16_BYTES * n)
+            self.buffer(None, HOST_UPLOAD, "host", sizes.UPLOAD_BYTES_PER_PARAM * n)
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
         # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
         # largest block's size
@@ -573,8 +578,8 @@ class _Builder:
         self.buffer(None, HOST_GRAD_LANDING, "host", BF16_BYTES * landing)
         if self.A > 1:
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
-        self.buffer(None, NVME_MASTER, "nvme", FP32_BYTES * master_disk)
-        self.buffer(None, NVME_MOMENTS, "nvme", 2 * FP32_BYTES * moments_disk)
+        self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
+        self.buffer(None, NVME_MOMENTS, "nvme", sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
 
     def placement(self) -> Placement:
         pol, tokens = self.policy, self.tokens

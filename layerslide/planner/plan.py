@@ -26,6 +26,13 @@ LANES = tuple(Lane)
 # order runs next (a worker that picks from a ready queue).
 LANE_DISCIPLINES = ("strict", "priority")
 
+# Steps a plan holds. At least MIN_STEPS, so that one step's optimizer tail meets the next
+# step's forward and the last step has one before it to repeat (Plan.unroll); STEADY_STEPS to be
+# simulated: with 2 the measured cycle can start while the CPU already works on that step's
+# early grads (the head's), which looks shorter than steady state; from 3 on it does not.
+MIN_STEPS = 2
+STEADY_STEPS = 3
+
 EMBEDDING = -1  # block index of the token embedding; decoder layers are 0..L-1, the head is L
 DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slides)
 NO_SLOT = -1
@@ -466,8 +473,9 @@ class _Permutations:
 
 
 def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
-    if plan.num_steps < 2:
-        raise ValueError("a plan of one step cannot be repeated: plan at least two")
+    if plan.num_steps < MIN_STEPS:
+        raise ValueError(f"a plan of {plan.num_steps} step cannot be repeated: plan at least "
+                         f"{MIN_STEPS}")
     units: dict[int, int] = {}
     turns: dict[tuple[TaskKind, ...], tuple[int, int]] = {}
     L = plan.model.num_layers

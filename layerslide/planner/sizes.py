@@ -42,8 +42,18 @@ def cpu_optimizer_extra_bytes_per_param(cpu_optimizer: str, grad_accum: int,
 # Fused AdamW on the GPU: read fp32 grad, param, m, v; write param, m, v and the bf16 weights.
 GPU_ADAMW_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + BF16_BYTES
 GPU_ADAMW_OPS = 4
-# GPU-updated blocks keep fp32 master weights, m, v and grads on the GPU (+ bf16 weights).
+# The ledger's rates, bytes per parameter of the state buffers: the plan's static buffers are
+# sized by them (build.static_buffers), tune, what-if and `layerslide models` bound capacity
+# by them, and the executor's allocations are held equal to the plan's (tests/executor/
+# test_ledger.py).
+MASTER_BYTES_PER_PARAM = FP32_BYTES  # fp32 master weights, in RAM or on NVMe
+MOMENTS_BYTES_PER_PARAM = 2 * FP32_BYTES  # AdamW m and v, in RAM or on NVMe
+UPLOAD_BYTES_PER_PARAM = BF16_BYTES  # the bf16 copy loads read (cast=cpu_once): RAM only
+HOST_STATE_BYTES_PER_PARAM = (MASTER_BYTES_PER_PARAM + MOMENTS_BYTES_PER_PARAM
+                              + UPLOAD_BYTES_PER_PARAM)
+# GPU-updated blocks keep fp32 master weights, m, v and grads on the GPU, and bf16 weights.
 GPU_UPDATED_STATE_BYTES_PER_PARAM = 4 * FP32_BYTES
+GPU_UPDATED_BYTES_PER_PARAM = BF16_BYTES + GPU_UPDATED_STATE_BYTES_PER_PARAM
 # Gradient accumulation on the host: read bf16 grads, read and write the fp32 sum.
 ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner.plan import Plan
+from layerslide.planner.plan import STEADY_STEPS, Plan
 from layerslide.simulator.costmodel import HOST_CORES, CostModel
 from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
 
 GIB = 1024**3
-# With 2 steps the measured cycle can start while the CPU already works on that step's early
-# grads (the head's), which makes it look shorter than steady state; from 3 steps on it is not.
-MIN_SIMULATED_STEPS = 3
+MIN_SIMULATED_STEPS = STEADY_STEPS  # the planner's rule (planner.plan)
 # Rounds of settling the GPU's clock against its busy fraction, and the speedup change that
 # ends them early (profiles without GPUSpec.busy_speedup take none).
 CLOCK_ROUNDS = 4
@@ -234,11 +232,13 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
 
 
 def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
-             label: str = "", costs: CostModel | None = None) -> Prediction:
+             label: str = "", costs: CostModel | None = None,
+             settle_clock: bool = True) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
     overflow a tier are rejected without simulating; others are simulated and then checked.
-    Where the profile has a GPU busy speedup and no cost model is given, the GPU's speed is
-    settled against its busy fraction over a few simulations (Prediction.gpu_speedup)."""
+    With settle_clock, where the profile has a GPU busy speedup, the GPU's speed is settled
+    against its busy fraction over a few simulations (Prediction.gpu_speedup), starting from
+    `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'."""
     if plan.num_steps < MIN_SIMULATED_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{MIN_SIMULATED_STEPS} so that the last one is a steady-state step "
@@ -251,7 +251,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
                           peak_bytes=static, overflows=early,
                           gpu_runtime_bytes=plan.runtime_bytes("gpu"))
-    settle_clock = costs is None and profile.gpu.busy_speedup is not None
+    settle_clock = settle_clock and profile.gpu.busy_speedup is not None
     costs = costs or CostModel(profile)
     trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
                                        profile_name=profile.name)

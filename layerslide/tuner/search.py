@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
 from layerslide.planner.build import gpu_layout, gpu_update_candidates
+from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
@@ -29,8 +30,6 @@ from layerslide.trace import TIERS
 
 # (moments_on_nvme, master_on_nvme), least NVMe first.
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
-# A GPU-updated block holds bf16 weights + fp32 master, m, v, grads on the GPU.
-GPU_UPDATED_BYTES_PER_PARAM = sizes.BF16_BYTES + sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM
 GPU_FILL_MARGIN = 0.95  # of the free GPU memory, for what the estimate does not see
 # Pinned gradient landing buffers to fall back to when the host overflows: few enough to bound
 # the grads waiting for a slow optimizer, enough to keep the backward streaming.
@@ -148,7 +147,7 @@ def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: s
     """How many blocks, taken in the order's sequence, fit their GPU state into the headroom."""
     used, count = 0.0, 0
     for block in gpu_update_candidates(model.num_layers, order):
-        used += GPU_UPDATED_BYTES_PER_PARAM * sizes.block_params(model, block)
+        used += sizes.GPU_UPDATED_BYTES_PER_PARAM * model.block_params(block)
         if used > headroom_bytes:
             break
         count += 1
@@ -162,9 +161,10 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     memory it leaves free given to blocks updated on the GPU; if nothing fits, the last try
     (or the first that overflows a tier that more NVMe cannot relieve). settle_clock=False
     holds the GPU at its efficiency tables' rate (simulate's busy speedup left out)."""
-    costs = None if settle_clock else CostModel(profile)
+    costs = CostModel(profile)
     base = _place_state(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
-                        allow_nvme=allow_nvme, num_steps=num_steps, costs=costs)
+                        allow_nvme=allow_nvme, num_steps=num_steps, costs=costs,
+                        settle_clock=settle_clock)
     if not (fill_gpu_updates and base.feasible):
         return base
     pred = base.prediction
@@ -182,7 +182,8 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
                 break
             tried.add(blocks)
             plan = build_plan(model, train, filled, num_steps=num_steps)
-            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs)
+            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
+                                  settle_clock=settle_clock)
             if prediction.feasible:
                 if prediction.tokens_per_s > best.prediction.tokens_per_s:
                     best = Candidate(train=train, policy=filled,
@@ -194,7 +195,7 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
 
 def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile,
                  *, gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
-                 costs: CostModel | None = None) -> Candidate:
+                 costs: CostModel, settle_clock: bool) -> Candidate:
     """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
     with all state on NVMe and the host still over, one block's state staged at a time."""
     placements = [(moments, master) for moments, master in
@@ -218,7 +219,8 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
             tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master,
                             host_grad_buffers=pool, nvme_prefetch=prefetch)
             plan = build_plan(model, train, tried, num_steps=num_steps)
-            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs)
+            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
+                                  settle_clock=settle_clock)
             candidate = Candidate(train=train, policy=tried,
                                   prediction=replace(prediction, trace=None))
             overflowing = {o.tier for o in prediction.overflows}
@@ -248,7 +250,7 @@ def _evaluate_args(args: tuple) -> Candidate:
 def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          max_grad_norm: float | None = None, space: SearchSpace | None = None,
          base_policy: Policy | None = None, gpu_memory_bytes: int | None = None,
-         num_steps: int = 3, workers: int | None = None,
+         num_steps: int = STEADY_STEPS, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> TuneResult:
     """Evaluate every candidate of the space; best tokens/s first, infeasible ones last."""
     space = space or SearchSpace()

@@ -109,10 +109,10 @@ def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
     return max(fitting, key=lambda r: r.params) if fitting else None
 
 
-# Per-parameter state in this plan family: fp32 master 4 + AdamW m, v 8 + the bf16 copy that
-# loads read 2; the bf16 copy must stay in RAM, the rest may go to NVMe.
-STATE_BYTES_PER_PARAM = 3 * sizes.FP32_BYTES + sizes.BF16_BYTES
-RAM_ONLY_BYTES_PER_PARAM = sizes.BF16_BYTES
+# Per-parameter state in this plan family (the planner's ledger): the bf16 copy that loads read
+# must stay in RAM, master weights and moments may go to NVMe.
+STATE_BYTES_PER_PARAM = sizes.HOST_STATE_BYTES_PER_PARAM
+RAM_ONLY_BYTES_PER_PARAM = sizes.UPLOAD_BYTES_PER_PARAM
 
 
 def capacity_bounds(profile: HardwareProfile) -> dict[str, float]:

@@ -177,7 +177,7 @@ def test_a_gpu_that_idles_computes_at_its_busy_speedup():
 
 def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
     # 3B micro-batch 32: the GPU sets the step; the speedup used is the table's answer to the
-    # busy fraction it produced, and a caller's cost model is taken as given
+    # busy fraction it produced; without settling, a caller's cost model is taken as given
     plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=32), Policy(), num_steps=3)
     base = _with_busy_speedup(load_profile("h200-bench"), None)
     profile = _with_busy_speedup(base, ((0.5, 1.3), (1.0, 1.0)))
@@ -187,5 +187,7 @@ def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
     costs = CostModel(profile, gpu_speedup=settled.gpu_speedup)
     busy = gpu_compute_busy(_gpu_tasks(plan), costs, settled.step_s)
     assert profile.gpu.speedup_at_busy(busy) == pytest.approx(settled.gpu_speedup, abs=0.01)
-    given = simulate(plan, profile, costs=CostModel(profile))
+    given = simulate(plan, profile, costs=CostModel(profile), settle_clock=False)
     assert given.gpu_speedup == 1.0 and given.step_s == pytest.approx(plain.step_s)
+    reused = simulate(plan, profile, costs=CostModel(profile))  # settles from the one given
+    assert reused.gpu_speedup == pytest.approx(settled.gpu_speedup)
