@@ -41,6 +41,7 @@ from layerslide.planner.plan import (
     GPU_UPDATED_STATE,
     GPU_WEIGHT_UNITS,
     HOST_CHECKPOINTS,
+    Buffer,
     Placement,
     Plan,
     Task,
@@ -58,7 +59,9 @@ class WeightUnit:
 
 
 class Handoff:
-    """Tensors passed between tasks, dropped once their last reader has taken them."""
+    """Tensors passed between tasks, dropped once their last reader has taken them: by the id
+    of the plan buffer they are (readers: its release tasks), or for what the plan does not
+    size, the token ids and a tied model's LM-weight grad, by ("ids" | "tied", step, micro)."""
 
     def __init__(self):
         self._items: dict[tuple, list] = {}
@@ -172,6 +175,8 @@ class TaskRunner:
 
     def _reset_segment(self) -> None:
         self.handoff = Handoff()
+        self._made: dict[tuple[str, str], Buffer] = {}  # (task id, name) -> what it makes
+        self._read: dict[tuple[str, str], Buffer] = {}  # and what it reads (releases)
         self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         # cast=cpu_per_load: a load's bf16 staging copy, by (block, step, micro-batch, for_kind)
         self.staging: dict[tuple, torch.Tensor] = {}
@@ -195,6 +200,7 @@ class TaskRunner:
         for task in plan.tasks:
             if task.kind in (*COMPUTE_KINDS, TaskKind.LOAD_WEIGHTS) and task.block >= 0:
                 self._weight_unit(task)  # raises where the plan names a unit that is not here
+        self._made, self._read = plan.dataflow()
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
             self.grad_sq[s] = torch.zeros((self.train.grad_accum, self.L + 2),
@@ -238,6 +244,14 @@ class TaskRunner:
             unit.flat.copy_(unit.landing_fp32)
         return unit
 
+    def _hand_on(self, task: Task, name: str, tensor: torch.Tensor) -> None:
+        """Keep the task's output `name` for the tasks the plan says read it."""
+        buffer = self._made[(task.id, name)]
+        self.handoff.put(buffer.id, tensor, readers=len(buffer.release_tasks))
+
+    def _receive(self, task: Task, name: str) -> torch.Tensor:
+        return self.handoff.take(self._read[(task.id, name)].id)
+
     def _rope(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         if seq_len not in self._position_embeddings:
             dev = self.device.device
@@ -255,17 +269,15 @@ class TaskRunner:
             self.handoff.put(("ids", s, m), ids, readers=1)
             hidden = nn.functional.embedding(ids, unit.flat.view(self.spec.vocab_size, -1))
         else:
-            x = self.handoff.take(("input", s, m, i))
+            x = self._receive(task, "checkpoint")
             with torch.no_grad():
                 hidden = self._call_layer(unit.module, x, self._rope(x.shape[1]))
-        # a layer's input is read by its forward and then by its backward (kept on the GPU) or
-        # by the offload; the final hidden state only by the head
-        nxt = i + 1
-        self.handoff.put(("input", s, m, nxt), hidden, readers=1 if nxt == self.L else 2)
+        # the next layer's checkpointed input, or the final hidden state for the head
+        self._hand_on(task, "final_hidden" if i + 1 == self.L else "checkpoint", hidden)
 
     def _do_offload_activation(self, task: Task) -> None:
         key = (task.step, task.micro_batch, task.block)
-        x = self.handoff.take(("input", *key))
+        x = self._receive(task, "checkpoint")
         if self.policy.activations == "nvme":
             # only between the copy and the disk write: from torch's pinned caching allocator,
             # which reuses the memory for the next layer's checkpoint
@@ -288,12 +300,12 @@ class TaskRunner:
         x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
         x.view(-1).copy_(host, non_blocking=True)
         self.device.keep_for(x, "gpu")
-        self.handoff.put(("fetched", task.step, task.micro_batch, task.block), x, readers=1)
+        self._hand_on(task, "fetched", x)
 
     def _do_head(self, task: Task) -> None:
         s, m = task.step, task.micro_batch
         unit = self._unit(task)
-        x = self.handoff.take(("input", s, m, self.L)).detach().requires_grad_(True)
+        x = self._receive(task, "final_hidden").detach().requires_grad_(True)
         _, labels_host = self.batches[(s, m)]
         labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
         if self.blocks.tied:
@@ -319,11 +331,11 @@ class TaskRunner:
         else:
             head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
         self._keep_grads(s, m, self.L, head_grads)
-        self.handoff.put(("dgrad", s, m, self.L - 1), x.grad, readers=1)
+        self._hand_on(task, "dgrad", x.grad)
 
     def _do_backward(self, task: Task) -> None:
         s, m, i = task.step, task.micro_batch, task.block
-        dgrad = self.handoff.take(("dgrad", s, m, i))
+        dgrad = self._receive(task, "dgrad")
         if i == EMBEDDING:
             ids = self.handoff.take(("ids", s, m))
             if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
@@ -334,8 +346,10 @@ class TaskRunner:
             self._keep_grads(s, m, EMBEDDING, [grad])
             return
         unit = self._unit(task)
-        key = ("input", s, m, i) if self.policy.activations == "gpu" else ("fetched", s, m, i)
-        x = self.handoff.take(key).detach().requires_grad_(True)
+        # its checkpointed input: fetched back for it, or kept on the GPU since its forward
+        fetched = (task.id, "fetched") in self._read
+        x = self._receive(task, "fetched" if fetched else "checkpoint")
+        x = x.detach().requires_grad_(True)
         with torch.enable_grad():
             y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
         y.backward(dgrad)
@@ -343,7 +357,7 @@ class TaskRunner:
         self._keep_grads(s, m, i, [p.grad for p in params])
         for p in params:
             p.grad = None
-        self.handoff.put(("dgrad", s, m, i - 1), x.grad, readers=1)
+        self._hand_on(task, "dgrad", x.grad)
 
     def load_gpu_state(self) -> None:
         """Put the GPU-updated blocks' master weights (from the host) and bf16 weights in place."""

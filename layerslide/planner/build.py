@@ -178,7 +178,7 @@ class _Builder:
         if nbytes > 0:
             bid = name if owner is None else task_buffer_id(owner, name)
             self.buffers.append(Buffer(id=bid, tier=tier, bytes=int(nbytes), alloc_task=owner,
-                                       release_tasks=release, at_end=at_end))
+                                       release_tasks=release, at_end=at_end, name=name))
 
     def params(self, block: int) -> int:
         return self.model.block_params(block)

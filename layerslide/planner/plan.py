@@ -161,6 +161,9 @@ class Buffer:
     # made as alloc_task ends rather than as it starts: a task's outputs (the gradients a
     # backward hands on), which its own scratch tensors have mostly been freed for
     at_end: bool = False
+    # what the tensor is to the tasks that make and read it (checkpoint, final_hidden, dgrad,
+    # fetched, ...): the executor hands a task's output to its readers by this name
+    name: str = ""
 
     @property
     def is_static(self) -> bool:
@@ -197,6 +200,19 @@ class Plan:
     def static_bytes(self, tier: str) -> int:
         """Bytes held for the whole run on a tier: a lower bound on its peak."""
         return sum(b.bytes for b in self.buffers if b.tier == tier and b.is_static)
+
+    def dataflow(self) -> tuple[dict[tuple[str, str], Buffer], dict[tuple[str, str], Buffer]]:
+        """The buffers by (task id, name): those each task makes, and those each releases."""
+        made: dict[tuple[str, str], Buffer] = {}
+        read: dict[tuple[str, str], Buffer] = {}
+        for b in self.buffers:
+            if b.alloc_task is not None:
+                made[(b.alloc_task, b.name)] = b
+            for t in b.release_tasks:
+                if t != b.alloc_task:
+                    assert (t, b.name) not in read, (t, b.name)
+                    read[(t, b.name)] = b
+        return made, read
 
     def static_buffer_bytes(self) -> dict[str, int]:
         """Bytes of each static buffer by id, the runtime estimates left out: what the executor
