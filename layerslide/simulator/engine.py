@@ -43,113 +43,145 @@ class _TaskState:
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
     """Simulate the plan to completion and return its Trace; its meta has the GPU's peak bytes
     and the allocator's reserve per pool (gpu_pool_peak_bytes, gpu_pool_reserved_bytes)."""
-    env = simpy.Environment()
-    shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-    stream_lanes = {lane for lane, d in plan.lane_discipline.items() if d == "strict"}
-    memory = MemoryLedger(plan)
-    states: dict[str, _TaskState] = {}
-    for lane, order in plan.lane_order.items():
-        for i, tid in enumerate(order):
-            states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
-    graph = plan.graph
-    run_ahead = plan.policy.stream_run_ahead
-    for tid, st in states.items():
-        st.waiting_on = graph.in_degree(tid)
-        if st.waiting_on == 0:
-            st.ready.succeed()
-    # Priority lanes keep a heap of ready tasks and a wake-up event for when one arrives.
-    ready_heaps: dict[str, list] = {lane: [] for lane, d in plan.lane_discipline.items()
-                                    if d == "priority"}
-    lane_wakeups: dict[str, simpy.Event] = {lane: env.event() for lane in ready_heaps}
+    return _PlanRun(plan, costs).run()
 
-    def mark_ready(st: _TaskState) -> None:
-        lane = st.task.lane
-        if lane in ready_heaps:
-            heapq.heappush(ready_heaps[lane], (st.order, st.task.id))
-            if not lane_wakeups[lane].triggered:
-                lane_wakeups[lane].succeed()
-        elif not st.ready.triggered:
-            st.ready.succeed()
 
-    for st in states.values():
-        if st.waiting_on == 0 and st.task.lane in ready_heaps:
-            heapq.heappush(ready_heaps[st.task.lane], (st.order, st.task.id))
+class _PlanRun:
+    """One simulation: the tasks' states, the shared resources and memory, and the lanes."""
 
-    def execute(st: _TaskState):
+    def __init__(self, plan: Plan, costs: CostModel):
+        self.plan, self.graph = plan, plan.graph
+        self.env = env = simpy.Environment()
+        self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
+        self.memory = MemoryLedger(plan)
+        self.states: dict[str, _TaskState] = {}
+        for order in plan.lane_order.values():
+            for i, tid in enumerate(order):
+                self.states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
+        for tid, st in self.states.items():
+            st.waiting_on = self.graph.in_degree(tid)
+            if st.waiting_on == 0:
+                st.ready.succeed()
+        self.workers = {lane: WorkerLane(self, lane) for lane, d in plan.lane_discipline.items()
+                        if d == "priority"}
+        for st in self.states.values():
+            if st.waiting_on == 0 and st.task.lane in self.workers:
+                self.workers[st.task.lane].push(st)
+
+    def run(self) -> Trace:
+        for lane, order in self.plan.lane_order.items():
+            if not order:
+                continue
+            if self.plan.lane_discipline[lane] == "strict":
+                StreamLane(self, order, self.plan.policy.stream_run_ahead)
+            else:
+                self.workers[lane].start(len(order))
+        self.env.run()
+        unfinished = [tid for tid, st in self.states.items() if not st.finished.triggered]
+        if unfinished:
+            raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
+                               f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
+        events = tuple(
+            TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
+                       block=st.task.block, step=st.task.step, start_s=st.start_s,
+                       end_s=st.end_s)
+            for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
+        meta = {"gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
+                "gpu_pool_reserved_bytes": self.memory.gpu_pool_reserves()}
+        return Trace(source="simulated", label="", events=events,
+                     memory=tuple(self.memory.samples), meta=meta)
+
+    def execute(self, st: _TaskState, on_stream: bool):
+        """Run one task on its lane (a process step): its buffers, its work on the shared
+        resources, then its successors' readiness."""
+        env, memory = self.env, self.memory
         st.start_s = env.now
-        if st.task.lane not in stream_lanes:  # a host lane's task: dispatched as it starts
+        if not on_stream:  # a host lane's task: dispatched as it starts
             memory.dispatched(env.now, st.task.id)
         memory.allocate(env.now, st.task.id)
         cost = st.cost
         if cost.solo_s > 0:
             if cost.uses:
-                yield shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
+                yield self.shared.run(cost.solo_s, cost.uses, cost.share, cost.tag)
             else:
                 yield env.timeout(cost.solo_s)
-        if st.task.lane in stream_lanes and not st.enqueued.triggered:
+        if on_stream and not st.enqueued.triggered:
             yield st.enqueued  # its last kernels were still being launched
         st.end_s = env.now
         st.finished.succeed()
-        if st.task.lane not in stream_lanes:  # a host lane's task: its host part is the task
+        if not on_stream:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
             memory.enqueued(env.now, st.task.id)
         memory.release(env.now, st.task.id)
-        for succ in graph.successors(st.task.id):
-            s2 = states[succ]
+        for succ in self.graph.successors(st.task.id):
+            s2 = self.states[succ]
             s2.waiting_on -= 1
             if s2.waiting_on == 0:
-                mark_ready(s2)
+                self._mark_ready(s2)
 
-    def enqueue_thread(order):
-        for i, tid in enumerate(order):
-            st = states[tid]
-            if run_ahead and i >= run_ahead:  # at most run_ahead queued and unfinished
-                yield states[order[i - run_ahead]].finished
-            yield env.all_of([states[p].enqueued for p in graph.predecessors(tid)])
+    def _mark_ready(self, st: _TaskState) -> None:
+        worker = self.workers.get(st.task.lane)
+        if worker is not None:
+            worker.push(st)
+        elif not st.ready.triggered:
+            st.ready.succeed()
+
+
+class StreamLane:
+    """A CUDA stream and the host thread that feeds it, two processes: the thread enqueues the
+    lane's tasks in order (each once its predecessors are enqueued or done, at most run_ahead
+    queued and unfinished), the stream runs each once it is ready and its dispatch has begun."""
+
+    def __init__(self, run: _PlanRun, order: tuple[str, ...], run_ahead: int):
+        self.run, self.order, self.run_ahead = run, order, run_ahead
+        run.env.process(self.host_thread())
+        run.env.process(self.stream())
+
+    def host_thread(self):
+        run, env = self.run, self.run.env
+        for i, tid in enumerate(self.order):
+            st = run.states[tid]
+            if self.run_ahead and i >= self.run_ahead:
+                yield run.states[self.order[i - self.run_ahead]].finished
+            yield env.all_of([run.states[p].enqueued for p in run.graph.predecessors(tid)])
             st.dispatched.succeed()
-            memory.dispatched(env.now, tid)
+            run.memory.dispatched(env.now, tid)
             cost = st.cost
             if cost.dispatch_s > 0 and cost.dispatch_uses:
-                yield shared.run(cost.dispatch_s, cost.dispatch_uses, 1.0)
+                yield run.shared.run(cost.dispatch_s, cost.dispatch_uses, 1.0)
             elif cost.dispatch_s > 0:
                 yield env.timeout(cost.dispatch_s)
             st.enqueued.succeed()
-            memory.enqueued(env.now, tid)
+            run.memory.enqueued(env.now, tid)
 
-    def strict_lane(order):
-        for tid in order:
-            st = states[tid]
+    def stream(self):
+        for tid in self.order:
+            st = self.run.states[tid]
             yield st.ready & st.dispatched
-            yield from execute(st)
+            yield from self.run.execute(st, on_stream=True)
 
-    def priority_lane(lane, count):
-        heap = ready_heaps[lane]
+
+class WorkerLane:
+    """A worker (CPU optimizer or cast, NVMe I/O) that runs the earliest ready task in its
+    lane's order next: a heap of ready tasks and a wake-up event for when one arrives."""
+
+    def __init__(self, run: _PlanRun, lane: str):
+        self.run, self.lane = run, lane
+        self.heap: list[tuple[int, str]] = []
+        self.wakeup = run.env.event()
+
+    def push(self, st: _TaskState) -> None:
+        heapq.heappush(self.heap, (st.order, st.task.id))
+        if not self.wakeup.triggered:
+            self.wakeup.succeed()
+
+    def start(self, count: int) -> None:
+        self.run.env.process(self.work(count))
+
+    def work(self, count: int):
         for _ in range(count):
-            while not heap:
-                lane_wakeups[lane] = env.event()
-                yield lane_wakeups[lane]
-            _, tid = heapq.heappop(heap)
-            yield from execute(states[tid])
-
-    for lane, order in plan.lane_order.items():
-        if not order:
-            continue
-        if plan.lane_discipline[lane] == "strict":
-            env.process(enqueue_thread(order))
-            env.process(strict_lane(order))
-        else:
-            env.process(priority_lane(lane, len(order)))
-    env.run()
-    unfinished = [tid for tid, st in states.items() if not st.finished.triggered]
-    if unfinished:
-        raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
-                           f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
-    events = tuple(
-        TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
-                   block=st.task.block, step=st.task.step, start_s=st.start_s, end_s=st.end_s)
-        for st in sorted(states.values(), key=lambda s: (s.start_s, s.end_s))
-    )
-    meta = {"gpu_pool_peak_bytes": dict(memory.pool_peaks),
-            "gpu_pool_reserved_bytes": memory.gpu_pool_reserves()}
-    return Trace(source="simulated", label="", events=events, memory=tuple(memory.samples),
-                 meta=meta)
+            while not self.heap:
+                self.wakeup = self.run.env.event()
+                yield self.wakeup
+            _, tid = heapq.heappop(self.heap)
+            yield from self.run.execute(self.run.states[tid], on_stream=False)
