@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import statistics
@@ -27,7 +28,6 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
-from layerslide.executor import engine
 from layerslide.executor.blocks import hf_config_from_spec
 from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.native import NativeKernels, load_kernels
@@ -36,7 +36,7 @@ from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles.units import parse_bytes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import ExecutorKnobs, Policy, TrainSpec
 
 ADAMW_BYTES_PER_PARAM = 28  # read g 2, p m v 12; write p m v 12, bf16 weights 2
 HUGE_PAGE_BYTES = 2 * 2**20
@@ -194,7 +194,7 @@ def main() -> None:
                     help="measure the kernel alone for every split, the first, or none")
     ap.add_argument("--switch-intervals", default="",
                     help="GIL switch intervals the lanes run under, per split, in seconds, "
-                         "e.g. 0.005,0.0002 (default: the engine's LANE_SWITCH_INTERVAL_S)")
+                         "e.g. 0.005,0.0002 (default: ExecutorKnobs.lane_switch_interval_s)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -227,7 +227,7 @@ def main() -> None:
                                       "sustained": sustained(kernels, huge, 2, 0)}
         print(json.dumps(result["huge_pages_probe"]), flush=True)
         del huge
-    default_interval = engine.LANE_SWITCH_INTERVAL_S
+    default_interval = ExecutorKnobs().lane_switch_interval_s
     intervals = [float(x) for x in args.switch_intervals.split(",") if x] or [default_interval]
 
     # --- inside the executor, per split -------------------------------------------------------
@@ -243,12 +243,13 @@ def main() -> None:
             for round_index in range(args.rounds):
                 for (threads, chunk), interval in ((s, i) for s in splits for i in intervals):
                     native.threads, native.chunk = threads, chunk
-                    engine.LANE_SWITCH_INTERVAL_S = interval  # what the lanes run under
+                    knobs = ExecutorKnobs(cpu_threads=threads, cpu_chunk_elements=chunk,
+                                          lane_switch_interval_s=interval)
+                    # the plan the next segments run: its knobs, as a plan file would say
+                    trainer.plan = dataclasses.replace(trainer.plan, policy=dataclasses.replace(
+                        trainer.plan.policy, executor=knobs))
                     first = trainer.step
-                    try:
-                        logs = trainer.fit(data, args.steps)
-                    finally:
-                        engine.LANE_SWITCH_INTERVAL_S = default_interval
+                    logs = trainer.fit(data, args.steps)
                     row = {"micro_batch": mb, "round": round_index, "threads": threads,
                            "chunk": chunk, "switch_interval_s": interval,
                            "step_times_s": [log.step_s for log in logs],

@@ -16,6 +16,7 @@ import torch
 
 from layerslide.executor.native import NativeKernels, load_kernels
 from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer, supports_direct
+from layerslide.planner.settings import ExecutorKnobs
 
 GIB = 2**30
 
@@ -81,7 +82,7 @@ def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]
     """`arrays` AdamW steps over block-sized arrays of their own, as the executor runs AdamW,
     and a description of the kernel: layerslide's native kernel reading bf16 grads and writing
     the bf16 weights over them, else (no compiler) torch's fused CPU AdamW with fp32 grads."""
-    native = load_kernels()
+    native = load_kernels(**_kernel_knobs())
     if native is not None:
         kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
                   f"{native.threads or torch.get_num_threads()} threads, chunks of "
@@ -116,7 +117,7 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
 def cast_throughput(numel: int, repeats: int) -> Measurement:
     """fp32 bytes read per second by the fp32->bf16 cast (the one the executor runs)."""
     src, dst = torch.randn(numel), torch.empty(numel, dtype=torch.bfloat16)
-    native = load_kernels()
+    native = load_kernels(**_kernel_knobs())
     if native is not None:
         cast, kernel = (lambda: native.cast(src, dst)), "layerslide's native cast"
     else:
@@ -252,3 +253,9 @@ def _read_file(path: Path, nbytes: int, direct: int, buf: memoryview,
     finally:
         os.close(fd)
     return done
+
+
+def _kernel_knobs() -> dict:
+    """The native kernels' spread over the cores as the environment sets it (ExecutorKnobs)."""
+    knobs = ExecutorKnobs.from_env()
+    return {"threads": knobs.cpu_threads, "chunk": knobs.cpu_chunk_elements}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
@@ -16,6 +17,8 @@ from layerslide.planner.settings import (
     GPU_UPDATE_ORDERS,
     LAYER_KERNEL_MODES,
     OPTIMIZER_ORDERS,
+    ExecutorKnobs,
+    run_ahead_from_env,
 )
 
 GIB = 1024**3
@@ -164,7 +167,19 @@ def policy_of(args) -> Policy:
                   cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
                   layer_kernels=args.layer_kernels,
                   host_grad_buffers=args.host_grad_buffers,
-                  cpu_optimizer=args.cpu_optimizer)
+                  cpu_optimizer=args.cpu_optimizer,
+                  stream_run_ahead=run_ahead_from_env(Policy.stream_run_ahead),
+                  executor=ExecutorKnobs.from_env())
+
+
+def with_env_overrides(policy: Policy) -> Policy:
+    """A loaded plan's policy with the executor settings the environment gives (recorded in
+    the plan that runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables."""
+    env = ExecutorKnobs.from_env()
+    knobs = {f: getattr(env, f) for f in env.__dataclass_fields__
+             if getattr(env, f) != getattr(ExecutorKnobs(), f)}
+    return replace(policy, stream_run_ahead=run_ahead_from_env(policy.stream_run_ahead),
+                   executor=replace(policy.executor, **knobs))
 
 
 def check_writable(path: str | None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from layerslide.cli.options import (
@@ -20,6 +20,7 @@ from layerslide.cli.options import (
     policy_of,
     profile_of,
     train_of,
+    with_env_overrides,
 )
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import ModelSpec, resolve_model
@@ -98,7 +99,7 @@ def _plan(args, spec: ModelSpec) -> Plan:
                          f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
     if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         args.gpu_memory = plan.meta.get("gpu_memory_bytes")
-    return plan
+    return replace(plan, policy=with_env_overrides(plan.policy))
 
 
 def _check_fits(args, plan: Plan) -> None:

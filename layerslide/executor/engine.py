@@ -14,7 +14,6 @@ after each: the correctness oracle for the overlapped mode.
 from __future__ import annotations
 
 import bisect
-import os
 import sys
 import threading
 import time
@@ -32,12 +31,10 @@ from layerslide.planner.plan import Plan, Task
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
 ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
 COMPUTE_LANE = "gpu"  # the lane whose thread runs the layers' GEMMs (and autograd's backward)
-# Python's GIL switch interval while the lanes run (the interpreter's default is 5 ms). The CPU
-# lane needs the GIL back between its optimizer calls, which release it; another lane's thread
-# may hold it for up to the interval. On the H200 machine 0.2 ms took the 3B step at micro-batch
-# 1 from 0.902 to 0.824 s (1 ms: 0.848) and left micro-batch 8 as it was (0.757 / 0.747 s)
-# (benchmarks/results/cpu_split_gil_2026-11-30).
-LANE_SWITCH_INTERVAL_S = 2e-4
+# While the lanes run, Python's GIL switch interval is the plan's
+# (Policy.executor.lane_switch_interval_s; the interpreter's default is 5 ms): the CPU lane needs
+# the GIL back between its optimizer calls, which another lane's thread may hold for up to the
+# interval (benchmarks/results/cpu_split_gil_2026-11-30).
 # engines running at once share the process-wide interval: the first in sets it, the last out
 # puts the caller's back
 _switch_lock = threading.Lock()
@@ -66,9 +63,9 @@ class PlanEngine:
                  run_ahead: int | None = None):
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
         self.on_step_done = on_step_done
-        # the policy's bound, unless LAYERSLIDE_RUN_AHEAD (an experiment) or the caller says
+        # the policy's bound, unless the caller says otherwise
         if run_ahead is None:
-            run_ahead = _run_ahead_from_env(plan.policy.stream_run_ahead)
+            run_ahead = plan.policy.stream_run_ahead
         self.run_ahead = run_ahead
         if self.run_ahead < 0:
             raise ValueError(f"run_ahead={self.run_ahead}: must be >= 1 task, or 0 for no bound")
@@ -115,7 +112,7 @@ class PlanEngine:
                       else self._priority_worker)
             threads.append(threading.Thread(target=self._guard, args=(target, lane),
                                             name=f"layerslide-{lane}", daemon=True))
-        _enter_lane_switch_interval()
+        _enter_lane_switch_interval(self.plan.policy.executor.lane_switch_interval_s)
         try:
             for t in threads:
                 t.start()
@@ -284,25 +281,13 @@ class PlanEngine:
         return sorted(out, key=lambda t: t.start_s)
 
 
-def _run_ahead_from_env(default: int) -> int:
-    value = os.environ.get("LAYERSLIDE_RUN_AHEAD", str(default))
-    try:
-        tasks = int(value)
-    except ValueError:
-        tasks = -1
-    if tasks < 0:
-        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={value!r}: give a whole number of tasks >= 1 "
-                         "(0: no bound)")
-    return tasks
-
-
-def _enter_lane_switch_interval() -> None:
+def _enter_lane_switch_interval(interval_s: float) -> None:
     global _switch_users, _switch_saved_s
     with _switch_lock:
         if _switch_users == 0:
             _switch_saved_s = sys.getswitchinterval()
         _switch_users += 1
-        sys.setswitchinterval(LANE_SWITCH_INTERVAL_S)  # read now: a benchmark may vary it
+        sys.setswitchinterval(interval_s)
 
 
 def _leave_lane_switch_interval() -> None:

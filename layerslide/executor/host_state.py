@@ -48,7 +48,9 @@ class HostState:
         cpu_blocks = [b for b in blocks.blocks if b not in placement.gpu_updated]
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
-        self.native = load_kernels() if policy.cpu_optimizer == "native" else None
+        knobs = policy.executor
+        self.native = (load_kernels(threads=knobs.cpu_threads, chunk=knobs.cpu_chunk_elements)
+                       if policy.cpu_optimizer == "native" else None)
         # the first elements of each block's master weights / moments live on disk, as many
         # as the plan's placement says, the rest here (self.master and self.moments hold that
         # rest; blocks updated on the GPU keep theirs whole)

@@ -4,8 +4,9 @@ ctypes releases the GIL for the call and the kernel runs on OpenMP threads, like
 fused AdamW. Where no compiler is found (or LAYERSLIDE_NATIVE=0), `load_kernels` returns None
 and the executor uses torch's kernels instead.
 
-LAYERSLIDE_CPU_THREADS (default: OpenMP's, the cores) and LAYERSLIDE_CPU_CHUNK (elements a
-thread takes at a time; 0: one even slice per thread) set how a call is spread over the cores.
+How a call is spread over the cores (threads, and elements a thread takes at a time) comes from
+the plan (Policy.executor: ExecutorKnobs, which LAYERSLIDE_CPU_THREADS and LAYERSLIDE_CPU_CHUNK
+set at the command line).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 _ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F, _I, _I]
-# Elements a thread takes at a time (0: OpenMP's static split, one slice per thread). Inside the
-# executor the lane threads share the cores with the kernel's; with chunks a pre-empted thread's
-# share goes to the others. On the H200 machine 1 Mi chunks took the 3B step from 1.015 to 0.893 s
-# at micro-batch 1 and 0.945 to 0.824 s at 8 (benchmarks/results/cpu_split_2026-11-30).
+# Elements a thread takes at a time (0: OpenMP's static split, one slice per thread): with
+# chunks a pre-empted thread's share goes to the others (benchmarks/results/cpu_split_2026-11-30).
+# ExecutorKnobs.cpu_chunk_elements defaults to the same.
 DEFAULT_CHUNK = 1 << 20
 
 
@@ -123,26 +123,13 @@ class NativeKernels:
                                    self.chunk)
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: must be a whole number >= 0") from None
-
-
-def load_kernels(*, threads: int | None = None, chunk: int | None = None) -> NativeKernels | None:
-    """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0); threads and chunk
-    default to LAYERSLIDE_CPU_THREADS / LAYERSLIDE_CPU_CHUNK, else OpenMP's / DEFAULT_CHUNK."""
+def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK) -> NativeKernels | None:
+    """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0); threads: 0 for
+    OpenMP's count; chunk: elements a thread takes at a time (0: one even slice per thread).
+    A run takes both from its plan (Policy.executor)."""
     if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
         return None
     path = _build(SOURCE)
     if path is None:
         return None
-    return NativeKernels(ctypes.CDLL(str(path)),
-                         threads=_env_int("LAYERSLIDE_CPU_THREADS", 0) if threads is None
-                         else threads,
-                         chunk=_env_int("LAYERSLIDE_CPU_CHUNK", DEFAULT_CHUNK) if chunk is None
-                         else chunk)
+    return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk)

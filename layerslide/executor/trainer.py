@@ -194,7 +194,8 @@ class Trainer:
 
     def _identity(self) -> dict:  # what a checkpoint must match to resume (restore_state)
         return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
-                "policy": self.policy.to_dict(), "optim": self.optim.to_dict()}
+                "policy": _what_it_computes(self.policy.to_dict()),
+                "optim": self.optim.to_dict()}
 
     def save_state(self, store: CheckpointStore, data: TokenSource, *,
                    meta: dict | None = None) -> CheckpointInfo:
@@ -388,6 +389,15 @@ def _with_defaults(key: str, stored: object) -> object:
     if key not in kinds or not isinstance(stored, dict):
         return stored
     try:
-        return kinds[key].from_dict(stored).to_dict()
+        settings = kinds[key].from_dict(stored).to_dict()
     except (TypeError, ValueError):
         return stored  # not ours to read: the comparison reports it
+    return _what_it_computes(settings) if key == "policy" else settings
+
+
+# policy fields that change how a run goes, not what it computes: a resumed run may differ there
+RUN_ONLY_POLICY_FIELDS = ("executor", "stream_run_ahead")
+
+
+def _what_it_computes(policy: dict) -> dict:
+    return {k: v for k, v in policy.items() if k not in RUN_ONLY_POLICY_FIELDS}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 
 # GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
 # at a 128k vocab, 4k-row chunks
@@ -67,6 +69,61 @@ class TrainSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExecutorKnobs:
+    """How the executor runs a plan, not what it computes or how long the simulator says it
+    takes: kept in the plan (Policy.executor) so that a run is reproducible from its file.
+    At the command line the environment sets them (from_env)."""
+
+    cpu_threads: int = 0  # threads of the native CPU AdamW and cast (0: OpenMP's, every core)
+    cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
+    lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_threads", "cpu_chunk_elements"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                _fail("ExecutorKnobs", name, value, "must be a whole number >= 0")
+        if not self.lane_switch_interval_s > 0:
+            _fail("ExecutorKnobs", "lane_switch_interval_s", self.lane_switch_interval_s,
+                  "must be > 0 seconds")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ExecutorKnobs:
+        """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK and
+        LAYERSLIDE_LANE_SWITCH_INTERVAL_S applied where they are set."""
+        given = {}
+        for name, var, kind in (("cpu_threads", "LAYERSLIDE_CPU_THREADS", int),
+                                ("cpu_chunk_elements", "LAYERSLIDE_CPU_CHUNK", int),
+                                ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
+                                 float)):
+            raw = environ.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                given[name] = kind(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r}: must be a "
+                                 f"{'whole number >= 0' if kind is int else 'number of seconds'}"
+                                 ) from None
+        return cls(**given)
+
+
+def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) -> int:
+    """Policy.stream_run_ahead as LAYERSLIDE_RUN_AHEAD sets it, else `default`."""
+    raw = environ.get("LAYERSLIDE_RUN_AHEAD", "").strip()
+    if not raw:
+        return default
+    try:
+        tasks = int(raw)
+    except ValueError:
+        tasks = -1
+    if tasks < 0:
+        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={raw!r}: give a whole number of tasks >= 1 "
+                         "(0: no bound)")
+    return tasks
+
+
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     """How the GPU window slides over the layers and where state lives."""
 
@@ -110,6 +167,7 @@ class Policy:
     # when the plan, which frees it when its last reader finishes, says it is; 3 left the step
     # time as it was. A task's dispatch may run ahead of its inputs by as much.
     stream_run_ahead: int = 3
+    executor: ExecutorKnobs = field(default_factory=ExecutorKnobs)
 
     @property
     def optimizer_casts(self) -> bool:
@@ -129,6 +187,8 @@ class Policy:
                 or self.head_chunk_bytes < 2**20):
             _fail("Policy", "head_chunk_bytes", self.head_chunk_bytes,
                   "must be a whole number of bytes >= 1 MiB")
+        if not isinstance(self.executor, ExecutorKnobs):
+            _fail("Policy", "executor", self.executor, "must be an ExecutorKnobs")
         for name in ("resident_layers", "gpu_updated_blocks", "stream_run_ahead"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -162,6 +222,9 @@ class Policy:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown policy fields {sorted(unknown)}; known: {sorted(known)}")
+        knobs = data.get("executor", {})
+        if isinstance(knobs, dict):
+            data = {**data, "executor": ExecutorKnobs(**knobs)}
         return cls(**data)
 
 

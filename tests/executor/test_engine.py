@@ -103,8 +103,9 @@ def test_priority_lanes_pick_the_earliest_ready_task_in_lane_order():
 
 def test_lanes_run_under_a_short_gil_switch_interval_which_is_put_back_after():
     """The CPU lane gets the GIL back sooner between its optimizer calls while the lanes run;
-    the caller's interval is restored afterwards, also when a task fails."""
-    from layerslide.executor.engine import LANE_SWITCH_INTERVAL_S
+    the caller's interval is restored afterwards, also when a task fails. The interval is the
+    plan's (Policy.executor)."""
+    LANE_SWITCH_INTERVAL_S = PLAN.policy.executor.lane_switch_interval_s
 
     before = sys.getswitchinterval()
     assert before != pytest.approx(LANE_SWITCH_INTERVAL_S)
@@ -124,7 +125,7 @@ def test_lanes_run_under_a_short_gil_switch_interval_which_is_put_back_after():
 def test_engines_running_at_once_put_the_callers_interval_back_once_both_are_done():
     """The interval is process-wide: the first engine in sets it, the last one out restores
     it, however the two overlap."""
-    from layerslide.executor.engine import LANE_SWITCH_INTERVAL_S
+    LANE_SWITCH_INTERVAL_S = PLAN.policy.executor.lane_switch_interval_s
 
     before = sys.getswitchinterval()
     first_started, second_done = threading.Event(), threading.Event()
@@ -244,19 +245,24 @@ def test_a_negative_run_ahead_is_refused():
 
 @pytest.mark.parametrize("value", ["lots", "-1"])
 def test_the_run_ahead_setting_must_be_a_whole_number_of_tasks(monkeypatch, value):
+    from layerslide.planner.settings import run_ahead_from_env
+
     monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", value)
     with pytest.raises(ValueError, match="LAYERSLIDE_RUN_AHEAD"):
-        PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None)
+        run_ahead_from_env(3)
 
 
-def test_the_bound_comes_from_the_plans_policy_unless_the_environment_says(monkeypatch):
-    monkeypatch.delenv("LAYERSLIDE_RUN_AHEAD", raising=False)
+def test_the_bound_comes_from_the_plans_policy_and_not_the_environment(monkeypatch):
+    """The environment sets the policy at the command line (cli.options); the engine runs the
+    plan's bound, which the plan file records."""
+    from layerslide.planner.settings import run_ahead_from_env
+
     plan = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16),
                       Policy(stream_run_ahead=2), num_steps=2)
+    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "0")
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 2
     assert PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None).run_ahead == 3  # default
-    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "0")
-    assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 0
+    assert run_ahead_from_env(plan.policy.stream_run_ahead) == 0
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None, run_ahead=1).run_ahead == 1
 
 
@@ -284,3 +290,15 @@ def test_the_compute_lane_thread_primes_the_blas_workspaces_before_its_first_tas
     first_gpu = next(i for i, e in enumerate(events) if e[:2] == ("task", "gpu"))
     assert events.index(primes[0]) < first_gpu
     assert primes[0][2] == events[first_gpu][2]  # on the thread that runs the GEMMs
+
+
+def test_the_lanes_run_under_the_interval_the_plan_records():
+    from dataclasses import replace
+
+    from layerslide.planner.settings import ExecutorKnobs
+
+    plan = replace(PLAN, policy=replace(PLAN.policy,
+                                        executor=ExecutorKnobs(lane_switch_interval_s=1e-3)))
+    seen = set()
+    PlanEngine(plan, LaneDevice("cpu"), lambda task: seen.add(sys.getswitchinterval())).run()
+    assert len(seen) == 1 and seen.pop() == pytest.approx(1e-3)

@@ -103,13 +103,30 @@ def test_bad_thread_settings_say_what_to_change(monkeypatch):
 
     with pytest.raises(ValueError, match="must be >= 0"):
         load(threads=-1)
+
+
+def test_the_environment_sets_the_knobs_a_plan_records(monkeypatch):
+    """LAYERSLIDE_CPU_THREADS / _CPU_CHUNK / _LANE_SWITCH_INTERVAL_S set the plan's executor
+    knobs at the command line; the kernels then take them from the plan, not the environment."""
+    from layerslide.executor.native import DEFAULT_CHUNK
+    from layerslide.executor.native import load_kernels as load
+    from layerslide.planner.settings import ExecutorKnobs, Policy
+
+    assert ExecutorKnobs().cpu_chunk_elements == DEFAULT_CHUNK
     monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", "lots")
     with pytest.raises(ValueError, match="LAYERSLIDE_CPU_CHUNK='lots': must be a whole number"):
-        load()
+        ExecutorKnobs.from_env()
     monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", "4096")
     monkeypatch.setenv("LAYERSLIDE_CPU_THREADS", "2")
-    kernels = load()
-    assert (kernels.threads, kernels.chunk) == (2, 4096)
+    monkeypatch.setenv("LAYERSLIDE_LANE_SWITCH_INTERVAL_S", "0.001")
+    knobs = ExecutorKnobs.from_env()
+    assert (knobs.cpu_threads, knobs.cpu_chunk_elements, knobs.lane_switch_interval_s) == (
+        2, 4096, 0.001)
+    assert Policy.from_dict(Policy(executor=knobs).to_dict()).executor == knobs
+    kernels = load()  # the environment alone changes nothing here
+    assert (kernels.threads, kernels.chunk) == (0, DEFAULT_CHUNK)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        ExecutorKnobs(cpu_threads=-1)
 
 
 @pytest.mark.parametrize("chunk", [0, 1000])

@@ -126,13 +126,18 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
 
 
 def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defaults():
-    from layerslide.executor.trainer import _with_defaults
+    from layerslide.executor.trainer import RUN_ONLY_POLICY_FIELDS, _with_defaults
 
     policy = Policy(window=4).to_dict()
     older = {k: v for k, v in policy.items()
-             if k not in ("gpu_updated_order", "head_chunk_bytes", "stream_run_ahead")}
-    assert _with_defaults("policy", older) == policy
-    assert _with_defaults("policy", {**older, "window": 2}) != policy
+             if k not in ("gpu_updated_order", "head_chunk_bytes", "stream_run_ahead",
+                          "executor")}
+    computes = {k: v for k, v in policy.items() if k not in RUN_ONLY_POLICY_FIELDS}
+    assert _with_defaults("policy", older) == computes
+    assert _with_defaults("policy", {**older, "window": 2}) != computes
+    # how a run goes (its executor knobs, its run-ahead) does not stop it resuming
+    assert _with_defaults("policy", {**policy, "stream_run_ahead": 0,
+                                     "executor": {"cpu_threads": 4}}) == computes
     train = TrainSpec(micro_batch=1, seq_len=SEQ).to_dict()
     assert _with_defaults("train", train) == train
     assert _with_defaults("policy", {"no_such_field": 1}) == {"no_such_field": 1}
