@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
+from typing import Literal, get_args
 
 import networkx as nx
 
@@ -34,6 +35,8 @@ MIN_STEPS = 2
 STEADY_STEPS = 3
 
 EMBEDDING = -1  # block index of the token embedding; decoder layers are 0..L-1, the head is L
+# where offloaded grads land on the host (Placement.grad_landing)
+GradLanding = Literal["upload", "per_block", "pool"]
 DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slides)
 NO_SLOT = -1
 
@@ -121,7 +124,7 @@ class Placement:
     ring_units: int  # GPU units the sliding layers share
     # where offloaded bf16 grads land on the host: in the block's bf16 upload copy ("upload"),
     # a buffer per block ("per_block"), or a pool of grad_landing_buffers buffers ("pool")
-    grad_landing: str = "per_block"
+    grad_landing: GradLanding = "per_block"
     grad_landing_buffers: int = 0
     nvme_staging_slots: int = 0  # host buffers the NVMe state reads fill in turn
     head_chunk_tokens: int  # rows of logits the head's loss makes at a time
@@ -131,7 +134,7 @@ class Placement:
     moments_on_nvme: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.grad_landing not in ("upload", "per_block", "pool"):
+        if self.grad_landing not in get_args(GradLanding):
             raise ValueError(f"Placement.grad_landing={self.grad_landing!r}: choose upload, "
                              "per_block or pool")
         for name in ("gpu_updated", "dedicated_layers", "master_on_nvme", "moments_on_nvme"):

@@ -5,28 +5,38 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, get_args
 
 # GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
 # at a 128k vocab, 4k-row chunks
 HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
-ACTIVATION_PLACEMENTS = ("gpu", "host", "nvme")
-OPTIMIZER_ORDERS = ("arrival", "deadline")
+# Each choice is a Literal type (for readers and type checkers) and its tuple of values (what
+# __post_init__ checks and the CLI offers), the one made from the other.
+ActivationPlacement = Literal["gpu", "host", "nvme"]
+ACTIVATION_PLACEMENTS = get_args(ActivationPlacement)
+OptimizerOrder = Literal["arrival", "deadline"]
+OPTIMIZER_ORDERS = get_args(OptimizerOrder)
 # cpu_once: cast fp32->bf16 once per step into a persistent pinned bf16 copy (2 B/param of RAM);
 # cpu_per_load: cast into a shared staging buffer before every load, as the published system does;
 # gpu: send fp32 over PCIe (twice the bytes) and cast on the GPU.
-CAST_MODES = ("cpu_once", "cpu_per_load", "gpu")
-HEAD_LOSS_MODES = ("fused", "materialized")
+CastMode = Literal["cpu_once", "cpu_per_load", "gpu"]
+CAST_MODES = get_args(CastMode)
+HeadLoss = Literal["fused", "materialized"]
+HEAD_LOSS_MODES = get_args(HeadLoss)
 # compiled: decoder layers under torch.compile (fused elementwise kernels); eager: HF's modules
-LAYER_KERNEL_MODES = ("compiled", "eager")
+LayerKernels = Literal["compiled", "eager"]
+LAYER_KERNEL_MODES = get_args(LayerKernels)
 # native: layerslide's one-pass AdamW that reads the landed bf16 grads and (cast=cpu_once) writes
 # the bf16 weights itself, no separate cast task; torch: torch's fused AdamW, which needs fp32
 # grads (an upcast pass) and a cast pass after it.
-CPU_OPTIMIZERS = ("native", "torch")
+CpuOptimizer = Literal["native", "torch"]
+CPU_OPTIMIZERS = get_args(CpuOptimizer)
 # Which blocks gpu_updated_blocks takes first: the next forward's order (the embedding, layer 0,
 # 1, ..., the head), or the decoder layers first (layer 0, 1, ..., the head, the embedding),
 # which leaves out a large embedding (Llama-3.2-3B's: 0.39 B parameters, 6.6 GiB of GPU state)
-GPU_UPDATE_ORDERS = ("forward", "layers_first")
+GpuUpdateOrder = Literal["forward", "layers_first"]
+GPU_UPDATE_ORDERS = get_args(GpuUpdateOrder)
 
 
 def _fail(owner: str, name: str, value: object, what: str) -> None:
@@ -130,7 +140,7 @@ class Policy:
     window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
     grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
     prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
-    activations: str = "host"  # where per-layer checkpoints wait for backward
+    activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
     master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
     moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
     resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
@@ -139,25 +149,25 @@ class Policy:
     # updated in the order the next forward needs them. They never cross PCIe and cost the CPU
     # nothing: 18 B/param of GPU memory buys CPU time when the CPU is the bottleneck.
     gpu_updated_blocks: int = 0
-    gpu_updated_order: str = "forward"  # which blocks come first: see GPU_UPDATE_ORDERS
-    optimizer_order: str = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
-    cast: str = "cpu_once"
+    gpu_updated_order: GpuUpdateOrder = "forward"  # which blocks come first: see GPU_UPDATE_ORDERS
+    optimizer_order: OptimizerOrder = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
+    cast: CastMode = "cpu_once"
     # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
     # bandwidth and the cores instead of taking turns.
     cast_worker: bool = False
-    head_loss: str = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
+    head_loss: HeadLoss = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
     # GPU bytes of one chunk of the fused head's bf16 logits. Smaller chunks hold less at the head
     # and leave smaller holes in the allocator's cache, for a slower head (H200, 8k tokens of a
     # 128k vocab: 29.6 ms at 1 GiB, 30.5 at 0.5, 31.8 at 0.25; kernels_2026-11-29/head_bench.md).
     head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
-    layer_kernels: str = "compiled"  # how decoder layers run on the GPU: see LAYER_KERNEL_MODES
+    layer_kernels: LayerKernels = "compiled"  # how decoder layers run on the GPU: see LAYER_KERNEL_MODES
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload).
     host_grad_buffers: int | None = None
-    cpu_optimizer: str = "native"
+    cpu_optimizer: CpuOptimizer = "native"
     # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
     # before it waits to enqueue the next (0: no bound). Unbounded, the threads enqueue far
     # ahead of the GPU, and a tensor handed to another stream and freed by the host stays held
