@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 from layerslide.planner.settings import LAYER_KERNEL_MODES
 
-IGNORE_INDEX = -100
 LayerCall = Callable[[nn.Module, torch.Tensor, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
 
 

@@ -19,7 +19,9 @@ from functools import cache
 
 import torch
 
-from layerslide.executor.compute import IGNORE_INDEX
+# labels the loss leaves out (Hugging Face's and PyTorch's convention)
+IGNORE_INDEX = -100
+
 
 try:
     import triton
