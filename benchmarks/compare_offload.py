@@ -152,7 +152,7 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
                           tuned_on: str | None = None,
                           tune_budget: int | None = None) -> list[float]:
     """tuned_on: a profile to take tune's pick from (as validate_sim does), under tune_budget
-    bytes of GPU memory (default: 0.9 of the cap), else Policy()."""
+    bytes of GPU memory (default: 0.9 of the cap), else Policy.of()."""
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
@@ -161,7 +161,7 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
     from layerslide.planner.settings import Policy, TrainSpec
 
     train = TrainSpec(micro_batch=mb, seq_len=seq)
-    policy = Policy()
+    policy = Policy.of()
     if tuned_on is not None:
         from layerslide.hwprofiles import load_profile
         from layerslide.planner import sizes
@@ -229,7 +229,7 @@ def host_memory_floor_s(row: dict, profile_path: Path) -> float:
     from layerslide.planner.settings import Policy, TrainSpec
     from layerslide.simulator import simulate
 
-    policy = Policy.from_dict(json.loads(row["policy"])) if row.get("policy") else Policy()
+    policy = Policy.from_dict(json.loads(row["policy"])) if row.get("policy") else Policy.of()
     train = TrainSpec(micro_batch=row["micro_batch"], seq_len=row["seq_len"])
     prediction = simulate(build_plan(resolve_model(row["model"]), train, policy, num_steps=3),
                           load_profile(profile_path))

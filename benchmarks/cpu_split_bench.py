@@ -233,7 +233,7 @@ def main() -> None:
     # --- inside the executor, per split -------------------------------------------------------
     for mb in (int(b) for b in args.batches.split(",")):
         train = TrainSpec(micro_batch=mb, seq_len=args.seq_len)
-        with Trainer(config=config, plan=build_plan(spec, train, Policy()), device=args.device,
+        with Trainer(config=config, plan=build_plan(spec, train, Policy.of()), device=args.device,
                      optim=OptimConfig(lr=1e-5), segment_steps=args.steps,
                      gpu_memory_bytes=parse_bytes(args.gpu_memory) if cuda else None) as trainer:
             trainer.init_random(0)

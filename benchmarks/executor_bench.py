@@ -145,13 +145,13 @@ def policy_label(p: dict) -> str:
 
 def policy_for(args, spec, train: TrainSpec, optimizer: str, kernels: str, cap: int) -> Policy:
     if args.policy == "lean":
-        return Policy(window=args.window, cast="gpu", host_grad_buffers=2,
+        return Policy.of(window=args.window, cast="gpu", host_grad_buffers=2,
                       cpu_optimizer=optimizer, layer_kernels=kernels)
     if args.policy == "default":
-        return Policy(window=args.window, cpu_optimizer=optimizer, layer_kernels=kernels)
+        return Policy.of(window=args.window, cpu_optimizer=optimizer, layer_kernels=kernels)
     space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
     result = tune(spec, load_profile(args.profile), seq_len=train.seq_len, space=space,
-                  base_policy=Policy(cpu_optimizer=optimizer, layer_kernels=kernels),
+                  base_policy=Policy.of(cpu_optimizer=optimizer, layer_kernels=kernels),
                   gpu_memory_bytes=int(args.tune_cap_fraction * cap))
     if result.best is None:
         raise SystemExit(f"tune found nothing that fits at micro-batch {train.micro_batch}")
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--gpu-memory", default="24GiB")
     parser.add_argument("--window", type=int, default=2)
     parser.add_argument("--policy", choices=("default", "tuned", "lean"), default="default",
-                        help="default: Policy(window); tuned: the simulator's pick per batch "
+                        help="default: Policy.of(window); tuned: the simulator's pick per batch "
                              "(layerslide.tuner, no NVMe, under --tune-cap-fraction of the cap); "
                              "lean: least host RAM (cast on the GPU, 2 pooled grad buffers)")
     parser.add_argument("--tune-cap-fraction", type=float, default=0.7,

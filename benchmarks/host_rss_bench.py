@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     spec = resolve_model(args.model)
     train = TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len)
-    policy = Policy()
+    policy = Policy.of()
     with Trainer(config=hf_config_from_spec(spec), plan=build_plan(spec, train, policy),
                  optim=OptimConfig(lr=1e-5), device=args.device, keep_trace=False) as trainer:
         trainer.init_random(0)

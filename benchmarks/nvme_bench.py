@@ -72,7 +72,7 @@ def main() -> None:
     rows = []
     for fraction in (float(f) for f in args.fractions.split(",")):
         lean = {"cast": "gpu", "host_grad_buffers": 2} if args.lean else {}
-        policy = Policy(moments_on_nvme=fraction, **lean)
+        policy = Policy.of(moments_on_nvme=fraction, **lean)
         plan = build_plan(spec, train, policy, num_steps=3)
         predicted = simulate(plan, measured, gpu_memory_bytes=cap)
         with Trainer(config=config, plan=build_plan(spec, train, policy),

@@ -49,7 +49,7 @@ class Recorder:
 
 def pipeline(rec: Recorder, blocks: int, rounds: int) -> None:
     """Reads run up to two blocks ahead of the writes (two staging buffers, as
-    policy.nvme_prefetch = 2); each block is written back from its buffer once read."""
+    policy.schedule.nvme_prefetch = 2); each block is written back from its buffer once read."""
     free = threading.Semaphore(2)
     read_done: list[threading.Event] = [threading.Event() for _ in range(blocks * rounds)]
 

@@ -134,7 +134,7 @@ def predict_all() -> dict:
     results = {}
     for name, model, profile, cap_gib, train, policy in CONFIGS:
         start = time.perf_counter()
-        plan = build_plan(PRESETS[model], TrainSpec(**train), Policy(**policy), num_steps=3)
+        plan = build_plan(PRESETS[model], TrainSpec(**train), Policy.of(**policy), num_steps=3)
         cap = None if cap_gib is None else cap_gib * GIB
         p = simulate(plan, load_profile(profile), gpu_memory_bytes=cap)
         row = {"model": model, "profile": profile, "gpu_cap_gib": cap_gib, "train": train,

@@ -31,7 +31,7 @@ def main() -> None:
     config = tiny_config("llama")
     spec = spec_of(config, Path(tempfile.mkdtemp()))
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(), device="cpu", keep_trace=False,
                  segment_steps=args.segment_steps) as trainer:
         trainer.init_random(0)

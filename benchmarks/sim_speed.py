@@ -28,7 +28,7 @@ def time_big_step(repeats: int) -> list[str]:
     model = PRESETS["mistral-large-123b"]
     # 123B's state (~1.6 TiB with everything in RAM) needs a big host: what-if 2 TiB of RAM.
     profile = load_profile("rtx4090-256gb").with_overrides(ram_bytes=2 * TIB)
-    train, policy = TrainSpec(micro_batch=4, seq_len=1024), Policy()
+    train, policy = TrainSpec(micro_batch=4, seq_len=1024), Policy.of()
     builds, sims = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -60,7 +60,7 @@ SWEEP = SearchSpace(windows=(1, 2, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32, 64)
 def time_plain_sweep(count: int = 500) -> tuple[int, float]:
     """build_plan + simulate of `count` distinct configurations, one after another."""
     model, profile = PRESETS["llama-3.1-8b"], load_profile("h200-bench")
-    configs = list(SWEEP.candidates(1024, None, Policy()))[:count]
+    configs = list(SWEEP.candidates(1024, None, Policy.of()))[:count]
     t0 = time.perf_counter()
     for train, policy in configs:
         simulate(build_plan(model, train, policy), profile, gpu_memory_bytes=24 * 1024**3)

@@ -97,7 +97,7 @@ def layer_rows(profile) -> list[str]:
              "| recompute+bwd predicted ms | measured | ratio |"),
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mb, m in measured.items():
-        plan = build_plan(model, TrainSpec(micro_batch=int(mb)), Policy(), num_steps=2)
+        plan = build_plan(model, TrainSpec(micro_batch=int(mb)), Policy.of(), num_steps=2)
         fwd = costs.cost(plan.task("s0.m0.forward.L0")).solo_s
         bwd = costs.cost(plan.task("s0.m0.backward.L0")).solo_s
         rows.append(f"| {mb} | {m['tokens']} | {fwd * 1e3:.2f} | {m['fwd_s'] * 1e3:.2f} | "
@@ -111,7 +111,7 @@ def all_gpu_rows(profile) -> list[str]:
     rows = ["| micro-batch | predicted GPU s | vanilla HF s | ratio | Liger s | ratio |",
             "| --- | --- | --- | --- | --- | --- |"]
     for mb, vanilla in ALL_GPU_VANILLA_S.items():
-        plan = build_plan(model, TrainSpec(micro_batch=mb), Policy(), num_steps=2)
+        plan = build_plan(model, TrainSpec(micro_batch=mb), Policy.of(), num_steps=2)
         gpu_s = sum(costs.cost(t).solo_s for t in plan.tasks if t.lane == "gpu" and t.step == 0)
         liger = ALL_GPU_LIGER_S[mb]
         rows.append(f"| {mb} | {gpu_s:.3f} | {vanilla:.3f} | {gpu_s / vanilla:.2f} | "
@@ -131,7 +131,7 @@ def published_rows(profile) -> list[str]:
         / profile.host.adamw_bytes_per_param,
         cast_bytes_per_s=2 * 4 * n / PUBLISHED_CASTS_S)
     published_box = dataclasses.replace(profile, host=host)
-    policy = Policy(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival", window=2)
+    policy = Policy.of(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival", window=2)
     rows = ["| micro-batch | predicted s | measured s | ratio | predicted bottleneck |",
             "| --- | --- | --- | --- | --- |"]
     for mb, measured in PUBLISHED_SYSTEM_S.items():

@@ -108,13 +108,13 @@ def run_one(label: str, cfg: dict, args) -> dict:
     cap = parse_bytes(args.gpu_memory)
     if cfg.get("tuned"):
         space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
-        best = tune(spec, profile, seq_len=train.seq_len, space=space, base_policy=Policy(),
+        best = tune(spec, profile, seq_len=train.seq_len, space=space, base_policy=Policy.of(),
                     gpu_memory_bytes=int(0.9 * cap)).best
         if best is None:
             raise SystemExit(f"{label}: tune found nothing that fits")
         policy = best.policy
     else:
-        policy = Policy(window=cfg["window"], activations=cfg.get("activations", "host"),
+        policy = Policy.of(window=cfg["window"], activations=cfg.get("activations", "host"),
                         moments_on_nvme=cfg.get("moments_on_nvme", 0.0), **cfg.get("policy", {}))
     config = (hf_config_from_spec(spec) if not args.model_override
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
@@ -397,7 +397,7 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             policy = Policy.from_dict(row["policy"])
             run_ahead = row["config"].get("env", {}).get("LAYERSLIDE_RUN_AHEAD")
             if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
-                policy = dataclasses.replace(policy, stream_run_ahead=int(run_ahead))
+                policy = policy.with_(stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
             for key in ("adamw_in_situ_params_per_s", "predicted_step_s_at_measured_adamw"):
                 row.pop(key, None)  # from an earlier profile

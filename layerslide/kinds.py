@@ -16,7 +16,7 @@ class Lane(StrEnum):
     H2D = "h2d"  # host-to-device copies
     D2H = "d2h"  # device-to-host copies
     CPU = "cpu"  # the CPU optimizer's worker (and casts, unless they have their own)
-    CPU_CAST = "cpu_cast"  # the cast's own worker (Policy.cast_worker)
+    CPU_CAST = "cpu_cast"  # the cast's own worker (Policy.schedule.cast_worker)
     NVME_READ = "nvme_read"
     NVME_WRITE = "nvme_write"
 

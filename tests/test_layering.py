@@ -25,7 +25,7 @@ import layerslide.tuner, layerslide.cli.main
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
-plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=2), Policy())
+plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=2), Policy.of())
 assert simulate(plan, load_profile("h200-bench")).step_s > 0
 assert not any(m.split(".")[0] in ("torch", "triton") for m in sys.modules)
 print("ok")

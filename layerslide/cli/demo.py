@@ -41,7 +41,7 @@ def run_demo(out: Path, log=print) -> Path:
     cap = DEMO_GPU_CAP_BYTES
 
     log(f"1/4 plan + simulate {model.name} (micro-batch 8, default policy) on {profile.name}")
-    train, policy = TrainSpec(micro_batch=8, seq_len=1024), Policy()
+    train, policy = TrainSpec(micro_batch=8, seq_len=1024), Policy.of()
     plan = build_plan(model, train, policy)
     plan.save(out / "plan_default.json")
     default = simulate(plan, profile, gpu_memory_bytes=cap, label="default policy, micro-batch 8")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
@@ -18,6 +19,7 @@ from layerslide.planner.settings import (
     LAYER_KERNEL_MODES,
     OPTIMIZER_ORDERS,
     ExecutorKnobs,
+    Schedule,
     run_ahead_from_env,
 )
 
@@ -90,7 +92,7 @@ def add_train(p: argparse.ArgumentParser) -> None:
 
 
 def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
-    d = Policy()
+    d = SimpleNamespace(**Policy.of().flat())  # the defaults by field name
     g = p.add_argument_group("policy")
     g.add_argument("--window", type=int, default=d.window,
                    help="decoder layers whose bf16 weights are on the GPU at once (cache units)")
@@ -157,7 +159,7 @@ def train_of(args) -> TrainSpec:
 
 
 def policy_of(args) -> Policy:
-    return Policy(window=args.window, grad_buffers=args.grad_buffers,
+    return Policy.of(window=args.window, grad_buffers=args.grad_buffers,
                   prefetch_depth=args.prefetch_depth, activations=args.activations,
                   moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
                   resident_layers=args.resident_layers,
@@ -168,8 +170,8 @@ def policy_of(args) -> Policy:
                   layer_kernels=args.layer_kernels,
                   host_grad_buffers=args.host_grad_buffers,
                   cpu_optimizer=args.cpu_optimizer,
-                  stream_run_ahead=run_ahead_from_env(Policy.stream_run_ahead),
-                  executor=ExecutorKnobs.from_env())
+                  stream_run_ahead=run_ahead_from_env(Schedule().stream_run_ahead),
+                  **asdict(ExecutorKnobs.from_env()))
 
 
 def with_env_overrides(policy: Policy) -> Policy:
@@ -177,9 +179,9 @@ def with_env_overrides(policy: Policy) -> Policy:
     the plan that runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables."""
     env = ExecutorKnobs.from_env()
     knobs = {f: getattr(env, f) for f in env.__dataclass_fields__
-             if getattr(env, f) != getattr(ExecutorKnobs(), f)}
-    return replace(policy, stream_run_ahead=run_ahead_from_env(policy.stream_run_ahead),
-                   executor=replace(policy.executor, **knobs))
+             if getattr(env, f) != getattr(ExecutorKnobs(), f)}  # only what the environment sets
+    return policy.with_(stream_run_ahead=run_ahead_from_env(policy.schedule.stream_run_ahead),
+                        **knobs)
 
 
 def check_writable(path: str | None) -> None:

@@ -224,8 +224,8 @@ def cmd_train(args) -> int:
     with trainer:
         print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params on {device}; "
               f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}; "
-              f"window {policy.window}, activations on {policy.activations}, cast "
-              f"{policy.cast}", flush=True)
+              f"window {policy.residency.window}, activations on {policy.residency.activations}, cast "
+              f"{policy.schedule.cast}", flush=True)
         if args.resume:
             try:
                 info = trainer.restore_state(schedule.store, data, fallback=args.resume_fallback)

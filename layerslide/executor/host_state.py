@@ -50,7 +50,7 @@ class HostState:
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         knobs = policy.executor
         self.native = (load_kernels(threads=knobs.cpu_threads, chunk=knobs.cpu_chunk_elements)
-                       if policy.cpu_optimizer == "native" else None)
+                       if policy.kernels.cpu_optimizer == "native" else None)
         # the first elements of each block's master weights / moments live on disk, as many
         # as the plan's placement says, the rest here (self.master and self.moments hold that
         # rest; blocks updated on the GPU keep theirs whole)
@@ -58,15 +58,15 @@ class HostState:
         self.disk_moments = {b: placement.disk_numel(b)[1] for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
         self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
-        state_on_nvme = policy.moments_on_nvme > 0 or policy.master_on_nvme > 0
-        if (state_on_nvme or policy.activations == "nvme") and nvme_dir is None:
+        state_on_nvme = policy.residency.moments_on_nvme > 0 or policy.residency.master_on_nvme > 0
+        if (state_on_nvme or policy.residency.activations == "nvme") and nvme_dir is None:
             raise ValueError("the policy keeps state on NVMe (master_on_nvme="
-                             f"{policy.master_on_nvme}, moments_on_nvme={policy.moments_on_nvme}"
-                             f", activations={policy.activations}): pass a folder on that disk "
+                             f"{policy.residency.master_on_nvme}, moments_on_nvme={policy.residency.moments_on_nvme}"
+                             f", activations={policy.residency.activations}): pass a folder on that disk "
                              "(--nvme-dir)")
         # activation checkpoints on NVMe: one file per layer
         activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size
-                            * blocks.num_layers if policy.activations == "nvme" else 0)
+                            * blocks.num_layers if policy.residency.activations == "nvme" else 0)
         if state_on_nvme:
             if self.native is None:
                 raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
@@ -78,12 +78,12 @@ class HostState:
         elif activation_bytes:
             check_nvme_folder(self.nvme_dir, activation_bytes)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
-        pin_master = policy.cast == "gpu"
+        pin_master = policy.schedule.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
                                             torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
-                        for b in cpu_blocks} if policy.cast == "cpu_once" else {})
+                        for b in cpu_blocks} if policy.schedule.cast == "cpu_once" else {})
         # where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or a
         # pool whose buffers the plan's tasks name (its backpressure edges make reuse safe)
         self.land_in_upload = placement.grad_landing == "upload"

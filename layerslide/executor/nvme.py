@@ -5,7 +5,7 @@ weights and the first round(f_v * n) elements of exp_avg and exp_avg_sq of a blo
 parameters live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part],
 padded to 4 KiB), the rest in RAM. The plan reads a block's file into a staging buffer before
 its optimizer step and writes it back after; its edges bound how many reads run ahead
-(policy.nvme_prefetch buffers, reused in the order the edges say).
+(policy.schedule.nvme_prefetch buffers, reused in the order the edges say).
 
 A write goes to a new file that then replaces the old one (os.replace), never into the old one:
 a checkpoint can hard-link the files instead of copying them, and a write that fails (a full

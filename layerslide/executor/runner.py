@@ -102,7 +102,7 @@ class TaskRunner:
         self.policy, self.train = policy, train
         self.L = blocks.num_layers
         dev = device.device
-        landing = policy.cast == "gpu"
+        landing = policy.schedule.cast == "gpu"
         layout = placement  # the units the plan was made for
         self.gpu_updated = list(layout.gpu_updated)
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
@@ -132,15 +132,15 @@ class TaskRunner:
         self.gpu_blocks = GpuUpdatedBlocks(blocks, self.gpu_updated, dev, optim)
         self._rotary = blocks.make_rotary(dev)
         self._position_embeddings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._call_layer = layer_call(policy.layer_kernels, dev)
+        self._call_layer = layer_call(policy.kernels.layer_kernels, dev)
         # fused: the Triton head on the GPU, its PyTorch twin (same math, more memory) on the
         # CPU; materialized: the PyTorch one over all tokens at once
-        fused_on_gpu = (policy.head_loss == "fused" and dev.type == "cuda"
+        fused_on_gpu = (policy.kernels.head_loss == "fused" and dev.type == "cuda"
                         and triton_head_available(dev))
         self._head_loss = (fused_linear_cross_entropy if fused_on_gpu
                            else chunked_linear_cross_entropy)
         self.head_chunk_tokens = placement.head_chunk_tokens
-        if policy.head_loss == "fused" and dev.type == "cuda" and not fused_on_gpu:
+        if policy.kernels.head_loss == "fused" and dev.type == "cuda" and not fused_on_gpu:
             # the plan sized chunks for the Triton head's 2 B per logit; the PyTorch one holds
             # ~10 (fp32 logits, exp, grad): a fifth of the rows keeps to the planned memory
             warnings.warn("Triton is not available: the head runs in PyTorch, slower, with "
@@ -154,7 +154,7 @@ class TaskRunner:
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
         self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers)
-                                 if policy.activations == "nvme" else None)
+                                 if policy.residency.activations == "nvme" else None)
         self._reset_segment()
 
     def allocated_bytes(self) -> dict[str, int]:
@@ -225,9 +225,9 @@ class TaskRunner:
 
     def _do_load_weights(self, task: Task) -> None:
         unit = self._weight_unit(task)
-        if self.policy.cast == "gpu":
+        if self.policy.schedule.cast == "gpu":
             unit.landing_fp32.copy_(self.state.master[task.block], non_blocking=True)
-        elif self.policy.cast == "cpu_per_load":
+        elif self.policy.schedule.cast == "cpu_per_load":
             unit.flat.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
         else:
             unit.flat.copy_(self.state.upload[task.block], non_blocking=True)
@@ -278,7 +278,7 @@ class TaskRunner:
     def _do_offload_activation(self, task: Task) -> None:
         key = (task.step, task.micro_batch, task.block)
         x = self._receive(task, "checkpoint")
-        if self.policy.activations == "nvme":
+        if self.policy.residency.activations == "nvme":
             # only between the copy and the disk write: from torch's pinned caching allocator,
             # which reuses the memory for the next layer's checkpoint
             host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
@@ -292,7 +292,7 @@ class TaskRunner:
         host.copy_(x.view(-1), non_blocking=True)
 
     def _do_fetch_activation(self, task: Task) -> None:
-        if self.policy.activations == "nvme":  # read back from disk by the plan's nvme_read
+        if self.policy.residency.activations == "nvme":  # read back from disk by the plan's nvme_read
             host = self.act_passing.pop((task.step, task.micro_batch, task.block))
         else:
             host = self.act_host[task.block]

@@ -76,7 +76,7 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if (policy.moments_on_nvme or policy.master_on_nvme) and policy.cpu_optimizer != "native":
+    if (policy.residency.moments_on_nvme or policy.residency.master_on_nvme) and policy.kernels.cpu_optimizer != "native":
         raise ValueError("optimizer state on NVMe needs cpu_optimizer='native' (torch's AdamW "
                          "keeps whole moments in RAM)")
     for b in blocks.blocks:
@@ -162,7 +162,7 @@ class Trainer:
         self._weights_changed()
 
     def _weights_changed(self) -> None:
-        if self.policy.cast == "cpu_once":  # the first loads read the bf16 copies
+        if self.policy.schedule.cast == "cpu_once":  # the first loads read the bf16 copies
             for b in self.state.upload:
                 self.state.cast_to_upload(b)
         self.runner.load_gpu_state()
@@ -400,4 +400,7 @@ RUN_ONLY_POLICY_FIELDS = ("executor", "stream_run_ahead")
 
 
 def _what_it_computes(policy: dict) -> dict:
-    return {k: v for k, v in policy.items() if k not in RUN_ONLY_POLICY_FIELDS}
+    """A policy's to_dict without the fields that say how a run goes (one level into its
+    groups: executor is a group, stream_run_ahead a field of the schedule)."""
+    return {group: {k: v for k, v in fields.items() if k not in RUN_ONLY_POLICY_FIELDS}
+            for group, fields in policy.items() if group not in RUN_ONLY_POLICY_FIELDS}

@@ -82,13 +82,13 @@ class GpuLayout:
 
 def gpu_layout(num_layers: int, policy: Policy) -> GpuLayout:
     """The policy's GPU layout for a model of num_layers decoder layers."""
-    taken = gpu_update_candidates(num_layers, policy.gpu_updated_order)
+    taken = gpu_update_candidates(num_layers, policy.residency.gpu_updated_order)
     # updated in the order the next forward needs them, whichever were taken
-    gpu_updated = tuple(sorted(taken[:policy.gpu_updated_blocks]))
-    dedicated = sorted({*range(min(policy.resident_layers, num_layers)),
+    gpu_updated = tuple(sorted(taken[:policy.residency.gpu_updated_blocks]))
+    dedicated = sorted({*range(min(policy.residency.resident_layers, num_layers)),
                         *(b for b in gpu_updated if 0 <= b < num_layers)})
     return GpuLayout(gpu_updated=gpu_updated, dedicated_layers=tuple(dedicated),
-                     ring_units=min(policy.window, num_layers - len(dedicated)))
+                     ring_units=min(policy.residency.window, num_layers - len(dedicated)))
 
 
 @dataclass
@@ -116,7 +116,7 @@ class _Builder:
         self.resident = {EMBEDDING, self.L, *layout.dedicated_layers, *self.gpu_updated}
         self.slots = [_Slot() for _ in range(layout.ring_units)]
         self.resident_slots = {b: _Slot() for b in self.resident}
-        self.grad_slots = [None] * policy.grad_buffers  # last offload_grads that used each
+        self.grad_slots = [None] * policy.residency.grad_buffers  # last offload_grads that used each
         self.grad_slot_next = 0
         self.dedicated_grad_last: dict[int, str | None] = {EMBEDDING: None, self.L: None}
         # blocks whose grads are offloaded (those updated on the GPU never are): with one
@@ -124,9 +124,9 @@ class _Builder:
         blocks = self.L + 2 - len(self.gpu_updated)
         pool = blocks
         self.land_in_upload = grads_land_in_upload(policy, train)
-        if (train.max_grad_norm is None and policy.host_grad_buffers is not None
+        if (train.max_grad_norm is None and policy.residency.host_grad_buffers is not None
                 and not self.land_in_upload):
-            pool = min(policy.host_grad_buffers, blocks)
+            pool = min(policy.residency.host_grad_buffers, blocks)
         self.host_grad_consumers: list[str] = []  # consumer of each offload, in d2h order
         self.host_grad_pool = pool
         self.grad_landing = ("upload" if self.land_in_upload
@@ -135,12 +135,12 @@ class _Builder:
         self.state_slots: dict[str, int] = {}  # write_state -> the staging slot it frees
         self.landing_slots: dict[tuple[int, int, int], int] = {}  # (step, micro, block) -> slot
         self.step_markers: list[str] = []
-        self.cast_lane = Lane.CPU_CAST if policy.cast_worker else Lane.CPU
+        self.cast_lane = Lane.CPU_CAST if policy.schedule.cast_worker else Lane.CPU
         # the first round(fraction * n) of each CPU-updated block's master weights and moments
         # live on NVMe (GPU-updated blocks keep theirs whole)
         self.disk = {b: (0, 0) if b in self.gpu_updated else
-                     (round(policy.master_on_nvme * self.params(b)),
-                      round(policy.moments_on_nvme * self.params(b)))
+                     (round(policy.residency.master_on_nvme * self.params(b)),
+                      round(policy.residency.moments_on_nvme * self.params(b)))
                      for b in (EMBEDDING, *range(self.L), self.L)}
 
     # --- small helpers ---------------------------------------------------------------------
@@ -218,7 +218,7 @@ class _Builder:
         """The task after which version `step` of the block's weights may be loaded."""
         if step == 0:
             return None
-        if self.policy.cast == "cpu_once" and not self.policy.optimizer_casts:
+        if self.policy.schedule.cast == "cpu_once" and not self.policy.optimizer_casts:
             return self.tid(K.CAST, block, step - 1)
         return self.tid(K.OPTIMIZER_STEP, block, step - 1)
 
@@ -242,26 +242,26 @@ class _Builder:
             self.update_task(consumer, unit=unit)
         if slot.content != (block, step):
             p = self.params(block)
-            wire_bytes = (FP32_BYTES if self.policy.cast == "gpu" else BF16_BYTES) * p
+            wire_bytes = (FP32_BYTES if self.policy.schedule.cast == "gpu" else BF16_BYTES) * p
             for_kind = self.graph.nodes[consumer]["task"].kind
             load = self.add(kind=K.LOAD_WEIGHTS, lane=Lane.H2D, block=block, step=step,
                             micro_batch=micro, for_kind=for_kind, bytes=wire_bytes, params=p,
                             unit=unit, key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
-                self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 1), load, "prefetch")
-            if self.policy.cast == "cpu_per_load":
+                self.edge(self.gpu_at(pos - self.policy.schedule.prefetch_depth - 1), load, "prefetch")
+            if self.policy.schedule.cast == "cpu_per_load":
                 cast = self.add(kind=K.CAST, lane=self.cast_lane, block=block, step=step,
                                 micro_batch=micro, for_kind=for_kind, bytes=FP32_BYTES * p,
-                                params=p, key=(pos - self.policy.prefetch_depth - 1, 0))
+                                params=p, key=(pos - self.policy.schedule.prefetch_depth - 1, 0))
                 if step > 0:
                     self.edge(self.tid(K.OPTIMIZER_STEP, block, step - 1), cast, "weights")
-                self.edge(self.gpu_at(pos - self.policy.prefetch_depth - 2), cast, "prefetch")
+                self.edge(self.gpu_at(pos - self.policy.schedule.prefetch_depth - 2), cast, "prefetch")
                 self.edge(cast, load, "data")
                 self.buffer(cast, "staging", "host", BF16_BYTES * p, (load,))
             else:
                 self.edge(self.weights_ready(block, step), load, "weights")
-            if self.policy.cast == "gpu":  # the consumer first casts the fp32 it was sent
+            if self.policy.schedule.cast == "gpu":  # the consumer first casts the fp32 it was sent
                 task = self.graph.nodes[consumer]["task"]
                 self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p,
                                  host_ops=task.host_ops + 1, casts_weights=True)
@@ -279,7 +279,7 @@ class _Builder:
     def micro_batch(self, s: int, m: int) -> None:
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
         hidden = sizes.hidden_bytes(model, T)
-        ew = sizes.layer_elementwise_bytes_per_token(model, pol.layer_kernels) * T
+        ew = sizes.layer_elementwise_bytes_per_token(model, pol.kernels.layer_kernels) * T
         gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
         attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
 
@@ -298,7 +298,7 @@ class _Builder:
             fwd[i] = prev = producers[i + 1] = t
 
         head = self.compute(s, m, K.HEAD, L, flops=3 * model.head_forward_flops_per_token * T,
-                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T, pol.head_loss),
+                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T, pol.kernels.head_loss),
                             host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
@@ -329,7 +329,7 @@ class _Builder:
             pos = self.pos(s, m, "bwd", i)
             self.ensure_weights(i, s, m, t, pos)
             self.buffer(t, "workspace", "gpu",
-                        sizes.backward_workspace_bytes(model, T, pol.layer_kernels), (t,))
+                        sizes.backward_workspace_bytes(model, T, pol.kernels.layer_kernels), (t,))
             self.checkpoint(s, m, i, producers[i], fwd[i], t, pos)
 
         self.grads(s, m, L, head)
@@ -337,7 +337,7 @@ class _Builder:
             self.grads(s, m, i, bwd[i])
         self.grads(s, m, EMBEDDING, emb_bwd)
         self.buffer(head, "workspace", "gpu",
-                    sizes.head_loss_workspace_bytes(model, T, pol.head_loss, pol.head_chunk_bytes),
+                    sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss, pol.kernels.head_chunk_bytes),
                     (head,))
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
@@ -345,7 +345,7 @@ class _Builder:
         """The input of layer i: kept on the GPU, or offloaded after forward and fetched back."""
         pol = self.policy
         nbytes = sizes.hidden_bytes(self.model, self.tokens)
-        if pol.activations == "gpu":
+        if pol.residency.activations == "gpu":
             self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, consumer_bwd),
                         at_end=True)
             return
@@ -355,17 +355,17 @@ class _Builder:
         self.edge(producer, off, "data")
         self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, off), at_end=True)
         fetch = self.add(kind=K.FETCH_ACTIVATION, lane=Lane.H2D, **common, key=(bwd_pos, 1))
-        self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 1), fetch, "prefetch")
-        if pol.activations == "host":  # its pinned buffer: static_buffers' host.checkpoints
+        self.edge(self.gpu_at(bwd_pos - pol.schedule.prefetch_depth - 1), fetch, "prefetch")
+        if pol.residency.activations == "host":  # its pinned buffer: static_buffers' host.checkpoints
             self.edge(off, fetch, "data")
         else:
             write = self.add(kind=K.WRITE_ACTIVATION, lane=Lane.NVME_WRITE, **common,
                              key=(producer_pos, 0))
             read = self.add(kind=K.READ_ACTIVATION, lane=Lane.NVME_READ, **common,
-                            key=(bwd_pos - pol.prefetch_depth - 1, 1))
+                            key=(bwd_pos - pol.schedule.prefetch_depth - 1, 1))
             self.edge(off, write, "data")
             self.edge(write, read, "data")
-            self.edge(self.gpu_at(bwd_pos - pol.prefetch_depth - 2), read, "prefetch")
+            self.edge(self.gpu_at(bwd_pos - pol.schedule.prefetch_depth - 2), read, "prefetch")
             self.edge(read, fetch, "data")
             self.buffer(off, "host", "host", nbytes, (write,))
             self.buffer(write, "file", "nvme", nbytes, (read,))
@@ -479,14 +479,14 @@ class _Builder:
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
 
-        opt_key = deadline_key if pol.optimizer_order == "deadline" else arrival_key
+        opt_key = deadline_key if pol.schedule.optimizer_order == "deadline" else arrival_key
         # NVMe state reads are issued in the order the CPU is expected to run the steps: as
         # grads arrive, unless clipping holds every step until all grads are in.
         io_key = opt_key if norm is not None else arrival_key
         cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
         for b in sorted(cpu_blocks, key=io_key):
             p = self.params(b)
-            extra = sizes.cpu_optimizer_extra_bytes_per_param(pol.cpu_optimizer, A,
+            extra = sizes.cpu_optimizer_extra_bytes_per_param(pol.kernels.cpu_optimizer, A,
                                                               pol.optimizer_casts)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
                            bytes=extra * p,
@@ -494,18 +494,18 @@ class _Builder:
                            key=opt_key(b))
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
-            if A == 1 and pol.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
+            if A == 1 and pol.kernels.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
                 self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
             master_disk, moments_disk = self.disk[b]
             state_bytes = (sizes.MASTER_BYTES_PER_PARAM * master_disk
                            + sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
             if state_bytes > 0:
                 self.state_io(s, b, state_bytes, opt, io_key(b))
-            if pol.cast == "cpu_once" and not pol.optimizer_casts:
+            if pol.schedule.cast == "cpu_once" and not pol.optimizer_casts:
                 cast = self.add(kind=K.CAST, lane=self.cast_lane, block=b, step=s,
                                 bytes=FP32_BYTES * p, params=p, key=(opt_key(b)[0], 5))
                 self.edge(opt, cast, "data")
-                if state_bytes > 0 and pol.master_on_nvme > 0:
+                if state_bytes > 0 and pol.residency.master_on_nvme > 0:
                     # the cast reads the updated master weights from the staging buffer: write
                     # them back (and free the buffer) only after it
                     self.edge(cast, self.tid(K.WRITE_STATE, b, s), "data")
@@ -515,8 +515,8 @@ class _Builder:
         """Read the block's NVMe state into a staging slot before its optimizer step, and write
         it back after; a read waits for the write nvme_prefetch reads back, whose slot it takes."""
         pol, p = self.policy, self.params(b)
-        reuse = (self.state_chain[-pol.nvme_prefetch][1]
-                 if len(self.state_chain) >= pol.nvme_prefetch else None)
+        reuse = (self.state_chain[-pol.schedule.nvme_prefetch][1]
+                 if len(self.state_chain) >= pol.schedule.nvme_prefetch else None)
         slot = self.state_slots[reuse] if reuse else len(self.state_slots)
         common = {"block": b, "step": s, "bytes": state_bytes, "params": p, "slot": slot}
         read = self.add(kind=K.READ_STATE, lane=Lane.NVME_READ, **common, key=key)
@@ -535,14 +535,14 @@ class _Builder:
         model, pol = self.model, self.policy
         on_gpu = sum(self.params(b) for b in self.gpu_updated)
         n = model.total_params - on_gpu  # parameters whose state lives on the host
-        unit = (BF16_BYTES + (FP32_BYTES if pol.cast == "gpu" else 0)) * model.layer_params
+        unit = (BF16_BYTES + (FP32_BYTES if pol.schedule.cast == "gpu" else 0)) * model.layer_params
         self.buffer(None, runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
         self.buffer(None, GPU_WEIGHT_UNITS, "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
         self.buffer(None, GPU_RESIDENT_LAYERS, "gpu", loaded_layers * unit
                     + updated_layers * BF16_BYTES * model.layer_params)
-        landing = FP32_BYTES if pol.cast == "gpu" else 0  # fp32 arrives, then is cast
+        landing = FP32_BYTES if pol.schedule.cast == "gpu" else 0  # fp32 arrives, then is cast
         for b in (EMBEDDING, self.L):
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
             self.buffer(None, block_weights_buffer_id(b, self.L), "gpu",
@@ -556,14 +556,14 @@ class _Builder:
         moments_disk = sum(v for _, v in self.disk.values())
         self.buffer(None, HOST_MASTER, "host",
                     sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
-        if pol.activations == "host":
+        if pol.residency.activations == "host":
             # one page-locked buffer per layer, allocated at the first offload and reused by
             # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
             # to 32, the checkpoints' size)
             self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * sizes.hidden_bytes(model, self.tokens))
         self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
-        if pol.cast == "cpu_once":
+        if pol.schedule.cast == "cpu_once":
             self.buffer(None, HOST_UPLOAD, "host", sizes.UPLOAD_BYTES_PER_PARAM * n)
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
         # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
@@ -589,8 +589,8 @@ class _Builder:
             grad_landing_buffers=self.host_grad_pool if self.grad_landing == "pool" else 0,
             nvme_staging_slots=len(set(self.state_slots.values())),
             head_chunk_tokens=(sizes.fused_head_chunk_tokens(self.model, tokens,
-                                                             pol.head_chunk_bytes)
-                               if pol.head_loss == "fused" else tokens),
+                                                             pol.kernels.head_chunk_bytes)
+                               if pol.kernels.head_loss == "fused" else tokens),
             master_on_nvme=tuple(self.disk[b][0] for b in sorted(self.disk)),
             moments_on_nvme=tuple(self.disk[b][1] for b in sorted(self.disk)))
 

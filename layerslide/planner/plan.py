@@ -469,7 +469,7 @@ def _slot_count(plan: Plan, space: tuple[TaskKind, ...]) -> int:
         return plan.placement.grad_landing_buffers
     if TaskKind.READ_STATE in space:
         return plan.placement.nvme_staging_slots
-    return plan.policy.grad_buffers
+    return plan.policy.residency.grad_buffers
 
 
 @dataclass

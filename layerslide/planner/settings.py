@@ -119,7 +119,7 @@ class ExecutorKnobs:
 
 
 def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) -> int:
-    """Policy.stream_run_ahead as LAYERSLIDE_RUN_AHEAD sets it, else `default`."""
+    """Policy.schedule.stream_run_ahead as LAYERSLIDE_RUN_AHEAD sets it, else `default`."""
     raw = environ.get("LAYERSLIDE_RUN_AHEAD", "").strip()
     if not raw:
         return default
@@ -133,93 +133,159 @@ def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) ->
     return tasks
 
 
+def _positive(owner: str, self, *names: str) -> None:
+    for name in names:
+        value = getattr(self, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            _fail(owner, name, value, "must be a positive integer")
+
+
+def _whole(owner: str, self, *names: str) -> None:
+    for name in names:
+        value = getattr(self, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            _fail(owner, name, value, "must be an integer >= 0")
+
+
+def _chosen(owner: str, self, **choices: tuple[str, ...]) -> None:
+    for name, allowed in choices.items():
+        if getattr(self, name) not in allowed:
+            _fail(owner, name, getattr(self, name), f"choose one of {', '.join(allowed)}")
+
+
 @dataclass(frozen=True, kw_only=True)
-class Policy:
-    """How the GPU window slides over the layers and where state lives."""
+class Residency:
+    """Where state lives and how much of it at once: the window of weights on the GPU, blocks
+    kept or updated there, checkpoints, the NVMe tier's share, grads awaiting their offload."""
 
     window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
-    grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
-    prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
-    activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
-    master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
-    moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
     resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
     # Blocks whose fp32 master weights, AdamW moments and grads live on the GPU and are updated
     # there (fused AdamW): the first gpu_updated_blocks of gpu_updated_order's sequence,
     # updated in the order the next forward needs them. They never cross PCIe and cost the CPU
-    # nothing: 18 B/param of GPU memory buys CPU time when the CPU is the bottleneck.
+    # nothing: GPU memory (sizes.GPU_UPDATED_BYTES_PER_PARAM) buys CPU time.
     gpu_updated_blocks: int = 0
-    gpu_updated_order: GpuUpdateOrder = "forward"  # which blocks come first: see GPU_UPDATE_ORDERS
-    optimizer_order: OptimizerOrder = "deadline"  # CPU picks ready steps by arrival or next-forward deadline
-    cast: CastMode = "cpu_once"
-    # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
-    # bandwidth and the cores instead of taking turns.
-    cast_worker: bool = False
-    head_loss: HeadLoss = "fused"  # fused linear cross-entropy (no full logits) or materialized logits
-    # GPU bytes of one chunk of the fused head's bf16 logits. Smaller chunks hold less at the head
-    # and leave smaller holes in the allocator's cache, for a slower head (H200, 8k tokens of a
-    # 128k vocab: 29.6 ms at 1 GiB, 30.5 at 0.5, 31.8 at 0.25; kernels_2026-11-29/head_bench.md).
-    head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
-    layer_kernels: LayerKernels = "compiled"  # how decoder layers run on the GPU: see LAYER_KERNEL_MODES
-    nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
+    gpu_updated_order: GpuUpdateOrder = "forward"  # which blocks come first: GPU_UPDATE_ORDERS
+    activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
+    master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
+    moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
+    grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload).
     host_grad_buffers: int | None = None
-    cpu_optimizer: CpuOptimizer = "native"
-    # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
-    # before it waits to enqueue the next (0: no bound). Unbounded, the threads enqueue far
-    # ahead of the GPU, and a tensor handed to another stream and freed by the host stays held
-    # by the caching allocator until that stream has done everything queued on it at the free:
-    # 3B micro-batch 32 held 11.8 GiB of active blocks for a 6.0 GiB allocated peak (reserved
-    # 14.4 GiB; benchmarks/results/validation_2026-11-30b). Bounded, a buffer is reusable about
-    # when the plan, which frees it when its last reader finishes, says it is; 3 left the step
-    # time as it was. A task's dispatch may run ahead of its inputs by as much.
-    stream_run_ahead: int = 3
-    executor: ExecutorKnobs = field(default_factory=ExecutorKnobs)
-
-    @property
-    def optimizer_casts(self) -> bool:
-        """The CPU optimizer step writes the bf16 upload copy itself (no cast tasks)."""
-        return self.cast == "cpu_once" and self.cpu_optimizer == "native"
 
     def __post_init__(self) -> None:
-        for name in ("window", "grad_buffers", "prefetch_depth", "nvme_prefetch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                _fail("Policy", name, value, "must be a positive integer")
+        _positive("Policy", self, "window", "grad_buffers")
+        _whole("Policy", self, "resident_layers", "gpu_updated_blocks")
         if self.host_grad_buffers is not None and (
                 not isinstance(self.host_grad_buffers, int) or self.host_grad_buffers < 1):
             _fail("Policy", "host_grad_buffers", self.host_grad_buffers,
                   "must be a positive integer, or None for one per block")
-        if (not isinstance(self.head_chunk_bytes, int) or isinstance(self.head_chunk_bytes, bool)
-                or self.head_chunk_bytes < 2**20):
-            _fail("Policy", "head_chunk_bytes", self.head_chunk_bytes,
-                  "must be a whole number of bytes >= 1 MiB")
-        if not isinstance(self.executor, ExecutorKnobs):
-            _fail("Policy", "executor", self.executor, "must be an ExecutorKnobs")
-        for name in ("resident_layers", "gpu_updated_blocks", "stream_run_ahead"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                _fail("Policy", name, value, "must be an integer >= 0")
-        if self.prefetch_depth > self.window:
-            _fail("Policy", "prefetch_depth", self.prefetch_depth,
-                  f"cannot exceed window={self.window}: a prefetched layer needs a free cache unit")
-        for name, allowed in (("activations", ACTIVATION_PLACEMENTS),
-                              ("optimizer_order", OPTIMIZER_ORDERS),
-                              ("cast", CAST_MODES), ("head_loss", HEAD_LOSS_MODES),
-                              ("layer_kernels", LAYER_KERNEL_MODES),
-                              ("cpu_optimizer", CPU_OPTIMIZERS),
-                              ("gpu_updated_order", GPU_UPDATE_ORDERS)):
-            if getattr(self, name) not in allowed:
-                _fail("Policy", name, getattr(self, name), f"choose one of {', '.join(allowed)}")
+        _chosen("Policy", self, activations=ACTIVATION_PLACEMENTS,
+                gpu_updated_order=GPU_UPDATE_ORDERS)
         for name in ("master_on_nvme", "moments_on_nvme"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 _fail("Policy", name, value, "must be a fraction in [0, 1]")
-        if self.cast in ("gpu", "cpu_per_load") and self.master_on_nvme > 0:
-            _fail("Policy", "cast", self.cast,
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """In what order and how far ahead the work runs: prefetch, the CPU's order, the cast."""
+
+    prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
+    nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
+    optimizer_order: OptimizerOrder = "deadline"  # ready steps by arrival or next-use deadline
+    cast: CastMode = "cpu_once"
+    # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
+    # bandwidth and the cores instead of taking turns.
+    cast_worker: bool = False
+    # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
+    # before it waits to enqueue the next (0: no bound): unbounded, a tensor handed to another
+    # stream stays held by the caching allocator until that stream has done all queued at its
+    # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
+    stream_run_ahead: int = 3
+
+    def __post_init__(self) -> None:
+        _positive("Policy", self, "prefetch_depth", "nvme_prefetch")
+        _whole("Policy", self, "stream_run_ahead")
+        _chosen("Policy", self, optimizer_order=OPTIMIZER_ORDERS, cast=CAST_MODES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernels:
+    """Which kernels do the work: the layers', the head's loss, the CPU optimizer."""
+
+    layer_kernels: LayerKernels = "compiled"  # how decoder layers run on the GPU
+    head_loss: HeadLoss = "fused"  # fused linear cross-entropy (no full logits) or materialized
+    # GPU bytes of one chunk of the fused head's bf16 logits: smaller chunks hold less at the
+    # head and leave smaller holes in the allocator's cache, for a slower head
+    # (benchmarks/results/kernels_2026-11-29/head_bench.md)
+    head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
+    cpu_optimizer: CpuOptimizer = "native"
+
+    def __post_init__(self) -> None:
+        if (not isinstance(self.head_chunk_bytes, int) or isinstance(self.head_chunk_bytes, bool)
+                or self.head_chunk_bytes < 2**20):
+            _fail("Policy", "head_chunk_bytes", self.head_chunk_bytes,
+                  "must be a whole number of bytes >= 1 MiB")
+        _chosen("Policy", self, layer_kernels=LAYER_KERNEL_MODES, head_loss=HEAD_LOSS_MODES,
+                cpu_optimizer=CPU_OPTIMIZERS)
+
+
+_GROUPS = {"residency": Residency, "schedule": Schedule, "kernels": Kernels,
+           "executor": ExecutorKnobs}
+_GROUP_OF = {f.name: group for group, cls in _GROUPS.items() for f in fields(cls)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """How the GPU window slides over the layers and where state lives, by concern: residency
+    and schedule shape the plan, kernels choose the code that runs it, executor says how the
+    executor runs it (not what it computes). Policy.of(window=4, cast="gpu") takes the fields
+    by name; policy.with_(...) changes some."""
+
+    residency: Residency = field(default_factory=Residency)
+    schedule: Schedule = field(default_factory=Schedule)
+    kernels: Kernels = field(default_factory=Kernels)
+    executor: ExecutorKnobs = field(default_factory=ExecutorKnobs)
+
+    @classmethod
+    def of(cls, **settings) -> Policy:
+        """A policy from its fields by name, each into its group; the rest as defaults."""
+        unknown = sorted(set(settings) - set(_GROUP_OF))
+        if unknown:
+            raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
+        groups = {g: {} for g in _GROUPS}
+        for name, value in settings.items():
+            groups[_GROUP_OF[name]][name] = value
+        return cls(**{g: _GROUPS[g](**given) for g, given in groups.items()})
+
+    def with_(self, **changes) -> Policy:
+        """This policy with some fields (by name) changed."""
+        return Policy.of(**{**self.flat(), **changes})
+
+    def flat(self) -> dict:
+        """Every field by name (the groups' fields, one level)."""
+        return {name: getattr(getattr(self, group), name) for name, group in _GROUP_OF.items()}
+
+    @property
+    def optimizer_casts(self) -> bool:
+        """The CPU optimizer step writes the bf16 upload copy itself (no cast tasks)."""
+        return self.schedule.cast == "cpu_once" and self.kernels.cpu_optimizer == "native"
+
+    def __post_init__(self) -> None:
+        for group, cls in _GROUPS.items():
+            if not isinstance(getattr(self, group), cls):
+                _fail("Policy", group, getattr(self, group), f"must be a {cls.__name__}")
+        window, depth = self.residency.window, self.schedule.prefetch_depth
+        if depth > window:
+            _fail("Policy", "prefetch_depth", depth,
+                  f"cannot exceed window={window}: a prefetched layer needs a free cache unit")
+        if self.schedule.cast in ("gpu", "cpu_per_load") and self.residency.master_on_nvme > 0:
+            _fail("Policy", "cast", self.schedule.cast,
                   "this cast reads fp32 master weights from RAM at every load: set "
                   "master_on_nvme=0 or use cast=cpu_once")
 
@@ -228,14 +294,15 @@ class Policy:
 
     @classmethod
     def from_dict(cls, data: dict) -> Policy:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        """From to_dict's nested form, or the flat one that checkpoints written before the
+        groups existed hold."""
+        if not set(data) <= set(_GROUPS):  # flat
+            return cls.of(**data)
+        unknown = sorted(f"{g}.{k}" for g, given in data.items() for k in given
+                         if _GROUP_OF.get(k) != g)
         if unknown:
-            raise ValueError(f"unknown policy fields {sorted(unknown)}; known: {sorted(known)}")
-        knobs = data.get("executor", {})
-        if isinstance(knobs, dict):
-            data = {**data, "executor": ExecutorKnobs(**knobs)}
-        return cls(**data)
+            raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
+        return cls(**{g: _GROUPS[g](**given) for g, given in data.items()})
 
 
 def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:
@@ -245,4 +312,4 @@ def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:
     step writes the new weights into it, after reading the grads element by element. It exists
     with cast=cpu_once; with several micro-batches a step loads each block again after grads
     have landed, so those keep landing buffers."""
-    return policy.cast == "cpu_once" and train.grad_accum == 1
+    return policy.schedule.cast == "cpu_once" and train.grad_accum == 1

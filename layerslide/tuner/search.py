@@ -84,9 +84,9 @@ class SearchSpace:
                 continue  # no CPU casts to place: the same candidate
             train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
                               max_grad_norm=max_grad_norm)
-            policy = replace(base, window=w, prefetch_depth=min(base.prefetch_depth, w),
-                             activations=act, cast=cast, cast_worker=worker and cast != "gpu",
-                             optimizer_order=order)
+            policy = base.with_(window=w, prefetch_depth=min(base.schedule.prefetch_depth, w),
+                                activations=act, cast=cast,
+                                cast_worker=worker and cast != "gpu", optimizer_order=order)
             yield train, policy
 
 
@@ -103,14 +103,12 @@ class Candidate:
         return self.prediction.feasible
 
     def row(self) -> dict:
-        p, t, s = self.policy, self.train, self.prediction
+        p, t, s = self.policy.flat(), self.train, self.prediction
         return {
-            "window": p.window, "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
-            "activations": p.activations, "cast": p.cast, "cast_worker": p.cast_worker,
-            "optimizer_order": p.optimizer_order,
-            "moments_on_nvme": p.moments_on_nvme, "master_on_nvme": p.master_on_nvme,
-            "host_grad_buffers": p.host_grad_buffers,
-            "gpu_updated_blocks": p.gpu_updated_blocks, "gpu_updated_order": p.gpu_updated_order,
+            "window": p["window"], "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
+            **{k: p[k] for k in ("activations", "cast", "cast_worker", "optimizer_order",
+                                 "moments_on_nvme", "master_on_nvme", "host_grad_buffers",
+                                 "gpu_updated_blocks", "gpu_updated_order")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -175,8 +173,8 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     # fit leaves room for layers that do
     for order in GPU_UPDATE_ORDERS:
         count = _gpu_update_blocks_fitting(model, headroom, order)
-        while count > base.policy.gpu_updated_blocks:
-            filled = replace(base.policy, gpu_updated_blocks=count, gpu_updated_order=order)
+        while count > base.policy.residency.gpu_updated_blocks:
+            filled = base.policy.with_(gpu_updated_blocks=count, gpu_updated_order=order)
             blocks = gpu_layout(model.num_layers, filled).gpu_updated
             if blocks in tried:  # the same blocks taken in the other order
                 break
@@ -201,14 +199,14 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
     placements = [(moments, master) for moments, master in
                   (NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1])
                   # casts other than cpu_once read master weights from RAM at every load
-                  if master == 0 or policy.cast == "cpu_once"]
+                  if master == 0 or policy.schedule.cast == "cpu_once"]
     # (moments, master, nvme_prefetch): each read ahead stages a whole block's fp32 state in
     # RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left over
-    steps = [(moments, master, policy.nvme_prefetch) for moments, master in placements]
-    if allow_nvme and policy.nvme_prefetch > 1:
+    steps = [(moments, master, policy.schedule.nvme_prefetch) for moments, master in placements]
+    if allow_nvme and policy.schedule.nvme_prefetch > 1:
         steps.append((*placements[-1], 1))
-    pools = [policy.host_grad_buffers]
-    if (train.max_grad_norm is None and policy.host_grad_buffers is None
+    pools = [policy.residency.host_grad_buffers]
+    if (train.max_grad_norm is None and policy.residency.host_grad_buffers is None
             and not grads_land_in_upload(policy, train)):
         # clipping holds every grad (no pool to bound); grads landing in the upload copies
         # have no landing buffers to bound
@@ -216,7 +214,7 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
     candidate = None
     for moments, master, prefetch in steps:
         for pool in pools:
-            tried = replace(policy, moments_on_nvme=moments, master_on_nvme=master,
+            tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
                             host_grad_buffers=pool, nvme_prefetch=prefetch)
             plan = build_plan(model, train, tried, num_steps=num_steps)
             prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
@@ -254,7 +252,7 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          progress: Callable[[int, int], None] | None = None) -> TuneResult:
     """Evaluate every candidate of the space; best tokens/s first, infeasible ones last."""
     space = space or SearchSpace()
-    base = base_policy or Policy()
+    base = base_policy or Policy.of()
     settle_late = profile.gpu.busy_speedup is not None
     options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
                "num_steps": num_steps, "fill_gpu_updates": space.fill_gpu_updates,

@@ -30,7 +30,7 @@ def test_plan_writes_a_plan_that_simulate_reads(capsys, tmp_path):
                        "--window", "3", "-o", str(path))
     assert code == 0 and "static memory" in out
     plan = Plan.load(path)
-    assert plan.policy.window == 3 and plan.train.micro_batch == 2
+    assert plan.policy.residency.window == 3 and plan.train.micro_batch == 2
     code, out, _ = run(capsys, "simulate", "--plan", str(path), "--profile", "rtx4090-256gb",
                        "--json")
     summary = json.loads(out)

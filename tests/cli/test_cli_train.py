@@ -71,7 +71,7 @@ def test_train_saves_a_model_transformers_loads(model_dir, data_file, tmp_path, 
 def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
     plan = build_plan(model_from_hf_config(model_dir).__class__(
         **{**model_from_hf_config(model_dir).to_dict(), "num_layers": 3}),
-        TrainSpec(micro_batch=2, seq_len=16), Policy())
+        TrainSpec(micro_batch=2, seq_len=16), Policy.of())
     plan.save(tmp_path / "plan.json")
     rc = main(["train", "--model", str(model_dir), "--plan", str(tmp_path / "plan.json"),
                "--device", "cpu", "--steps", "1"])
@@ -115,5 +115,5 @@ def test_train_runs_a_tuned_plan_with_its_settings(model_dir, tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert f"micro-batch {tuned['train']['micro_batch']} x 16 tokens" in printed
-    assert f"window {tuned['policy']['window']}" in printed
+    assert f"window {tuned['policy']['residency']['window']}" in printed
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2

@@ -14,7 +14,7 @@ from layerslide.executor.engine import PlanEngine, TaskFailedError
 from layerslide.planner import Policy, TrainSpec, build_plan
 
 PLAN = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
-                  Policy(cast_worker=True, cpu_optimizer="torch"), num_steps=3)
+                  Policy.of(cast_worker=True, cpu_optimizer="torch"), num_steps=3)
 
 
 def run_in_thread(fn, timeout_s: float = 60.0):
@@ -258,11 +258,11 @@ def test_the_bound_comes_from_the_plans_policy_and_not_the_environment(monkeypat
     from layerslide.planner.settings import run_ahead_from_env
 
     plan = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(stream_run_ahead=2), num_steps=2)
+                      Policy.of(stream_run_ahead=2), num_steps=2)
     monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "0")
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None).run_ahead == 2
     assert PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None).run_ahead == 3  # default
-    assert run_ahead_from_env(plan.policy.stream_run_ahead) == 0
+    assert run_ahead_from_env(plan.policy.schedule.stream_run_ahead) == 0
     assert PlanEngine(plan, LaneDevice("cpu"), lambda task: None, run_ahead=1).run_ahead == 1
 
 

@@ -13,19 +13,19 @@ from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
 
 CASES = [
-    ("default", TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+    ("default", TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
     ("window-1-resident", TrainSpec(micro_batch=1, seq_len=SEQ),
-     Policy(window=1, resident_layers=1)),
-    ("cast-gpu", TrainSpec(micro_batch=1, seq_len=SEQ), Policy(cast="gpu")),
+     Policy.of(window=1, resident_layers=1)),
+    ("cast-gpu", TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(cast="gpu")),
     ("per-load-pool", TrainSpec(micro_batch=1, seq_len=SEQ),
-     Policy(cast="cpu_per_load", host_grad_buffers=2)),
+     Policy.of(cast="cpu_per_load", host_grad_buffers=2)),
     ("per-block-landing", TrainSpec(micro_batch=1, seq_len=SEQ, max_grad_norm=1.0),
-     Policy(cast="cpu_per_load")),
+     Policy.of(cast="cpu_per_load")),
     ("accumulation", TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
-     Policy(activations="gpu")),
-    ("gpu-updated", TrainSpec(micro_batch=1, seq_len=SEQ), Policy(gpu_updated_blocks=2)),
+     Policy.of(activations="gpu")),
+    ("gpu-updated", TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(gpu_updated_blocks=2)),
     ("nvme", TrainSpec(micro_batch=1, seq_len=SEQ),
-     Policy(master_on_nvme=0.5, moments_on_nvme=0.75)),
+     Policy.of(master_on_nvme=0.5, moments_on_nvme=0.75)),
 ]
 
 

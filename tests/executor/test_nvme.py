@@ -52,8 +52,8 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
 def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moments, accum, clip,
                                                 family, tied, activations):
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
-    in_ram = train_run(tmp_path / "ram", Policy(), train, family=family, tied=tied)
-    policy = Policy(master_on_nvme=master, moments_on_nvme=moments, nvme_prefetch=2,
+    in_ram = train_run(tmp_path / "ram", Policy.of(), train, family=family, tied=tied)
+    policy = Policy.of(master_on_nvme=master, moments_on_nvme=moments, nvme_prefetch=2,
                     activations=activations)
     on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
     if activations == "nvme":  # every layer's checkpoint went through its file
@@ -75,20 +75,20 @@ def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
                        device="cpu", nvme_dir=nvme_dir)
 
     with pytest.raises(ValueError, match="--nvme-dir"):
-        make(Policy(moments_on_nvme=0.5), None)
+        make(Policy.of(moments_on_nvme=0.5), None)
     with pytest.raises(ValueError, match="cpu_optimizer='native'"):
-        make(Policy(moments_on_nvme=0.5, cpu_optimizer="torch"), tmp_path)
+        make(Policy.of(moments_on_nvme=0.5, cpu_optimizer="torch"), tmp_path)
     with pytest.raises(ValueError, match="--nvme-dir"):
-        make(Policy(activations="nvme"), None)
+        make(Policy.of(activations="nvme"), None)
     (tmp_path / "a_file").write_text("")
     with pytest.raises(nvme_module.NvmeSpaceError, match="cannot be written"):
-        make(Policy(moments_on_nvme=0.5), tmp_path / "a_file" / "nvme")
+        make(Policy.of(moments_on_nvme=0.5), tmp_path / "a_file" / "nvme")
 
     class Tiny:
         free = 1000
     monkeypatch.setattr(nvme_module.shutil, "disk_usage", lambda _path: Tiny())
     with pytest.raises(nvme_module.NvmeSpaceError, match=r"needs 0\.\d+ GB .* 0\.00 GB free"):
-        make(Policy(moments_on_nvme=0.5), tmp_path / "nvme")
+        make(Policy.of(moments_on_nvme=0.5), tmp_path / "nvme")
 
 
 def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_path,
@@ -96,7 +96,7 @@ def test_a_full_disk_stops_training_and_leaves_state_and_checkpoint_whole(tmp_pa
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt")
-    policy = Policy(moments_on_nvme=1.0)
+    policy = Policy.of(moments_on_nvme=1.0)
     with Trainer(config=config,
                  plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), policy),
                  optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme") as trainer:
@@ -123,7 +123,7 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
     config = tiny_config("qwen2", tied=True)
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
-    policy = Policy(moments_on_nvme=0.5, master_on_nvme=0.5)
+    policy = Policy.of(moments_on_nvme=0.5, master_on_nvme=0.5)
 
     def trainer(folder):
         return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
@@ -162,11 +162,11 @@ def test_master_on_nvme_loads_and_saves_hugging_face_folders_whole(tmp_path):
         return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
                        device="cpu", nvme_dir=folder)
 
-    with trainer(Policy(), None) as in_ram:
+    with trainer(Policy.of(), None) as in_ram:
         in_ram.init_random(3)
         in_ram.save(tmp_path / "hf")
         expected = {n: v.clone() for n, v in in_ram.state.named_master()}
-    with trainer(Policy(master_on_nvme=0.6, moments_on_nvme=0.4), tmp_path / "nvme") as on_disk:
+    with trainer(Policy.of(master_on_nvme=0.6, moments_on_nvme=0.4), tmp_path / "nvme") as on_disk:
         on_disk.load_checkpoint(tmp_path / "hf")
         got = dict(on_disk.state.named_master())
         assert on_disk.state.master[0].numel() < on_disk.blocks.numel(0)  # most of it is on disk
@@ -182,8 +182,8 @@ def test_master_on_nvme_loads_and_saves_hugging_face_folders_whole(tmp_path):
 def test_blocks_whose_share_rounds_to_nothing_have_no_file_and_train(tmp_path):
     # the tied head block holds only the final norm (64 params): 0.5% of it rounds to 0
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
-    in_ram = train_run(tmp_path / "ram", Policy(), train, family="qwen2", tied=True)
-    on_disk = train_run(tmp_path / "disk", Policy(moments_on_nvme=0.005), train,
+    in_ram = train_run(tmp_path / "ram", Policy.of(), train, family="qwen2", tied=True)
+    on_disk = train_run(tmp_path / "disk", Policy.of(moments_on_nvme=0.005), train,
                         family="qwen2", tied=True)
     assert on_disk[0] == in_ram[0]
     assert not (tmp_path / "disk" / "nvme" / "state_3.bin").exists()
@@ -199,7 +199,7 @@ def test_room_counts_the_copies_kept_checkpoints_end_up_owning(tmp_path, monkeyp
 
     def make(copies):
         return Trainer(config=config,
-                       plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy(moments_on_nvme=1.0)),
+                       plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(moments_on_nvme=1.0)),
                        optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme",
                        nvme_checkpoint_copies=copies)
 
@@ -220,7 +220,7 @@ def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path
     folder = tmp_path / "nvme"
     store = CheckpointStore(tmp_path / "ckpt")
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy(moments_on_nvme=1.0, activations="nvme")),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of(moments_on_nvme=1.0, activations="nvme")),
                  optim=OPTIM, device="cpu", nvme_dir=folder) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,

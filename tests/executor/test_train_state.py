@@ -32,10 +32,10 @@ def final_state(trainer):
 
 @pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize(("family", "tied", "accum", "clip", "policy"), [
-    ("llama", False, 1, None, Policy()),
-    ("qwen2", True, 2, 1.0, Policy(cpu_optimizer="torch")),
-    ("llama", False, 2, None, Policy(gpu_updated_blocks=3)),
-    ("qwen3", True, 1, 0.5, Policy(host_grad_buffers=2, cast="gpu")),
+    ("llama", False, 1, None, Policy.of()),
+    ("qwen2", True, 2, 1.0, Policy.of(cpu_optimizer="torch")),
+    ("llama", False, 2, None, Policy.of(gpu_updated_blocks=3)),
+    ("qwen3", True, 1, 0.5, Policy.of(host_grad_buffers=2, cast="gpu")),
 ])
 def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, family, tied,
                                                               accum, clip, policy):
@@ -76,7 +76,7 @@ def test_schedule_saves_on_its_steps_and_at_the_end_and_keeps_the_newest(tmp_pat
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt", keep_last=2)
     seen = []
-    with make_trainer(config, spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy(),
+    with make_trainer(config, spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(),
                       segment_steps=16) as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ), 5,
@@ -94,11 +94,11 @@ def test_restore_refuses_a_checkpoint_of_other_settings(tmp_path):
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt")
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
-    with make_trainer(config, spec, train, Policy()) as trainer:
+    with make_trainer(config, spec, train, Policy.of()) as trainer:
         trainer.init_random(0)
         trainer.save_state(store, SyntheticTokens(VOCAB, SEQ))
     other = TrainSpec(micro_batch=2, seq_len=SEQ)
-    with make_trainer(config, spec, other, Policy()) as trainer, \
+    with make_trainer(config, spec, other, Policy.of()) as trainer, \
             pytest.raises(ValueError, match="other train settings"):
         trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
 
@@ -108,7 +108,7 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt", keep_last=3)
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
-    with make_trainer(config, spec, train, Policy()) as trainer:
+    with make_trainer(config, spec, train, Policy.of()) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 2,
                     checkpoints=CheckpointSchedule(store=store, every_steps=1))
@@ -117,7 +117,7 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
     raw = bytearray(victim.read_bytes())
     raw[100] ^= 0xFF
     victim.write_bytes(bytes(raw))
-    with make_trainer(config, spec, train, Policy()) as trainer:
+    with make_trainer(config, spec, train, Policy.of()) as trainer:
         with pytest.raises(CheckpointCorruptError, match="block_0"):
             trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
         with pytest.warns(RuntimeWarning, match="skipping checkpoint .*step-000000002"):
@@ -128,16 +128,19 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
 def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defaults():
     from layerslide.executor.trainer import RUN_ONLY_POLICY_FIELDS, _with_defaults
 
-    policy = Policy(window=4).to_dict()
-    older = {k: v for k, v in policy.items()
+    policy = Policy.of(window=4)
+    computes = _with_defaults("policy", policy.to_dict())
+    assert "executor" not in computes and "stream_run_ahead" not in computes["schedule"]
+    assert set(RUN_ONLY_POLICY_FIELDS) == {"executor", "stream_run_ahead"}
+    # a checkpoint from before the groups (and some fields) existed: flat, fields missing
+    older = {k: v for k, v in policy.flat().items()
              if k not in ("gpu_updated_order", "head_chunk_bytes", "stream_run_ahead",
-                          "executor")}
-    computes = {k: v for k, v in policy.items() if k not in RUN_ONLY_POLICY_FIELDS}
+                          "cpu_threads", "cpu_chunk_elements", "lane_switch_interval_s")}
     assert _with_defaults("policy", older) == computes
     assert _with_defaults("policy", {**older, "window": 2}) != computes
     # how a run goes (its executor knobs, its run-ahead) does not stop it resuming
-    assert _with_defaults("policy", {**policy, "stream_run_ahead": 0,
-                                     "executor": {"cpu_threads": 4}}) == computes
+    assert _with_defaults("policy", policy.with_(stream_run_ahead=0, cpu_threads=4).to_dict()
+                          ) == computes
     train = TrainSpec(micro_batch=1, seq_len=SEQ).to_dict()
     assert _with_defaults("train", train) == train
     assert _with_defaults("policy", {"no_such_field": 1}) == {"no_such_field": 1}

@@ -64,11 +64,11 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     optim = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
     steps = 4
     kind, _, count = optimizer.partition(":")
-    policy = {"gpu": lambda: Policy(gpu_updated_blocks=int(count)),
-              "gpu_layers": lambda: Policy(gpu_updated_blocks=int(count),
+    policy = {"gpu": lambda: Policy.of(gpu_updated_blocks=int(count)),
+              "gpu_layers": lambda: Policy.of(gpu_updated_blocks=int(count),
                                            gpu_updated_order="layers_first"),
-              "pool": lambda: Policy(host_grad_buffers=int(count), cast="gpu")}.get(
-                  kind, lambda: Policy(cpu_optimizer=optimizer))()
+              "pool": lambda: Policy.of(host_grad_buffers=int(count), cast="gpu")}.get(
+                  kind, lambda: Policy.of(cpu_optimizer=optimizer))()
     logs, initial, final, _ = run_executor(config, spec, train, policy, optim, steps=steps,
                                            device=device)
     reference = ReferenceTrainer(config, initial, lr_at=optim.lr_at, weight_decay=0.1,
@@ -87,12 +87,12 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
 
 @pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize("policy", [
-    Policy(), Policy(window=3, prefetch_depth=2, activations="gpu"),
-    Policy(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival"),
-    Policy(cast="gpu", resident_layers=1, head_loss="materialized"),
-    Policy(cpu_optimizer="torch"), Policy(gpu_updated_blocks=2),
-    Policy(gpu_updated_blocks=5, activations="gpu"),
-    Policy(host_grad_buffers=2, cast="gpu")])
+    Policy.of(), Policy.of(window=3, prefetch_depth=2, activations="gpu"),
+    Policy.of(cast="cpu_per_load", cast_worker=True, optimizer_order="arrival"),
+    Policy.of(cast="gpu", resident_layers=1, head_loss="materialized"),
+    Policy.of(cpu_optimizer="torch"), Policy.of(gpu_updated_blocks=2),
+    Policy.of(gpu_updated_blocks=5, activations="gpu"),
+    Policy.of(host_grad_buffers=2, cast="gpu")])
 def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
@@ -112,8 +112,8 @@ def test_segments_do_not_change_the_result(tmp_path):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ)
     optim = OptimConfig(lr=1e-3, warmup_steps=2, decay_steps=3)
-    one = run_executor(config, spec, train, Policy(), optim, steps=5, segment_steps=5)
-    many = run_executor(config, spec, train, Policy(), optim, steps=5, segment_steps=2)
+    one = run_executor(config, spec, train, Policy.of(), optim, steps=5, segment_steps=5)
+    many = run_executor(config, spec, train, Policy.of(), optim, steps=5, segment_steps=2)
     assert [log.loss for log in one[0]] == [log.loss for log in many[0]]
     assert [log.step for log in many[0]] == [0, 1, 2, 3, 4]
     assert all(torch.equal(one[2][n], many[2][n]) for n in one[2])
@@ -124,7 +124,7 @@ def test_non_finite_step_is_skipped_with_state_intact(tmp_path):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, max_grad_norm=1.0)
     logs, initial, final, moments = run_executor(
-        config, spec, train, Policy(), OptimConfig(lr=1e-3), steps=2, poison=(1, 5),
+        config, spec, train, Policy.of(), OptimConfig(lr=1e-3), steps=2, poison=(1, 5),
         check_uploads=True)
     assert all(log.skipped for log in logs)
     assert all(torch.equal(initial[n], final[n]) for n in initial)
@@ -137,7 +137,7 @@ def test_non_finite_blocks_are_skipped_without_clipping(tmp_path, gpu_updated):
     spec = spec_of(config, tmp_path)
     logs, initial, final, _ = run_executor(
         config, spec, TrainSpec(micro_batch=2, seq_len=SEQ),
-        Policy(gpu_updated_blocks=gpu_updated), OptimConfig(lr=1e-3),
+        Policy.of(gpu_updated_blocks=gpu_updated), OptimConfig(lr=1e-3),
         steps=1, poison=(2, 0),  # layer 2: its grads, and everything before it, are NaN
         check_uploads=True)
     assert not logs[0].skipped
@@ -150,7 +150,7 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(tmp_path):
     config = tiny_config("qwen3", tied=True)
     spec = spec_of(config, tmp_path)
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         trainer.init_random(3)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
@@ -168,7 +168,7 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(tmp_path):
 
     # and the executor reads that folder back into the same master weights (bf16-rounded)
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(), device="cpu") as trainer:
         trainer.load_checkpoint(folder)
         for name, value in trainer.state.named_master():
@@ -180,11 +180,11 @@ def test_executor_refuses_what_it_does_not_run(tmp_path):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ)
     with pytest.raises(ValueError, match="NVMe"):
-        Trainer(config=config, plan=build_plan(spec, train, Policy(moments_on_nvme=0.5)),
+        Trainer(config=config, plan=build_plan(spec, train, Policy.of(moments_on_nvme=0.5)),
                 optim=OptimConfig(), device="cpu")
     other = spec_of(tiny_config("qwen2"), tmp_path / "other")  # q/k/v biases: other sizes
     with pytest.raises(ValueError, match="plan is for"):
-        Trainer(config=config, plan=build_plan(other, train, Policy()), optim=OptimConfig(),
+        Trainer(config=config, plan=build_plan(other, train, Policy.of()), optim=OptimConfig(),
                 device="cpu")
 
 
@@ -192,7 +192,7 @@ def test_trace_uses_the_plan_task_ids(tmp_path):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(), device="cpu", segment_steps=3) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 3)
@@ -209,7 +209,7 @@ def test_without_a_c_compiler_the_torch_kernels_stand_in(tmp_path, monkeypatch):
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, max_grad_norm=1.0)
     optim = OptimConfig(lr=1e-3, weight_decay=0.1)
-    logs, initial, final, _ = run_executor(config, spec, train, Policy(), optim, steps=3)
+    logs, initial, final, _ = run_executor(config, spec, train, Policy.of(), optim, steps=3)
     reference = ReferenceTrainer(config, initial, lr_at=optim.lr_at, weight_decay=0.1,
                                  max_grad_norm=1.0)
     data = SyntheticTokens(VOCAB, SEQ, seed=1)
@@ -227,7 +227,7 @@ def test_the_bf16_upload_copy_follows_every_update(tmp_path, monkeypatch, native
     monkeypatch.setenv("LAYERSLIDE_NATIVE", native)
     config = tiny_config("llama")
     with Trainer(config=config,
-                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert (trainer.state.native is not None) == (native == "1")
         trainer.init_random(0)
@@ -244,7 +244,7 @@ def test_accumulating_steps_keep_landing_buffers_apart_from_the_upload_copies(tm
     landed: they must not land in the copy it loads."""
     config = tiny_config("llama")
     with Trainer(config=config,
-                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy()),
+                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert set(trainer.state.landing) == set(trainer.state.upload)
         assert trainer.state.landing_buffer(0, 0) is not trainer.state.upload[0]
@@ -256,7 +256,7 @@ def test_first_step_grads_match_the_reference_per_tensor(tmp_path, family, tied)
     ulps of plain autograd's (measured 0.4-2% relative; a wrong block would be O(1))."""
     config = tiny_config(family, tied)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
-    with Trainer(config=config, plan=build_plan(spec_of(config, tmp_path), train, Policy()),
+    with Trainer(config=config, plan=build_plan(spec_of(config, tmp_path), train, Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu", segment_steps=1) as trainer:
         trainer.init_random(0)
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
@@ -275,7 +275,7 @@ def test_random_init_drawn_on_threads_in_place_equals_each_block_drawn_alone(tmp
     config = tiny_config("qwen2", tied=True)
     spec = spec_of(config, tmp_path)
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy()),
+                 plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         trainer.init_random(7)
         for b in trainer.blocks.blocks:
@@ -307,7 +307,7 @@ def _losses_and_cpu_order(config, plan, steps=3):
 def test_the_executor_follows_the_units_and_the_lane_order_of_a_plan_file(tmp_path):
     config = tiny_config("llama")
     plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ),
-                      Policy(window=2, prefetch_depth=1), num_steps=3)
+                      Policy.of(window=2, prefetch_depth=1), num_steps=3)
     losses, cpu_order = _losses_and_cpu_order(config, plan)
 
     def swap_units(data):  # the ring's two units trade places: the same computation
@@ -327,7 +327,7 @@ def test_the_executor_follows_the_units_and_the_lane_order_of_a_plan_file(tmp_pa
     # with clipping every update waits for the norm: the lane's order alone says which runs first
     plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ,
                                                            max_grad_norm=1.0),
-                      Policy(window=2, prefetch_depth=1), num_steps=3)
+                      Policy.of(window=2, prefetch_depth=1), num_steps=3)
     _, cpu_order = _losses_and_cpu_order(config, plan)
     first, second = [t for t in cpu_order if ".optimizer_step." in t][:2]
 

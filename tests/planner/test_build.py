@@ -1,7 +1,6 @@
 """build_plan: task structure, lane orders, dependencies and buffers of the plan."""
 
 from collections import Counter
-from dataclasses import replace
 from itertools import pairwise
 
 import networkx as nx
@@ -22,7 +21,7 @@ def buffer_named(plan: Plan, buffer_id: str) -> Buffer:
 
 
 def test_gpu_order_is_forward_head_backward_per_micro_batch(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
     assert step0 == ["s0.m0.forward.emb", "s0.m0.forward.L0", "s0.m0.forward.L1", "s0.m0.head.head",
                      "s0.m0.backward.L1", "s0.m0.backward.L0", "s0.m0.backward.emb"]
@@ -33,7 +32,7 @@ def test_window_decides_how_many_layers_are_loaded_twice():
     model = make_tiny_model(num_layers=6)
     train = TrainSpec(micro_batch=1, seq_len=16)
     for window, expected_reloads in ((1, 5), (2, 4), (4, 2), (6, 0), (8, 0)):
-        plan = build_plan(model, train, Policy(window=window, prefetch_depth=1), num_steps=2)
+        plan = build_plan(model, train, Policy.of(window=window, prefetch_depth=1), num_steps=2)
         loads = [plan.task(t) for t in plan.lane_order["h2d"]
                  if plan.task(t).kind == "load_weights" and plan.task(t).step == 0]
         per_layer = Counter(t.block for t in loads)
@@ -46,7 +45,7 @@ def test_window_decides_how_many_layers_are_loaded_twice():
 def test_resident_layers_are_loaded_once_per_step():
     model = make_tiny_model(num_layers=4)
     plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(window=1, prefetch_depth=1, resident_layers=2), num_steps=2)
+                      Policy.of(window=1, prefetch_depth=1, resident_layers=2), num_steps=2)
     loads = Counter(plan.task(t).block for t in plan.lane_order["h2d"]
                     if plan.task(t).kind == "load_weights" and plan.task(t).step == 1)
     assert loads[0] == 1 and loads[1] == 1  # resident
@@ -55,7 +54,7 @@ def test_resident_layers_are_loaded_once_per_step():
 
 def test_optimizer_step_precedes_next_steps_load_of_same_layer(tiny_model):
     for cast in ("cpu_once", "cpu_per_load", "gpu"):
-        plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast=cast),
+        plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast=cast),
                           num_steps=3)
         for tid in plan.lane_order["h2d"]:
             load = plan.task(tid)
@@ -68,7 +67,7 @@ def test_optimizer_step_precedes_next_steps_load_of_same_layer(tiny_model):
 
 def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16, max_grad_norm=1.0),
-                      Policy(), num_steps=2)
+                      Policy.of(), num_steps=2)
     grads = [t for t in plan.lane_order["d2h"]
              if plan.task(t).kind == "offload_grads" and plan.task(t).step == 0]
     opts = [t for t in plan.lane_order["cpu"]
@@ -80,7 +79,7 @@ def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
 
 
 def test_without_clipping_an_update_does_not_wait_for_other_layers(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     assert not nx.has_path(plan.graph, "s0.m0.offload_grads.L0", "s0.m0.optimizer_step.L1")
 
 
@@ -88,7 +87,7 @@ def test_optimizer_priority_order_follows_policy(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
 
     def update_order(order: str) -> list[str]:
-        plan = build_plan(tiny_model, train, Policy(optimizer_order=order), num_steps=2)
+        plan = build_plan(tiny_model, train, Policy.of(optimizer_order=order), num_steps=2)
         return [t.split(".")[-1] for t in plan.lane_order["cpu"]
                 if plan.task(t).kind == "optimizer_step" and plan.task(t).step == 0]
 
@@ -97,7 +96,7 @@ def test_optimizer_priority_order_follows_policy(tiny_model):
 
 
 def test_accumulation_adds_host_accumulation_per_block_and_micro_batch(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), Policy(),
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), Policy.of(),
                       num_steps=2)
     cpu = kinds_on(plan, "cpu")
     blocks = tiny_model.num_layers + 2
@@ -108,12 +107,12 @@ def test_accumulation_adds_host_accumulation_per_block_and_micro_batch(tiny_mode
 
 def test_activation_policies_route_checkpoints(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
-    on_gpu = build_plan(tiny_model, train, Policy(activations="gpu"), num_steps=2)
+    on_gpu = build_plan(tiny_model, train, Policy.of(activations="gpu"), num_steps=2)
     assert "offload_activation" not in kinds_on(on_gpu, "d2h")
-    on_host = build_plan(tiny_model, train, Policy(activations="host"), num_steps=2)
+    on_host = build_plan(tiny_model, train, Policy.of(activations="host"), num_steps=2)
     assert kinds_on(on_host, "d2h")["offload_activation"] == 2 * tiny_model.num_layers
     assert kinds_on(on_host, "h2d")["fetch_activation"] == 2 * tiny_model.num_layers
-    on_nvme = build_plan(tiny_model, train, Policy(activations="nvme"), num_steps=2)
+    on_nvme = build_plan(tiny_model, train, Policy.of(activations="nvme"), num_steps=2)
     assert kinds_on(on_nvme, "nvme_write")["write_activation"] == 2 * tiny_model.num_layers
     ckpt = on_nvme.task("s0.m0.read_activation.L1")
     assert ckpt.bytes == BF16_BYTES * tiny_model.hidden_size * train.tokens_per_micro_batch
@@ -121,7 +120,7 @@ def test_activation_policies_route_checkpoints(tiny_model):
 
 def test_optimizer_state_on_nvme_is_read_and_written_per_block(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16),
-                      Policy(master_on_nvme=0.5, moments_on_nvme=1.0), num_steps=2)
+                      Policy.of(master_on_nvme=0.5, moments_on_nvme=1.0), num_steps=2)
     read = plan.task("s1.m0.read_state.L0")
     assert read.bytes == tiny_model.layer_params * (4 * 0.5 + 8 * 1.0)
     assert nx.has_path(plan.graph, "s0.m0.write_state.L0", "s1.m0.read_state.L0")
@@ -131,7 +130,7 @@ def test_optimizer_state_on_nvme_is_read_and_written_per_block(tiny_model):
 
 def test_static_host_bytes_by_hand(tiny_model):
     n = tiny_model.total_params
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast="cpu_once"),
                       num_steps=2)
     runtime = 2 * 1024**3
     # activations on the host: one pinned checkpoint per layer, bf16 [32 tokens, hidden 64]
@@ -141,11 +140,11 @@ def test_static_host_bytes_by_hand(tiny_model):
     # one bf16 landing buffer per block (no pool) where there is no upload copy, or where a
     # step's later micro-batches load the block again after grads landed
     landing = 2 * n
-    gpu_cast = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="gpu"),
+    gpu_cast = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast="gpu"),
                           num_steps=2)
     assert gpu_cast.static_bytes("host") == runtime + 12 * n + landing + checkpoints
     accumulating = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
-                              Policy(cast="cpu_once"), num_steps=2)
+                              Policy.of(cast="cpu_once"), num_steps=2)
     fp32_sums = 4 * n
     assert accumulating.static_bytes("host") == (runtime + 14 * n + landing + fp32_sums
                                                  + checkpoints // 2)
@@ -155,10 +154,10 @@ def test_grads_landing_in_the_upload_copy_follow_every_load_of_their_block(tiny_
     """The landed grads overwrite the block's bf16 weights: every load of the block in the step
     must come first (it does: the block's backward needs the weights), and the next step's
     loads must follow the optimizer step that writes the new weights there."""
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once"),
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast="cpu_once"),
                       num_steps=2)
     assert plan.static_bytes("host") < build_plan(
-        tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(cast="cpu_once",
+        tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast="cpu_once",
         host_grad_buffers=1), num_steps=2).static_bytes("host") + 1  # no pool can beat none
     g = plan.graph
     for block in ("L0", "L1"):
@@ -175,8 +174,8 @@ def test_grads_landing_in_the_upload_copy_follow_every_load_of_their_block(tiny_
 
 def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
-    base = build_plan(tiny_model, train, Policy(cast="cpu_once"), num_steps=2)
-    gpu = build_plan(tiny_model, train, Policy(cast="gpu"), num_steps=2)
+    base = build_plan(tiny_model, train, Policy.of(cast="cpu_once"), num_steps=2)
+    gpu = build_plan(tiny_model, train, Policy.of(cast="gpu"), num_steps=2)
     p = tiny_model.layer_params
     assert gpu.task("s0.m0.load_weights.L0.forward").bytes == 4 * p
     assert base.task("s0.m0.load_weights.L0.forward").bytes == 2 * p
@@ -185,7 +184,7 @@ def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
 
 @pytest.mark.parametrize("preset", ["llama-3.2-3b", "qwen3-8b", "mistral-large-123b"])
 def test_presets_build_valid_plans(preset):
-    plan = build_plan(PRESETS[preset], TrainSpec(), Policy(window=3, prefetch_depth=2))
+    plan = build_plan(PRESETS[preset], TrainSpec(), Policy.of(window=3, prefetch_depth=2))
     plan.validate()
     model = PRESETS[preset]
     assert len(plan.lane_order["gpu"]) == 3 * (2 * model.num_layers + 3)
@@ -193,22 +192,22 @@ def test_presets_build_valid_plans(preset):
 
 def test_bad_inputs_are_refused_with_what_to_change(tiny_model):
     with pytest.raises(ValueError, match="num_steps"):
-        build_plan(tiny_model, TrainSpec(), Policy(), num_steps=1)
+        build_plan(tiny_model, TrainSpec(), Policy.of(), num_steps=1)
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        build_plan(tiny_model, TrainSpec(seq_len=8192), Policy())
+        build_plan(tiny_model, TrainSpec(seq_len=8192), Policy.of())
 
 
 def test_gpu_cast_needs_fp32_landing_buffers_on_the_gpu(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
-    base = build_plan(tiny_model, train, Policy(cast="cpu_once", window=2), num_steps=2)
-    gpu = build_plan(tiny_model, train, Policy(cast="gpu", window=2), num_steps=2)
+    base = build_plan(tiny_model, train, Policy.of(cast="cpu_once", window=2), num_steps=2)
+    gpu = build_plan(tiny_model, train, Policy.of(cast="gpu", window=2), num_steps=2)
     m = tiny_model
     landing = 4 * (2 * m.layer_params + m.embedding_params + m.head_params + m.final_norm_params)
     assert gpu.static_bytes("gpu") - base.static_bytes("gpu") == landing
 
 
 def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     plan.graph.add_edge("s0.m0.forward.L0", "no.such.task")
     with pytest.raises(ValueError, match="does not have"):
         plan.validate()
@@ -216,7 +215,7 @@ def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
 
 def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(master_on_nvme=1.0, moments_on_nvme=1.0, cpu_optimizer="torch"),
+                      Policy.of(master_on_nvme=1.0, moments_on_nvme=1.0, cpu_optimizer="torch"),
                       num_steps=2)
     for blk in ("emb", "L0", "L1", "head"):
         assert nx.has_path(plan.graph, f"s0.m0.cast.{blk}", f"s0.m0.write_state.{blk}")
@@ -225,7 +224,7 @@ def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
 def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
     tied = make_tiny_model()
     tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
-    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
+    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy.of(),
                       num_steps=2)
     # both write the embedding's GPU grad buffer: the head of micro-batch 1 after the offload
     assert nx.has_path(plan.graph, "s0.m0.offload_grads.emb", "s0.m1.head.head")
@@ -234,7 +233,7 @@ def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
 def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
     tied = make_tiny_model()
     tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
-    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy(),
+    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy.of(),
                       num_steps=2)
     # tied: the head makes the [V, h] LM-weight grad, the embedding backward adds its rows into
     # it, and it leaves as the embedding's grads: one such buffer, from the head to the offload
@@ -248,7 +247,7 @@ def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
     assert rows.bytes == BF16_BYTES * 16 * 64 and rows.release_tasks == ("s0.m0.backward.emb",)
     # untied: autograd makes the embedding's own bf16 grads in its backward, freed offloaded
     untied = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
-                        Policy(), num_steps=2)
+                        Policy.of(), num_steps=2)
     own = buffer_named(untied, "s0.m0.backward.emb.offloaded_grads")
     assert own.bytes == BF16_BYTES * 256 * 64 and own.alloc_task == "s0.m0.backward.emb"
     assert own.release_tasks == ("s0.m0.offload_grads.emb",)
@@ -272,7 +271,7 @@ def test_blocks_updated_on_the_gpu_hold_their_fresh_bf16_grads_only_within_their
         tiny_model):
     """Autograd still makes a bf16 grad for a GPU-updated block (the embedding first, then layer
     0); the backward adds it into the block's fp32 sum on the GPU before it ends."""
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy(gpu_updated_blocks=2),
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(gpu_updated_blocks=2),
                       num_steps=2)
     emb = buffer_named(plan, "s0.m0.backward.emb.grads")
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64
@@ -294,20 +293,20 @@ def test_host_grad_landing_is_one_buffer_per_cpu_block_or_a_pool_of_the_largest(
         return sum(b.bytes for b in plan.buffers if b.id == "host.grad_landing")
 
     # grads land in the blocks' bf16 upload copies: no landing buffers at all, pool or not
-    assert landing(Policy()) == landing(Policy(host_grad_buffers=2)) == 0
+    assert landing(Policy.of()) == landing(Policy.of(host_grad_buffers=2)) == 0
     # without upload copies (fp32 master weights sent, cast on the GPU): one bf16 buffer per
     # block updated on the CPU, all of them or all but the embedding
-    gpu_cast = Policy(cast="gpu")
+    gpu_cast = Policy.of(cast="gpu")
     assert landing(gpu_cast) == BF16_BYTES * (2 * layer + emb + head)
-    assert landing(replace(gpu_cast, gpu_updated_blocks=1)) == BF16_BYTES * (2 * layer + head)
+    assert landing(gpu_cast.with_(gpu_updated_blocks=1)) == BF16_BYTES * (2 * layer + head)
     # a pool of 2 (no clipping: TrainSpec's max_grad_norm is None) of the largest block, a layer
-    assert landing(replace(gpu_cast, host_grad_buffers=2)) == 2 * BF16_BYTES * layer
+    assert landing(gpu_cast.with_(host_grad_buffers=2)) == 2 * BF16_BYTES * layer
     # clipping holds every block's grads until the norm: one per block whatever the policy says
     clipped = TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0)
-    assert landing(replace(gpu_cast, host_grad_buffers=2), clipped) == BF16_BYTES * (
+    assert landing(gpu_cast.with_(host_grad_buffers=2), clipped) == BF16_BYTES * (
         2 * layer + emb + head)
     # no transient landing buffers beside it
-    plan = build_plan(tiny_model, train, Policy(), num_steps=2)
+    plan = build_plan(tiny_model, train, Policy.of(), num_steps=2)
     assert not [b for b in plan.buffers if ".offload_grads." in b.id and b.tier == "host"]
 
 
@@ -316,7 +315,7 @@ def test_host_checkpoints_are_one_static_buffer_only_when_activations_go_to_the_
     train = TrainSpec(micro_batch=2, seq_len=16)  # 32 tokens
 
     def plan_for(activations: str) -> Plan:
-        return build_plan(model, train, Policy(activations=activations), num_steps=2)
+        return build_plan(model, train, Policy.of(activations=activations), num_steps=2)
 
     # a bf16 [32 tokens, hidden 64] checkpoint per layer, reused by every micro-batch and step
     on_host = plan_for("host")
@@ -335,7 +334,7 @@ def test_host_checkpoints_are_one_static_buffer_only_when_activations_go_to_the_
 
 def test_all_layers_resident_needs_no_ring_units(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(window=2, prefetch_depth=1, resident_layers=2), num_steps=2)
+                      Policy.of(window=2, prefetch_depth=1, resident_layers=2), num_steps=2)
     assert not any(b.id == "gpu.weight_units" for b in plan.buffers)
     resident = next(b for b in plan.buffers if b.id == "gpu.resident_layers")
     assert resident.bytes == 2 * 2 * tiny_model.layer_params
@@ -343,7 +342,7 @@ def test_all_layers_resident_needs_no_ring_units(tiny_model):
 
 def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
     train = TrainSpec(micro_batch=1, seq_len=16)
-    plan = build_plan(tiny_model, train, Policy(gpu_updated_blocks=2), num_steps=2)  # emb, L0
+    plan = build_plan(tiny_model, train, Policy.of(gpu_updated_blocks=2), num_steps=2)  # emb, L0
     moved = {(plan.task(t).kind, plan.task(t).block) for lane in ("h2d", "d2h", "cpu")
              for t in plan.lane_order[lane]}
     state_kinds = {"load_weights", "offload_grads", "optimizer_step", "cast"}
@@ -359,8 +358,8 @@ def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
 
 def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
     train = TrainSpec(micro_batch=1, seq_len=16)
-    base = build_plan(tiny_model, train, Policy(window=2), num_steps=2)
-    moved = build_plan(tiny_model, train, Policy(window=2, gpu_updated_blocks=1), num_steps=2)
+    base = build_plan(tiny_model, train, Policy.of(window=2), num_steps=2)
+    moved = build_plan(tiny_model, train, Policy.of(window=2, gpu_updated_blocks=1), num_steps=2)
     e = tiny_model.embedding_params
     # host loses the embedding's m + v (8 B/param) and its bf16 upload copy (2, where its grads
     # landed); its fp32 master (4) stays in RAM as its home for loads and checkpoints
@@ -374,7 +373,7 @@ def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
 
 def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
-                      Policy(gpu_updated_blocks=1), num_steps=2)
+                      Policy.of(gpu_updated_blocks=1), num_steps=2)
     assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.m0.optimizer_step.emb")
     assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.m0.grad_norm.head")
 
@@ -382,7 +381,7 @@ def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
 def test_plan_names_the_gpu_unit_of_each_load_and_backward():
     model = make_tiny_model(num_layers=4)
     plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(window=2, grad_buffers=2), num_steps=2)
+                      Policy.of(window=2, grad_buffers=2), num_steps=2)
     loads = [plan.task(t) for t in plan.lane_order["h2d"] if plan.task(t).kind == "load_weights"]
     ring = [t for t in loads if 0 <= t.block < model.num_layers]
     assert {t.unit for t in ring} == {0, 1}
@@ -412,8 +411,8 @@ def test_plan_names_the_gpu_unit_of_each_load_and_backward():
 
 def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
     train = TrainSpec(micro_batch=1, seq_len=16)
-    native = build_plan(tiny_model, train, Policy(cast="cpu_once"), num_steps=2)
-    torch_ = build_plan(tiny_model, train, Policy(cast="cpu_once", cpu_optimizer="torch"),
+    native = build_plan(tiny_model, train, Policy.of(cast="cpu_once"), num_steps=2)
+    torch_ = build_plan(tiny_model, train, Policy.of(cast="cpu_once", cpu_optimizer="torch"),
                         num_steps=2)
     assert not [t for t in native.tasks if t.kind == "cast"]
     assert len([t for t in torch_.tasks if t.kind == "cast"]) == 2 * 4
@@ -431,7 +430,7 @@ def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
 def test_an_offload_never_overtakes_the_reader_of_the_buffer_it_reuses(tiny_model, gpu_updated,
                                                                        host_grad_buffers):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
-                      Policy(gpu_updated_blocks=gpu_updated, host_grad_buffers=host_grad_buffers),
+                      Policy.of(gpu_updated_blocks=gpu_updated, host_grad_buffers=host_grad_buffers),
                       num_steps=2)
     offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
     readers = [next(iter(plan.graph.successors(t))) for t in offloads]
@@ -451,28 +450,28 @@ def test_the_head_workspace_follows_the_policy_head_chunk():
 
     # 8k tokens of a 128k vocab: 4096-row chunks of bf16 logits at 1 GiB, 2048 at 0.5
     logits_row = BF16_BYTES * spec.vocab_size + FP32_BYTES
-    full = workspace_bytes(Policy())
-    assert full - workspace_bytes(Policy(head_chunk_bytes=512 * 2**20)) == 2048 * logits_row
+    full = workspace_bytes(Policy.of())
+    assert full - workspace_bytes(Policy.of(head_chunk_bytes=512 * 2**20)) == 2048 * logits_row
 
 
 def test_gpu_updated_blocks_can_take_the_decoder_layers_first():
     from layerslide.planner.build import gpu_layout
 
-    forward = gpu_layout(4, Policy(gpu_updated_blocks=2))
-    layers = gpu_layout(4, Policy(gpu_updated_blocks=2, gpu_updated_order="layers_first"))
+    forward = gpu_layout(4, Policy.of(gpu_updated_blocks=2))
+    layers = gpu_layout(4, Policy.of(gpu_updated_blocks=2, gpu_updated_order="layers_first"))
     assert forward.gpu_updated == (EMBEDDING, 0) and forward.dedicated_layers == (0,)
     assert layers.gpu_updated == (0, 1) and layers.dedicated_layers == (0, 1)
     # all of them: the embedding comes last in the choice, first in the update order
-    every = gpu_layout(4, Policy(gpu_updated_blocks=6, gpu_updated_order="layers_first"))
+    every = gpu_layout(4, Policy.of(gpu_updated_blocks=6, gpu_updated_order="layers_first"))
     assert every.gpu_updated == (EMBEDDING, 0, 1, 2, 3, 4)
     with pytest.raises(ValueError, match="gpu_updated_order"):
-        Policy(gpu_updated_order="largest")
+        Policy.of(gpu_updated_order="largest")
 
 
 def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_model):
     from layerslide.planner import sizes
 
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     first_gpu_task = plan.lane_order["gpu"][0]
     made_by_it = [b for b in plan.buffers if b.alloc_task == first_gpu_task]
     workspaces = made_by_it[:sizes.BLAS_WORKSPACES]  # requested before the task's own buffers
@@ -482,7 +481,7 @@ def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_mod
 
 
 def test_a_tasks_outputs_are_made_as_it_ends_and_the_heads_requests_keep_their_order(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     head = "s0.m0.head.head"
     assert buffer_named(plan, "s0.m0.backward.L1.offloaded_grads").at_end  # a backward's grads
     assert buffer_named(plan, "s0.m0.backward.L1.dgrad").at_end  # and the grad it hands on
@@ -499,7 +498,7 @@ def test_a_tasks_outputs_are_made_as_it_ends_and_the_heads_requests_keep_their_o
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
 def test_state_reads_reuse_a_staging_slot_only_after_its_write(prefetch):
     plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(moments_on_nvme=1.0, nvme_prefetch=prefetch), num_steps=3)
+                      Policy.of(moments_on_nvme=1.0, nvme_prefetch=prefetch), num_steps=3)
     reads = [plan.task(t) for t in plan.lane_order["nvme_read"]]
     assert {t.kind for t in reads} == {"read_state"}
     assert {t.slot for t in reads} == set(range(prefetch)) == set(range(

@@ -12,7 +12,7 @@ from layerslide.planner import Plan, Policy, TrainSpec, build_plan
 def plan(tiny_model):
     return build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16, grad_accum=2,
                                             max_grad_norm=1.0),
-                      Policy(activations="nvme", moments_on_nvme=0.5, cast="cpu_per_load"),
+                      Policy.of(activations="nvme", moments_on_nvme=0.5, cast="cpu_per_load"),
                       num_steps=2)
 
 
@@ -28,7 +28,7 @@ def test_json_round_trip_is_equal(plan, tmp_path):
 
 
 def test_a_changed_plan_is_not_equal(plan, tiny_model):
-    other = build_plan(tiny_model, plan.train, Policy(), num_steps=2)
+    other = build_plan(tiny_model, plan.train, Policy.of(), num_steps=2)
     assert other != plan
 
 
@@ -97,15 +97,15 @@ def _canonical(plan: Plan) -> dict:
 
 
 UNROLLED_POLICIES = [
-    (TrainSpec(micro_batch=1, seq_len=16), Policy()),
-    (TrainSpec(micro_batch=1, seq_len=16), Policy(window=2, cpu_optimizer="torch",
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of()),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(window=2, cpu_optimizer="torch",
                                                   cast_worker=True)),
-    (TrainSpec(micro_batch=2, seq_len=16, grad_accum=3), Policy(window=1, activations="gpu")),
+    (TrainSpec(micro_batch=2, seq_len=16, grad_accum=3), Policy.of(window=1, activations="gpu")),
     (TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
-     Policy(moments_on_nvme=1.0, master_on_nvme=0.5, nvme_prefetch=3, activations="nvme")),
-    (TrainSpec(micro_batch=1, seq_len=16), Policy(cast="cpu_per_load", host_grad_buffers=3,
+     Policy.of(moments_on_nvme=1.0, master_on_nvme=0.5, nvme_prefetch=3, activations="nvme")),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(cast="cpu_per_load", host_grad_buffers=3,
                                                   grad_buffers=3)),
-    (TrainSpec(micro_batch=1, seq_len=16), Policy(cast="gpu", gpu_updated_blocks=2,
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(cast="gpu", gpu_updated_blocks=2,
                                                   resident_layers=1)),
 ]
 

@@ -30,11 +30,11 @@ def test_train_spec_rejects(kwargs, match):
 ])
 def test_policy_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        Policy(**kwargs)
+        Policy.of(**kwargs)
 
 
 def test_round_trips_and_unknown_fields():
-    policy = Policy(window=4, activations="gpu", moments_on_nvme=0.25)
+    policy = Policy.of(window=4, activations="gpu", moments_on_nvme=0.25)
     assert Policy.from_dict(policy.to_dict()) == policy
     train = TrainSpec(micro_batch=4, grad_accum=2, max_grad_norm=1.0)
     assert TrainSpec.from_dict(train.to_dict()) == train

@@ -29,7 +29,7 @@ def test_compiled_layers_move_and_save_fewer_bytes_than_eager():
 
 def test_plans_carry_the_layer_kernels_bytes():
     train = TrainSpec(micro_batch=2, seq_len=1024)
-    by_mode = {mode: build_plan(LLAMA_3B, train, Policy(layer_kernels=mode), num_steps=2)
+    by_mode = {mode: build_plan(LLAMA_3B, train, Policy.of(layer_kernels=mode), num_steps=2)
                for mode in ("eager", "compiled")}
     forward = {mode: plan.task("s0.m0.forward.L0").bytes for mode, plan in by_mode.items()}
     assert forward["compiled"] == sizes.layer_elementwise_bytes_per_token(

@@ -26,7 +26,7 @@ def test_a_tasks_dispatch_hides_behind_the_wait_for_its_weights():
     # window 1 and a slow link: each layer waits for its weights; the thread dispatches the
     # layer's kernels meanwhile, so the task lasts less than its dispatch once they land
     profile = _profile(launch_s=2e-6, h2d=2e7)
-    plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy(window=1, prefetch_depth=1),
+    plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy.of(window=1, prefetch_depth=1),
                       num_steps=3)
     costs = CostModel(profile)
     events = [e for e in simulate(plan, profile).trace.events if e.kind == "forward"
@@ -47,7 +47,7 @@ def test_with_one_task_in_flight_short_tasks_cannot_be_dispatched_ahead():
 
     def step_s(run_ahead):
         plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=1),
-                          Policy(window=1, stream_run_ahead=run_ahead), num_steps=3)
+                          Policy.of(window=1, stream_run_ahead=run_ahead), num_steps=3)
         return simulate(plan, profile).step_s
 
     one, three, unbounded = step_s(1), step_s(3), step_s(0)
@@ -64,7 +64,7 @@ def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_i
     def run(dispatch_cores: float):
         host = dataclasses.replace(slow_cpu, dispatch_cores=dispatch_cores)
         profile = dataclasses.replace(base, host=host)
-        plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy(window=2), num_steps=3)
+        plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy.of(window=2), num_steps=3)
         prediction = simulate(plan, profile)
         costs = CostModel(profile)
         events = [e for e in prediction.trace.events if e.lane == "gpu"]

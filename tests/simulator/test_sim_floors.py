@@ -11,7 +11,7 @@ from layerslide.simulator.predict import step_floors
 
 def test_cpu_floor_is_the_sum_of_one_steps_cpu_work_by_hand(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(cpu_optimizer="torch"), num_steps=3)
+                      Policy.of(cpu_optimizer="torch"), num_steps=3)
     floors = step_floors(plan, CostModel(make_round_profile()))
     m = tiny_model
     params = [m.embedding_params, m.layer_params, m.layer_params, m.head_params + m.hidden_size]
@@ -28,7 +28,7 @@ def test_cpu_floor_is_the_sum_of_one_steps_cpu_work_by_hand(tiny_model):
 @pytest.mark.parametrize("cast", ["cpu_once", "gpu"])
 def test_the_step_is_never_faster_than_its_floor(micro_batch, cast):
     plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=micro_batch),
-                      Policy(cast=cast))
+                      Policy.of(cast=cast))
     pred = simulate(plan, load_profile("h200-bench"))
     assert pred.floor_s <= pred.step_s * (1 + 1e-9)
     assert pred.floor_s == max(pred.floors_s.values())
@@ -38,15 +38,15 @@ def test_the_step_is_never_faster_than_its_floor(micro_batch, cast):
 
 def test_round_profile_floor_is_reached_when_one_lane_dominates():
     model = make_tiny_model(num_layers=4)
-    plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16), Policy(), num_steps=3)
+    plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(), num_steps=3)
     pred = simulate(plan, make_round_profile())
     # the CPU is ~1000x slower than everything else here: the step is its work, to 1%
     assert pred.bottleneck == "cpu"
     assert pred.step_s == pytest.approx(pred.floors_s["lane:cpu"], rel=0.01)
 
 
-@pytest.mark.parametrize("policy", [Policy(), Policy(cast="gpu", gpu_updated_blocks=3),
-                                    Policy(optimizer_order="arrival", cast="cpu_per_load")])
+@pytest.mark.parametrize("policy", [Policy.of(), Policy.of(cast="gpu", gpu_updated_blocks=3),
+                                    Policy.of(optimizer_order="arrival", cast="cpu_per_load")])
 @pytest.mark.parametrize("micro_batch", [1, 16])
 def test_three_planned_steps_already_give_the_steady_step(policy, micro_batch):
     model, profile = PRESETS["llama-3.2-1b"], load_profile("h200-bench")
@@ -60,6 +60,6 @@ def test_three_planned_steps_already_give_the_steady_step(policy, micro_batch):
 
 
 def test_two_planned_steps_are_refused_by_the_simulator(tiny_model):
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy(), num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(), num_steps=2)
     with pytest.raises(ValueError, match="at least 3"):
         simulate(plan, make_round_profile())

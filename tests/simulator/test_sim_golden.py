@@ -29,7 +29,7 @@ def golden_prediction():
     """The plan the golden file describes: tiny 2-layer model, 1 x 16 tokens, the default
     policy with torch's CPU optimizer (separate cast tasks: the hand-worked times below)."""
     plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16),
-                      Policy(cpu_optimizer="torch", layer_kernels="eager"), num_steps=3)
+                      Policy.of(cpu_optimizer="torch", layer_kernels="eager"), num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
@@ -43,7 +43,7 @@ def regenerate(path: Path = GOLDEN_PATH) -> None:
     _, prediction = golden_prediction()
     data = {
         "what": "build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), "
-                "Policy(cpu_optimizer='torch', layer_kernels='eager'), num_steps=3) simulated on "
+                "Policy.of(cpu_optimizer='torch', layer_kernels='eager'), num_steps=3) simulated on "
                 "make_round_profile()",
         "regenerate": "python tests/simulator/test_sim_golden.py --regenerate",
         "step_s": prediction.step_s,

@@ -48,7 +48,7 @@ def _profile(name: str):
 def _run(case: str, layers: int, profile_name: str):
     train_kw, policy_kw = CASES[case]
     plan = build_plan(make_tiny_model(layers), TrainSpec(micro_batch=2, seq_len=32, **train_kw),
-                      Policy(**policy_kw), num_steps=3)
+                      Policy.of(**policy_kw), num_steps=3)
     profile = _profile(profile_name)
     prediction = simulate(plan, profile)
     assert prediction.trace is not None, prediction.reason

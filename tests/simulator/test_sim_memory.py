@@ -51,14 +51,14 @@ HOST_STATIC_BYTES_HOST_ACTS = HOST_STATIC_BYTES + 2 * HIDDEN_BYTES  # 2148987264
 
 @pytest.fixture(scope="module")
 def gpu_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="gpu", layer_kernels="eager"),
+    plan = build_plan(make_tiny_model(), TRAIN, Policy.of(activations="gpu", layer_kernels="eager"),
                       num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
 
 @pytest.fixture(scope="module")
 def host_acts():
-    plan = build_plan(make_tiny_model(), TRAIN, Policy(activations="host", cpu_optimizer="torch",
+    plan = build_plan(make_tiny_model(), TRAIN, Policy.of(activations="host", cpu_optimizer="torch",
                                                      layer_kernels="eager"), num_steps=3)
     return plan, simulate(plan, make_round_profile())
 
@@ -212,7 +212,7 @@ def test_small_host_is_a_host_overflow(host_acts):
 
 @pytest.mark.parametrize("activations", ["gpu", "host"])
 def test_gpu_pools_are_the_lanes_that_allocate_and_add_up_to_at_least_the_tier_peak(activations):
-    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy(activations=activations),
+    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy.of(activations=activations),
                       num_steps=3)
     pred = simulate(plan, make_round_profile())
     pools = pred.gpu_pool_peak_bytes
@@ -239,7 +239,7 @@ def test_the_gpu_fits_only_if_every_stream_pool_as_the_allocator_reserves_it_fit
     # checkpoints fetched on the h2d stream: their pool adds to the GPU stream's, though the
     # two peaks fall at different times; the allocator maps whole pages to each; a cap between
     # the tier's peak and that does not fit
-    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy(activations="host"),
+    plan = build_plan(make_tiny_model(num_layers=2), TRAIN, Policy.of(activations="host"),
                       num_steps=3)
     pred = simulate(plan, make_round_profile())
     need = pred.gpu_reserved_bytes + GPU_RUNTIME_BYTES

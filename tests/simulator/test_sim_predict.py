@@ -21,7 +21,7 @@ FAST_HOST = {"adamw_params_per_s": 1e12, "cast_bytes_per_s": 1e15}
 
 @pytest.fixture(scope="module")
 def cpu_bound():
-    plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy(),
+    plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
                       num_steps=3)
     profile = make_round_profile()
     return plan, profile, simulate(plan, profile, label="cpu-bound")
@@ -29,7 +29,7 @@ def cpu_bound():
 
 @pytest.fixture(scope="module")
 def gpu_bound():
-    plan = build_plan(make_tiny_model(6), TrainSpec(micro_batch=8, seq_len=256), Policy(),
+    plan = build_plan(make_tiny_model(6), TrainSpec(micro_batch=8, seq_len=256), Policy.of(),
                       num_steps=3)
     profile = make_round_profile(**FAST_HOST)
     return plan, profile, simulate(plan, profile)
@@ -136,7 +136,7 @@ def test_trace_is_labelled(cpu_bound):
 
 def _step_3b(order: str) -> float:
     plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=8),
-                      Policy(optimizer_order=order), num_steps=3)
+                      Policy.of(optimizer_order=order), num_steps=3)
     p = simulate(plan, load_profile("h200-bench"))
     assert p.feasible and p.bottleneck == "cpu"
     return p.step_s
@@ -159,7 +159,7 @@ def _gpu_tasks(plan):
 
 def test_a_gpu_that_idles_computes_at_its_busy_speedup():
     # 1B micro-batch 8 on h200-bench: the CPU sets the step, the GPU computes a fraction of it
-    plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=8), Policy(), num_steps=3)
+    plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=8), Policy.of(), num_steps=3)
     base = _with_busy_speedup(load_profile("h200-bench"), None)
     plain = simulate(plan, base)
     assert plain.gpu_speedup == 1.0
@@ -178,7 +178,7 @@ def test_a_gpu_that_idles_computes_at_its_busy_speedup():
 def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
     # 3B micro-batch 32: the GPU sets the step; the speedup used is the table's answer to the
     # busy fraction it produced; without settling, a caller's cost model is taken as given
-    plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=32), Policy(), num_steps=3)
+    plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=32), Policy.of(), num_steps=3)
     base = _with_busy_speedup(load_profile("h200-bench"), None)
     profile = _with_busy_speedup(base, ((0.5, 1.3), (1.0, 1.0)))
     plain, settled = simulate(plan, base), simulate(plan, profile)

@@ -27,7 +27,7 @@ def cases(draw):
                       max_grad_norm=draw(st.sampled_from([None, 1.0])))
     window = draw(st.integers(1, 4))
     cast = draw(st.sampled_from(["cpu_once", "cpu_per_load", "gpu"]))
-    policy = Policy(
+    policy = Policy.of(
         window=window, grad_buffers=draw(st.integers(1, 3)),
         prefetch_depth=draw(st.integers(1, window)),
         activations=draw(st.sampled_from(["gpu", "host", "nvme"])),

@@ -58,16 +58,16 @@ def test_gpu_cap_rejects_with_the_tier_and_the_plan_file_loads(tmp_path):
 
 def test_state_spills_to_nvme_only_when_the_host_is_too_small():
     model = make_tiny_model()
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of()
     roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
-    assert roomy.policy.moments_on_nvme == 0.0 and roomy.feasible
+    assert roomy.policy.residency.moments_on_nvme == 0.0 and roomy.feasible
     # host RAM just above the runtime: the state (12 B/param + bf16 copy) no longer fits
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     tight = make_round_profile(ram_bytes=static - 4 * model.total_params)
     spilled = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
                        num_steps=3)
-    assert spilled.policy.moments_on_nvme > 0
+    assert spilled.policy.residency.moments_on_nvme > 0
     refused = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=False,
                        num_steps=3)
     assert not refused.feasible and refused.prediction.overflows[0].tier == "host"
@@ -87,12 +87,12 @@ def test_empty_search_space_is_refused():
 
 def test_gpu_overflow_is_not_blamed_on_the_host_or_spilled_to_nvme():
     model = make_tiny_model()
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of()
     cap = build_plan(model, train, policy, num_steps=3).static_bytes("gpu") - 1
     c = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=cap,
                  allow_nvme=True, num_steps=3)
     assert [o.tier for o in c.prediction.overflows] == ["gpu"]
-    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
+    assert c.policy.residency.moments_on_nvme == 0.0 and c.policy.residency.master_on_nvme == 0.0
 
 
 def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilling():
@@ -106,17 +106,17 @@ def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilli
     model = make_tiny_model(num_layers=6)
     # cast on the GPU: no bf16 upload copies for the grads to land in, so landing buffers
     train = TrainSpec(micro_batch=1, seq_len=16)
-    policy = Policy(cpu_optimizer="torch", cast="gpu")
+    policy = Policy.of(cpu_optimizer="torch", cast="gpu")
     layer = 36992  # params of a decoder layer, the largest block
     n = 6 * layer + 256 * 64 + (256 * 64 + 64)  # + embedding + LM head and final norm
     assert model.total_params == n
     roomy = evaluate(model, train, policy, make_round_profile(), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
-    assert roomy.policy.host_grad_buffers is None
+    assert roomy.policy.residency.host_grad_buffers is None
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
     peak = roomy.prediction.peak_bytes["host"]
     assert peak == static + 4 * layer  # one layer's fp32 upcast: the CPU steps one block at a time
-    bounded = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
+    bounded = build_plan(model, train, policy.with_(host_grad_buffers=4), num_steps=3)
     # bf16 landing buffers: 2 B for every parameter, one per block -> four of a layer's size
     assert static - bounded.static_bytes("host") == 2 * n - 4 * 2 * layer
     bounded_peak = simulate(bounded, make_round_profile()).peak_bytes["host"]
@@ -129,8 +129,8 @@ def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilli
     c = evaluate(model, train, policy, tight, gpu_memory_bytes=None, allow_nvme=True,
                  num_steps=3)
     assert c.feasible
-    assert c.policy.host_grad_buffers == 4
-    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
+    assert c.policy.residency.host_grad_buffers == 4
+    assert c.policy.residency.moments_on_nvme == 0.0 and c.policy.residency.master_on_nvme == 0.0
     assert c.prediction.peak_bytes["host"] == bounded_peak <= tight.host.ram_bytes
 
 
@@ -140,16 +140,16 @@ def test_a_host_whose_static_buffers_overflow_takes_the_grad_pool_before_nvme():
     where spilling moments to NVMe would be slower."""
     model = make_tiny_model(num_layers=6)
     # cast on the GPU: no bf16 upload copies for the grads to land in, so landing buffers
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy(cast="gpu")
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of(cast="gpu")
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
-    pooled = build_plan(model, train, replace(policy, host_grad_buffers=4), num_steps=3)
+    pooled = build_plan(model, train, policy.with_(host_grad_buffers=4), num_steps=3)
     between = make_round_profile(ram_bytes=(static + pooled.static_bytes("host")) // 2)
     assert pooled.static_bytes("host") < between.host.ram_bytes < static
     c = evaluate(model, train, policy, between, gpu_memory_bytes=None, allow_nvme=True,
                  num_steps=3)
     assert c.feasible
-    assert c.policy.host_grad_buffers == 4
-    assert c.policy.moments_on_nvme == 0.0 and c.policy.master_on_nvme == 0.0
+    assert c.policy.residency.host_grad_buffers == 4
+    assert c.policy.residency.moments_on_nvme == 0.0 and c.policy.residency.master_on_nvme == 0.0
 
 
 def test_search_space_values_are_checked():
@@ -161,21 +161,21 @@ def test_search_space_values_are_checked():
 
 def test_free_gpu_memory_goes_to_gpu_updated_blocks_when_that_is_faster():
     model = make_tiny_model(num_layers=4)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of()
     profile = make_round_profile()  # the CPU is the bottleneck: GPU updates take work off it
     base = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
                     num_steps=3)
     filled = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
                       num_steps=3, fill_gpu_updates=True)
-    assert base.policy.gpu_updated_blocks == 0
-    assert filled.policy.gpu_updated_blocks == model.num_layers + 2  # plenty of room: all
+    assert base.policy.residency.gpu_updated_blocks == 0
+    assert filled.policy.residency.gpu_updated_blocks == model.num_layers + 2  # plenty of room: all
     assert filled.prediction.tokens_per_s > 10 * base.prediction.tokens_per_s
     # with room for the embedding's state only (18 B/param) the fill takes just that one
     room = 18 * model.embedding_params + 1000
     capped = evaluate(model, train, policy, profile,
                       gpu_memory_bytes=base.prediction.gpu_need_bytes + int(room / 0.95),
                       allow_nvme=True, num_steps=3, fill_gpu_updates=True)
-    assert capped.policy.gpu_updated_blocks == 1
+    assert capped.policy.residency.gpu_updated_blocks == 1
     assert capped.prediction.feasible
 
 
@@ -183,14 +183,14 @@ def test_where_grads_land_in_the_upload_copies_no_pool_is_tried():
     """With cast=cpu_once and no accumulation there are no landing buffers to bound: a host
     overflow goes straight to NVMe placements."""
     model = make_tiny_model(num_layers=6)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of()
     static = build_plan(model, train, policy, num_steps=3).static_bytes("host")
-    assert static == build_plan(model, train, replace(policy, host_grad_buffers=4),
+    assert static == build_plan(model, train, policy.with_(host_grad_buffers=4),
                                 num_steps=3).static_bytes("host")
     c = evaluate(model, train, policy, make_round_profile(ram_bytes=static - 1),
                  gpu_memory_bytes=None, allow_nvme=True, num_steps=3)
-    assert c.policy.host_grad_buffers is None
-    assert c.policy.moments_on_nvme > 0
+    assert c.policy.residency.host_grad_buffers is None
+    assert c.policy.residency.moments_on_nvme > 0
 
 
 @pytest.mark.parametrize(("cast", "master"), [("cpu_once", 1.0), ("gpu", 0.0)])
@@ -203,11 +203,11 @@ def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a
     that it is not what makes room)."""
     model = make_tiny_model(num_layers=6)
     train = TrainSpec(micro_batch=1, seq_len=16)
-    policy = Policy(cast=cast, host_grad_buffers=4 if cast == "gpu" else None)
-    all_on_disk = replace(policy, moments_on_nvme=1.0, master_on_nvme=master)
+    policy = Policy.of(cast=cast, host_grad_buffers=4 if cast == "gpu" else None)
+    all_on_disk = policy.with_(moments_on_nvme=1.0, master_on_nvme=master)
     profile = make_round_profile()
     two_ahead = simulate(build_plan(model, train, all_on_disk, num_steps=3), profile)
-    one_ahead = simulate(build_plan(model, train, replace(all_on_disk, nvme_prefetch=1),
+    one_ahead = simulate(build_plan(model, train, all_on_disk.with_(nvme_prefetch=1),
                                     num_steps=3), profile)
     low, high = one_ahead.peak_bytes["host"], two_ahead.peak_bytes["host"]
     assert low < high
@@ -215,12 +215,12 @@ def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a
     c = evaluate(model, train, policy, between, gpu_memory_bytes=None, allow_nvme=True,
                  num_steps=3)
     assert c.feasible
-    assert (c.policy.moments_on_nvme, c.policy.master_on_nvme, c.policy.nvme_prefetch) == (
+    assert (c.policy.residency.moments_on_nvme, c.policy.residency.master_on_nvme, c.policy.schedule.nvme_prefetch) == (
         1.0, master, 1)
     # with RAM for two read-aheads, the policy's own depth stays
     roomy = evaluate(model, train, policy, make_round_profile(ram_bytes=high), gpu_memory_bytes=None,
                      allow_nvme=True, num_steps=3)
-    assert roomy.policy.nvme_prefetch == policy.nvme_prefetch
+    assert roomy.policy.schedule.nvme_prefetch == policy.schedule.nvme_prefetch
 
 
 def test_the_leaders_are_ranked_at_the_speed_their_gpu_settles_at(monkeypatch):
@@ -250,7 +250,7 @@ def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
     from layerslide.planner.build import gpu_layout
 
     model = replace(make_tiny_model(num_layers=4), vocab_size=4096)
-    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy()
+    train, policy = TrainSpec(micro_batch=1, seq_len=16), Policy.of()
     profile = make_round_profile()
     base = evaluate(model, train, policy, profile, gpu_memory_bytes=None, allow_nvme=True,
                     num_steps=3)
@@ -259,7 +259,7 @@ def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
     capped = evaluate(model, train, policy, profile,
                       gpu_memory_bytes=base.prediction.gpu_need_bytes + int(room / 0.95),
                       allow_nvme=True, num_steps=3, fill_gpu_updates=True)
-    assert capped.policy.gpu_updated_order == "layers_first"
+    assert capped.policy.residency.gpu_updated_order == "layers_first"
     updated = gpu_layout(model.num_layers, capped.policy).gpu_updated
     assert 1 <= len(updated) <= 4 and EMBEDDING not in updated
     assert capped.prediction.feasible
