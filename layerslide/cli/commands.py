@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -18,9 +19,10 @@ from layerslide.cli.options import (
     profile_of,
     progress_printer,
     train_of,
+    with_env_overrides,
 )
 from layerslide.hwprofiles import builtin_profiles
-from layerslide.planner import PRESETS, Plan, TrainSpec, build_plan, resolve_model
+from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.reports import (
     format_table,
     plot_memory,
@@ -169,6 +171,7 @@ def cmd_simulate(args) -> int:
     tuned = {}
     if args.plan:
         plan = Plan.load(args.plan)
+        plan = replace(plan, policy=with_env_overrides(plan.policy))  # as `train` would run it
         tuned = plan.meta
     else:
         if not args.model:
@@ -233,6 +236,7 @@ def cmd_tune(args) -> int:
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,
+                  base_policy=with_env_overrides(Policy.of()),
                   progress=progress_printer("tune: candidates simulated"))
     if args.output and result.best_plan is not None:
         _save(result.best_plan, args.output)

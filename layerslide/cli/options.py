@@ -177,9 +177,7 @@ def policy_of(args) -> Policy:
 def with_env_overrides(policy: Policy) -> Policy:
     """A loaded plan's policy with the executor settings the environment gives (recorded in
     the plan that runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables."""
-    env = ExecutorKnobs.from_env()
-    knobs = {f: getattr(env, f) for f in env.__dataclass_fields__
-             if getattr(env, f) != getattr(ExecutorKnobs(), f)}  # only what the environment sets
+    knobs = ExecutorKnobs.env_settings()  # only what the environment sets
     return policy.with_(stream_run_ahead=run_ahead_from_env(policy.schedule.stream_run_ahead),
                         **knobs)
 

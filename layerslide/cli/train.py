@@ -22,7 +22,7 @@ from layerslide.cli.options import (
     train_of,
     with_env_overrides,
 )
-from layerslide.planner.build import build_plan
+from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
 
@@ -91,7 +91,7 @@ def add_train_command(sub, units: str) -> None:
 def _plan(args, spec: ModelSpec) -> Plan:
     """The plan to run: the --plan file as it is, or one built from the flags."""
     if not args.plan:
-        return build_plan(spec, train_of(args), policy_of(args))
+        return build_repeatable_plan(spec, train_of(args), policy_of(args))
     plan = Plan.load(args.plan)
     shape = {k: v for k, v in plan.model.to_dict().items() if k != "name"}
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:

@@ -1,11 +1,10 @@
 """The NVMe tier: the part of each block's optimizer state that the policy keeps on disk.
 
-With `master_on_nvme = f_m` and `moments_on_nvme = f_v`, the first round(f_m * n) fp32 master
-weights and the first round(f_v * n) elements of exp_avg and exp_avg_sq of a block of n
-parameters live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part],
+The plan's placement says how many of a block's first fp32 master weights and of its first
+exp_avg and exp_avg_sq elements (round(fraction * n) of its n parameters) live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part],
 padded to 4 KiB), the rest in RAM. The plan reads a block's file into a staging buffer before
-its optimizer step and writes it back after; its edges bound how many reads run ahead
-(policy.schedule.nvme_prefetch buffers, reused in the order the edges say).
+its optimizer step and writes it back after; each read and write names its staging buffer
+(placement.nvme_staging_slots of them, reused in the order the plan's edges allow).
 
 A write goes to a new file that then replaces the old one (os.replace), never into the old one:
 a checkpoint can hard-link the files instead of copying them, and a write that fails (a full

@@ -197,9 +197,10 @@ class TaskRunner:
         pin = self.device.is_cuda
         self.batches = {k: (ids.pin_memory() if pin else ids, lab.pin_memory() if pin else lab)
                         for k, (ids, lab) in batches.items()}
-        for task in plan.tasks:
+        for task in plan.tasks:  # raise where the plan names a unit or slot that is not here
             if task.kind in (*COMPUTE_KINDS, TaskKind.LOAD_WEIGHTS) and task.block >= 0:
-                self._weight_unit(task)  # raises where the plan names a unit that is not here
+                self._weight_unit(task)
+            self._check_slot(task, plan.placement)
         self._made, self._read = plan.dataflow()
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
@@ -222,6 +223,23 @@ class TaskRunner:
             raise ValueError(f"{task.id}: unit {task.unit} is not one of the plan's "
                              f"{len(self.ring)} ring units")
         return self.ring[task.unit]
+
+    def _check_slot(self, task: Task, placement: Placement) -> None:
+        """A landing or staging slot the task uses must be one of the placement's buffers."""
+        landing = (TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP)
+        if task.kind in landing and task.lane != "gpu":
+            # an optimizer step reads the landed grads only without accumulation
+            reads = task.kind != TaskKind.OPTIMIZER_STEP or self.train.grad_accum == 1
+            if placement.grad_landing != "pool" or not reads:
+                return
+            count, what = placement.grad_landing_buffers, "landing"
+        elif task.kind in (TaskKind.READ_STATE, TaskKind.WRITE_STATE):
+            count, what = placement.nvme_staging_slots, "staging"
+        else:
+            return
+        if not 0 <= task.slot < count:
+            raise ValueError(f"{task.id}: slot {task.slot} is not one of the plan's {count} "
+                             f"{what} buffers")
 
     def _do_load_weights(self, task: Task) -> None:
         unit = self._weight_unit(task)

@@ -107,7 +107,7 @@ class Trainer:
             raise ValueError(f"segment_steps={segment_steps}: must be >= 1")
         plan.unroll(min(segment_steps, plan.num_steps + 1))  # can it repeat? (raises if not)
         self.plan = plan
-        self.spec, self.train, self.policy, self.optim = spec, train, policy, optim
+        self.optim = optim
         self.serial, self.segment_steps = serial, segment_steps
         self.device = LaneDevice(device)
         if gpu_memory_bytes is not None and self.device.is_cuda:
@@ -136,6 +136,18 @@ class Trainer:
         """What this run holds, by the ids of the plan's static buffers
         (Plan.static_buffer_bytes: the two agree)."""
         return {**self.state.allocated_bytes(), **self.runner.allocated_bytes()}
+
+    @property
+    def spec(self) -> ModelSpec:
+        return self.plan.model
+
+    @property
+    def train(self) -> TrainSpec:
+        return self.plan.train
+
+    @property
+    def policy(self) -> Policy:
+        return self.plan.policy
 
     # --- weights ---------------------------------------------------------------------------------
     def init_random(self, seed: int = 0) -> None:

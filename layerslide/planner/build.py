@@ -71,6 +71,15 @@ def gpu_update_candidates(num_layers: int, order: str) -> list[int]:
     return [EMBEDDING, *range(num_layers), num_layers]
 
 
+def build_repeatable_plan(model: ModelSpec, train: TrainSpec, policy: Policy) -> Plan:
+    """A plan whose last step Plan.unroll can repeat: STEADY_STEPS, or more where a pool of
+    slots is reused across more steps than that (the last step must have every dependency)."""
+    plan = build_plan(model, train, policy)
+    if plan.reach_steps() < plan.num_steps:
+        return plan
+    return build_plan(model, train, policy, num_steps=plan.reach_steps() + 1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GpuLayout:
     """Which blocks stay on the GPU and how many cache units the other layers slide through."""
@@ -581,6 +590,20 @@ class _Builder:
         self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
         self.buffer(None, NVME_MOMENTS, "nvme", sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
 
+    def reach_steps(self) -> int:
+        """How many steps back a task's dependencies can reach: one, or more where a pool of
+        slots is taken in turn fewer times a step than it has slots (a read of NVMe state waits
+        for the write nvme_prefetch reads back, a backward for the offload grad_buffers
+        backwards back, an offload for the landing buffer's consumer host_grad_pool back)."""
+        reach = 1
+        for slots, uses in ((self.policy.residency.grad_buffers, self.grad_slot_next),
+                            (self.host_grad_pool, len(self.host_grad_consumers)),
+                            (self.policy.schedule.nvme_prefetch, len(self.state_chain))):
+            per_step = uses // self.num_steps
+            if per_step:
+                reach = max(reach, -(-slots // per_step))
+        return reach
+
     def placement(self) -> Placement:
         pol, tokens = self.policy, self.tokens
         return Placement(
@@ -620,6 +643,7 @@ class _Builder:
         plan = Plan(model=self.model, train=self.train, policy=self.policy,
                     num_steps=self.num_steps, graph=self.graph, lane_order=lane_order,
                     lane_discipline=disciplines, buffers=tuple(self.buffers),
-                    placement=self.placement(), meta={"step_markers": self.step_markers})
+                    placement=self.placement(),
+                    meta={"step_markers": self.step_markers, "reach_steps": self.reach_steps()})
         plan.validate()
         return plan

@@ -378,6 +378,10 @@ class Plan:
             if same_task(t, t.step) != t.id:
                 raise ValueError(f"task {t.id}: its id is not task_id() of its fields; a plan "
                                  "to repeat must keep the ids the planner gave it")
+        if self.reach_steps() > last:
+            raise ValueError(f"the plan's dependencies reach {self.reach_steps()} steps back, "
+                             f"further than its last step sees in {self.num_steps} steps: plan "
+                             f"at least {self.reach_steps() + 1} (`layerslide plan --steps N`)")
         # units and slots are taken in turn, so a step may use them in another order than the
         # step before (3 layers through 2 units swap them every step): a repeated step applies
         # the permutation the last step applied to the one before it, once more per step
@@ -408,7 +412,7 @@ class Plan:
             for t in template:
                 for u in self.graph.predecessors(t.id):
                     src = self.task(u)
-                    graph.add_edge(moved(src, src.step + step - last).id, new[t.id].id,
+                    graph.add_edge(same_task(src, src.step + step - last), new[t.id].id,
                                    reason=self.graph.edges[u, t.id].get("reason", ""))
             for lane, order in self.lane_order.items():
                 lane_order[lane].extend(new[tid].id for tid in order if tid in new)
@@ -430,6 +434,17 @@ class Plan:
                         placement=self.placement, meta={**self.meta, "step_markers": markers})
         unrolled.validate()
         return unrolled
+
+    def reach_steps(self) -> int:
+        """How many steps back a task's dependencies can reach (the planner's meta.reach_steps;
+        1: only the step before). Plan.unroll repeats the last step only where its index is at
+        least that, so that it has all of them. A plan without the figure counts as reaching
+        one step further than its last step's edges go."""
+        if "reach_steps" in self.meta:
+            return int(self.meta["reach_steps"])
+        last = self.num_steps - 1
+        return 1 + max((last - self.task(u).step for t in self.tasks if t.step == last
+                        for u in self.graph.predecessors(t.id)), default=0)
 
     def _first_steps(self, count: int) -> Plan:
         """The plan restricted to its first `count` steps (tasks of later steps dropped)."""

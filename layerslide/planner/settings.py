@@ -101,6 +101,11 @@ class ExecutorKnobs:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ExecutorKnobs:
         """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK and
         LAYERSLIDE_LANE_SWITCH_INTERVAL_S applied where they are set."""
+        return cls(**cls.env_settings(environ))
+
+    @staticmethod
+    def env_settings(environ: Mapping[str, str] = os.environ) -> dict:
+        """The knobs those variables set, by field name: only the variables that are set."""
         given = {}
         for name, var, kind in (("cpu_threads", "LAYERSLIDE_CPU_THREADS", int),
                                 ("cpu_chunk_elements", "LAYERSLIDE_CPU_CHUNK", int),
@@ -115,7 +120,8 @@ class ExecutorKnobs:
                 raise ValueError(f"{var}={raw!r}: must be a "
                                  f"{'whole number >= 0' if kind is int else 'number of seconds'}"
                                  ) from None
-        return cls(**given)
+        ExecutorKnobs(**given)  # checked here, at the boundary
+        return given
 
 
 def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
-from layerslide.planner.build import gpu_layout, gpu_update_candidates
+from layerslide.planner.build import build_repeatable_plan, gpu_layout, gpu_update_candidates
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
     ACTIVATION_PLACEMENTS,
@@ -291,6 +291,8 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     if ranked and ranked[0].feasible:
         best = ranked[0]
         best_plan = build_plan(model, best.train, best.policy, num_steps=num_steps)
+        if best_plan.reach_steps() >= best_plan.num_steps:  # so that train can repeat it
+            best_plan = build_repeatable_plan(model, best.train, best.policy)
         best_plan.meta.update({
             "tuned_for_profile": profile.name,
             "gpu_memory_bytes": gpu_memory_bytes,

@@ -162,3 +162,17 @@ def test_json_output_has_no_nan(capsys):
     data = json.loads(out)
     assert data["best"] is None
     assert all(r["step_s"] is None for r in data["candidates"])  # rejected: null, not NaN
+
+
+def test_the_environment_sets_a_loaded_plans_executor_knobs_even_to_their_defaults(monkeypatch):
+    from layerslide.cli.options import with_env_overrides
+    from layerslide.planner import Policy
+
+    recorded = Policy.of(cpu_chunk_elements=0, stream_run_ahead=5)
+    monkeypatch.delenv("LAYERSLIDE_CPU_THREADS", raising=False)
+    monkeypatch.delenv("LAYERSLIDE_RUN_AHEAD", raising=False)
+    assert with_env_overrides(recorded) == recorded  # nothing set: the file's own
+    monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", str(1 << 20))  # the default, given explicitly
+    monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "3")
+    run = with_env_overrides(recorded)
+    assert run.executor.cpu_chunk_elements == 1 << 20 and run.schedule.stream_run_ahead == 3

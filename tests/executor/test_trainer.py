@@ -342,3 +342,20 @@ def test_the_executor_follows_the_units_and_the_lane_order_of_a_plan_file(tmp_pa
     _, swapped_order = _losses_and_cpu_order(config, _edited(plan, swap_first_updates))
     updates = [t for t in swapped_order if ".optimizer_step." in t]
     assert updates[:2] == [second, first]
+
+
+def test_a_plan_file_naming_a_landing_slot_that_is_not_there_is_refused(tmp_path):
+    config = tiny_config("llama")
+    plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ),
+                      Policy.of(cast="cpu_per_load", host_grad_buffers=2), num_steps=3)
+    assert plan.placement.grad_landing == "pool"
+
+    def off_the_pool(data):
+        offload = next(t for t in data["tasks"] if t["kind"] == "offload_grads")
+        offload["slot"] = 2
+
+    with Trainer(config=config, plan=_edited(plan, off_the_pool), optim=OptimConfig(),
+                 device="cpu") as trainer:
+        trainer.init_random(0)
+        with pytest.raises(ValueError, match="slot 2 is not one of the plan's 2 landing"):
+            trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)

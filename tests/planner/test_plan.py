@@ -116,8 +116,10 @@ def test_a_plan_unrolled_is_the_plan_built_for_that_many_steps(num_layers, train
     """A segment of N steps is the planned steps, then the last one repeated: the same tasks,
     edges, units, slots, buffers and lane orders as planning N steps (5 layers through a ring
     of 2 units take them in another order every step)."""
+    from layerslide.planner.build import build_repeatable_plan
+
     model = make_tiny_model(num_layers=num_layers)
-    planned = build_plan(model, train, policy, num_steps=3)
+    planned = build_repeatable_plan(model, train, policy)  # 3 steps, or more where needed
     for steps in (1, 2, 3, 4, 7):
         expected = build_plan(model, train, policy, num_steps=max(steps, 2))
         if steps == 1:
@@ -128,6 +130,7 @@ def test_a_plan_unrolled_is_the_plan_built_for_that_many_steps(num_layers, train
 
 
 def test_a_plan_file_unrolls_as_the_plan_does(plan, tmp_path):
+    plan = build_plan(plan.model, plan.train, plan.policy, num_steps=3)
     plan.save(tmp_path / "plan.json")
     assert _canonical(Plan.load(tmp_path / "plan.json").unroll(5)) == _canonical(plan.unroll(5))
 
@@ -156,3 +159,36 @@ def test_a_plan_whose_ids_were_renamed_is_not_repeated(plan):
 def test_unroll_needs_a_step(plan):
     with pytest.raises(ValueError, match="at least one step"):
         plan.unroll(0)
+
+
+def test_a_plan_too_short_to_hold_its_dependencies_is_not_repeated_and_more_steps_are_planned():
+    """Staging slots reused more than a step back (nvme_prefetch above a step's reads): a last
+    step with an index below that reach lacks edges to repeat, so unroll refuses;
+    build_repeatable_plan plans enough steps, and its unroll is the plan built for that many."""
+    from layerslide.planner.build import build_repeatable_plan
+
+    model, train = make_tiny_model(num_layers=3), TrainSpec(micro_batch=1, seq_len=16)
+    policy = Policy.of(moments_on_nvme=1.0, master_on_nvme=0.5, nvme_prefetch=11)
+    short = build_plan(model, train, policy)
+    assert short.reach_steps() == 3  # 11 staging slots, 5 blocks' reads a step
+    with pytest.raises(ValueError, match="plan at least 4"):
+        short.unroll(6)
+    repeatable = build_repeatable_plan(model, train, policy)
+    assert repeatable.num_steps == 4
+    assert _canonical(repeatable.unroll(9)) == _canonical(build_plan(model, train, policy,
+                                                                     num_steps=9))
+    assert build_repeatable_plan(model, train, Policy.of()).num_steps == 3
+
+
+def test_a_grad_slot_pool_larger_than_a_steps_backwards_reaches_that_many_steps_back():
+    """One sliding layer, five GPU grad slots: a backward waits for the offload five steps back,
+    which no edge of a 3-step plan's last step shows; the planner says so (reach_steps)."""
+    from layerslide.planner.build import build_repeatable_plan
+
+    model, train = make_tiny_model(num_layers=1), TrainSpec(micro_batch=1, seq_len=16)
+    policy = Policy.of(grad_buffers=5)
+    assert build_plan(model, train, policy).reach_steps() == 5
+    repeatable = build_repeatable_plan(model, train, policy)
+    assert repeatable.num_steps == 6
+    assert _canonical(repeatable.unroll(8)) == _canonical(build_plan(model, train, policy,
+                                                                     num_steps=8))
