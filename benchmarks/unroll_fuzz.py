@@ -1,7 +1,7 @@
 """Plan.unroll against build_plan over random policies and tiny models: the planner's repeatable
 plan (build_repeatable_plan) unrolled to n steps must be the plan built for n steps.
 
-    python benchmarks/unroll_fuzz.py [COUNT] [SEED]   # prints each policy that differs, then a count
+    python benchmarks/unroll_fuzz.py [COUNT] [SEED]   # each policy that differs, then a count
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +18,6 @@ from layerslide.planner.settings import (
     LAYER_KERNEL_MODES,
     OPTIMIZER_ORDERS,
     ExecutorKnobs,
-    Schedule,
     run_ahead_from_env,
 )
 
@@ -159,24 +157,21 @@ def train_of(args) -> TrainSpec:
 
 
 def policy_of(args) -> Policy:
-    return Policy.of(window=args.window, grad_buffers=args.grad_buffers,
-                  prefetch_depth=args.prefetch_depth, activations=args.activations,
-                  moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
-                  resident_layers=args.resident_layers,
-                  gpu_updated_blocks=args.gpu_updated_blocks,
-                  gpu_updated_order=args.gpu_updated_order,
-                  optimizer_order=args.optimizer_order,
-                  cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
-                  layer_kernels=args.layer_kernels,
-                  host_grad_buffers=args.host_grad_buffers,
-                  cpu_optimizer=args.cpu_optimizer,
-                  stream_run_ahead=run_ahead_from_env(Schedule().stream_run_ahead),
-                  **asdict(ExecutorKnobs.from_env()))
+    """The policy the flags say, with the executor settings the environment gives."""
+    return with_env_overrides(Policy.of(
+        window=args.window, grad_buffers=args.grad_buffers,
+        prefetch_depth=args.prefetch_depth, activations=args.activations,
+        moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
+        resident_layers=args.resident_layers, gpu_updated_blocks=args.gpu_updated_blocks,
+        gpu_updated_order=args.gpu_updated_order, optimizer_order=args.optimizer_order,
+        cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
+        layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
+        cpu_optimizer=args.cpu_optimizer))
 
 
 def with_env_overrides(policy: Policy) -> Policy:
-    """A loaded plan's policy with the executor settings the environment gives (recorded in
-    the plan that runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables."""
+    """The policy with the executor settings the environment gives (recorded in the plan that
+    runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables, where they are set."""
     knobs = ExecutorKnobs.env_settings()  # only what the environment sets
     return policy.with_(stream_run_ahead=run_ahead_from_env(policy.schedule.stream_run_ahead),
                         **knobs)

@@ -215,7 +215,8 @@ def cmd_train(args) -> int:
                              seq_len=train.seq_len, seed=args.seed)
 
     try:
-        trainer = Trainer(config=config, plan=plan, optim=optim, device=device, serial=args.serial, segment_steps=args.segment_steps,
+        trainer = Trainer(config=config, plan=plan, optim=optim, device=device,
+                          serial=args.serial, segment_steps=args.segment_steps,
                           gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out),
                           nvme_dir=args.nvme_dir,
                           nvme_checkpoint_copies=_checkpoints_beside(args, schedule))
@@ -224,8 +225,8 @@ def cmd_train(args) -> int:
     with trainer:
         print(f"{spec.name}: {spec.total_params / 1e9:.2f} B params on {device}; "
               f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}; "
-              f"window {policy.residency.window}, activations on {policy.residency.activations}, cast "
-              f"{policy.schedule.cast}", flush=True)
+              f"window {policy.residency.window}, activations on "
+              f"{policy.residency.activations}, cast {policy.schedule.cast}", flush=True)
         if args.resume:
             try:
                 info = trainer.restore_state(schedule.store, data, fallback=args.resume_fallback)

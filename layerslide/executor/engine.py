@@ -4,8 +4,8 @@ One thread per lane. A strict lane (a CUDA stream) takes its tasks in lane order
 lane (a CPU or I/O worker) takes the first task in lane order whose inputs are ready. An edge
 between two stream lanes becomes a CUDA event the consumer's stream waits on; an edge from a
 stream lane into a host lane makes the worker wait for that event. A stream lane's thread keeps
-at most `run_ahead` of its tasks queued on the GPU (Policy.schedule.stream_run_ahead). The engine knows
-nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
+at most `run_ahead` of its tasks queued on the GPU (Policy.schedule.stream_run_ahead). The
+engine knows nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
 
 Serial mode runs the same tasks one at a time in a topological order, synchronising the GPU
 after each: the correctness oracle for the overlapped mode.

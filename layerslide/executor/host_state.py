@@ -59,10 +59,11 @@ class HostState:
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
         self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
         state_on_nvme = policy.residency.moments_on_nvme > 0 or policy.residency.master_on_nvme > 0
-        if (state_on_nvme or policy.residency.activations == "nvme") and nvme_dir is None:
-            raise ValueError("the policy keeps state on NVMe (master_on_nvme="
-                             f"{policy.residency.master_on_nvme}, moments_on_nvme={policy.residency.moments_on_nvme}"
-                             f", activations={policy.residency.activations}): pass a folder on that disk "
+        where = policy.residency
+        if (state_on_nvme or where.activations == "nvme") and nvme_dir is None:
+            raise ValueError(f"the policy keeps state on NVMe (master_on_nvme="
+                             f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
+                             f"activations={where.activations}): pass a folder on that disk "
                              "(--nvme-dir)")
         # activation checkpoints on NVMe: one file per layer
         activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size

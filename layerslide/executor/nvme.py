@@ -1,8 +1,9 @@
 """The NVMe tier: the part of each block's optimizer state that the policy keeps on disk.
 
 The plan's placement says how many of a block's first fp32 master weights and of its first
-exp_avg and exp_avg_sq elements (round(fraction * n) of its n parameters) live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part],
-padded to 4 KiB), the rest in RAM. The plan reads a block's file into a staging buffer before
+exp_avg and exp_avg_sq elements (round(fraction * n) of its n parameters) live in the file
+`state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part], padded to 4 KiB), the
+rest in RAM. The plan reads a block's file into a staging buffer before
 its optimizer step and writes it back after; each read and write names its staging buffer
 (placement.nvme_staging_slots of them, reused in the order the plan's edges allow).
 

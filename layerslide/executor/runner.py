@@ -103,8 +103,7 @@ class TaskRunner:
         self.L = blocks.num_layers
         dev = device.device
         landing = policy.schedule.cast == "gpu"
-        layout = placement  # the units the plan was made for
-        self.gpu_updated = list(layout.gpu_updated)
+        self.gpu_updated = list(placement.gpu_updated)
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 
         def unit(block: int, with_module: bool) -> WeightUnit:
@@ -121,8 +120,8 @@ class TaskRunner:
                     if landing and block not in self.gpu_updated else None)
             return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
 
-        self.ring = [unit(0, True) for _ in range(layout.ring_units)]
-        self.dedicated = {b: unit(b, True) for b in layout.dedicated_layers}
+        self.ring = [unit(0, True) for _ in range(placement.ring_units)]
+        self.dedicated = {b: unit(b, True) for b in placement.dedicated_layers}
         self.dedicated[EMBEDDING] = unit(EMBEDDING, False)
         head = unit(self.L, False)
         with torch.device("meta"):  # named like the layout: norm.weight
@@ -310,7 +309,7 @@ class TaskRunner:
         host.copy_(x.view(-1), non_blocking=True)
 
     def _do_fetch_activation(self, task: Task) -> None:
-        if self.policy.residency.activations == "nvme":  # read back from disk by the plan's nvme_read
+        if self.policy.residency.activations == "nvme":  # read back by its read_activation
             host = self.act_passing.pop((task.step, task.micro_batch, task.block))
         else:
             host = self.act_host[task.block]

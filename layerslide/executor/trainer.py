@@ -76,7 +76,8 @@ class StepLog:
 
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
-    if (policy.residency.moments_on_nvme or policy.residency.master_on_nvme) and policy.kernels.cpu_optimizer != "native":
+    on_nvme = policy.residency.moments_on_nvme or policy.residency.master_on_nvme
+    if on_nvme and policy.kernels.cpu_optimizer != "native":
         raise ValueError("optimizer state on NVMe needs cpu_optimizer='native' (torch's AdamW "
                          "keeps whole moments in RAM)")
     for b in blocks.blocks:

@@ -125,7 +125,7 @@ class _Builder:
         self.resident = {EMBEDDING, self.L, *layout.dedicated_layers, *self.gpu_updated}
         self.slots = [_Slot() for _ in range(layout.ring_units)]
         self.resident_slots = {b: _Slot() for b in self.resident}
-        self.grad_slots = [None] * policy.residency.grad_buffers  # last offload_grads that used each
+        self.grad_slots = [None] * policy.residency.grad_buffers  # the last offload of each
         self.grad_slot_next = 0
         self.dedicated_grad_last: dict[int, str | None] = {EMBEDDING: None, self.L: None}
         # blocks whose grads are offloaded (those updated on the GPU never are): with one
@@ -174,8 +174,11 @@ class _Builder:
         self.graph.add_node(tid, task=Task(id=tid, priority=key, **fields))
         return tid
 
+    def task_of(self, tid: str) -> Task:
+        return self.graph.nodes[tid]["task"]
+
     def update_task(self, tid: str, **changes) -> None:
-        self.graph.nodes[tid]["task"] = replace(self.graph.nodes[tid]["task"], **changes)
+        self.graph.nodes[tid]["task"] = replace(self.task_of(tid), **changes)
 
     def edge(self, src: str | None, dst: str, reason: str) -> None:
         if src is not None:
@@ -249,29 +252,30 @@ class _Builder:
         unit = DEDICATED if block in self.resident else self.slots.index(slot)
         if unit != DEDICATED:
             self.update_task(consumer, unit=unit)
+        depth = self.policy.schedule.prefetch_depth
         if slot.content != (block, step):
             p = self.params(block)
             wire_bytes = (FP32_BYTES if self.policy.schedule.cast == "gpu" else BF16_BYTES) * p
-            for_kind = self.graph.nodes[consumer]["task"].kind
+            for_kind = self.task_of(consumer).kind
             load = self.add(kind=K.LOAD_WEIGHTS, lane=Lane.H2D, block=block, step=step,
                             micro_batch=micro, for_kind=for_kind, bytes=wire_bytes, params=p,
                             unit=unit, key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
-                self.edge(self.gpu_at(pos - self.policy.schedule.prefetch_depth - 1), load, "prefetch")
+                self.edge(self.gpu_at(pos - depth - 1), load, "prefetch")
             if self.policy.schedule.cast == "cpu_per_load":
                 cast = self.add(kind=K.CAST, lane=self.cast_lane, block=block, step=step,
                                 micro_batch=micro, for_kind=for_kind, bytes=FP32_BYTES * p,
-                                params=p, key=(pos - self.policy.schedule.prefetch_depth - 1, 0))
+                                params=p, key=(pos - depth - 1, 0))
                 if step > 0:
                     self.edge(self.tid(K.OPTIMIZER_STEP, block, step - 1), cast, "weights")
-                self.edge(self.gpu_at(pos - self.policy.schedule.prefetch_depth - 2), cast, "prefetch")
+                self.edge(self.gpu_at(pos - depth - 2), cast, "prefetch")
                 self.edge(cast, load, "data")
                 self.buffer(cast, "staging", "host", BF16_BYTES * p, (load,))
             else:
                 self.edge(self.weights_ready(block, step), load, "weights")
             if self.policy.schedule.cast == "gpu":  # the consumer first casts the fp32 it was sent
-                task = self.graph.nodes[consumer]["task"]
+                task = self.task_of(consumer)
                 self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p,
                                  host_ops=task.host_ops + 1, casts_weights=True)
             self.edge(load, consumer, "weights")
@@ -307,7 +311,8 @@ class _Builder:
             fwd[i] = prev = producers[i + 1] = t
 
         head = self.compute(s, m, K.HEAD, L, flops=3 * model.head_forward_flops_per_token * T,
-                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T, pol.kernels.head_loss),
+                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T,
+                                                                        pol.kernels.head_loss),
                             host_ops=sizes.HEAD_OPS)
         self.edge(prev, head, "data")
         self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
@@ -346,7 +351,8 @@ class _Builder:
             self.grads(s, m, i, bwd[i])
         self.grads(s, m, EMBEDDING, emb_bwd)
         self.buffer(head, "workspace", "gpu",
-                    sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss, pol.kernels.head_chunk_bytes),
+                    sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss,
+                                                    pol.kernels.head_chunk_bytes),
                     (head,))
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
@@ -365,7 +371,7 @@ class _Builder:
         self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, off), at_end=True)
         fetch = self.add(kind=K.FETCH_ACTIVATION, lane=Lane.H2D, **common, key=(bwd_pos, 1))
         self.edge(self.gpu_at(bwd_pos - pol.schedule.prefetch_depth - 1), fetch, "prefetch")
-        if pol.residency.activations == "host":  # its pinned buffer: static_buffers' host.checkpoints
+        if pol.residency.activations == "host":  # its pinned buffer: host.checkpoints (static)
             self.edge(off, fetch, "data")
         else:
             write = self.add(kind=K.WRITE_ACTIVATION, lane=Lane.NVME_WRITE, **common,
@@ -636,9 +642,9 @@ class _Builder:
         lane_order = {Lane.GPU: tuple(self.gpu_order)}
         by_lane: dict[str, list[str]] = {lane: [] for lane in LANES[1:]}
         for tid in self.worker_tasks:
-            by_lane[self.graph.nodes[tid]["task"].lane].append(tid)
+            by_lane[self.task_of(tid).lane].append(tid)
         for lane, ids in by_lane.items():
-            lane_order[lane] = tuple(sorted(ids, key=lambda t: self.graph.nodes[t]["task"].priority))
+            lane_order[lane] = tuple(sorted(ids, key=lambda t: self.task_of(t).priority))
         disciplines = {lane: ("strict" if lane in STREAM_LANES else "priority") for lane in LANES}
         plan = Plan(model=self.model, train=self.train, policy=self.policy,
                     num_steps=self.num_steps, graph=self.graph, lane_order=lane_order,

@@ -109,11 +109,6 @@ class Task:
     # (GPU position it serves, tie-break): a lane's order is its tasks by (priority, step)
     priority: tuple[int, int] = (0, 0)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", TaskKind(self.kind))
-        object.__setattr__(self, "lane", Lane(self.lane))
-        object.__setattr__(self, "priority", tuple(self.priority))
-
 
 @dataclass(frozen=True, kw_only=True)
 class Placement:
@@ -316,8 +311,9 @@ class Plan:
             raise ValueError(f"plan format version {version!r} is not {PLAN_FORMAT_VERSION}: "
                              "rebuild the plan with this version of layerslide")
         graph = nx.DiGraph()
-        for t in data["tasks"]:
-            task = Task(**t)
+        for t in data["tasks"]:  # JSON holds the enums as strings and tuples as lists
+            task = Task(**{**t, "kind": TaskKind(t["kind"]), "lane": Lane(t["lane"]),
+                           "priority": tuple(t["priority"])})
             graph.add_node(task.id, task=task)
         for u, v, reason in data["edges"]:
             graph.add_edge(u, v, reason=reason)

@@ -55,10 +55,7 @@ class TrainSpec:
     max_grad_norm: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch", "seq_len", "grad_accum"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                _fail("TrainSpec", name, value, "must be a positive integer")
+        _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             _fail("TrainSpec", "max_grad_norm", self.max_grad_norm, "must be > 0 or None (off)")
 
@@ -89,10 +86,7 @@ class ExecutorKnobs:
     lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
 
     def __post_init__(self) -> None:
-        for name in ("cpu_threads", "cpu_chunk_elements"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                _fail("ExecutorKnobs", name, value, "must be a whole number >= 0")
+        _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements")
         if not self.lane_switch_interval_s > 0:
             _fail("ExecutorKnobs", "lane_switch_interval_s", self.lane_switch_interval_s,
                   "must be > 0 seconds")

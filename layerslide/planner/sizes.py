@@ -172,8 +172,3 @@ def head_logit_bytes(model: ModelSpec, tokens: int, head_loss: str) -> int:
 def head_params(model: ModelSpec) -> int:
     """Parameters updated as the head block: final norm, and the LM head when not tied."""
     return model.head_params + model.final_norm_params
-
-
-def block_params(model: ModelSpec, block: int) -> int:
-    """Parameters of a block: the embedding (-1), a decoder layer (0..L-1) or the head (L)."""
-    return model.block_params(block)

@@ -12,7 +12,6 @@ from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
 
 GIB = 1024**3
-MIN_SIMULATED_STEPS = STEADY_STEPS  # the planner's rule (planner.plan)
 # Rounds of settling the GPU's clock against its busy fraction, and the speedup change that
 # ends them early (profiles without GPUSpec.busy_speedup take none).
 CLOCK_ROUNDS = 4
@@ -239,9 +238,9 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     With settle_clock, where the profile has a GPU busy speedup, the GPU's speed is settled
     against its busy fraction over a few simulations (Prediction.gpu_speedup), starting from
     `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'."""
-    if plan.num_steps < MIN_SIMULATED_STEPS:
+    if plan.num_steps < STEADY_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
-                         f"{MIN_SIMULATED_STEPS} so that the last one is a steady-state step "
+                         f"{STEADY_STEPS} so that the last one is a steady-state step "
                          "(the first starts with no optimizer work behind it)")
     limits = memory_limits(profile, gpu_memory_bytes)
     tokens = plan.train.tokens_per_step

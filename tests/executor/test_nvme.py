@@ -199,7 +199,8 @@ def test_room_counts_the_copies_kept_checkpoints_end_up_owning(tmp_path, monkeyp
 
     def make(copies):
         return Trainer(config=config,
-                       plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(moments_on_nvme=1.0)),
+                       plan=build_plan(spec, TrainSpec(micro_batch=1, seq_len=SEQ),
+                                       Policy.of(moments_on_nvme=1.0)),
                        optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme",
                        nvme_checkpoint_copies=copies)
 
@@ -220,7 +221,8 @@ def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path
     folder = tmp_path / "nvme"
     store = CheckpointStore(tmp_path / "ckpt")
     with Trainer(config=config,
-                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of(moments_on_nvme=1.0, activations="nvme")),
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ),
+                                 Policy.of(moments_on_nvme=1.0, activations="nvme")),
                  optim=OPTIM, device="cpu", nvme_dir=folder) as trainer:
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,

@@ -227,7 +227,8 @@ def test_the_bf16_upload_copy_follows_every_update(tmp_path, monkeypatch, native
     monkeypatch.setenv("LAYERSLIDE_NATIVE", native)
     config = tiny_config("llama")
     with Trainer(config=config,
-                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
+                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ),
+                                 Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert (trainer.state.native is not None) == (native == "1")
         trainer.init_random(0)
@@ -244,7 +245,8 @@ def test_accumulating_steps_keep_landing_buffers_apart_from_the_upload_copies(tm
     landed: they must not land in the copy it loads."""
     config = tiny_config("llama")
     with Trainer(config=config,
-                 plan=build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy.of()),
+                 plan=build_plan(spec_of(config, tmp_path),
+                                 TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
         assert set(trainer.state.landing) == set(trainer.state.upload)
         assert trainer.state.landing_buffer(0, 0) is not trainer.state.upload[0]

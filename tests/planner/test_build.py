@@ -271,8 +271,8 @@ def test_blocks_updated_on_the_gpu_hold_their_fresh_bf16_grads_only_within_their
         tiny_model):
     """Autograd still makes a bf16 grad for a GPU-updated block (the embedding first, then layer
     0); the backward adds it into the block's fp32 sum on the GPU before it ends."""
-    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(gpu_updated_blocks=2),
-                      num_steps=2)
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
+                      Policy.of(gpu_updated_blocks=2), num_steps=2)
     emb = buffer_named(plan, "s0.m0.backward.emb.grads")
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64
     assert emb.alloc_task == "s0.m0.backward.emb" and emb.release_tasks == ("s0.m0.backward.emb",)
@@ -430,7 +430,8 @@ def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
 def test_an_offload_never_overtakes_the_reader_of_the_buffer_it_reuses(tiny_model, gpu_updated,
                                                                        host_grad_buffers):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
-                      Policy.of(gpu_updated_blocks=gpu_updated, host_grad_buffers=host_grad_buffers),
+                      Policy.of(gpu_updated_blocks=gpu_updated,
+                                host_grad_buffers=host_grad_buffers),
                       num_steps=2)
     offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"]
     readers = [next(iter(plan.graph.successors(t))) for t in offloads]
@@ -506,7 +507,7 @@ def test_state_reads_reuse_a_staging_slot_only_after_its_write(prefetch):
     writes = {(t.block, t.step): t for t in plan.tasks if t.kind == "write_state"}
     for t in reads:  # a read and its block's write name one slot
         assert writes[(t.block, t.step)].slot == t.slot
-    for k, a in enumerate(reads):  # two reads sharing a slot: the later waits for the earlier's write
+    for k, a in enumerate(reads):  # reads sharing a slot: the later waits for the earlier's write
         for b in reads[k + 1:]:
             if a.slot == b.slot:
                 assert nx.has_path(plan.graph, writes[(a.block, a.step)].id, b.id)

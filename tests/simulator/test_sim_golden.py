@@ -43,8 +43,8 @@ def regenerate(path: Path = GOLDEN_PATH) -> None:
     _, prediction = golden_prediction()
     data = {
         "what": "build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), "
-                "Policy.of(cpu_optimizer='torch', layer_kernels='eager'), num_steps=3) simulated on "
-                "make_round_profile()",
+                "Policy.of(cpu_optimizer='torch', layer_kernels='eager'), num_steps=3) simulated "
+                "on make_round_profile()",
         "regenerate": "python tests/simulator/test_sim_golden.py --regenerate",
         "step_s": prediction.step_s,
         "events": event_rows(prediction),
@@ -124,7 +124,8 @@ def test_first_loads_run_back_to_back_on_h2d(events):
     assert EMB_LOAD_S + LAYER_LOAD_S == pytest.approx(106.752 * US)
     l1_load_end_s = EMB_LOAD_S + 2 * LAYER_LOAD_S  # 180.736 us
     _assert_times(events["s0.m0.load_weights.L1.forward"], EMB_LOAD_S + LAYER_LOAD_S, l1_load_end_s)
-    _assert_times(events["s0.m0.load_weights.head.head"], l1_load_end_s, l1_load_end_s + HEAD_LOAD_S)
+    head_load = events["s0.m0.load_weights.head.head"]
+    _assert_times(head_load, l1_load_end_s, l1_load_end_s + HEAD_LOAD_S)
 
 
 def test_forwards_wait_for_their_weights(events):

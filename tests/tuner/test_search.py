@@ -215,7 +215,8 @@ def test_with_all_state_on_nvme_and_the_host_still_over_one_block_is_staged_at_a
     c = evaluate(model, train, policy, between, gpu_memory_bytes=None, allow_nvme=True,
                  num_steps=3)
     assert c.feasible
-    assert (c.policy.residency.moments_on_nvme, c.policy.residency.master_on_nvme, c.policy.schedule.nvme_prefetch) == (
+    placed = c.policy.flat()
+    assert (placed["moments_on_nvme"], placed["master_on_nvme"], placed["nvme_prefetch"]) == (
         1.0, master, 1)
     # with RAM for two read-aheads, the policy's own depth stays
     roomy = evaluate(model, train, policy, make_round_profile(ram_bytes=high), gpu_memory_bytes=None,
