@@ -86,4 +86,5 @@ def add_embedding_grad(weight_grad: torch.Tensor, dgrad: torch.Tensor,
         dgrad.reshape(-1, dgrad.shape[-1]), slot, slots, -1, False)
     slot_ids = torch.zeros(slots, dtype=flat.dtype, device=flat.device)
     slot_ids.scatter_(0, slot_sorted, sorted_ids)  # each filled slot's id (all writers agree)
-    return weight_grad.index_add_(0, slot_ids, rows)
+    # (a layer-major sweep adds them into its fp32 sum: rows rounded to bf16 as alone)
+    return weight_grad.index_add_(0, slot_ids, rows.to(weight_grad.dtype))

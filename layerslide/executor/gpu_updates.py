@@ -15,6 +15,17 @@ from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.optim import OptimConfig
 
 
+def add_into_sum(blocks: ModelBlocks, block: int, flat_sum: torch.Tensor,
+                 grads: list[torch.Tensor], first: bool) -> None:
+    """Add one micro-batch's grads (in layout order) into the block's flat fp32 sum; the first
+    micro-batch's start it."""
+    for (_, view), grad in zip(blocks.views(block, flat_sum), grads, strict=True):
+        if first:
+            view.copy_(grad)
+        else:
+            view.add_(grad)
+
+
 class GpuUpdatedBlocks:
     """The GPU-side training state of the blocks in `block_ids`."""
 
@@ -49,12 +60,7 @@ class GpuUpdatedBlocks:
 
     def accumulate(self, block: int, micro_batch: int, grads: list[torch.Tensor]) -> None:
         """Add one micro-batch's bf16 grads (in layout order) into the block's fp32 sum."""
-        flat = self.grad_sum[block]
-        for (_, view), grad in zip(self.blocks.views(block, flat), grads, strict=True):
-            if micro_batch == 0:
-                view.copy_(grad)
-            else:
-                view.add_(grad)
+        add_into_sum(self.blocks, block, self.grad_sum[block], grads, first=micro_batch == 0)
 
     def grad_sq_norm(self, block: int) -> torch.Tensor:
         """Squared L2 norm of the block's grad sum, as a GPU scalar (no host sync)."""

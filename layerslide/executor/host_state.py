@@ -33,7 +33,7 @@ from layerslide.planner.plan import (
     NVME_MOMENTS,
     Placement,
 )
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import Policy, TrainSpec, sums_grads_on_host
 
 
 class HostState:
@@ -65,9 +65,10 @@ class HostState:
                              f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
                              f"activations={where.activations}): pass a folder on that disk "
                              "(--nvme-dir)")
-        # activation checkpoints on NVMe: one file per layer
+        # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size
-                            * blocks.num_layers if policy.residency.activations == "nvme" else 0)
+                            * blocks.num_layers * placement.checkpoints_per_layer
+                            if policy.residency.activations == "nvme" else 0)
         if state_on_nvme:
             if self.native is None:
                 raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
@@ -97,7 +98,8 @@ class HostState:
         elif not self.land_in_upload:
             self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
-        if train.grad_accum > 1:  # fp32 sums of the micro-batches' grads
+        self.sums_on_host = sums_grads_on_host(self.policy, train)
+        if self.sums_on_host:  # fp32 sums of the micro-batches' grads
             self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
                            for b in cpu_blocks}
         else:
@@ -228,7 +230,7 @@ class HostState:
         """One AdamW step of the block with its grads (the fp32 sum, or the landed bf16 grads
         when not accumulating) scaled by clip_coef; with policy.optimizer_casts the bf16 upload
         copy is refreshed in the same pass."""
-        grads = self.grad32[block] if self.train.grad_accum > 1 else landed
+        grads = self.grad32[block] if self.sums_on_host else landed
         self.steps_taken[block] += 1
         if self.native is not None:
             weights_out = self.upload[block] if self.policy.optimizer_casts else None

@@ -204,40 +204,45 @@ def supports_direct(folder: Path) -> bool:
 
 
 class ActivationFiles:
-    """Activation checkpoints on disk, one file per layer (`activations_<layer>.bin`): a layer's
-    checkpoint is written after its forward and read back before its backward, and the plan
-    orders the next micro-batch's write of that layer after the read. Buffered I/O: the pinned
-    buffers the GPU copies use need not be page-aligned."""
+    """Activation checkpoints on disk, a file per layer and copy (`activations_<layer>.bin`, or
+    `activations_<layer>_<copy>.bin` where a layer has several checkpoints waiting at once: one
+    per micro-batch of a layer-major sweep). A checkpoint is written after its forward and read
+    back before its backward, and the plan orders the next write of that file after the read.
+    Buffered I/O: the pinned buffers the GPU copies use need not be page-aligned."""
 
-    def __init__(self, folder: str | Path, num_layers: int):
+    def __init__(self, folder: str | Path, num_layers: int, copies: int = 1):
         self.folder = Path(folder).expanduser()
-        self.num_layers = num_layers
+        self.num_layers, self.copies = num_layers, copies
 
-    def path(self, layer: int) -> Path:
-        return self.folder / f"activations_{layer}.bin"
+    def path(self, layer: int, copy: int = 0) -> Path:
+        suffix = f"_{copy}" if self.copies > 1 else ""
+        return self.folder / f"activations_{layer}{suffix}.bin"
 
     def remove_files(self) -> None:
         """Delete this run's checkpoint files (scratch once it is over), and no other file of a
         folder that may be shared."""
         for layer in range(self.num_layers):
-            self.path(layer).unlink(missing_ok=True)
+            for copy in range(self.copies):
+                self.path(layer, copy).unlink(missing_ok=True)
 
-    def write(self, layer: int, host: torch.Tensor) -> None:
+    def write(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
         view = memoryview(host.view(torch.uint8).numpy())
+        path = self.path(layer, copy)
         try:
-            with open(self.path(layer), "wb") as f:
+            with open(path, "wb") as f:
                 f.write(view)
         except OSError as err:
             raise NvmeSpaceError(err.errno, f"writing the activation checkpoint "
-                                 f"{self.path(layer)} failed ({err.strerror})") from err
+                                 f"{path} failed ({err.strerror})") from err
 
-    def read(self, layer: int, host: torch.Tensor) -> None:
+    def read(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
         view = memoryview(host.view(torch.uint8).numpy())
-        with open(self.path(layer), "rb", buffering=0) as f:
+        path = self.path(layer, copy)
+        with open(path, "rb", buffering=0) as f:
             done = 0
             while done < len(view):
                 got = f.readinto(view[done:])
                 if not got:
-                    raise OSError(errno.EIO, f"{self.path(layer)} ended after {done} of "
+                    raise OSError(errno.EIO, f"{path} ended after {done} of "
                                   f"{len(view)} bytes")
                 done += got

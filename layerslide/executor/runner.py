@@ -25,7 +25,7 @@ from layerslide.executor.compute import (
     layer_call,
 )
 from layerslide.executor.device import LaneDevice
-from layerslide.executor.gpu_updates import GpuUpdatedBlocks
+from layerslide.executor.gpu_updates import GpuUpdatedBlocks, add_into_sum
 from layerslide.executor.host_state import HostState
 from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
@@ -47,6 +47,7 @@ from layerslide.planner.plan import (
     Task,
     block_weights_buffer_id,
 )
+from layerslide.planner.settings import sums_grads_on_host
 
 
 @dataclass
@@ -104,6 +105,10 @@ class TaskRunner:
         dev = device.device
         landing = policy.schedule.cast == "gpu"
         self.gpu_updated = list(placement.gpu_updated)
+        # layer-major: a block's grads are summed in fp32 on the GPU over the step's
+        # micro-batches and offloaded once; step-major sums them on the host
+        self.sums_on_gpu = train.grad_accum > 1 and not sums_grads_on_host(policy, train)
+        self.checkpoint_copies = placement.checkpoints_per_layer
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 
         def unit(block: int, with_module: bool) -> WeightUnit:
@@ -145,14 +150,15 @@ class TaskRunner:
             warnings.warn("Triton is not available: the head runs in PyTorch, slower, with "
                           "chunks of a fifth of the planned rows", RuntimeWarning, stacklevel=2)
             self.head_chunk_tokens = max(1, self.head_chunk_tokens // 5)
-        # offloaded checkpoints: one view per layer into one page-locked buffer for all layers
-        # (checkpoint_views). Alone, each layer's buffer under 64 MiB came from torch's pinned
+        # offloaded checkpoints: one view per layer and copy (a layer-major sweep keeps one per
+        # micro-batch) into one page-locked buffer for all of them (checkpoint_views). Alone, each layer's buffer under 64 MiB came from torch's pinned
         # allocator, which rounds up to a power of two: 3B micro-batch 8's 48 MiB checkpoints
         # took 64 MiB each, 0.44 GiB of RAM for nothing over 28 layers.
-        self.act_host: dict[int, torch.Tensor] = {}
+        self.act_host: dict[tuple[int, int], torch.Tensor] = {}  # (layer, copy) -> its view
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
-        self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers)
+        self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers,
+                                                 self.checkpoint_copies)
                                  if policy.residency.activations == "nvme" else None)
         self._reset_segment()
 
@@ -180,6 +186,7 @@ class TaskRunner:
         # cast=cpu_per_load: a load's bf16 staging copy, by (block, step, micro-batch, for_kind)
         self.staging: dict[tuple, torch.Tensor] = {}
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+        self.grad_sums: dict[tuple[int, int], torch.Tensor] = {}  # (step, block) -> fp32 sum
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
         self.final_sq: dict[int, torch.Tensor] = {}  # step -> [L + 2]: GPU-updated blocks' sums
         self.block_sq: dict[tuple[int, int], float] = {}
@@ -228,7 +235,7 @@ class TaskRunner:
         landing = (TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP)
         if task.kind in landing and task.lane != "gpu":
             # an optimizer step reads the landed grads only without accumulation
-            reads = task.kind != TaskKind.OPTIMIZER_STEP or self.train.grad_accum == 1
+            reads = task.kind != TaskKind.OPTIMIZER_STEP or not self.state.sums_on_host
             if placement.grad_landing != "pool" or not reads:
                 return
             count, what = placement.grad_landing_buffers, "landing"
@@ -301,10 +308,11 @@ class TaskRunner:
             host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
             self.act_passing[key] = host
         else:
-            host = self.act_host.get(task.block)
+            host = self.act_host.get(self._checkpoint_copy(task))
             if host is None or host.numel() != x.numel():
-                self.act_host = checkpoint_views(self.device, self.L, x.numel(), x.dtype)
-                host = self.act_host[task.block]
+                self.act_host = checkpoint_views(self.device, self.L, self.checkpoint_copies,
+                                                 x.numel(), x.dtype)
+                host = self.act_host[self._checkpoint_copy(task)]
         self.device.keep_for(x, "d2h")
         host.copy_(x.view(-1), non_blocking=True)
 
@@ -312,12 +320,16 @@ class TaskRunner:
         if self.policy.residency.activations == "nvme":  # read back by its read_activation
             host = self.act_passing.pop((task.step, task.micro_batch, task.block))
         else:
-            host = self.act_host[task.block]
+            host = self.act_host[self._checkpoint_copy(task)]
         shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
         x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
         x.view(-1).copy_(host, non_blocking=True)
         self.device.keep_for(x, "gpu")
         self._hand_on(task, "fetched", x)
+
+    def _checkpoint_copy(self, task: Task) -> tuple[int, int]:
+        """The (layer, copy) a task's checkpoint waits in: a copy per micro-batch of a sweep."""
+        return task.block, task.micro_batch % self.checkpoint_copies
 
     def _do_head(self, task: Task) -> None:
         s, m = task.step, task.micro_batch
@@ -343,7 +355,10 @@ class TaskRunner:
         head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
         for p in norm.parameters():
             p.grad = None
-        if self.blocks.tied:
+        if self.blocks.tied and self.sums_on_gpu:  # into the embedding's sum: one [V, h] alive
+            add_into_sum(self.blocks, EMBEDDING, self._grad_sum(s, EMBEDDING), [d_weight],
+                         first=m == 0)
+        elif self.blocks.tied:
             self.handoff.put(("tied", s, m), d_weight, readers=1)
         else:
             head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
@@ -355,6 +370,11 @@ class TaskRunner:
         dgrad = self._receive(task, "dgrad")
         if i == EMBEDDING:
             ids = self.handoff.take(("ids", s, m))
+            if self.blocks.tied and self.sums_on_gpu:  # into the sum the heads started
+                vocab = self.spec.vocab_size
+                add_embedding_grad(self._grad_sum(s, EMBEDDING).view(vocab, -1), dgrad, ids)
+                self._summed(s, m, EMBEDDING)
+                return
             if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
                 grad = add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)
             else:
@@ -387,15 +407,41 @@ class TaskRunner:
             self.gpu_blocks.store(b, self.state.master[b])
 
     def _keep_grads(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
-        if block in self.gpu_blocks:  # summed in fp32 on the GPU, never offloaded
-            self.gpu_blocks.accumulate(block, m, grads)
-            if m == self.train.grad_accum - 1:
-                self.final_sq[s][block + 1].copy_(self.gpu_blocks.grad_sq_norm(block),
-                                                  non_blocking=True)
+        if block in self.gpu_blocks or self.sums_on_gpu:  # summed in fp32 on the GPU
+            add_into_sum(self.blocks, block, self._grad_sum(s, block), grads, first=m == 0)
+            self._summed(s, m, block)
             return
+        self._await_offload(s, m, block, grads)
+
+    def _await_offload(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
+        """Keep the grads (in layout order) and their squared norm for the block's offload."""
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         grads.append(torch.stack(norms).square().sum())
         self.grads[(s, m, block)] = grads
+
+    def _grad_sum(self, s: int, block: int) -> torch.Tensor:
+        """The block's fp32 grad sum for step s: a GPU-updated block's own, or (layer-major)
+        one made by the step's first micro-batch and dropped once rounded for the offload."""
+        if block in self.gpu_blocks:
+            return self.gpu_blocks.grad_sum[block]
+        if (s, block) not in self.grad_sums:
+            self.grad_sums[(s, block)] = torch.empty(self.blocks.numel(block),
+                                                     dtype=torch.float32,
+                                                     device=self.device.device)
+        return self.grad_sums[(s, block)]
+
+    def _summed(self, s: int, m: int, block: int) -> None:
+        """Micro-batch m's grads are in the block's sum: after the step's last, a GPU-updated
+        block's squared norm goes to the host; another's sum, rounded to bf16, awaits its
+        offload."""
+        if m < self.train.grad_accum - 1:
+            return
+        if block in self.gpu_blocks:
+            self.final_sq[s][block + 1].copy_(self.gpu_blocks.grad_sq_norm(block),
+                                              non_blocking=True)
+            return
+        rounded = self.grad_sums.pop((s, block)).to(torch.bfloat16)
+        self._await_offload(s, m, block, [view for _, view in self.blocks.views(block, rounded)])
 
     # --- gradients to the host -------------------------------------------------------------------
     def _do_offload_grads(self, task: Task) -> None:
@@ -421,9 +467,10 @@ class TaskRunner:
     def _block_sq(self, s: int, b: int) -> float:
         if b in self.gpu_blocks:
             return float(self.final_sq[s][b + 1])
-        if self.train.grad_accum > 1:
+        if self.state.sums_on_host:
             return self.block_sq[(s, b)]
-        return float(self.grad_sq[s][0, b + 1])
+        # offloaded once per step, by its last micro-batch (the only one without accumulation)
+        return float(self.grad_sq[s][self.train.grad_accum - 1, b + 1])
 
     def _do_grad_norm(self, task: Task) -> None:
         s = task.step
@@ -450,7 +497,7 @@ class TaskRunner:
             outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
             self.state.restore_upload(b)
             return
-        landed = self._landed(task) if self.train.grad_accum == 1 else None
+        landed = None if self.state.sums_on_host else self._landed(task)
         self.state.step(b, lr, coef, landed)
 
     def collect_gpu_skips(self) -> None:
@@ -471,12 +518,14 @@ class TaskRunner:
         # into a pinned buffer the fetch copies to the GPU
         shape_numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
         host = torch.empty(shape_numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
-        self.activation_files.read(task.block, host)
+        layer, copy = self._checkpoint_copy(task)
+        self.activation_files.read(layer, host, copy)
         self.act_passing[(task.step, task.micro_batch, task.block)] = host
 
     def _do_write_activation(self, task: Task) -> None:
         host = self.act_passing.pop((task.step, task.micro_batch, task.block))
-        self.activation_files.write(task.block, host)
+        layer, copy = self._checkpoint_copy(task)
+        self.activation_files.write(layer, host, copy)
 
 
 def _load_key(task: Task) -> tuple:
@@ -484,12 +533,13 @@ def _load_key(task: Task) -> tuple:
     return task.block, task.step, task.micro_batch, task.for_kind
 
 
-def checkpoint_views(device: LaneDevice, layers: int, numel: int,
-                     dtype: torch.dtype) -> dict[int, torch.Tensor]:
-    """One host buffer of `layers` checkpoints of `numel` elements each (page-locked where a GPU
-    copies into it), and each layer's view of it."""
-    arena = device.host_empty(layers * numel, dtype)
-    return {i: arena[i * numel:(i + 1) * numel] for i in range(layers)}
+def checkpoint_views(device: LaneDevice, layers: int, copies: int, numel: int,
+                     dtype: torch.dtype) -> dict[tuple[int, int], torch.Tensor]:
+    """One host buffer of `copies` checkpoints of `numel` elements for each of `layers` (page-
+    locked where a GPU copies into it), and each (layer, copy)'s view of it."""
+    arena = device.host_empty(layers * copies * numel, dtype)
+    return {(i, c): arena[(i * copies + c) * numel:(i * copies + c + 1) * numel]
+            for i in range(layers) for c in range(copies)}
 
 
 def _params_in_layout(blocks: ModelBlocks, block: int, module: nn.Module) -> list[nn.Parameter]:

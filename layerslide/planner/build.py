@@ -2,8 +2,10 @@
 
 The GPU runs, per micro-batch: embedding forward, layer forwards 0..L-1, the head (final norm,
 LM head and loss, forward and backward), layer backwards L-1..0 (each recomputes its forward
-from its checkpointed input), embedding backward. Everything else is arranged around that
-sequence: weight loads into a ring of `window` cache units, checkpoint offload and prefetch,
+from its checkpointed input), embedding backward. A sweep runs that sequence for one
+micro-batch (step-major accumulation) or for all of a step's, each task for every micro-batch
+in turn while the block's weights stay loaded (layer-major). Everything else is arranged around
+that sequence: weight loads into a ring of `window` cache units, checkpoint offload and prefetch,
 gradient offload, and per block the CPU optimizer step and fp32->bf16 cast, with optimizer
 state streamed from NVMe where the policy puts it there. Several consecutive steps are planned
 so that one step's optimizer tail and the next step's forward overlap as they will for real.
@@ -47,7 +49,13 @@ from layerslide.planner.plan import (
     task_buffer_id,
     task_id,
 )
-from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
+from layerslide.planner.settings import (
+    Policy,
+    TrainSpec,
+    grads_land_in_upload,
+    sums_grads_on_host,
+    sweep_micro_batches,
+)
 
 K = TaskKind
 
@@ -114,6 +122,8 @@ class _Builder:
         self.model, self.train, self.policy, self.num_steps = model, train, policy, num_steps
         self.L = model.num_layers
         self.A = train.grad_accum
+        self.G = sweep_micro_batches(policy, train)  # micro-batches a sweep runs together
+        self.host_sums = sums_grads_on_host(policy, train)
         self.tokens = train.tokens_per_micro_batch
         self.graph = nx.DiGraph()
         self.worker_tasks: list[str] = []  # tasks of the copy and worker lanes, as added
@@ -209,12 +219,26 @@ class _Builder:
         return self.A * self.per_micro + len(self.gpu_updated)
 
     def pos(self, step: int, micro: int, phase: str, block: int) -> int:
-        base = step * self.per_step + micro * self.per_micro
+        """Position in the GPU sequence: a sweep runs each of its per_micro tasks for its G
+        micro-batches in turn."""
         if phase == "fwd":
-            return base if block == EMBEDDING else base + 1 + block
-        if phase == "head":
-            return base + self.L + 1
-        return base + 2 * self.L + 2 if block == EMBEDDING else base + self.L + 2 + (self.L - 1 - block)
+            index = 0 if block == EMBEDDING else 1 + block
+        elif phase == "head":
+            index = self.L + 1
+        else:
+            index = 2 * self.L + 2 if block == EMBEDDING else self.L + 2 + (self.L - 1 - block)
+        sweep, within = divmod(micro, self.G)
+        return step * self.per_step + sweep * self.G * self.per_micro + index * self.G + within
+
+    def load_gate(self, pos: int, ahead: int) -> str | None:
+        """The GPU task after which a load for the task at `pos` may start, `ahead` tasks of
+        the sequence ahead of it: whole groups of G where a sweep runs G micro-batches per
+        block (the block's first micro-batch is where its load is needed)."""
+        if self.G == 1:
+            return self.gpu_at(pos - ahead - 1)
+        # micro_batch of the task at pos is its place in its group
+        first = pos - self.task_of(self.gpu_order[pos]).micro_batch % self.G
+        return self.gpu_at(first - ahead * self.G - 1)
 
     def first_use_pos(self, step: int, block: int) -> int:
         return self.pos(step, 0, "head" if block == self.L else "fwd", block)
@@ -262,14 +286,14 @@ class _Builder:
                             unit=unit, key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
-                self.edge(self.gpu_at(pos - depth - 1), load, "prefetch")
+                self.edge(self.load_gate(pos, depth), load, "prefetch")
             if self.policy.schedule.cast == "cpu_per_load":
                 cast = self.add(kind=K.CAST, lane=self.cast_lane, block=block, step=step,
                                 micro_batch=micro, for_kind=for_kind, bytes=FP32_BYTES * p,
                                 params=p, key=(pos - depth - 1, 0))
                 if step > 0:
                     self.edge(self.tid(K.OPTIMIZER_STEP, block, step - 1), cast, "weights")
-                self.edge(self.gpu_at(pos - depth - 2), cast, "prefetch")
+                self.edge(self.load_gate(pos, depth + 1), cast, "prefetch")
                 self.edge(cast, load, "data")
                 self.buffer(cast, "staging", "host", BF16_BYTES * p, (load,))
             else:
@@ -289,71 +313,88 @@ class _Builder:
                         flops=flops, attention_flops=attention_flops, bytes=nbytes,
                         tokens=self.tokens, host_ops=host_ops)
 
-    def micro_batch(self, s: int, m: int) -> None:
+    def sweep(self, s: int, micros: range) -> None:
+        """The GPU sequence of the micro-batches `micros` of step s, each task run for each of
+        them in turn (one micro-batch: step-major; all of the step's: layer-major)."""
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
         hidden = sizes.hidden_bytes(model, T)
         ew = sizes.layer_elementwise_bytes_per_token(model, pol.kernels.layer_kernels) * T
         gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
         attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
 
-        # (micro-batches follow each other on the strict GPU lane: no edge between them needed)
-        emb = self.compute(s, m, K.FORWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
-        self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
-        producers = {0: emb}  # layer i's checkpointed input is produced by this task
-        prev = emb
-        fwd: dict[int, str] = {}
+        # (tasks follow each other on the strict GPU lane: no edge between micro-batches needed)
+        producers: dict[tuple[int, int], str] = {}  # (layer, micro): its checkpointed input's maker
+        for m in micros:
+            emb = self.compute(s, m, K.FORWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
+            self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
+            producers[(0, m)] = emb
+        fwd: dict[tuple[int, int], str] = {}
         for i in range(L):
-            t = self.compute(s, m, K.FORWARD, i, flops=gemm_flops, attention_flops=attn_flops,
-                             nbytes=ew, host_ops=sizes.LAYER_FORWARD_OPS)
-            self.edge(prev, t, "data")
-            self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
-            self.buffer(t, "workspace", "gpu", sizes.forward_workspace_bytes(model, T), (t,))
-            fwd[i] = prev = producers[i + 1] = t
+            for m in micros:
+                t = self.compute(s, m, K.FORWARD, i, flops=gemm_flops, attention_flops=attn_flops,
+                                 nbytes=ew, host_ops=sizes.LAYER_FORWARD_OPS)
+                self.edge(producers[(i, m)], t, "data")
+                self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
+                self.buffer(t, "workspace", "gpu", sizes.forward_workspace_bytes(model, T), (t,))
+                fwd[(i, m)] = producers[(i + 1, m)] = t
 
-        head = self.compute(s, m, K.HEAD, L, flops=3 * model.head_forward_flops_per_token * T,
-                            nbytes=4 * hidden + sizes.head_logit_bytes(model, T,
-                                                                        pol.kernels.head_loss),
-                            host_ops=sizes.HEAD_OPS)
-        self.edge(prev, head, "data")
-        self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
-        # its requests in their order: the final norm's saved tensors, the LM weight's grad
-        # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
-        # goes on top of the forward's blocks, the logits chunk above it)
-        self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T), (head,))
-        # the final hidden state lives from the last forward until the head has consumed it
-        self.buffer(producers[L], "final_hidden", "gpu", hidden, (head,), at_end=True)
+        heads: dict[int, str] = {}
+        for m in micros:
+            head = self.compute(s, m, K.HEAD, L,
+                                flops=3 * model.head_forward_flops_per_token * T,
+                                nbytes=4 * hidden + sizes.head_logit_bytes(model, T,
+                                                                           pol.kernels.head_loss),
+                                host_ops=sizes.HEAD_OPS)
+            self.edge(producers[(L, m)], head, "data")
+            self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
+            # its requests in their order: the final norm's saved tensors, the LM weight's grad
+            # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
+            # goes on top of the forward's blocks, the logits chunk above it)
+            self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T), (head,))
+            # the final hidden state lives from the last forward until the head has consumed it
+            self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden, (head,), at_end=True)
+            heads[m] = head
 
-        bwd: dict[int, str] = {}
-        prev = head
+        bwd: dict[tuple[int, int], str] = {}
         for i in reversed(range(L)):
-            # recompute the forward, then backward (GEMMs and elementwise traffic twice the forward)
-            bwd[i] = self.compute(s, m, K.BACKWARD, i, flops=3 * gemm_flops,
-                                  attention_flops=attn_flops, nbytes=3 * ew,
-                                  host_ops=sizes.LAYER_BACKWARD_OPS)
-        emb_bwd = self.compute(s, m, K.BACKWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
+            for m in micros:
+                # recompute the forward, then backward (GEMMs and elementwise traffic twice the
+                # forward's)
+                bwd[(i, m)] = self.compute(s, m, K.BACKWARD, i, flops=3 * gemm_flops,
+                                           attention_flops=attn_flops, nbytes=3 * ew,
+                                           host_ops=sizes.LAYER_BACKWARD_OPS)
+        emb_bwd = {m: self.compute(s, m, K.BACKWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
+                   for m in micros}
 
         # gradient flowing backwards: made by the head and each backward, read by the next
-        flow_users = [head] + [bwd[i] for i in reversed(range(L))] + [emb_bwd]
-        for maker, reader in pairwise(flow_users):
-            self.edge(maker, reader, "data")
-            self.buffer(maker, "dgrad", "gpu", hidden, (reader,), at_end=True)
+        for m in micros:
+            flow_users = [heads[m], *(bwd[(i, m)] for i in reversed(range(L))), emb_bwd[m]]
+            for maker, reader in pairwise(flow_users):
+                self.edge(maker, reader, "data")
+                self.buffer(maker, "dgrad", "gpu", hidden, (reader,), at_end=True)
 
         for i in reversed(range(L)):
-            t = bwd[i]
-            pos = self.pos(s, m, "bwd", i)
-            self.ensure_weights(i, s, m, t, pos)
-            self.buffer(t, "workspace", "gpu",
-                        sizes.backward_workspace_bytes(model, T, pol.kernels.layer_kernels), (t,))
-            self.checkpoint(s, m, i, producers[i], fwd[i], t, pos)
+            for m in micros:
+                t = bwd[(i, m)]
+                pos = self.pos(s, m, "bwd", i)
+                self.ensure_weights(i, s, m, t, pos)
+                self.buffer(t, "workspace", "gpu",
+                            sizes.backward_workspace_bytes(model, T, pol.kernels.layer_kernels),
+                            (t,))
+                self.checkpoint(s, m, i, producers[(i, m)], fwd[(i, m)], t, pos)
 
-        self.grads(s, m, L, head)
+        for m in micros:
+            self.grads(s, m, L, heads[m])
         for i in reversed(range(L)):
-            self.grads(s, m, i, bwd[i])
-        self.grads(s, m, EMBEDDING, emb_bwd)
-        self.buffer(head, "workspace", "gpu",
-                    sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss,
-                                                    pol.kernels.head_chunk_bytes),
-                    (head,))
+            for m in micros:
+                self.grads(s, m, i, bwd[(i, m)])
+        for m in micros:
+            self.grads(s, m, EMBEDDING, emb_bwd[m])
+        for m in micros:
+            self.buffer(heads[m], "workspace", "gpu",
+                        sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss,
+                                                        pol.kernels.head_chunk_bytes),
+                        (heads[m],))
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
                    consumer_bwd: str, bwd_pos: int) -> None:
@@ -389,7 +430,8 @@ class _Builder:
         self.edge(fetch, consumer_bwd, "data")
 
     def grads(self, s: int, m: int, block: int, producer: str) -> None:
-        """Offload the block's bf16 grads to the host, and accumulate them when A > 1."""
+        """Offload the block's bf16 grads to the host (after a sweep of several micro-batches,
+        their sum), and accumulate them there under step-major accumulation."""
         p = self.params(block)
         tied = block == EMBEDDING and self.model.tie_word_embeddings
         if tied:
@@ -400,11 +442,14 @@ class _Builder:
             self.buffer(producer, "rows", "gpu", BF16_BYTES * rows, (producer,))
         if block in self.gpu_updated:  # fp32 grads accumulate on the GPU, in place
             self.gpu_grad_producer[(s, block)] = producer
-            if tied:
-                self.tied_grad(s, m, release=producer)
+            if tied:  # the head adds it into the sum itself when a sweep has several
+                head = self.tid(K.HEAD, self.L, s, m)
+                self.tied_grad(s, m, release=producer if self.G == 1 else head)
             else:  # autograd's fresh bf16 grad, added into the fp32 sum within the task
                 self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
             return
+        if self.G > 1 and not self.sum_on_gpu(s, m, block, producer):
+            return  # not the sweep's last micro-batch: nothing crosses to the host yet
         pos = self.grad_pos(s, m, block)
         # the pool's buffers are taken in d2h order; the offload, and the task that reads the
         # landed grads, name the one they use
@@ -414,7 +459,14 @@ class _Builder:
         off = self.add(kind=K.OFFLOAD_GRADS, lane=Lane.D2H, block=block, step=s, micro_batch=m,
                        bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
         self.edge(producer, off, "data")
-        if block in self.dedicated_grad_last:
+        if self.G > 1:  # the sum rounded to bf16 by the sweep's last producer, for the offload
+            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
+        if block in self.dedicated_grad_last and self.G > 1:
+            # the next sum of these grads is made only once this one is offloaded
+            self.edge(self.dedicated_grad_last[block], self.sum_maker(s, m, block, producer),
+                      "unit_reuse")
+            self.dedicated_grad_last[block] = off
+        elif block in self.dedicated_grad_last:
             # autograd makes these grads afresh in each backward; the caching allocator takes
             # them back once offloaded (H200: a 1B model's peak is at its embedding backward,
             # tied LM-head grad + embedding grad both alive, not a standing grad buffer)
@@ -433,13 +485,15 @@ class _Builder:
         else:
             # autograd makes a layer's grads afresh too; at most grad_buffers layers' grads are
             # alive at once (a backward waits for the offload grad_buffers layers before it)
-            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
+            if self.G == 1:
+                self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,),
+                            at_end=True)
             slot = self.grad_slot_next % len(self.grad_slots)
             self.edge(self.grad_slots[slot], producer, "unit_reuse")
             self.grad_slots[slot] = off
             self.grad_slot_next += 1
             self.update_task(producer, slot=slot)
-        if self.A == 1:
+        if not self.host_sums:
             consumer = self.tid(K.OPTIMIZER_STEP, block, s)
         else:
             consumer = self.add(kind=K.ACCUMULATE_GRADS, lane=Lane.CPU, block=block, step=s,
@@ -454,6 +508,39 @@ class _Builder:
             self.edge(self.host_grad_consumers[-self.host_grad_pool], off, "unit_reuse")
         self.host_grad_consumers.append(consumer)
 
+    def sum_maker(self, s: int, m: int, block: int, producer: str) -> str:
+        """The task that makes the sweep's fp32 grad sum of the block: its first micro-batch's
+        producer (a tied embedding's: the head, whose LM-weight grad it starts from)."""
+        first = m - m % self.G
+        if block == EMBEDDING and self.model.tie_word_embeddings:
+            return self.tid(K.HEAD, self.L, s, first)
+        return self.tid(self.task_of(producer).kind, block, s, first)
+
+    def sum_on_gpu(self, s: int, m: int, block: int, producer: str) -> bool:
+        """A sweep of several micro-batches sums the block's grads in fp32 on the GPU: the sum
+        is made with the first micro-batch's grads, each producer adds its own, the last rounds
+        it to bf16 for the offload. True for that last one."""
+        p, within = self.params(block), m % self.G
+        last = self.tid(self.task_of(producer).kind, block, s, m - within + self.G - 1)
+        tied = block == EMBEDDING and self.model.tie_word_embeddings
+        if within == 0:
+            self.buffer(self.sum_maker(s, m, block, producer),
+                        "tied_grad_sum" if tied else "grad_sum", "gpu", FP32_BYTES * p, (last,))
+        adder = self.tid(K.HEAD, self.L, s, m) if tied else producer
+        if tied:  # the head's LM-weight grad, added into the sum by the head
+            self.tied_grad(s, m, release=adder)
+        else:  # autograd's fresh bf16 grad, added into the sum within the task
+            self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
+        task = self.task_of(adder)
+        self.update_task(adder, bytes=task.bytes + sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * p,
+                         host_ops=task.host_ops + 1)
+        if within < self.G - 1:
+            return False
+        task = self.task_of(producer)
+        self.update_task(producer, bytes=task.bytes + sizes.GPU_GRAD_ROUND_BYTES_PER_PARAM * p,
+                         host_ops=task.host_ops + 1)
+        return True
+
     def tied_grad(self, s: int, m: int, release: str) -> None:
         """The head's [V, h] LM-weight grad of a tied model: made by the head, and the
         embedding's grads once its backward has added its rows in; freed by `release`."""
@@ -466,11 +553,12 @@ class _Builder:
 
     def update(self, s: int) -> None:
         """Optimizer step (+ cast, + NVMe state traffic) of every block for step s."""
-        pol, L, A = self.policy, self.L, self.A
-        last = A - 1
+        pol, L = self.policy, self.L
+        last = self.A - 1
         final_grad = {
             b: (self.gpu_grad_producer[(s, b)] if b in self.gpu_updated
-                else self.tid(K.OFFLOAD_GRADS if A == 1 else K.ACCUMULATE_GRADS, b, s, last))
+                else self.tid(K.ACCUMULATE_GRADS if self.host_sums else K.OFFLOAD_GRADS,
+                              b, s, last))
             for b in self.blocks_in_arrival_order()
         }
         norm = None
@@ -501,15 +589,15 @@ class _Builder:
         cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
         for b in sorted(cpu_blocks, key=io_key):
             p = self.params(b)
-            extra = sizes.cpu_optimizer_extra_bytes_per_param(pol.kernels.cpu_optimizer, A,
-                                                              pol.optimizer_casts)
+            extra = sizes.cpu_optimizer_extra_bytes_per_param(
+                pol.kernels.cpu_optimizer, not self.host_sums, pol.optimizer_casts)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
                            bytes=extra * p,
-                           slot=self.landing_slots[(s, 0, b)] if A == 1 else NO_SLOT,
+                           slot=NO_SLOT if self.host_sums else self.landing_slots[(s, last, b)],
                            key=opt_key(b))
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
-            if A == 1 and pol.kernels.cpu_optimizer == "torch":  # fp32 grads: an upcast buffer
+            if not self.host_sums and pol.kernels.cpu_optimizer == "torch":  # an upcast buffer
                 self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
             master_disk, moments_disk = self.disk[b]
             state_bytes = (sizes.MASTER_BYTES_PER_PARAM * master_disk
@@ -572,11 +660,11 @@ class _Builder:
         self.buffer(None, HOST_MASTER, "host",
                     sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
         if pol.residency.activations == "host":
-            # one page-locked buffer per layer, allocated at the first offload and reused by
-            # every micro-batch and step after it (H200, 3B: RSS +5.1 GiB from micro-batch 1
-            # to 32, the checkpoints' size)
+            # page-locked buffers, one per layer and micro-batch of a sweep, allocated at the
+            # first offload and reused by every sweep and step after it (H200, 3B: RSS +5.1 GiB
+            # from micro-batch 1 to 32, the checkpoints' size)
             self.buffer(None, HOST_CHECKPOINTS, "host",
-                        self.L * sizes.hidden_bytes(model, self.tokens))
+                        self.L * self.G * sizes.hidden_bytes(model, self.tokens))
         self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
         if pol.schedule.cast == "cpu_once":
             self.buffer(None, HOST_UPLOAD, "host", sizes.UPLOAD_BYTES_PER_PARAM * n)
@@ -591,7 +679,7 @@ class _Builder:
         else:
             landing = sum(self.params(b) for b in cpu_blocks)
         self.buffer(None, HOST_GRAD_LANDING, "host", BF16_BYTES * landing)
-        if self.A > 1:
+        if self.host_sums:
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
         self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
         self.buffer(None, NVME_MOMENTS, "nvme", sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
@@ -617,6 +705,7 @@ class _Builder:
             ring_units=self.layout.ring_units, grad_landing=self.grad_landing,
             grad_landing_buffers=self.host_grad_pool if self.grad_landing == "pool" else 0,
             nvme_staging_slots=len(set(self.state_slots.values())),
+            checkpoints_per_layer=self.G,
             head_chunk_tokens=(sizes.fused_head_chunk_tokens(self.model, tokens,
                                                              pol.kernels.head_chunk_bytes)
                                if pol.kernels.head_loss == "fused" else tokens),
@@ -626,8 +715,8 @@ class _Builder:
     def build(self) -> Plan:
         self.static_buffers()
         for s in range(self.num_steps):
-            for m in range(self.A):
-                self.micro_batch(s, m)
+            for first in range(0, self.A, self.G):
+                self.sweep(s, range(first, first + self.G))
             # One step ends when its last backward does: from there to the next step's, the
             # GPU waits for the updates it needs, runs forward and backward; the same cycle
             # every step, so the interval between two markers is the steady-state step.

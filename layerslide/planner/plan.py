@@ -122,6 +122,9 @@ class Placement:
     grad_landing: GradLanding = "per_block"
     grad_landing_buffers: int = 0
     nvme_staging_slots: int = 0  # host buffers the NVMe state reads fill in turn
+    # offloaded checkpoints of a layer waiting at once (host buffers or files): one per
+    # micro-batch a sweep runs together
+    checkpoints_per_layer: int = 1
     head_chunk_tokens: int  # rows of logits the head's loss makes at a time
     # Per block (index block + 1: the embedding first, the head last), how many of its fp32
     # master weights and of its AdamW moments live on NVMe: the first ones of its flat layout.

@@ -37,6 +37,13 @@ CPU_OPTIMIZERS = get_args(CpuOptimizer)
 # which leaves out a large embedding (Llama-3.2-3B's: 0.39 B parameters, 6.6 GiB of GPU state)
 GpuUpdateOrder = Literal["forward", "layers_first"]
 GPU_UPDATE_ORDERS = get_args(GpuUpdateOrder)
+# How a step of several micro-batches runs. step_major: each micro-batch passes through every
+# layer in turn, so every micro-batch loads every layer's weights again and its grads are
+# summed in fp32 on the host. layer_major: each layer runs forward (then backward) for all of
+# the step's micro-batches while its weights are loaded once; its grads are summed in fp32 on
+# the GPU and offloaded once per step, as without accumulation.
+Accumulation = Literal["step_major", "layer_major"]
+ACCUMULATIONS = get_args(Accumulation)
 
 
 def _fail(owner: str, name: str, value: object, what: str) -> None:
@@ -207,11 +214,13 @@ class Schedule:
     # stream stays held by the caching allocator until that stream has done all queued at its
     # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
     stream_run_ahead: int = 3
+    accumulation: Accumulation = "step_major"  # how micro-batches meet the layers: ACCUMULATIONS
 
     def __post_init__(self) -> None:
         _positive("Policy", self, "prefetch_depth", "nvme_prefetch")
         _whole("Policy", self, "stream_run_ahead")
-        _chosen("Policy", self, optimizer_order=OPTIMIZER_ORDERS, cast=CAST_MODES)
+        _chosen("Policy", self, optimizer_order=OPTIMIZER_ORDERS, cast=CAST_MODES,
+                accumulation=ACCUMULATIONS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,11 +314,23 @@ class Policy:
         return cls(**{g: _GROUPS[g](**given) for g, given in data.items()})
 
 
+def sums_grads_on_host(policy: Policy, train: TrainSpec) -> bool:
+    """The micro-batches' grads are offloaded one by one and summed in fp32 on the host
+    (step-major accumulation); otherwise each block's grads cross to the host once per step."""
+    return train.grad_accum > 1 and policy.schedule.accumulation == "step_major"
+
+
+def sweep_micro_batches(policy: Policy, train: TrainSpec) -> int:
+    """How many micro-batches a layer runs in turn while its weights are loaded: all of the
+    step's (layer-major), or one."""
+    return train.grad_accum if policy.schedule.accumulation == "layer_major" else 1
+
+
 def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:
     """Offloaded bf16 grads land in their block's bf16 upload copy, which needs no buffer of
     their own (2 B/param of pinned RAM saved). That copy is dead from the step's last load of
     the block (which the block's backward, hence its grads, must follow) until the optimizer
     step writes the new weights into it, after reading the grads element by element. It exists
-    with cast=cpu_once; with several micro-batches a step loads each block again after grads
+    with cast=cpu_once; with step-major accumulation a step loads each block again after grads
     have landed, so those keep landing buffers."""
-    return policy.schedule.cast == "cpu_once" and train.grad_accum == 1
+    return policy.schedule.cast == "cpu_once" and not sums_grads_on_host(policy, train)

@@ -28,14 +28,14 @@ HOST_RUNTIME_BYTES = int(2 * GIB)
 GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES
 
 
-def cpu_optimizer_extra_bytes_per_param(cpu_optimizer: str, grad_accum: int,
+def cpu_optimizer_extra_bytes_per_param(cpu_optimizer: str, reads_bf16: bool,
                                         writes_bf16: bool) -> int:
     """Host bytes per parameter of a CPU optimizer step beyond the profile's AdamW traffic
-    (which reads fp32 grads). torch: an upcast pass when the grads land as bf16. native: one
-    pass that reads bf16 grads (2 B less) or the fp32 sums, and may write the bf16 weights."""
+    (which reads fp32 grads). reads_bf16: it steps on the landed bf16 grads, not on the host's
+    fp32 sums. torch: an upcast pass for bf16 grads. native: one pass that reads bf16 grads
+    (2 B less) or the fp32 sums, and may write the bf16 weights."""
     if cpu_optimizer == "torch":
-        return GRAD_UPCAST_BYTES_PER_PARAM if grad_accum == 1 else 0
-    reads_bf16 = grad_accum == 1
+        return GRAD_UPCAST_BYTES_PER_PARAM if reads_bf16 else 0
     return max(0, (BF16_BYTES if writes_bf16 else 0) - (BF16_BYTES if reads_bf16 else 0))
 
 
@@ -56,6 +56,10 @@ GPU_UPDATED_STATE_BYTES_PER_PARAM = 4 * FP32_BYTES
 GPU_UPDATED_BYTES_PER_PARAM = BF16_BYTES + GPU_UPDATED_STATE_BYTES_PER_PARAM
 # Gradient accumulation on the host: read bf16 grads, read and write the fp32 sum.
 ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
+# On the GPU (layer-major): the same add into the fp32 sum, then the sum rounded to bf16 once
+# for the offload (read fp32, write bf16).
+GPU_GRAD_SUM_BYTES_PER_PARAM = ACCUMULATE_BYTES_PER_PARAM
+GPU_GRAD_ROUND_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 
 # Host-side op dispatches (kernel launches plus Python module overhead) of one Hugging Face
 # decoder layer: at micro-batch 1-2 (1-2k tokens) a Llama-3.2-3B layer forward takes ~1.5 ms on

@@ -65,6 +65,26 @@ def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moment
         assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
 
 
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(("master", "moments", "clip", "family", "tied"), [
+    (0.0, 1.0, None, "llama", False), (0.5, 0.5, 1.0, "qwen2", True)])
+def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram(
+        tmp_path, serial, master, moments, clip, family, tied):
+    """A layer-major sweep keeps a checkpoint file per layer and micro-batch."""
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=3, max_grad_norm=clip)
+    in_ram = train_run(tmp_path / "ram", Policy.of(accumulation="layer_major"), train,
+                       family=family, tied=tied)
+    policy = Policy.of(accumulation="layer_major", master_on_nvme=master,
+                       moments_on_nvme=moments, activations="nvme")
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
+    assert on_disk[3] == sorted(f"activations_{i}_{c}.bin" for i in range(3) for c in range(3))
+    assert on_disk[0] == in_ram[0]
+    for name, value in in_ram[1].items():
+        assert torch.equal(on_disk[1][name], value), name
+    for block, (m, v) in in_ram[2].items():
+        assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
+
+
 def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)

@@ -36,6 +36,8 @@ def final_state(trainer):
     ("qwen2", True, 2, 1.0, Policy.of(cpu_optimizer="torch")),
     ("llama", False, 2, None, Policy.of(gpu_updated_blocks=3)),
     ("qwen3", True, 1, 0.5, Policy.of(host_grad_buffers=2, cast="gpu")),
+    ("qwen2", True, 3, 1.0, Policy.of(accumulation="layer_major")),
+    ("llama", False, 2, None, Policy.of(accumulation="layer_major", gpu_updated_blocks=2)),
 ])
 def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, family, tied,
                                                               accum, clip, policy):

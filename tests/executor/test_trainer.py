@@ -58,17 +58,36 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     embedding first), gpu_layers:N for the first N with the decoder layers first (4 of a 3-layer
     model: the layers and the head, the embedding on the CPU), or pool:N for N pinned host grad
     buffers shared by all blocks (and cast on the GPU)."""
-    config = tiny_config(family, tied)
-    spec = spec_of(config, tmp_path)
-    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
-    optim = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
-    steps = 4
     kind, _, count = optimizer.partition(":")
     policy = {"gpu": lambda: Policy.of(gpu_updated_blocks=int(count)),
               "gpu_layers": lambda: Policy.of(gpu_updated_blocks=int(count),
                                            gpu_updated_order="layers_first"),
               "pool": lambda: Policy.of(host_grad_buffers=int(count), cast="gpu")}.get(
                   kind, lambda: Policy.of(cpu_optimizer=optimizer))()
+    _check_against_reference(tmp_path, device, family, tied, accum, clip, policy)
+
+
+@pytest.mark.parametrize("device", ["cpu", GPU])
+@pytest.mark.parametrize(("family", "tied", "accum", "clip", "policy"), [
+    ("llama", False, 3, 1.0, {}), ("qwen2", True, 2, None, {}),
+    ("qwen2", True, 3, 1.0, {"gpu_updated_blocks": 2}),
+    ("llama", False, 2, None, {"gpu_updated_blocks": 3, "gpu_updated_order": "layers_first"}),
+    ("qwen2", True, 2, None, {"host_grad_buffers": 2, "cast": "gpu", "window": 1}),
+    ("llama", False, 2, 1.0, {"cpu_optimizer": "torch", "activations": "gpu"}),
+    ("qwen3", True, 4, None, {"cast": "cpu_per_load", "window": 3, "prefetch_depth": 2})])
+def test_layer_major_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum,
+                                                     clip, policy):
+    """Layer-major accumulation: grads summed on the GPU over the step's micro-batches."""
+    _check_against_reference(tmp_path, device, family, tied, accum, clip,
+                             Policy.of(accumulation="layer_major", **policy))
+
+
+def _check_against_reference(tmp_path, device, family, tied, accum, clip, policy):
+    config = tiny_config(family, tied)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
+    optim = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
+    steps = 4
     logs, initial, final, _ = run_executor(config, spec, train, policy, optim, steps=steps,
                                            device=device)
     reference = ReferenceTrainer(config, initial, lr_at=optim.lr_at, weight_decay=0.1,
@@ -92,7 +111,10 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     Policy.of(cast="gpu", resident_layers=1, head_loss="materialized"),
     Policy.of(cpu_optimizer="torch"), Policy.of(gpu_updated_blocks=2),
     Policy.of(gpu_updated_blocks=5, activations="gpu"),
-    Policy.of(host_grad_buffers=2, cast="gpu")])
+    Policy.of(host_grad_buffers=2, cast="gpu"),
+    Policy.of(accumulation="layer_major"),
+    Policy.of(accumulation="layer_major", gpu_updated_blocks=2, cast="cpu_per_load"),
+    Policy.of(accumulation="layer_major", host_grad_buffers=1, window=1)])
 def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)

@@ -9,6 +9,7 @@ from helpers import make_tiny_model
 
 from layerslide.planner import EMBEDDING, PRESETS, Buffer, Plan, Policy, TrainSpec, build_plan
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES
+from layerslide.planner.plan import HOST_CHECKPOINTS, HOST_GRAD_ACCUM
 
 
 def kinds_on(plan: Plan, lane: str) -> Counter:
@@ -511,3 +512,93 @@ def test_state_reads_reuse_a_staging_slot_only_after_its_write(prefetch):
         for b in reads[k + 1:]:
             if a.slot == b.slot:
                 assert nx.has_path(plan.graph, writes[(a.block, a.step)].id, b.id)
+
+
+LAYER_MAJOR = Policy.of(accumulation="layer_major")
+
+
+def test_layer_major_runs_each_task_for_every_micro_batch_in_turn(tiny_model):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+                      LAYER_MAJOR, num_steps=2)
+    step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
+    assert step0 == [f"s0.m{m}.{name}" for name in
+                     ("forward.emb", "forward.L0", "forward.L1", "head.head", "backward.L1",
+                      "backward.L0", "backward.emb") for m in (0, 1)]
+    assert plan.meta["step_markers"] == ["s0.m1.backward.emb", "s1.m1.backward.emb"]
+
+
+def test_layer_major_loads_and_offloads_each_block_once_per_sweep():
+    model = make_tiny_model(num_layers=6)
+    train = TrainSpec(micro_batch=1, seq_len=16, grad_accum=4)
+    step_major = build_plan(model, train, Policy.of(window=2), num_steps=2)
+    layer_major = build_plan(model, train, Policy.of(window=2, accumulation="layer_major"),
+                             num_steps=2)
+
+    def per_step(plan, kind):
+        return Counter(plan.task(t).block for t in plan.graph
+                       if plan.task(t).kind == kind and plan.task(t).step == 1)
+
+    loads = per_step(layer_major, "load_weights")
+    # a layer's forward and backward loads (the last layers' backward reuses the forward's)
+    assert all(loads[i] in (1, 2) for i in range(6)) and loads[EMBEDDING] == loads[6] == 1
+    # as many as one micro-batch alone needs; step-major loads per micro-batch (some layers
+    # stay in the window from one micro-batch's backward into the next's forward)
+    single = build_plan(model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(window=2),
+                        num_steps=2)
+    assert loads == per_step(single, "load_weights")
+    assert sum(per_step(step_major, "load_weights").values()) == 3 * sum(loads.values())
+    assert set(per_step(layer_major, "offload_grads").values()) == {1}
+    assert set(per_step(step_major, "offload_grads").values()) == {4}
+    assert not per_step(layer_major, "accumulate_grads")
+    # no fp32 sums on the host; a checkpoint per layer and micro-batch waits there instead
+    ids = {b.id: b for b in layer_major.buffers}
+    assert HOST_GRAD_ACCUM in {b.id for b in step_major.buffers} and HOST_GRAD_ACCUM not in ids
+    assert ids[HOST_CHECKPOINTS].bytes == 4 * buffer_named(step_major, HOST_CHECKPOINTS).bytes
+    assert layer_major.placement.checkpoints_per_layer == 4
+    assert layer_major.placement.grad_landing == "upload"  # as without accumulation
+
+
+def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_offload():
+    tied = make_tiny_model()
+    tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
+    plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), LAYER_MAJOR,
+                      num_steps=2)
+    layer = buffer_named(plan, "s0.m0.backward.L1.grad_sum")
+    assert layer.tier == "gpu" and layer.bytes == FP32_BYTES * tied.layer_params
+    assert not layer.at_end and layer.release_tasks == ("s0.m2.backward.L1",)
+    rounded = buffer_named(plan, "s0.m2.backward.L1.offloaded_grads")
+    assert rounded.bytes == BF16_BYTES * tied.layer_params and rounded.at_end
+    assert rounded.release_tasks == ("s0.m2.offload_grads.L1",)
+    for m in range(3):  # autograd's bf16 grads, added in within the task
+        fresh = buffer_named(plan, f"s0.m{m}.backward.L1.grads")
+        assert fresh.release_tasks == (f"s0.m{m}.backward.L1",)
+    # tied: the heads start the embedding's sum with their LM-weight grads, its backwards add
+    # their rows, the last rounds it; each head's own [V, h] grad is gone within the head
+    emb = buffer_named(plan, "s0.m0.head.head.tied_grad_sum")
+    assert emb.bytes == FP32_BYTES * 256 * 64 and emb.release_tasks == ("s0.m2.backward.emb",)
+    assert buffer_named(plan, "s0.m1.head.head.tied_grad").release_tasks == ("s0.m1.head.head",)
+    # the next step's sum waits for this one's offload
+    assert nx.has_path(plan.graph, "s0.m2.offload_grads.emb", "s1.m0.head.head")
+    # the adds and the rounding cost GPU memory traffic
+    step_major = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
+                            Policy.of(), num_steps=2)
+    extra = (plan.task("s0.m2.backward.L1").bytes - step_major.task("s0.m2.backward.L1").bytes)
+    assert extra == (10 + 6) * tied.layer_params
+
+
+def test_layer_major_prefetches_weights_a_whole_sweep_ahead():
+    model = make_tiny_model(num_layers=4)
+    plan = build_plan(model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
+                      Policy.of(window=2, prefetch_depth=1, accumulation="layer_major"),
+                      num_steps=2)
+    # layer 2's forward load may start once layer 1's forwards begin (the last of layer 0's
+    # ended), as it would start at layer 1's forward with one micro-batch
+    (gate,) = [u for u, _, r in plan.graph.in_edges("s1.m0.load_weights.L2.forward",
+                                                     data="reason") if r == "prefetch"]
+    assert gate == "s1.m2.forward.L0"
+
+
+def test_layer_major_with_one_micro_batch_is_the_plain_plan(tiny_model):
+    train = TrainSpec(micro_batch=2, seq_len=16)
+    assert (build_plan(tiny_model, train, LAYER_MAJOR).to_dict()["tasks"]
+            == build_plan(tiny_model, train, Policy.of()).to_dict()["tasks"])

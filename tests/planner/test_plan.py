@@ -107,6 +107,10 @@ UNROLLED_POLICIES = [
                                                   grad_buffers=3)),
     (TrainSpec(micro_batch=1, seq_len=16), Policy.of(cast="gpu", gpu_updated_blocks=2,
                                                   resident_layers=1)),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
+     Policy.of(accumulation="layer_major", host_grad_buffers=2, activations="nvme")),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=2, max_grad_norm=1.0),
+     Policy.of(accumulation="layer_major", cast="cpu_per_load", gpu_updated_blocks=1)),
 ]
 
 
