@@ -11,6 +11,7 @@ from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
+    ACCUMULATIONS,
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
     CPU_OPTIMIZERS,
@@ -132,6 +133,11 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                    help="native: one-pass AdamW on the landed bf16 grads that also writes the "
                         "bf16 weights (28 B/param of host traffic); torch: torch's fused AdamW "
                         "plus upcast and cast passes (40 B/param)")
+    g.add_argument("--accumulation", choices=ACCUMULATIONS, default=d.accumulation,
+                   help="with --grad-accum > 1: step_major runs each micro-batch through every "
+                        "layer (weights reloaded per micro-batch, grads summed on the host); "
+                        "layer_major runs each layer for all micro-batches while its weights "
+                        "are loaded once (grads summed on the GPU, one offload per step)")
     if not plan_steps:
         return
     p.add_argument("--steps", type=int, default=STEADY_STEPS,
@@ -166,7 +172,7 @@ def policy_of(args) -> Policy:
         gpu_updated_order=args.gpu_updated_order, optimizer_order=args.optimizer_order,
         cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
         layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
-        cpu_optimizer=args.cpu_optimizer))
+        cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation))
 
 
 def with_env_overrides(policy: Policy) -> Policy:

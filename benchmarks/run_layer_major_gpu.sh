@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Layer-major accumulation against its yardsticks in one device call: optionally the `-m gpu`
+# tests, then `layerslide train` runs of one set (sequence 1024, 24 GiB cap, random init,
+# synthetic data), each run's median step after the first two (which carry compilation).
+# usage (device, with .whl (simpy) carried):
+#   bash benchmarks/run_layer_major_gpu.sh [--tests] SET
+# SET 3b: Llama-3.2-3B, layer-major micro-batch 4 x 16 against one micro-batch of 64, in the
+#         order LM, 64, 64, LM (drift of the lent machine falls on both alike), and step-major
+#         4 x 16 once.
+# SET 8b: Llama-3.1-8B with 60% of its moments (40% of its optimizer state) on the disk:
+#         accumulation 1 against layer-major 4 x 16.
+set -uo pipefail
+source benchmarks/device_env.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/machine.txt"
+if [ "${1:-}" = "--tests" ]; then
+    shift
+    timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
+        | grep -v "Warning: " | tail -20 | tee "$out/gpu_tests.txt"
+fi
+logs=$out/runs
+mkdir -p "$logs"
+nvme=/tmp/layerslide-nvme
+mkdir -p "$nvme"
+
+run() {  # label steps timeout flags...
+    local label=$1 steps=$2 limit=$3
+    shift 3
+    echo "== $label: train $* --steps $steps" | tee -a "$out/log.txt"
+    timeout "$limit" python3 -m layerslide.cli.main train --seq-len 1024 --gpu-memory 24GiB \
+        --steps "$steps" --log-jsonl "$logs/$label.jsonl" "$@" 2>&1 \
+        | grep -v "^step \|Warning: " | tail -3 | tee -a "$out/log.txt"
+}
+
+case "${1:-}" in
+3b)
+    m=(--model llama-3.2-3b)
+    lm=(--micro-batch 4 --grad-accum 16 --accumulation layer_major)
+    run lm16_a 8 150 "${m[@]}" "${lm[@]}"
+    run mb64_a 8 150 "${m[@]}" --micro-batch 64
+    run mb64_b 8 150 "${m[@]}" --micro-batch 64
+    run lm16_b 8 150 "${m[@]}" "${lm[@]}"
+    run sm16 3 120 "${m[@]}" --micro-batch 4 --grad-accum 16
+    ;;
+8b)
+    m=(--model llama-3.1-8b --moments-on-nvme 0.6 --nvme-dir "$nvme")
+    run a1 4 260 "${m[@]}" --micro-batch 4
+    run lm16 4 260 "${m[@]}" --micro-batch 4 --grad-accum 16 --accumulation layer_major
+    ;;
+*)
+    echo "usage: $0 [--tests] 3b|8b"; exit 2 ;;
+esac
+
+python3 - "$logs" <<'PY' | tee -a "$out/log.txt"
+import json, statistics, sys
+from pathlib import Path
+for path in sorted(Path(sys.argv[1]).glob("*.jsonl")):
+    logs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if len(logs) < 3:
+        print(f"{path.stem}: {len(logs)} steps logged, too few for a steady median")
+        continue
+    steady = [log["step_s"] for log in logs[2:]]
+    median = statistics.median(steady)
+    tokens = logs[-1]["tokens_per_s"] * logs[-1]["step_s"]
+    print(f"{path.stem}: median {median:.3f} s/step over {len(steady)} steps, "
+          f"{tokens / median:,.0f} tokens/s, GPU peak "
+          f"{max(log['gpu_peak_bytes'] for log in logs) / 2**30:.2f} GiB, host RSS "
+          f"{max(log['host_rss_bytes'] for log in logs) / 2**30:.1f} GiB, "
+          f"losses {[round(log['loss'], 3) for log in logs]}")
+PY
+tar -czf "$out/runs.tgz" -C "$out" runs && rm -rf "$logs"
