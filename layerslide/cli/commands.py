@@ -224,6 +224,8 @@ def space_of(args) -> SearchSpace:
         windows=args.windows or defaults.windows,
         micro_batches=args.micro_batches or defaults.micro_batches,
         grad_accums=args.grad_accums or defaults.grad_accums,
+        accumulations=args.accumulations or defaults.accumulations,
+        max_tokens_per_step=args.max_tokens_per_step or None,
         activations=args.activations_list or defaults.activations,
         casts=args.casts or defaults.casts,
         optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
@@ -249,7 +251,7 @@ def cmd_tune(args) -> int:
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
-    shown = ["micro_batch", "window", "activations", "cast", "gpu_updated_blocks",
+    shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast", "gpu_updated_blocks",
              "gpu_updated_order", "moments_on_nvme", "master_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
              "peak_host_bytes"]

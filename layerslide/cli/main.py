@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"micro-batches to try (default: {listed(space.micro_batches)})")
     p.add_argument("--grad-accums", type=int_list,
                    help=f"accumulation steps to try (default: {listed(space.grad_accums)})")
+    p.add_argument("--accumulations", type=str_list,
+                   help="with accumulation above 1, the schedules to try, of step_major,"
+                        f"layer_major (default: {listed(space.accumulations)})")
+    p.add_argument("--max-tokens-per-step", type=int, default=space.max_tokens_per_step,
+                   help="skip candidates of more tokens per step (micro-batch x sequence x "
+                        f"accumulation; default {space.max_tokens_per_step}: 256 sequences of "
+                        "1k, a large fine-tuning batch); 0 for no cap")
     p.add_argument("--activations", dest="activations_list", type=str_list,
                    help="checkpoint placements to try, of gpu,host,nvme "
                         f"(default: {listed(space.activations)})")

@@ -284,117 +284,136 @@ class TaskRunner:
             self._position_embeddings[seq_len] = self._rotary(probe, positions)
         return self._position_embeddings[seq_len]
 
+    # A compute or checkpoint task runs its micro-batches (Task.micro_batches, a layer-major
+    # sweep's group) in turn: what it hands on is a list of their tensors, in that order.
     def _do_forward(self, task: Task) -> None:
-        s, m, i = task.step, task.micro_batch, task.block
+        s, i = task.step, task.block
         unit = self._unit(task)
         if i == EMBEDDING:
-            ids_host, _ = self.batches[(s, m)]
-            ids = ids_host.to(self.device.device, non_blocking=True)
-            self.handoff.put(("ids", s, m), ids, readers=1)
-            hidden = nn.functional.embedding(ids, unit.flat.view(self.spec.vocab_size, -1))
+            hidden = []
+            for m in _micro_batches(task):
+                ids_host, _ = self.batches[(s, m)]
+                ids = ids_host.to(self.device.device, non_blocking=True)
+                self.handoff.put(("ids", s, m), ids, readers=1)
+                hidden.append(nn.functional.embedding(ids,
+                                                      unit.flat.view(self.spec.vocab_size, -1)))
         else:
-            x = self._receive(task, "checkpoint")
             with torch.no_grad():
-                hidden = self._call_layer(unit.module, x, self._rope(x.shape[1]))
+                hidden = [self._call_layer(unit.module, x, self._rope(x.shape[1]))
+                          for x in self._receive(task, "checkpoint")]
         # the next layer's checkpointed input, or the final hidden state for the head
         self._hand_on(task, "final_hidden" if i + 1 == self.L else "checkpoint", hidden)
 
     def _do_offload_activation(self, task: Task) -> None:
-        key = (task.step, task.micro_batch, task.block)
-        x = self._receive(task, "checkpoint")
-        if self.policy.residency.activations == "nvme":
-            # only between the copy and the disk write: from torch's pinned caching allocator,
-            # which reuses the memory for the next layer's checkpoint
-            host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
-            self.act_passing[key] = host
-        else:
-            host = self.act_host.get(self._checkpoint_copy(task))
-            if host is None or host.numel() != x.numel():
-                self.act_host = checkpoint_views(self.device, self.L, self.checkpoint_copies,
-                                                 x.numel(), x.dtype)
-                host = self.act_host[self._checkpoint_copy(task)]
-        self.device.keep_for(x, "d2h")
-        host.copy_(x.view(-1), non_blocking=True)
+        for m, x in zip(_micro_batches(task), self._receive(task, "checkpoint"), strict=True):
+            if self.policy.residency.activations == "nvme":
+                # only between the copy and the disk write: from torch's pinned caching
+                # allocator, which reuses the memory for the next layer's checkpoint
+                host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
+                self.act_passing[(task.step, m, task.block)] = host
+            else:
+                host = self.act_host.get(self._checkpoint_copy(task.block, m))
+                if host is None or host.numel() != x.numel():
+                    self.act_host = checkpoint_views(self.device, self.L, self.checkpoint_copies,
+                                                     x.numel(), x.dtype)
+                    host = self.act_host[self._checkpoint_copy(task.block, m)]
+            self.device.keep_for(x, "d2h")
+            host.copy_(x.view(-1), non_blocking=True)
 
     def _do_fetch_activation(self, task: Task) -> None:
-        if self.policy.residency.activations == "nvme":  # read back by its read_activation
-            host = self.act_passing.pop((task.step, task.micro_batch, task.block))
-        else:
-            host = self.act_host[self._checkpoint_copy(task)]
         shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
-        x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
-        x.view(-1).copy_(host, non_blocking=True)
-        self.device.keep_for(x, "gpu")
-        self._hand_on(task, "fetched", x)
+        fetched = []
+        for m in _micro_batches(task):
+            if self.policy.residency.activations == "nvme":  # read back by its read_activation
+                host = self.act_passing.pop((task.step, m, task.block))
+            else:
+                host = self.act_host[self._checkpoint_copy(task.block, m)]
+            x = torch.empty(shape, dtype=host.dtype, device=self.device.device)
+            x.view(-1).copy_(host, non_blocking=True)
+            self.device.keep_for(x, "gpu")
+            fetched.append(x)
+        self._hand_on(task, "fetched", fetched)
 
-    def _checkpoint_copy(self, task: Task) -> tuple[int, int]:
-        """The (layer, copy) a task's checkpoint waits in: a copy per micro-batch of a sweep."""
-        return task.block, task.micro_batch % self.checkpoint_copies
+    def _checkpoint_copy(self, layer: int, m: int) -> tuple[int, int]:
+        """The (layer, copy) micro-batch m's checkpoint waits in: a copy per micro-batch of a
+        sweep."""
+        return layer, m % self.checkpoint_copies
 
     def _do_head(self, task: Task) -> None:
-        s, m = task.step, task.micro_batch
+        s = task.step
         unit = self._unit(task)
-        x = self._receive(task, "final_hidden").detach().requires_grad_(True)
-        _, labels_host = self.batches[(s, m)]
-        labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
         if self.blocks.tied:
             weight = self.dedicated[EMBEDDING].flat.view(self.spec.vocab_size, -1)
         else:
             weight = unit.flat[:self.spec.vocab_size * self.spec.hidden_size].view(
                 self.spec.vocab_size, -1)
         norm = unit.module["norm"]
-        with torch.enable_grad():
-            normed = norm(x)
-        flat = normed.detach().view(-1, normed.shape[-1])
-        count = (labels != IGNORE_INDEX).sum()
-        scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
-        loss, d_flat, d_weight = self._head_loss(
-            flat, weight, labels, scale, self.head_chunk_tokens)
-        self.outcomes[s].loss_parts.append(loss * scale)
-        normed.backward(d_flat.view_as(normed))
-        head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
-        for p in norm.parameters():
-            p.grad = None
-        if self.blocks.tied and self.sums_on_gpu:  # into the embedding's sum: one [V, h] alive
-            add_into_sum(self.blocks, EMBEDDING, self._grad_sum(s, EMBEDDING), [d_weight],
-                         first=m == 0)
-        elif self.blocks.tied:
-            self.handoff.put(("tied", s, m), d_weight, readers=1)
-        else:
-            head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
-        self._keep_grads(s, m, self.L, head_grads)
-        self._hand_on(task, "dgrad", x.grad)
+        dgrads = []
+        for m, hidden in zip(_micro_batches(task), self._receive(task, "final_hidden"),
+                             strict=True):
+            x = hidden.detach().requires_grad_(True)
+            _, labels_host = self.batches[(s, m)]
+            labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
+            with torch.enable_grad():
+                normed = norm(x)
+            flat = normed.detach().view(-1, normed.shape[-1])
+            count = (labels != IGNORE_INDEX).sum()
+            scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
+            loss, d_flat, d_weight = self._head_loss(
+                flat, weight, labels, scale, self.head_chunk_tokens)
+            self.outcomes[s].loss_parts.append(loss * scale)
+            normed.backward(d_flat.view_as(normed))
+            head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
+            for p in norm.parameters():
+                p.grad = None
+            if self.blocks.tied and self.sums_on_gpu:  # into the embedding's sum: one [V, h]
+                add_into_sum(self.blocks, EMBEDDING, self._grad_sum(s, EMBEDDING), [d_weight],
+                             first=m == 0)
+            elif self.blocks.tied:
+                self.handoff.put(("tied", s, m), d_weight, readers=1)
+            else:
+                head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
+            self._keep_grads(s, m, self.L, head_grads)
+            dgrads.append(x.grad)
+        self._hand_on(task, "dgrad", dgrads)
 
     def _do_backward(self, task: Task) -> None:
-        s, m, i = task.step, task.micro_batch, task.block
-        dgrad = self._receive(task, "dgrad")
+        s, i = task.step, task.block
+        dgrads = self._receive(task, "dgrad")
         if i == EMBEDDING:
-            ids = self.handoff.take(("ids", s, m))
-            if self.blocks.tied and self.sums_on_gpu:  # into the sum the heads started
-                vocab = self.spec.vocab_size
-                add_embedding_grad(self._grad_sum(s, EMBEDDING).view(vocab, -1), dgrad, ids)
-                self._summed(s, m, EMBEDDING)
-                return
-            if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
-                grad = add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)
-            else:
-                grad = torch.ops.aten.embedding_dense_backward(
-                    dgrad, ids, self.spec.vocab_size, -1, False)
-            self._keep_grads(s, m, EMBEDDING, [grad])
+            for m, dgrad in zip(_micro_batches(task), dgrads, strict=True):
+                self._embedding_backward(s, m, dgrad)
             return
         unit = self._unit(task)
-        # its checkpointed input: fetched back for it, or kept on the GPU since its forward
+        # its checkpointed inputs: fetched back for it, or kept on the GPU since its forward
         fetched = (task.id, "fetched") in self._read
-        x = self._receive(task, "fetched" if fetched else "checkpoint")
-        x = x.detach().requires_grad_(True)
-        with torch.enable_grad():
-            y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
-        y.backward(dgrad)
+        inputs = self._receive(task, "fetched" if fetched else "checkpoint")
         params = _params_in_layout(self.blocks, i, unit.module)
-        self._keep_grads(s, m, i, [p.grad for p in params])
-        for p in params:
-            p.grad = None
-        self._hand_on(task, "dgrad", x.grad)
+        passed = []
+        for m, saved, dgrad in zip(_micro_batches(task), inputs, dgrads, strict=True):
+            x = saved.detach().requires_grad_(True)
+            with torch.enable_grad():
+                y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
+            y.backward(dgrad)
+            self._keep_grads(s, m, i, [p.grad for p in params])
+            for p in params:
+                p.grad = None
+            passed.append(x.grad)
+        self._hand_on(task, "dgrad", passed)
+
+    def _embedding_backward(self, s: int, m: int, dgrad: torch.Tensor) -> None:
+        ids = self.handoff.take(("ids", s, m))
+        if self.blocks.tied and self.sums_on_gpu:  # into the sum the heads started
+            vocab = self.spec.vocab_size
+            add_embedding_grad(self._grad_sum(s, EMBEDDING).view(vocab, -1), dgrad, ids)
+            self._summed(s, m, EMBEDDING)
+            return
+        if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
+            grad = add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)
+        else:
+            grad = torch.ops.aten.embedding_dense_backward(
+                dgrad, ids, self.spec.vocab_size, -1, False)
+        self._keep_grads(s, m, EMBEDDING, [grad])
 
     def load_gpu_state(self) -> None:
         """Put the GPU-updated blocks' master weights (from the host) and bf16 weights in place."""
@@ -445,7 +464,9 @@ class TaskRunner:
 
     # --- gradients to the host -------------------------------------------------------------------
     def _do_offload_grads(self, task: Task) -> None:
-        s, m, b = task.step, task.micro_batch, task.block
+        # a micro-batch's grads, or (summed on the GPU) the step's, kept by its last one
+        m = self.train.grad_accum - 1 if self.sums_on_gpu else task.micro_batch
+        s, b = task.step, task.block
         *grads, sq = self.grads.pop((s, m, b))
         landing = self._landed(task)
         for (_, view), grad in zip(self.blocks.views(b, landing), grads, strict=True):
@@ -515,17 +536,23 @@ class TaskRunner:
         self.state.nvme.write(task.block, task.slot)
 
     def _do_read_activation(self, task: Task) -> None:
-        # into a pinned buffer the fetch copies to the GPU
-        shape_numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
-        host = torch.empty(shape_numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
-        layer, copy = self._checkpoint_copy(task)
-        self.activation_files.read(layer, host, copy)
-        self.act_passing[(task.step, task.micro_batch, task.block)] = host
+        # into pinned buffers the fetch copies to the GPU
+        numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
+        for m in _micro_batches(task):
+            host = torch.empty(numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
+            layer, copy = self._checkpoint_copy(task.block, m)
+            self.activation_files.read(layer, host, copy)
+            self.act_passing[(task.step, m, task.block)] = host
 
     def _do_write_activation(self, task: Task) -> None:
-        host = self.act_passing.pop((task.step, task.micro_batch, task.block))
-        layer, copy = self._checkpoint_copy(task)
-        self.activation_files.write(layer, host, copy)
+        for m in _micro_batches(task):
+            host = self.act_passing.pop((task.step, m, task.block))
+            layer, copy = self._checkpoint_copy(task.block, m)
+            self.activation_files.write(layer, host, copy)
+
+
+def _micro_batches(task: Task) -> range:
+    return range(task.micro_batch, task.micro_batch + task.micro_batches)
 
 
 def _load_key(task: Task) -> tuple:

@@ -54,7 +54,7 @@ from layerslide.planner.settings import (
     TrainSpec,
     grads_land_in_upload,
     sums_grads_on_host,
-    sweep_micro_batches,
+    sweep_group_sizes,
 )
 
 K = TaskKind
@@ -122,7 +122,17 @@ class _Builder:
         self.model, self.train, self.policy, self.num_steps = model, train, policy, num_steps
         self.L = model.num_layers
         self.A = train.grad_accum
-        self.G = sweep_micro_batches(policy, train)  # micro-batches a sweep runs together
+        # a sweep runs its Q groups of micro-batches through each task in turn: one group of
+        # one per sweep and a sweep per micro-batch (step-major), or one sweep of the step's
+        sizes = sweep_group_sizes(policy, train)
+        self.Q = len(sizes)
+        starts = [sum(sizes[:g]) for g in range(self.Q)]
+        self.groups = [(sweep * sum(sizes) + first, size)  # (first micro-batch, count)
+                       for sweep in range(self.A // sum(sizes))
+                       for first, size in zip(starts, sizes, strict=True)]
+        self.group_of = {m: g for g, (first, size) in enumerate(self.groups)
+                         for m in range(first, first + size)}
+        self.sweep_size = sum(sizes)  # micro-batches of one sweep: the step's, or one
         self.host_sums = sums_grads_on_host(policy, train)
         self.tokens = train.tokens_per_micro_batch
         self.graph = nx.DiGraph()
@@ -215,30 +225,28 @@ class _Builder:
 
     @property
     def per_step(self) -> int:
-        """GPU tasks per step: the micro-batches, then the GPU-updated blocks' optimizer steps."""
-        return self.A * self.per_micro + len(self.gpu_updated)
+        """GPU tasks per step: the groups of micro-batches, then the GPU-updated blocks'
+        optimizer steps."""
+        return len(self.groups) * self.per_micro + len(self.gpu_updated)
 
     def pos(self, step: int, micro: int, phase: str, block: int) -> int:
-        """Position in the GPU sequence: a sweep runs each of its per_micro tasks for its G
-        micro-batches in turn."""
+        """Position in the GPU sequence of the task running micro-batch `micro`: a sweep runs
+        each of its per_micro tasks for its Q groups in turn."""
         if phase == "fwd":
             index = 0 if block == EMBEDDING else 1 + block
         elif phase == "head":
             index = self.L + 1
         else:
             index = 2 * self.L + 2 if block == EMBEDDING else self.L + 2 + (self.L - 1 - block)
-        sweep, within = divmod(micro, self.G)
-        return step * self.per_step + sweep * self.G * self.per_micro + index * self.G + within
+        sweep, within = divmod(self.group_of[micro], self.Q)
+        return step * self.per_step + sweep * self.Q * self.per_micro + index * self.Q + within
 
     def load_gate(self, pos: int, ahead: int) -> str | None:
         """The GPU task after which a load for the task at `pos` may start, `ahead` tasks of
-        the sequence ahead of it: whole groups of G where a sweep runs G micro-batches per
-        block (the block's first micro-batch is where its load is needed)."""
-        if self.G == 1:
-            return self.gpu_at(pos - ahead - 1)
-        # micro_batch of the task at pos is its place in its group
-        first = pos - self.task_of(self.gpu_order[pos]).micro_batch % self.G
-        return self.gpu_at(first - ahead * self.G - 1)
+        the sequence ahead of it: whole runs of Q where a sweep runs Q tasks per block (its
+        first group is where the block's load is needed)."""
+        within = self.group_of[self.task_of(self.gpu_order[pos]).micro_batch] % self.Q
+        return self.gpu_at(pos - within - ahead * self.Q - 1)
 
     def first_use_pos(self, step: int, block: int) -> int:
         return self.pos(step, 0, "head" if block == self.L else "fwd", block)
@@ -309,13 +317,21 @@ class _Builder:
     # --- the GPU sequence of one micro-batch ----------------------------------------------------
     def compute(self, step: int, micro: int, kind: TaskKind, block: int, flops: float = 0.0,
                 nbytes: float = 0.0, host_ops: int = 0, attention_flops: float = 0.0) -> str:
+        """A GPU task of the group starting at micro-batch `micro`: its amounts are per
+        micro-batch, times the group's."""
+        n = self.count(micro)
         return self.add(kind=kind, lane=Lane.GPU, block=block, step=step, micro_batch=micro,
-                        flops=flops, attention_flops=attention_flops, bytes=nbytes,
-                        tokens=self.tokens, host_ops=host_ops)
+                        micro_batches=n, flops=n * flops, attention_flops=n * attention_flops,
+                        bytes=n * nbytes, tokens=self.tokens, host_ops=n * host_ops)
 
-    def sweep(self, s: int, micros: range) -> None:
-        """The GPU sequence of the micro-batches `micros` of step s, each task run for each of
-        them in turn (one micro-batch: step-major; all of the step's: layer-major)."""
+    def count(self, micro: int) -> int:
+        """Micro-batches in the group that starts at `micro`."""
+        return self.groups[self.group_of[micro]][1]
+
+    def sweep(self, s: int, micros: list[int]) -> None:
+        """The GPU sequence of one sweep of step s: each task runs for each of its groups (by
+        their first micro-batches, `micros`) in turn, and a group's task for each of the
+        group's micro-batches (one micro-batch: step-major; all of the step's: layer-major)."""
         model, pol, T, L = self.model, self.policy, self.tokens, self.L
         hidden = sizes.hidden_bytes(model, T)
         ew = sizes.layer_elementwise_bytes_per_token(model, pol.kernels.layer_kernels) * T
@@ -352,7 +368,8 @@ class _Builder:
             # goes on top of the forward's blocks, the logits chunk above it)
             self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T), (head,))
             # the final hidden state lives from the last forward until the head has consumed it
-            self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden, (head,), at_end=True)
+            self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden * self.count(m),
+                        (head,), at_end=self.count(m) == 1)
             heads[m] = head
 
         bwd: dict[tuple[int, int], str] = {}
@@ -371,7 +388,8 @@ class _Builder:
             flow_users = [heads[m], *(bwd[(i, m)] for i in reversed(range(L))), emb_bwd[m]]
             for maker, reader in pairwise(flow_users):
                 self.edge(maker, reader, "data")
-                self.buffer(maker, "dgrad", "gpu", hidden, (reader,), at_end=True)
+                self.buffer(maker, "dgrad", "gpu", hidden * self.count(m), (reader,),
+                            at_end=self.count(m) == 1)
 
         for i in reversed(range(L)):
             for m in micros:
@@ -399,17 +417,18 @@ class _Builder:
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
                    consumer_bwd: str, bwd_pos: int) -> None:
         """The input of layer i: kept on the GPU, or offloaded after forward and fetched back."""
-        pol = self.policy
-        nbytes = sizes.hidden_bytes(self.model, self.tokens)
+        pol, n = self.policy, self.count(m)
+        nbytes = n * sizes.hidden_bytes(self.model, self.tokens)  # the group's checkpoints
+        # a group's outputs come one by one while its task runs: counted from its start
         if pol.residency.activations == "gpu":
             self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, consumer_bwd),
-                        at_end=True)
+                        at_end=n == 1)
             return
         producer_pos = self.pos(s, m, "fwd", i - 1 if i > 0 else EMBEDDING)
-        common = {"block": i, "step": s, "micro_batch": m, "bytes": nbytes}
+        common = {"block": i, "step": s, "micro_batch": m, "micro_batches": n, "bytes": nbytes}
         off = self.add(kind=K.OFFLOAD_ACTIVATION, lane=Lane.D2H, **common, key=(producer_pos, 0))
         self.edge(producer, off, "data")
-        self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, off), at_end=True)
+        self.buffer(producer, "checkpoint", "gpu", nbytes, (consumer_fwd, off), at_end=n == 1)
         fetch = self.add(kind=K.FETCH_ACTIVATION, lane=Lane.H2D, **common, key=(bwd_pos, 1))
         self.edge(self.gpu_at(bwd_pos - pol.schedule.prefetch_depth - 1), fetch, "prefetch")
         if pol.residency.activations == "host":  # its pinned buffer: host.checkpoints (static)
@@ -444,11 +463,11 @@ class _Builder:
             self.gpu_grad_producer[(s, block)] = producer
             if tied:  # the head adds it into the sum itself when a sweep has several
                 head = self.tid(K.HEAD, self.L, s, m)
-                self.tied_grad(s, m, release=producer if self.G == 1 else head)
+                self.tied_grad(s, m, release=producer if self.sweep_size == 1 else head)
             else:  # autograd's fresh bf16 grad, added into the fp32 sum within the task
                 self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
             return
-        if self.G > 1 and not self.sum_on_gpu(s, m, block, producer):
+        if self.sweep_size > 1 and not self.sum_on_gpu(s, m, block, producer):
             return  # not the sweep's last micro-batch: nothing crosses to the host yet
         pos = self.grad_pos(s, m, block)
         # the pool's buffers are taken in d2h order; the offload, and the task that reads the
@@ -459,9 +478,9 @@ class _Builder:
         off = self.add(kind=K.OFFLOAD_GRADS, lane=Lane.D2H, block=block, step=s, micro_batch=m,
                        bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
         self.edge(producer, off, "data")
-        if self.G > 1:  # the sum rounded to bf16 by the sweep's last producer, for the offload
+        if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload
             self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
-        if block in self.dedicated_grad_last and self.G > 1:
+        if block in self.dedicated_grad_last and self.sweep_size > 1:
             # the next sum of these grads is made only once this one is offloaded
             self.edge(self.dedicated_grad_last[block], self.sum_maker(s, m, block, producer),
                       "unit_reuse")
@@ -485,7 +504,7 @@ class _Builder:
         else:
             # autograd makes a layer's grads afresh too; at most grad_buffers layers' grads are
             # alive at once (a backward waits for the offload grad_buffers layers before it)
-            if self.G == 1:
+            if self.sweep_size == 1:
                 self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,),
                             at_end=True)
             slot = self.grad_slot_next % len(self.grad_slots)
@@ -511,7 +530,7 @@ class _Builder:
     def sum_maker(self, s: int, m: int, block: int, producer: str) -> str:
         """The task that makes the sweep's fp32 grad sum of the block: its first micro-batch's
         producer (a tied embedding's: the head, whose LM-weight grad it starts from)."""
-        first = m - m % self.G
+        first = self.groups[self.group_of[m] - self.group_of[m] % self.Q][0]
         if block == EMBEDDING and self.model.tie_word_embeddings:
             return self.tid(K.HEAD, self.L, s, first)
         return self.tid(self.task_of(producer).kind, block, s, first)
@@ -520,8 +539,10 @@ class _Builder:
         """A sweep of several micro-batches sums the block's grads in fp32 on the GPU: the sum
         is made with the first micro-batch's grads, each producer adds its own, the last rounds
         it to bf16 for the offload. True for that last one."""
-        p, within = self.params(block), m % self.G
-        last = self.tid(self.task_of(producer).kind, block, s, m - within + self.G - 1)
+        p, group = self.params(block), self.group_of[m]
+        within = group % self.Q
+        last = self.tid(self.task_of(producer).kind, block, s,
+                        self.groups[group - within + self.Q - 1][0])
         tied = block == EMBEDDING and self.model.tie_word_embeddings
         if within == 0:
             self.buffer(self.sum_maker(s, m, block, producer),
@@ -534,7 +555,7 @@ class _Builder:
         task = self.task_of(adder)
         self.update_task(adder, bytes=task.bytes + sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * p,
                          host_ops=task.host_ops + 1)
-        if within < self.G - 1:
+        if within < self.Q - 1:
             return False
         task = self.task_of(producer)
         self.update_task(producer, bytes=task.bytes + sizes.GPU_GRAD_ROUND_BYTES_PER_PARAM * p,
@@ -554,7 +575,7 @@ class _Builder:
     def update(self, s: int) -> None:
         """Optimizer step (+ cast, + NVMe state traffic) of every block for step s."""
         pol, L = self.policy, self.L
-        last = self.A - 1
+        last = self.groups[-1][0]  # the step's last group, by its first micro-batch
         final_grad = {
             b: (self.gpu_grad_producer[(s, b)] if b in self.gpu_updated
                 else self.tid(K.ACCUMULATE_GRADS if self.host_sums else K.OFFLOAD_GRADS,
@@ -664,7 +685,7 @@ class _Builder:
             # first offload and reused by every sweep and step after it (H200, 3B: RSS +5.1 GiB
             # from micro-batch 1 to 32, the checkpoints' size)
             self.buffer(None, HOST_CHECKPOINTS, "host",
-                        self.L * self.G * sizes.hidden_bytes(model, self.tokens))
+                        self.L * self.sweep_size * sizes.hidden_bytes(model, self.tokens))
         self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
         if pol.schedule.cast == "cpu_once":
             self.buffer(None, HOST_UPLOAD, "host", sizes.UPLOAD_BYTES_PER_PARAM * n)
@@ -705,7 +726,7 @@ class _Builder:
             ring_units=self.layout.ring_units, grad_landing=self.grad_landing,
             grad_landing_buffers=self.host_grad_pool if self.grad_landing == "pool" else 0,
             nvme_staging_slots=len(set(self.state_slots.values())),
-            checkpoints_per_layer=self.G,
+            checkpoints_per_layer=self.sweep_size,
             head_chunk_tokens=(sizes.fused_head_chunk_tokens(self.model, tokens,
                                                              pol.kernels.head_chunk_bytes)
                                if pol.kernels.head_loss == "fused" else tokens),
@@ -715,8 +736,8 @@ class _Builder:
     def build(self) -> Plan:
         self.static_buffers()
         for s in range(self.num_steps):
-            for first in range(0, self.A, self.G):
-                self.sweep(s, range(first, first + self.G))
+            for sweep in range(0, len(self.groups), self.Q):
+                self.sweep(s, [first for first, _ in self.groups[sweep:sweep + self.Q]])
             # One step ends when its last backward does: from there to the next step's, the
             # GPU waits for the updates it needs, runs forward and backward; the same cycle
             # every step, so the interval between two markers is the steady-state step.

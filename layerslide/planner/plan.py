@@ -89,6 +89,9 @@ class Task:
     block: int  # EMBEDDING, 0..L-1, or L for final norm + head + loss
     step: int
     micro_batch: int = 0
+    # the micro-batches from micro_batch on that the task runs in turn (a layer-major sweep's
+    # group); its amounts are theirs together, `tokens` one micro-batch's
+    micro_batches: int = 1
     # a load (or its cast, cast=cpu_per_load): the compute kind it serves, which tells a
     # block's forward load from its backward load within one micro-batch
     for_kind: str = ""

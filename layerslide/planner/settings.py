@@ -215,9 +215,13 @@ class Schedule:
     # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
     stream_run_ahead: int = 3
     accumulation: Accumulation = "step_major"  # how micro-batches meet the layers: ACCUMULATIONS
+    # Layer-major: the step's micro-batches are split into at most this many groups, and a
+    # block's task runs its group's micro-batches in turn. Fewer: a smaller plan, quicker to
+    # simulate, and more checkpoints fetched to the GPU at once; more: finer overlap.
+    sweep_groups: int = 8
 
     def __post_init__(self) -> None:
-        _positive("Policy", self, "prefetch_depth", "nvme_prefetch")
+        _positive("Policy", self, "prefetch_depth", "nvme_prefetch", "sweep_groups")
         _whole("Policy", self, "stream_run_ahead")
         _chosen("Policy", self, optimizer_order=OPTIMIZER_ORDERS, cast=CAST_MODES,
                 accumulation=ACCUMULATIONS)
@@ -324,6 +328,16 @@ def sweep_micro_batches(policy: Policy, train: TrainSpec) -> int:
     """How many micro-batches a layer runs in turn while its weights are loaded: all of the
     step's (layer-major), or one."""
     return train.grad_accum if policy.schedule.accumulation == "layer_major" else 1
+
+
+def sweep_group_sizes(policy: Policy, train: TrainSpec) -> tuple[int, ...]:
+    """How many micro-batches each task of a sweep runs: one sweep's groups, in order (one
+    group of one under step-major accumulation)."""
+    if policy.schedule.accumulation != "layer_major":
+        return (1,)
+    groups = min(policy.schedule.sweep_groups, train.grad_accum)
+    size = -(-train.grad_accum // groups)
+    return tuple(min(size, train.grad_accum - first) for first in range(0, train.grad_accum, size))
 
 
 def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:

@@ -19,6 +19,7 @@ from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, s
 from layerslide.planner.build import build_repeatable_plan, gpu_layout, gpu_update_candidates
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
+    ACCUMULATIONS,
     ACTIVATION_PLACEMENTS,
     CAST_MODES,
     GPU_UPDATE_ORDERS,
@@ -38,6 +39,10 @@ BOUNDED_GRAD_BUFFERS = 4
 # with GPUSpec.busy_speedup) before the final ranking; the search itself holds the clock at the
 # efficiency tables' rate, which takes one simulation per try instead of two or three.
 CLOCK_FINALISTS = 16
+# The default cap on tokens per step (micro-batch x sequence x accumulation): 256 sequences of
+# 1k, within the global batches fine-tuning recipes use (64-512 sequences); above it a small
+# fine-tuning set gets too few optimizer steps, however much faster each token is.
+MAX_TOKENS_PER_STEP = 256 * 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +52,9 @@ class SearchSpace:
     windows: tuple[int, ...] = (1, 2, 4, 8)
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     grad_accums: tuple[int, ...] = (1,)
+    # how a step of several micro-batches runs (Policy.schedule.accumulation): both by default
+    accumulations: tuple[str, ...] = ACCUMULATIONS
+    max_tokens_per_step: int | None = MAX_TOKENS_PER_STEP  # None: no cap
     activations: tuple[str, ...] = ("gpu", "host")
     casts: tuple[str, ...] = ("cpu_once", "gpu")
     # Casts on a worker beside the optimizer's: not tried by default. The cost model, sharing
@@ -60,16 +68,21 @@ class SearchSpace:
     fill_gpu_updates: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("windows", "micro_batches", "grad_accums", "activations", "casts",
-                     "cast_workers", "optimizer_orders"):
+        for name in ("windows", "micro_batches", "grad_accums", "accumulations", "activations",
+                     "casts", "cast_workers", "optimizer_orders"):
             if not getattr(self, name):
                 raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
         for name in ("windows", "micro_batches", "grad_accums"):
             bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < 1]
             if bad:
                 raise ValueError(f"SearchSpace.{name}: {bad} are not positive integers")
+        if self.max_tokens_per_step is not None and (
+                not isinstance(self.max_tokens_per_step, int) or self.max_tokens_per_step < 1):
+            raise ValueError(f"SearchSpace.max_tokens_per_step={self.max_tokens_per_step!r}: "
+                             "give a positive number of tokens, or None for no cap")
         for name, allowed in (("activations", ACTIVATION_PLACEMENTS), ("casts", CAST_MODES),
-                              ("optimizer_orders", OPTIMIZER_ORDERS)):
+                              ("optimizer_orders", OPTIMIZER_ORDERS),
+                              ("accumulations", ACCUMULATIONS)):
             bad = [v for v in getattr(self, name) if v not in allowed]
             if bad:
                 raise ValueError(f"SearchSpace.{name}: {bad} unknown; choose from "
@@ -77,15 +90,19 @@ class SearchSpace:
 
     def candidates(self, seq_len: int, max_grad_norm: float | None,
                    base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
-        for w, mb, ga, act, cast, worker, order in itertools.product(
-                self.windows, self.micro_batches, self.grad_accums, self.activations,
-                self.casts, self.cast_workers, self.optimizer_orders):
+        for w, mb, ga, accumulation, act, cast, worker, order in itertools.product(
+                self.windows, self.micro_batches, self.grad_accums, self.accumulations,
+                self.activations, self.casts, self.cast_workers, self.optimizer_orders):
             if cast == "gpu" and worker != self.cast_workers[0]:
                 continue  # no CPU casts to place: the same candidate
+            if ga == 1 and accumulation != self.accumulations[0]:
+                continue  # one micro-batch a step: both schedules are the same plan
+            if self.max_tokens_per_step is not None and mb * seq_len * ga > self.max_tokens_per_step:
+                continue
             train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
                               max_grad_norm=max_grad_norm)
             policy = base.with_(window=w, prefetch_depth=min(base.schedule.prefetch_depth, w),
-                                activations=act, cast=cast,
+                                activations=act, cast=cast, accumulation=accumulation,
                                 cast_worker=worker and cast != "gpu", optimizer_order=order)
             yield train, policy
 
@@ -106,7 +123,8 @@ class Candidate:
         p, t, s = self.policy.flat(), self.train, self.prediction
         return {
             "window": p["window"], "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
-            **{k: p[k] for k in ("activations", "cast", "cast_worker", "optimizer_order",
+            "tokens_per_step": t.tokens_per_step,
+            **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker", "optimizer_order",
                                  "moments_on_nvme", "master_on_nvme", "host_grad_buffers",
                                  "gpu_updated_blocks", "gpu_updated_order")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
@@ -257,8 +275,15 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
                "num_steps": num_steps, "fill_gpu_updates": space.fill_gpu_updates,
                "settle_clock": not settle_late}
+    if seq_len > model.max_position_embeddings:
+        raise ValueError(f"seq_len={seq_len} exceeds {model.name}'s "
+                         f"max_position_embeddings={model.max_position_embeddings}")
     jobs = [(model, train, policy, profile, options)
             for train, policy in space.candidates(seq_len, max_grad_norm, base)]
+    if not jobs:
+        raise ValueError(f"no candidate has at most max_tokens_per_step="
+                         f"{space.max_tokens_per_step} tokens per step at seq_len={seq_len}: "
+                         "raise the cap (--max-tokens-per-step) or try smaller micro-batches")
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     results: list[Candidate] = []
     if workers > 1 and len(jobs) > 4:
@@ -285,7 +310,7 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
                          + [c for c in ranked if not any(c is x for x in leaders)])
         # settling can also slow a leader (a table below 1 when busy): until the first is a
         # settled one, settle whichever leads
-        while ranked[0].feasible and not any(ranked[0] is x for x in settled):
+        while ranked and ranked[0].feasible and not any(ranked[0] is x for x in settled):
             ranked = _ranked([settle(ranked[0]), *ranked[1:]])
     best_plan = None
     if ranked and ranked[0].feasible:

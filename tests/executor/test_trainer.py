@@ -74,7 +74,10 @@ def test_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum, 
     ("llama", False, 2, None, {"gpu_updated_blocks": 3, "gpu_updated_order": "layers_first"}),
     ("qwen2", True, 2, None, {"host_grad_buffers": 2, "cast": "gpu", "window": 1}),
     ("llama", False, 2, 1.0, {"cpu_optimizer": "torch", "activations": "gpu"}),
-    ("qwen3", True, 4, None, {"cast": "cpu_per_load", "window": 3, "prefetch_depth": 2})])
+    ("qwen3", True, 4, None, {"cast": "cpu_per_load", "window": 3, "prefetch_depth": 2}),
+    ("llama", False, 4, 1.0, {"sweep_groups": 2}),  # tasks of two micro-batches each
+    ("qwen2", True, 3, None, {"sweep_groups": 2, "gpu_updated_blocks": 1}),  # of 2 and 1
+    ("llama", False, 3, None, {"sweep_groups": 1, "activations": "gpu"})])
 def test_layer_major_matches_plain_pytorch_reference(tmp_path, device, family, tied, accum,
                                                      clip, policy):
     """Layer-major accumulation: grads summed on the GPU over the step's micro-batches."""
@@ -114,7 +117,8 @@ def _check_against_reference(tmp_path, device, family, tied, accum, clip, policy
     Policy.of(host_grad_buffers=2, cast="gpu"),
     Policy.of(accumulation="layer_major"),
     Policy.of(accumulation="layer_major", gpu_updated_blocks=2, cast="cpu_per_load"),
-    Policy.of(accumulation="layer_major", host_grad_buffers=1, window=1)])
+    Policy.of(accumulation="layer_major", host_grad_buffers=1, window=1),
+    Policy.of(accumulation="layer_major", sweep_groups=1)])
 def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)

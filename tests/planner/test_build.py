@@ -602,3 +602,31 @@ def test_layer_major_with_one_micro_batch_is_the_plain_plan(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
     assert (build_plan(tiny_model, train, LAYER_MAJOR).to_dict()["tasks"]
             == build_plan(tiny_model, train, Policy.of()).to_dict()["tasks"])
+
+
+def test_layer_major_tasks_run_groups_of_micro_batches_and_cost_them_together(tiny_model):
+    train = TrainSpec(micro_batch=1, seq_len=16, grad_accum=5)
+    plan = build_plan(tiny_model, train, LAYER_MAJOR.with_(sweep_groups=2), num_steps=2)
+    step0 = [plan.task(t) for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
+    # groups of 3 and 2 micro-batches: each block's task for each group in turn
+    assert [(t.id, t.micro_batches) for t in step0[:4]] == [
+        ("s0.m0.forward.emb", 3), ("s0.m3.forward.emb", 2),
+        ("s0.m0.forward.L0", 3), ("s0.m3.forward.L0", 2)]
+    single = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+                        num_steps=2)
+    one, three = single.task("s0.m0.forward.L0"), plan.task("s0.m0.forward.L0")
+    assert three.flops == 3 * one.flops and three.tokens == one.tokens
+    assert three.host_ops == 3 * one.host_ops
+    offload = plan.task("s0.m3.offload_activation.L1")
+    assert offload.micro_batches == 2 and offload.bytes == 2 * 16 * 64 * BF16_BYTES
+    # a group's checkpoints come one by one as its task runs: counted from its start
+    checkpoint = buffer_named(plan, "s0.m0.forward.L0.checkpoint")
+    assert checkpoint.bytes == 3 * 16 * 64 * BF16_BYTES and not checkpoint.at_end
+    # one offload per block, made by the last group's task, read by the optimizer step
+    offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"
+                and plan.task(t).step == 0]
+    assert offloads == [f"s0.m3.offload_grads.{b}" for b in ("head", "L1", "L0", "emb")]
+    assert buffer_named(plan, "s0.m0.backward.L0.grad_sum").release_tasks == (
+        "s0.m3.backward.L0",)
+    # a step runs 2 groups through 7 GPU tasks each
+    assert len(step0) == 2 * 7

@@ -287,3 +287,20 @@ def test_the_pick_is_always_one_whose_clock_was_settled(monkeypatch):
     direct = simulate(build_plan(PRESETS["llama-3.2-1b"], best.train, best.policy), profile)
     assert best.prediction.gpu_speedup == pytest.approx(direct.gpu_speedup)
     assert best.prediction.step_s == pytest.approx(direct.step_s)
+
+
+def test_accumulation_is_tried_both_ways_under_the_cap_on_tokens_per_step():
+    space = replace(SMALL, windows=(1,), activations=("host",), grad_accums=(1, 4),
+                    max_tokens_per_step=4 * 16 * 2)
+    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=space, workers=1)
+    tried = sorted((c.train.micro_batch, c.train.grad_accum, c.policy.schedule.accumulation)
+                   for c in result.candidates)
+    # one micro-batch a step is one plan whichever the schedule; 4 x 4 x 16 tokens is over
+    assert tried == [(1, 1, "step_major"), (1, 4, "layer_major"), (1, 4, "step_major"),
+                     (4, 1, "step_major")]
+    assert all(c.row()["tokens_per_step"] <= 128 for c in result.candidates)
+    with pytest.raises(ValueError, match="max_tokens_per_step"):
+        tune(make_tiny_model(), make_round_profile(), seq_len=16,
+             space=replace(space, max_tokens_per_step=8), workers=1)
+    with pytest.raises(ValueError, match="max_tokens_per_step"):
+        SearchSpace(max_tokens_per_step=0)
