@@ -8,7 +8,8 @@
 #         order LM, 64, 64, LM (drift of the lent machine falls on both alike), and step-major
 #         4 x 16 once.
 # SET 8b: Llama-3.1-8B with 60% of its moments (40% of its optimizer state) on the disk:
-#         accumulation 1 against layer-major 4 x 16.
+#         accumulation 1 against layer-major 4 x 16; then 3B layer-major 4 x 16 once more.
+# Each run's summary line is written as it ends (a call cut short keeps what ran).
 set -uo pipefail
 source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/machine.txt"
@@ -17,10 +18,30 @@ if [ "${1:-}" = "--tests" ]; then
     timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
         | grep -v "Warning: " | tail -20 | tee "$out/gpu_tests.txt"
 fi
-logs=$out/runs
-mkdir -p "$logs"
+logs=$out
 nvme=/tmp/layerslide-nvme
 mkdir -p "$nvme"
+
+summary() {  # the median step of a run's log after the first two (which carry compilation)
+    python3 - "$1" <<'PY' | tee -a "$out/log.txt"
+import json, statistics, sys
+from pathlib import Path
+path = Path(sys.argv[1])
+logs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] \
+    if path.exists() else []
+if len(logs) < 3:
+    print(f"{path.stem}: {len(logs)} steps logged, too few for a steady median")
+    sys.exit()
+steady = [log["step_s"] for log in logs[2:]]
+median = statistics.median(steady)
+tokens = logs[-1]["tokens_per_s"] * logs[-1]["step_s"]
+print(f"{path.stem}: median {median:.3f} s/step over {len(steady)} steps, "
+      f"{tokens / median:,.0f} tokens/s, GPU peak "
+      f"{max(log['gpu_peak_bytes'] for log in logs) / 2**30:.2f} GiB, host RSS "
+      f"{max(log['host_rss_bytes'] for log in logs) / 2**30:.1f} GiB, "
+      f"losses {[round(log['loss'], 3) for log in logs]}")
+PY
+}
 
 run() {  # label steps timeout flags...
     local label=$1 steps=$2 limit=$3
@@ -29,6 +50,7 @@ run() {  # label steps timeout flags...
     timeout "$limit" python3 -m layerslide.cli.main train --seq-len 1024 --gpu-memory 24GiB \
         --steps "$steps" --log-jsonl "$logs/$label.jsonl" "$@" 2>&1 \
         | grep -v "^step \|Warning: " | tail -3 | tee -a "$out/log.txt"
+    summary "$logs/$label.jsonl"
 }
 
 case "${1:-}" in
@@ -43,28 +65,12 @@ case "${1:-}" in
     ;;
 8b)
     m=(--model llama-3.1-8b --moments-on-nvme 0.6 --nvme-dir "$nvme")
-    run a1 4 260 "${m[@]}" --micro-batch 4
-    run lm16 4 260 "${m[@]}" --micro-batch 4 --grad-accum 16 --accumulation layer_major
+    run a1 4 250 "${m[@]}" --micro-batch 4
+    run lm16 4 250 "${m[@]}" --micro-batch 4 --grad-accum 16 --accumulation layer_major
+    run lm16_groups 6 90 --model llama-3.2-3b --micro-batch 4 --grad-accum 16 \
+        --accumulation layer_major
     ;;
 *)
     echo "usage: $0 [--tests] 3b|8b"; exit 2 ;;
 esac
 
-python3 - "$logs" <<'PY' | tee -a "$out/log.txt"
-import json, statistics, sys
-from pathlib import Path
-for path in sorted(Path(sys.argv[1]).glob("*.jsonl")):
-    logs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if len(logs) < 3:
-        print(f"{path.stem}: {len(logs)} steps logged, too few for a steady median")
-        continue
-    steady = [log["step_s"] for log in logs[2:]]
-    median = statistics.median(steady)
-    tokens = logs[-1]["tokens_per_s"] * logs[-1]["step_s"]
-    print(f"{path.stem}: median {median:.3f} s/step over {len(steady)} steps, "
-          f"{tokens / median:,.0f} tokens/s, GPU peak "
-          f"{max(log['gpu_peak_bytes'] for log in logs) / 2**30:.2f} GiB, host RSS "
-          f"{max(log['host_rss_bytes'] for log in logs) / 2**30:.1f} GiB, "
-          f"losses {[round(log['loss'], 3) for log in logs]}")
-PY
-tar -czf "$out/runs.tgz" -C "$out" runs && rm -rf "$logs"
