@@ -72,6 +72,14 @@ def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *,
     return _Builder(model, train, policy, num_steps).build()
 
 
+def static_buffers(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple[Buffer, ...]:
+    """The static buffers build_plan's plan would have, without building its tasks: what a
+    search checks against the memory limits before it builds a plan of thousands of tasks."""
+    builder = _Builder(model, train, policy, MIN_STEPS)
+    builder.static_buffers()
+    return tuple(builder.buffers)
+
+
 def gpu_update_candidates(num_layers: int, order: str) -> list[int]:
     """Blocks in the order gpu_updated_blocks takes them (Policy.gpu_updated_order)."""
     if order == "layers_first":

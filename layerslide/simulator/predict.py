@@ -3,10 +3,11 @@ or why it does not fit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
-from layerslide.planner.plan import STEADY_STEPS, Plan
+from layerslide.planner.plan import STEADY_STEPS, Buffer, Plan, runtime_buffer_id
 from layerslide.simulator.costmodel import HOST_CORES, CostModel
 from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
@@ -141,6 +142,23 @@ def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None)
     return {"gpu": gpu, "host": profile.host.ram_bytes, "nvme": profile.storage.capacity_bytes}
 
 
+def static_rejection(buffers: Iterable[Buffer], tokens_per_step: int, profile: HardwareProfile,
+                     *, gpu_memory_bytes: int | None = None,
+                     label: str = "") -> Prediction | None:
+    """The Prediction of a plan whose static buffers (`buffers`: its own, or
+    planner.build.static_buffers' without building it) already overflow a tier; None if
+    they fit."""
+    buffers = [b for b in buffers if b.is_static]
+    limits = memory_limits(profile, gpu_memory_bytes)
+    static = {t: sum(b.bytes for b in buffers if b.tier == t) for t in TIERS}
+    early = _overflows(static, limits)
+    if not early:
+        return None
+    runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
+    return Prediction(label=label, tokens_per_step=tokens_per_step, limits_bytes=limits,
+                      peak_bytes=static, overflows=early, gpu_runtime_bytes=runtime)
+
+
 def _overflows(need: dict[str, int], limits: dict[str, int]) -> tuple[Overflow, ...]:
     return tuple(Overflow(tier=t, need_bytes=need[t], limit_bytes=limits[t])
                  for t in TIERS if need[t] > limits[t])
@@ -242,14 +260,12 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{STEADY_STEPS} so that the last one is a steady-state step "
                          "(the first starts with no optimizer work behind it)")
+    early = static_rejection(plan.buffers, plan.train.tokens_per_step, profile,
+                             gpu_memory_bytes=gpu_memory_bytes, label=label)
+    if early is not None:
+        return early
     limits = memory_limits(profile, gpu_memory_bytes)
     tokens = plan.train.tokens_per_step
-    static = {t: plan.static_bytes(t) for t in TIERS}
-    early = _overflows(static, limits)
-    if early:
-        return Prediction(label=label, tokens_per_step=tokens, limits_bytes=limits,
-                          peak_bytes=static, overflows=early,
-                          gpu_runtime_bytes=plan.runtime_bytes("gpu"))
     settle_clock = settle_clock and profile.gpu.busy_speedup is not None
     costs = costs or CostModel(profile)
     trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,

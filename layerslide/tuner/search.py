@@ -16,7 +16,12 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
-from layerslide.planner.build import build_repeatable_plan, gpu_layout, gpu_update_candidates
+from layerslide.planner.build import (
+    build_repeatable_plan,
+    gpu_layout,
+    gpu_update_candidates,
+    static_buffers,
+)
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
     ACCUMULATIONS,
@@ -26,7 +31,7 @@ from layerslide.planner.settings import (
     OPTIMIZER_ORDERS,
     grads_land_in_upload,
 )
-from layerslide.simulator import CostModel, Prediction, simulate
+from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
 from layerslide.trace import TIERS
 
 # (moments_on_nvme, master_on_nvme), least NVMe first.
@@ -197,9 +202,8 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
             if blocks in tried:  # the same blocks taken in the other order
                 break
             tried.add(blocks)
-            plan = build_plan(model, train, filled, num_steps=num_steps)
-            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
-                                  settle_clock=settle_clock)
+            prediction = _predicted(model, train, filled, profile, gpu_memory_bytes=gpu_memory_bytes,
+                                    num_steps=num_steps, costs=costs, settle_clock=settle_clock)
             if prediction.feasible:
                 if prediction.tokens_per_s > best.prediction.tokens_per_s:
                     best = Candidate(train=train, policy=filled,
@@ -234,9 +238,8 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         for pool in pools:
             tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
                             host_grad_buffers=pool, nvme_prefetch=prefetch)
-            plan = build_plan(model, train, tried, num_steps=num_steps)
-            prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
-                                  settle_clock=settle_clock)
+            prediction = _predicted(model, train, tried, profile, gpu_memory_bytes=gpu_memory_bytes,
+                                    num_steps=num_steps, costs=costs, settle_clock=settle_clock)
             candidate = Candidate(train=train, policy=tried,
                                   prediction=replace(prediction, trace=None))
             overflowing = {o.tier for o in prediction.overflows}
@@ -245,6 +248,20 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
             # host overflow: a bounded pool of landing buffers shrinks the static bytes too
     assert candidate is not None
     return candidate
+
+
+def _predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
+               gpu_memory_bytes: int | None, num_steps: int, costs: CostModel,
+               settle_clock: bool) -> Prediction:
+    """The candidate simulated; one whose static buffers overflow is rejected before its plan
+    is built (a step-major plan of many micro-batches has hundreds of thousands of tasks)."""
+    early = static_rejection(static_buffers(model, train, policy), train.tokens_per_step,
+                             profile, gpu_memory_bytes=gpu_memory_bytes)
+    if early is not None:
+        return early
+    plan = build_plan(model, train, policy, num_steps=num_steps)
+    return simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
+                    settle_clock=settle_clock)
 
 
 def _ranked(candidates: list[Candidate]) -> list[Candidate]:

@@ -630,3 +630,16 @@ def test_layer_major_tasks_run_groups_of_micro_batches_and_cost_them_together(ti
         "s0.m3.backward.L0",)
     # a step runs 2 groups through 7 GPU tasks each
     assert len(step0) == 2 * 7
+
+
+@pytest.mark.parametrize(("train", "policy"), [
+    (TrainSpec(micro_batch=2, seq_len=16), Policy.of()),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), Policy.of(activations="host")),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), LAYER_MAJOR.with_(cast="gpu")),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(moments_on_nvme=0.5, gpu_updated_blocks=2,
+                                                  host_grad_buffers=2, cast="cpu_per_load"))])
+def test_static_buffers_without_the_tasks_are_the_plans(tiny_model, train, policy):
+    from layerslide.planner.build import static_buffers
+    plan = build_plan(tiny_model, train, policy)
+    assert static_buffers(tiny_model, train, policy) == tuple(
+        b for b in plan.buffers if b.is_static)
