@@ -3,7 +3,8 @@
 For each candidate (window, micro-batch, accumulation, activation placement, cast, optimizer
 order) the optimizer-state placement is the least NVMe use that fits the host: NVMe only ever
 slows a step down, so a candidate gets RAM first; while the host overflows it first bounds the
-pinned gradient landing buffers, then spills moments, then master weights to NVMe.
+pinned gradient landing buffers, then spills moments, then master weights, then (from the
+host) the activation checkpoints to NVMe.
 """
 
 from __future__ import annotations
@@ -222,11 +223,16 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
                   (NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1])
                   # casts other than cpu_once read master weights from RAM at every load
                   if master == 0 or policy.schedule.cast == "cpu_once"]
-    # (moments, master, nvme_prefetch): each read ahead stages a whole block's fp32 state in
-    # RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left over
-    steps = [(moments, master, policy.schedule.nvme_prefetch) for moments, master in placements]
+    # (moments, master, nvme_prefetch, activations): each read ahead stages a whole block's
+    # fp32 state in RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left
+    # over; then the checkpoints go to NVMe (a layer-major step's are A micro-batches' worth)
+    acts = policy.residency.activations
+    steps = [(moments, master, policy.schedule.nvme_prefetch, acts)
+             for moments, master in placements]
     if allow_nvme and policy.schedule.nvme_prefetch > 1:
-        steps.append((*placements[-1], 1))
+        steps.append((*placements[-1], 1, acts))
+    if allow_nvme and acts == "host":
+        steps += [(*step[:3], "nvme") for step in steps if step[:2] == placements[-1]]
     pools = [policy.residency.host_grad_buffers]
     if (train.max_grad_norm is None and policy.residency.host_grad_buffers is None
             and not grads_land_in_upload(policy, train)):
@@ -234,10 +240,11 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         # have no landing buffers to bound
         pools.append(BOUNDED_GRAD_BUFFERS)
     candidate = None
-    for moments, master, prefetch in steps:
+    for moments, master, prefetch, activations in steps:
         for pool in pools:
             tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
-                            host_grad_buffers=pool, nvme_prefetch=prefetch)
+                                 host_grad_buffers=pool, nvme_prefetch=prefetch,
+                                 activations=activations)
             prediction = _predicted(model, train, tried, profile, gpu_memory_bytes=gpu_memory_bytes,
                                     num_steps=num_steps, costs=costs, settle_clock=settle_clock)
             candidate = Candidate(train=train, policy=tried,
