@@ -248,7 +248,9 @@ def cmd_tune(args) -> int:
         _print_json({"best": rows[0] if result.best else None, "candidates": rows,
                      "plan_file": args.output if result.best_plan is not None else None})
         return 0 if result.best else 1
-    print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates, "
+    pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
+              "overflowed the GPU)") if result.pruned else ""
+    print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates{pruned}, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
     shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast", "gpu_updated_blocks",

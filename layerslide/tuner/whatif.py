@@ -14,7 +14,10 @@ from layerslide.trace import TIERS
 from layerslide.tuner.search import SearchSpace, TuneResult, tune
 
 # Small enough to sweep many profiles or models in seconds, wide enough to find the regime.
-WHATIF_SPACE = SearchSpace(windows=(2, 4), micro_batches=(1, 4, 16), activations=("host", "gpu"),
+# Accumulation 16, layer-major, is what lets the largest models run at speed (64k tokens a step
+# at micro-batch 4).
+WHATIF_SPACE = SearchSpace(windows=(2, 4), micro_batches=(1, 4, 16), grad_accums=(1, 16),
+                           accumulations=("layer_major",), activations=("host", "gpu"),
                            casts=("cpu_once", "gpu"))
 
 
@@ -43,7 +46,10 @@ class WhatIfRow:
                     "step_s": None, "bottleneck": None, "mfu": None, "config": "",
                     **{f"peak_{tier}_bytes": peaks.get(tier, 0) for tier in TIERS}}
         r = best.row()
-        parts = [f"mb={r['micro_batch']}", f"w={r['window']}", f"act={r['activations']}",
+        accumulation = (f"x{r['grad_accum']} {r['accumulation'].replace('_major', '-major')}"
+                        if r["grad_accum"] > 1 else "")
+        parts = [f"mb={r['micro_batch']}{accumulation}", f"w={r['window']}",
+                 f"act={r['activations']}",
                  f"cast={r['cast']}" + ("+worker" if r["cast_worker"] else "")]
         if r["host_grad_buffers"]:
             parts.append(f"grad_bufs={r['host_grad_buffers']}")

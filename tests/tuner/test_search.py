@@ -9,8 +9,9 @@ from layerslide.planner import Plan, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
 from layerslide.tuner import SearchSpace, evaluate, tune
 
-SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), activations=("gpu", "host"),
-                    cast_workers=(False,), casts=("cpu_once",), fill_gpu_updates=False)
+SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1,),
+                    activations=("gpu", "host"), cast_workers=(False,), casts=("cpu_once",),
+                    fill_gpu_updates=False)
 
 
 def test_every_candidate_is_evaluated_and_best_first():
@@ -233,8 +234,9 @@ def test_the_leaders_are_ranked_at_the_speed_their_gpu_settles_at(monkeypatch):
 
     monkeypatch.setattr(search, "CLOCK_FINALISTS", 2)
     profile = load_profile("h200-bench")
-    space = SearchSpace(windows=(1, 2), micro_batches=(1, 8), activations=("host",),
-                        casts=("cpu_once",), allow_nvme=False, fill_gpu_updates=False)
+    space = SearchSpace(windows=(1, 2), micro_batches=(1, 8), grad_accums=(1,),
+                        activations=("host",), casts=("cpu_once",), allow_nvme=False,
+                        fill_gpu_updates=False)
     result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1)
     speedups = [c.prediction.gpu_speedup for c in result.candidates]
     assert sum(s > 1.0 for s in speedups) == 2 and speedups.count(1.0) == 2
@@ -304,3 +306,15 @@ def test_accumulation_is_tried_both_ways_under_the_cap_on_tokens_per_step():
              space=replace(space, max_tokens_per_step=8), workers=1)
     with pytest.raises(ValueError, match="max_tokens_per_step"):
         SearchSpace(max_tokens_per_step=0)
+
+
+def test_settings_that_overflow_the_gpu_are_not_tried_at_a_larger_micro_batch():
+    # GPU needs (MiB) at micro-batch 64 / 128: 828 / 848 with the checkpoints on the GPU, 848 /
+    # 868 with them on the host; capped at 838, the host's at 128 is not simulated
+    space = replace(SMALL, windows=(1,), micro_batches=(64, 128))
+    result = tune(make_tiny_model(), make_round_profile(), seq_len=256, space=space, workers=1,
+                  gpu_memory_bytes=838 * 2**20)
+    tried = {(c.train.micro_batch, c.policy.residency.activations): c.feasible
+             for c in result.candidates}
+    assert tried == {(64, "gpu"): True, (64, "host"): False, (128, "gpu"): False}
+    assert result.pruned == 1
