@@ -246,6 +246,7 @@ def cmd_tune(args) -> int:
     if args.json:
         rows = _records(table)
         _print_json({"best": rows[0] if result.best else None, "candidates": rows,
+                     "pruned": result.pruned,
                      "plan_file": args.output if result.best_plan is not None else None})
         return 0 if result.best else 1
     pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
@@ -253,7 +254,8 @@ def cmd_tune(args) -> int:
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates{pruned}, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
-    shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast", "gpu_updated_blocks",
+    shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast",
+             "gpu_updated_blocks",
              "gpu_updated_order", "moments_on_nvme", "master_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
              "peak_host_bytes"]

@@ -26,8 +26,10 @@ from layerslide.tuner.whatif import across_profiles
 DEMO_MODEL = "llama-3.2-3b"
 DEMO_PROFILE = "h200-bench"
 DEMO_GPU_CAP_BYTES = 24 * 1024**3  # the big card standing in for a 24 GiB consumer one
+# one micro-batch a step: the demo's sweep stays a few minutes on two cores
 DEMO_SPACE = SearchSpace(windows=(1, 2, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32, 64),
-                         activations=("gpu", "host"), casts=("cpu_once", "gpu"))
+                         grad_accums=(1,), activations=("gpu", "host"),
+                         casts=("cpu_once", "gpu"))
 
 
 def _gib(nbytes: float) -> str:

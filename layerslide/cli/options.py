@@ -138,6 +138,10 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                         "layer (weights reloaded per micro-batch, grads summed on the host); "
                         "layer_major runs each layer for all micro-batches while its weights "
                         "are loaded once (grads summed on the GPU, one offload per step)")
+    g.add_argument("--sweep-groups", type=int, default=d.sweep_groups,
+                   help="layer_major: the step's micro-batches run in at most this many groups, "
+                        "a block's task running its group's in turn (fewer: a smaller plan, "
+                        "quicker to simulate, more checkpoints fetched to the GPU at once)")
     if not plan_steps:
         return
     p.add_argument("--steps", type=int, default=STEADY_STEPS,
@@ -172,7 +176,8 @@ def policy_of(args) -> Policy:
         gpu_updated_order=args.gpu_updated_order, optimizer_order=args.optimizer_order,
         cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
         layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
-        cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation))
+        cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation,
+        sweep_groups=args.sweep_groups))
 
 
 def with_env_overrides(policy: Policy) -> Policy:

@@ -58,10 +58,6 @@ class GpuUpdatedBlocks:
         """Copy the fp32 master weights back to the host (for saving)."""
         host_master.copy_(self.master[block])
 
-    def accumulate(self, block: int, micro_batch: int, grads: list[torch.Tensor]) -> None:
-        """Add one micro-batch's bf16 grads (in layout order) into the block's fp32 sum."""
-        add_into_sum(self.blocks, block, self.grad_sum[block], grads, first=micro_batch == 0)
-
     def grad_sq_norm(self, block: int) -> torch.Tensor:
         """Squared L2 norm of the block's grad sum, as a GPU scalar (no host sync)."""
         return torch.linalg.vector_norm(self.grad_sum[block]).square()

@@ -151,8 +151,9 @@ class TaskRunner:
                           "chunks of a fifth of the planned rows", RuntimeWarning, stacklevel=2)
             self.head_chunk_tokens = max(1, self.head_chunk_tokens // 5)
         # offloaded checkpoints: one view per layer and copy (a layer-major sweep keeps one per
-        # micro-batch) into one page-locked buffer for all of them (checkpoint_views). Alone, each layer's buffer under 64 MiB came from torch's pinned
-        # allocator, which rounds up to a power of two: 3B micro-batch 8's 48 MiB checkpoints
+        # micro-batch) into one page-locked buffer for all of them (checkpoint_views). Alone,
+        # each layer's buffer under 64 MiB came from torch's pinned allocator, which rounds
+        # up to a power of two: 3B micro-batch 8's 48 MiB checkpoints
         # took 64 MiB each, 0.44 GiB of RAM for nothing over 28 layers.
         self.act_host: dict[tuple[int, int], torch.Tensor] = {}  # (layer, copy) -> its view
         # activations on NVMe: checkpoints between offload and disk write, or read and fetch
@@ -347,35 +348,40 @@ class TaskRunner:
         else:
             weight = unit.flat[:self.spec.vocab_size * self.spec.hidden_size].view(
                 self.spec.vocab_size, -1)
-        norm = unit.module["norm"]
-        dgrads = []
-        for m, hidden in zip(_micro_batches(task), self._receive(task, "final_hidden"),
-                             strict=True):
-            x = hidden.detach().requires_grad_(True)
-            _, labels_host = self.batches[(s, m)]
-            labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
-            with torch.enable_grad():
-                normed = norm(x)
-            flat = normed.detach().view(-1, normed.shape[-1])
-            count = (labels != IGNORE_INDEX).sum()
-            scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
-            loss, d_flat, d_weight = self._head_loss(
-                flat, weight, labels, scale, self.head_chunk_tokens)
-            self.outcomes[s].loss_parts.append(loss * scale)
-            normed.backward(d_flat.view_as(normed))
-            head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
-            for p in norm.parameters():
-                p.grad = None
-            if self.blocks.tied and self.sums_on_gpu:  # into the embedding's sum: one [V, h]
-                add_into_sum(self.blocks, EMBEDDING, self._grad_sum(s, EMBEDDING), [d_weight],
-                             first=m == 0)
-            elif self.blocks.tied:
-                self.handoff.put(("tied", s, m), d_weight, readers=1)
-            else:
-                head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
-            self._keep_grads(s, m, self.L, head_grads)
-            dgrads.append(x.grad)
+        # one micro-batch per call: its [V, h] LM-weight grad and logits go before the next's
+        dgrads = [self._head_micro_batch(s, m, unit, weight, hidden) for m, hidden in
+                  zip(_micro_batches(task), self._receive(task, "final_hidden"), strict=True)]
         self._hand_on(task, "dgrad", dgrads)
+
+    def _head_micro_batch(self, s: int, m: int, unit: WeightUnit, weight: torch.Tensor,
+                          hidden: torch.Tensor) -> torch.Tensor:
+        """The head's forward and backward of micro-batch m: its grads kept, its dgrad back."""
+        norm = unit.module["norm"]
+        x = hidden.detach().requires_grad_(True)
+        _, labels_host = self.batches[(s, m)]
+        labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
+        with torch.enable_grad():
+            normed = norm(x)
+        flat = normed.detach().view(-1, normed.shape[-1])
+        count = (labels != IGNORE_INDEX).sum()
+        scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
+        loss, d_flat, d_weight = self._head_loss(
+            flat, weight, labels, scale, self.head_chunk_tokens)
+        self.outcomes[s].loss_parts.append(loss * scale)
+        normed.backward(d_flat.view_as(normed))
+        head_grads = [p.grad for p in _params_in_layout(self.blocks, self.L, unit.module)]
+        for p in norm.parameters():
+            p.grad = None
+        if self.blocks.tied and self.sums_on_gpu:  # into the embedding's sum: one [V, h] alive
+            add_into_sum(self.blocks, EMBEDDING, self._grad_sum(s, EMBEDDING), [d_weight],
+                         first=m == 0)
+        elif self.blocks.tied:
+            self.handoff.put(("tied", s, m), d_weight, readers=1)
+        else:
+            head_grads.insert(0, d_weight)  # the LM head comes first in the block's layout
+        del d_weight, d_flat  # held by head_grads or summed: none of them past the keeping
+        self._keep_grads(s, m, self.L, head_grads)
+        return x.grad
 
     def _do_backward(self, task: Task) -> None:
         s, i = task.step, task.block
@@ -389,17 +395,24 @@ class TaskRunner:
         fetched = (task.id, "fetched") in self._read
         inputs = self._receive(task, "fetched" if fetched else "checkpoint")
         params = _params_in_layout(self.blocks, i, unit.module)
-        passed = []
-        for m, saved, dgrad in zip(_micro_batches(task), inputs, dgrads, strict=True):
-            x = saved.detach().requires_grad_(True)
-            with torch.enable_grad():
-                y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
-            y.backward(dgrad)
-            self._keep_grads(s, m, i, [p.grad for p in params])
-            for p in params:
-                p.grad = None
-            passed.append(x.grad)
+        passed = [self._layer_backward(s, m, i, unit, params, saved, dgrad) for m, saved, dgrad
+                  in zip(_micro_batches(task), inputs, dgrads, strict=True)]
         self._hand_on(task, "dgrad", passed)
+
+    def _layer_backward(self, s: int, m: int, i: int, unit: WeightUnit,
+                        params: list[nn.Parameter], saved: torch.Tensor,
+                        dgrad: torch.Tensor) -> torch.Tensor:
+        """Layer i's recompute and backward of micro-batch m: its grads kept (autograd's
+        released from the parameters first), its input's grad back."""
+        x = saved.detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
+        y.backward(dgrad)
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        self._keep_grads(s, m, i, grads)
+        return x.grad
 
     def _embedding_backward(self, s: int, m: int, dgrad: torch.Tensor) -> None:
         ids = self.handoff.take(("ids", s, m))
@@ -428,6 +441,7 @@ class TaskRunner:
     def _keep_grads(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
         if block in self.gpu_blocks or self.sums_on_gpu:  # summed in fp32 on the GPU
             add_into_sum(self.blocks, block, self._grad_sum(s, block), grads, first=m == 0)
+            grads.clear()  # autograd's bf16 grads go before the sum is rounded for the offload
             self._summed(s, m, block)
             return
         self._await_offload(s, m, block, grads)

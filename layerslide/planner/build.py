@@ -130,8 +130,9 @@ class _Builder:
         self.model, self.train, self.policy, self.num_steps = model, train, policy, num_steps
         self.L = model.num_layers
         self.A = train.grad_accum
-        # a sweep runs its Q groups of micro-batches through each task in turn: one group of
-        # one per sweep and a sweep per micro-batch (step-major), or one sweep of the step's
+        # a sweep runs its Q groups of micro-batches through each task in turn: a sweep per
+        # micro-batch, each one group of one (step-major), or one sweep of all the step's
+        # micro-batches in up to sweep_groups groups (layer-major)
         sizes = sweep_group_sizes(policy, train)
         self.Q = len(sizes)
         starts = [sum(sizes[:g]) for g in range(self.Q)]
@@ -250,9 +251,9 @@ class _Builder:
         return step * self.per_step + sweep * self.Q * self.per_micro + index * self.Q + within
 
     def load_gate(self, pos: int, ahead: int) -> str | None:
-        """The GPU task after which a load for the task at `pos` may start, `ahead` tasks of
-        the sequence ahead of it: whole runs of Q where a sweep runs Q tasks per block (its
-        first group is where the block's load is needed)."""
+        """The GPU task after which a load for the task at `pos` may start, `ahead` blocks of
+        the sequence ahead of it (a block's run of Q tasks counts as one: its first group's
+        task is where the load is needed)."""
         within = self.group_of[self.task_of(self.gpu_order[pos]).micro_batch] % self.Q
         return self.gpu_at(pos - within - ahead * self.Q - 1)
 
@@ -475,7 +476,7 @@ class _Builder:
             else:  # autograd's fresh bf16 grad, added into the fp32 sum within the task
                 self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
             return
-        if self.sweep_size > 1 and not self.sum_on_gpu(s, m, block, producer):
+        if self.sweep_size > 1 and not self.add_to_gpu_sum(s, m, block, producer):
             return  # not the sweep's last micro-batch: nothing crosses to the host yet
         pos = self.grad_pos(s, m, block)
         # the pool's buffers are taken in d2h order; the offload, and the task that reads the
@@ -486,8 +487,9 @@ class _Builder:
         off = self.add(kind=K.OFFLOAD_GRADS, lane=Lane.D2H, block=block, step=s, micro_batch=m,
                        bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
         self.edge(producer, off, "data")
-        if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload
-            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
+        if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload:
+            # made while the fp32 sum is still held, so counted from the task's start
+            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,))
         if block in self.dedicated_grad_last and self.sweep_size > 1:
             # the next sum of these grads is made only once this one is offloaded
             self.edge(self.dedicated_grad_last[block], self.sum_maker(s, m, block, producer),
@@ -543,10 +545,10 @@ class _Builder:
             return self.tid(K.HEAD, self.L, s, first)
         return self.tid(self.task_of(producer).kind, block, s, first)
 
-    def sum_on_gpu(self, s: int, m: int, block: int, producer: str) -> bool:
-        """A sweep of several micro-batches sums the block's grads in fp32 on the GPU: the sum
-        is made with the first micro-batch's grads, each producer adds its own, the last rounds
-        it to bf16 for the offload. True for that last one."""
+    def add_to_gpu_sum(self, s: int, m: int, block: int, producer: str) -> bool:
+        """A sweep of several micro-batches sums the block's grads in fp32 on the GPU: the
+        first group's task makes the sum, each task adds its micro-batches' grads, the last
+        rounds it to bf16 for the offload. Returns whether `producer` is that last one."""
         p, group = self.params(block), self.group_of[m]
         within = group % self.Q
         last = self.tid(self.task_of(producer).kind, block, s,
@@ -560,9 +562,9 @@ class _Builder:
             self.tied_grad(s, m, release=adder)
         else:  # autograd's fresh bf16 grad, added into the sum within the task
             self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
-        task = self.task_of(adder)
-        self.update_task(adder, bytes=task.bytes + sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * p,
-                         host_ops=task.host_ops + 1)
+        task, n = self.task_of(adder), self.count(m)  # an add per micro-batch of the group
+        self.update_task(adder, bytes=task.bytes + n * sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * p,
+                         host_ops=task.host_ops + n)
         if within < self.Q - 1:
             return False
         task = self.task_of(producer)

@@ -324,12 +324,6 @@ def sums_grads_on_host(policy: Policy, train: TrainSpec) -> bool:
     return train.grad_accum > 1 and policy.schedule.accumulation == "step_major"
 
 
-def sweep_micro_batches(policy: Policy, train: TrainSpec) -> int:
-    """How many micro-batches a layer runs in turn while its weights are loaded: all of the
-    step's (layer-major), or one."""
-    return train.grad_accum if policy.schedule.accumulation == "layer_major" else 1
-
-
 def sweep_group_sizes(policy: Policy, train: TrainSpec) -> tuple[int, ...]:
     """How many micro-batches each task of a sweep runs: one sweep's groups, in order (one
     group of one under step-major accumulation)."""

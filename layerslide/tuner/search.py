@@ -113,7 +113,8 @@ class SearchSpace:
             if (accumulation == "step_major" and ga > self.step_major_max_accum
                     and "layer_major" in self.accumulations):
                 continue  # layer-major is tried instead
-            if self.max_tokens_per_step is not None and mb * seq_len * ga > self.max_tokens_per_step:
+            tokens = mb * seq_len * ga
+            if self.max_tokens_per_step is not None and tokens > self.max_tokens_per_step:
                 continue
             train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
                               max_grad_norm=max_grad_norm)
@@ -140,9 +141,9 @@ class Candidate:
         return {
             "window": p["window"], "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
             "tokens_per_step": t.tokens_per_step,
-            **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker", "optimizer_order",
-                                 "moments_on_nvme", "master_on_nvme", "host_grad_buffers",
-                                 "gpu_updated_blocks", "gpu_updated_order")},
+            **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker",
+                                 "optimizer_order", "moments_on_nvme", "master_on_nvme",
+                                 "host_grad_buffers", "gpu_updated_blocks", "gpu_updated_order")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -322,8 +323,10 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
                          "raise the cap (--max-tokens-per-step) or try smaller micro-batches")
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
     results: list[Candidate] = []
-    # In waves of micro-batch, smallest first: GPU memory grows with the micro-batch, so the
-    # settings that overflowed the GPU at one are not tried at a larger one.
+    # In waves of micro-batch, smallest first: GPU memory grows with the micro-batch (every
+    # activation, workspace and checkpoint scales with its tokens), so the settings that
+    # overflowed the GPU at one are not tried at a larger one. (The allocator model's
+    # fragmentation could in principle let a larger one fit by a sliver: not worth its cost.)
     overflowed: set[tuple] = set()
     pruned = 0
     pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 and len(jobs) > 4 else None

@@ -182,10 +182,20 @@ def test_malformed_toml_names_the_file(tmp_path):
         load_profile(path)
 
 
+def _storage_without_duplex() -> str:
+    """h200-bench's profile without its storage.duplex and duplex_read_share lines."""
+    storage = H200[H200.index("[storage]"):]
+    kept = [line for line in storage.splitlines(keepends=True)
+            if not line.startswith(("duplex = ", "duplex_read_share = "))]
+    return H200[:H200.index("[storage]")] + "".join(kept)
+
+
 def test_storage_duplex_is_optional_and_read_when_given(tmp_path):
-    assert load_profile("h200-bench").storage.duplex_bytes_per_s is None  # they take turns
+    base = _storage_without_duplex()
+    assert load_profile(_write(tmp_path, base)).storage.duplex_bytes_per_s is None  # turns
+    assert load_profile("h200-bench").storage.duplex_bytes_per_s == pytest.approx(1.53e9)
     duplex = 'duplex = { value = 1.79, unit = "GB/s", source = "measured: both at once" }\n'
-    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + duplex)
+    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + duplex, base)
     profile = load_profile(_write(tmp_path, text))
     assert profile.storage.duplex_bytes_per_s == pytest.approx(1.79e9)
     assert profile.sources["storage.duplex"] == "measured: both at once"
@@ -195,10 +205,11 @@ def test_storage_duplex_is_optional_and_read_when_given(tmp_path):
 
 
 def test_storage_duplex_read_share_is_optional_and_must_lie_between_0_and_1(tmp_path):
-    assert load_profile("h200-bench").storage.read_share == 0.5  # not given: an even split
+    base = _storage_without_duplex()
+    assert load_profile(_write(tmp_path, base)).storage.read_share == 0.5  # an even split
     share = ('duplex_read_share = { value = 0.6, unit = "ratio", source = "measured: reads" }'
              "\n")
-    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + share)
+    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + share, base)
     profile = load_profile(_write(tmp_path, text))
     assert profile.storage.read_share == pytest.approx(0.6)
     assert profile.sources["storage.duplex_read_share"] == "measured: reads"

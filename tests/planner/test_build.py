@@ -567,7 +567,7 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     assert layer.tier == "gpu" and layer.bytes == FP32_BYTES * tied.layer_params
     assert not layer.at_end and layer.release_tasks == ("s0.m2.backward.L1",)
     rounded = buffer_named(plan, "s0.m2.backward.L1.offloaded_grads")
-    assert rounded.bytes == BF16_BYTES * tied.layer_params and rounded.at_end
+    assert rounded.bytes == BF16_BYTES * tied.layer_params and not rounded.at_end
     assert rounded.release_tasks == ("s0.m2.offload_grads.L1",)
     for m in range(3):  # autograd's bf16 grads, added in within the task
         fresh = buffer_named(plan, f"s0.m{m}.backward.L1.grads")

@@ -66,9 +66,19 @@ def test_oversubscribed_grants_exactly_the_capacity():
 
 
 # --- SharedResources on the h200-bench capacities -------------------------------------------
+def _h200_taking_turns():
+    """h200-bench with its disk's reads and writes taking turns (no storage.duplex): what
+    these tests derive by hand."""
+    import dataclasses
+
+    base = load_profile("h200-bench")
+    return dataclasses.replace(base, storage=dataclasses.replace(
+        base.storage, duplex_bytes_per_s=None, duplex_read_share=None))
+
+
 @pytest.fixture(scope="module")
 def costs():
-    return CostModel(load_profile("h200-bench"))
+    return CostModel(_h200_taking_turns())
 
 
 def _task(kind: str, lane: str, **amounts) -> Task:
@@ -230,7 +240,7 @@ def test_a_disk_with_a_measured_duplex_rate_moves_that_much_reading_and_writing_
     and writes alone keep their own rates."""
     import dataclasses
 
-    base = load_profile("h200-bench")
+    base = _h200_taking_turns()
     r, w, duplex = 1.92e9, 2.27e9, 1.79e9
     profile = dataclasses.replace(base, storage=dataclasses.replace(
         base.storage, read_bytes_per_s=r, write_bytes_per_s=w, duplex_bytes_per_s=duplex))
@@ -294,7 +304,7 @@ def test_a_disk_whose_reads_take_60_percent_of_the_duplex_bytes_ends_them_sooner
     writes on the H200 machine; the same bytes each way then end at duplex * 0.6 and 0.4."""
     import dataclasses
 
-    base = load_profile("h200-bench")
+    base = _h200_taking_turns()
     r, w, duplex, part = 1.67e9, 1.97e9, 1.8e9, 0.6
     profile = dataclasses.replace(base, storage=dataclasses.replace(
         base.storage, read_bytes_per_s=r, write_bytes_per_s=w, duplex_bytes_per_s=duplex,
@@ -314,7 +324,7 @@ def test_where_the_slower_direction_cannot_take_half_the_duplex_rate_the_faster_
     other 3, never more than the 5 the disk moves together."""
     import dataclasses
 
-    base = load_profile("h200-bench")
+    base = _h200_taking_turns()
     profile = dataclasses.replace(base, storage=dataclasses.replace(
         base.storage, read_bytes_per_s=7e9, write_bytes_per_s=2e9, duplex_bytes_per_s=5e9))
     costs = CostModel(profile)
@@ -327,7 +337,7 @@ def test_a_disk_read_draws_host_memory_as_a_d2h_and_a_write_as_an_h2d():
     """The disk's DMA writes host memory on a read and reads it on a write."""
     import dataclasses
 
-    base = load_profile("h200-bench")
+    base = _h200_taking_turns()
     profile = dataclasses.replace(base, host=dataclasses.replace(
         base.host, dma_read_cost=0.25, dma_write_cost=0.75))
     costs = CostModel(profile)
@@ -340,4 +350,4 @@ def test_a_disk_read_draws_host_memory_as_a_d2h_and_a_write_as_an_h2d():
 
 def test_the_duplex_split_needs_a_measured_duplex_rate():
     with pytest.raises(ValueError, match="storage.duplex is not given"):
-        CostModel(load_profile("h200-bench")).duplex_split()
+        CostModel(_h200_taking_turns()).duplex_split()
