@@ -232,6 +232,17 @@ def space_of(args) -> SearchSpace:
         allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
 
 
+def _by_accumulation(result) -> list[str]:
+    """The fastest fitting candidate of each (accumulation, schedule), with what bounds it."""
+    best: dict[tuple[int, str], object] = {}
+    for c in result.feasible:  # best first
+        key = (c.train.grad_accum, c.policy.schedule.accumulation)
+        best.setdefault(key, c)
+    return [f"x{ga}{'' if ga == 1 else ' ' + acc.replace('_major', '-major')} "
+            f"{c.prediction.tokens_per_s:,.0f} tokens/s ({c.prediction.bottleneck}-bound)"
+            for (ga, acc), c in sorted(best.items())]
+
+
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile)
     check_writable(args.output)
@@ -261,6 +272,7 @@ def cmd_tune(args) -> int:
              "peak_host_bytes"]
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
+        print("best by accumulation: " + "; ".join(_by_accumulation(result)))
     lines = _rejection_lines(result)
     if lines:
         print("rejected:")
