@@ -225,6 +225,9 @@ def space_of(args) -> SearchSpace:
         micro_batches=args.micro_batches or defaults.micro_batches,
         grad_accums=args.grad_accums or defaults.grad_accums,
         accumulations=args.accumulations or defaults.accumulations,
+        # schedules named on the command line are each tried at every accumulation
+        step_major_max_accum=(max(args.grad_accums or defaults.grad_accums)
+                              if args.accumulations else defaults.step_major_max_accum),
         max_tokens_per_step=args.max_tokens_per_step or None,
         activations=args.activations_list or defaults.activations,
         casts=args.casts or defaults.casts,

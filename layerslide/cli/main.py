@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"accumulation steps to try (default: {listed(space.grad_accums)})")
     p.add_argument("--accumulations", type=str_list,
                    help="with accumulation above 1, the schedules to try, of step_major,"
-                        f"layer_major (default: {listed(space.accumulations)})")
+                        f"layer_major (default: both, step_major only up to "
+                        f"x{space.step_major_max_accum}; named here: each at every accumulation)")
     p.add_argument("--max-tokens-per-step", type=int, default=space.max_tokens_per_step,
                    help="skip candidates of more tokens per step (micro-batch x sequence x "
                         f"accumulation; default {space.max_tokens_per_step}: 256 sequences of "

@@ -98,7 +98,8 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
     g.add_argument("--grad-buffers", type=int, default=d.grad_buffers,
                    help="layers whose bf16 grads may await their offload on the GPU at once")
     g.add_argument("--prefetch-depth", type=int, default=d.prefetch_depth,
-                   help="layers ahead that a weight load or activation fetch may run")
+                   help="layers ahead that a weight load may run (layer_major: blocks, each "
+                        "a run of tasks), and GPU tasks ahead that an activation fetch may")
     g.add_argument("--activations", choices=ACTIVATION_PLACEMENTS, default=d.activations,
                    help="where per-layer checkpoints wait for backward")
     g.add_argument("--moments-on-nvme", type=float, default=d.moments_on_nvme,

@@ -202,7 +202,9 @@ class Residency:
 class Schedule:
     """In what order and how far ahead the work runs: prefetch, the CPU's order, the cast."""
 
-    prefetch_depth: int = 1  # how many layers ahead a weight load or activation fetch may run
+    # how many layers ahead a weight load may run (layer-major: blocks, each a run of a task per
+    # group) and how many GPU tasks ahead an activation fetch may
+    prefetch_depth: int = 1
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
     optimizer_order: OptimizerOrder = "deadline"  # ready steps by arrival or next-use deadline
     cast: CastMode = "cpu_once"

@@ -45,6 +45,10 @@ BOUNDED_GRAD_BUFFERS = 4
 # with GPUSpec.busy_speedup) before the final ranking; the search itself holds the clock at the
 # efficiency tables' rate, which takes one simulation per try instead of two or three.
 CLOCK_FINALISTS = 16
+# The fastest candidates of the sweep that then try filling the GPU memory they leave free with
+# blocks updated on the GPU (each try a simulation): a fill speeds a candidate up when the CPU
+# bounds it, rarely enough to overtake one this far down.
+FILL_FINALISTS = 16
 # The default cap on tokens per step (micro-batch x sequence x accumulation): 256 sequences of
 # 1k, within the global batches fine-tuning recipes use (64-512 sequences); above it a small
 # fine-tuning set gets too few optimizer steps, however much faster each token is.
@@ -202,6 +206,18 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
                         settle_clock=settle_clock)
     if not (fill_gpu_updates and base.feasible):
         return base
+    return filled_with_gpu_updates(model, base, profile, gpu_memory_bytes=gpu_memory_bytes,
+                                   num_steps=num_steps, costs=costs, settle_clock=settle_clock)
+
+
+def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: HardwareProfile, *,
+                            gpu_memory_bytes: int | None, num_steps: int,
+                            costs: CostModel | None = None,
+                            settle_clock: bool = True) -> Candidate:
+    """The feasible candidate with the GPU memory it leaves free given to blocks updated on
+    the GPU, where that is faster; else itself."""
+    costs = costs or CostModel(profile)
+    train = base.train
     pred = base.prediction
     headroom = (pred.limits_bytes["gpu"] - pred.gpu_need_bytes) * GPU_FILL_MARGIN
     best = base
@@ -300,6 +316,10 @@ def _evaluate_args(args: tuple) -> Candidate:
     return evaluate(*args[:4], **args[4])
 
 
+def _fill_args(args: tuple) -> Candidate:
+    return filled_with_gpu_updates(*args[:3], **args[3])
+
+
 def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          max_grad_norm: float | None = None, space: SearchSpace | None = None,
          base_policy: Policy | None = None, gpu_memory_bytes: int | None = None,
@@ -309,8 +329,9 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     space = space or SearchSpace()
     base = base_policy or Policy.of()
     settle_late = profile.gpu.busy_speedup is not None
+    # the GPU-update fill (several simulations each) only for the leaders, after the sweep
     options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
-               "num_steps": num_steps, "fill_gpu_updates": space.fill_gpu_updates,
+               "num_steps": num_steps, "fill_gpu_updates": False,
                "settle_clock": not settle_late}
     if seq_len > model.max_position_embeddings:
         raise ValueError(f"seq_len={seq_len} exceeds {model.name}'s "
@@ -343,10 +364,18 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
                     overflowed.add(_without_micro_batch(job))
                 if progress:
                     progress(len(results) + pruned, len(jobs))
+        ranked = _ranked(results)
+        if space.fill_gpu_updates:
+            leaders = [c for c in ranked if c.feasible][:FILL_FINALISTS]
+            fill = {"gpu_memory_bytes": gpu_memory_bytes, "num_steps": num_steps,
+                    "settle_clock": not settle_late}
+            jobs_fill = [(model, c, profile, fill) for c in leaders]
+            filled = list(pool.map(_fill_args, jobs_fill) if pool is not None and len(leaders) > 1
+                          else map(_fill_args, jobs_fill))
+            ranked = _ranked(filled + [c for c in ranked if not any(c is x for x in leaders)])
     finally:
         if pool is not None:
             pool.shutdown()
-    ranked = _ranked(results)
     if settle_late:  # the leaders again, each at the speed its GPU settles at
         settled: list[Candidate] = []
 
