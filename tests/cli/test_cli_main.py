@@ -57,6 +57,7 @@ def test_tune_prints_best_and_rejections_and_writes_plan(capsys, tmp_path):
                        "--activations", "gpu", "--casts", "cpu_once", "-o", str(path))
     assert code == 0
     assert "over gpu memory" in out  # micro-batch 64 with activations on an 8 GiB GPU
+    assert "best by accumulation: x1 " in out and "x16 layer-major" in out
     assert Plan.load(path).meta["tuned_for_profile"] == "rtx4090-256gb"
 
 
@@ -176,3 +177,17 @@ def test_the_environment_sets_a_loaded_plans_executor_knobs_even_to_their_defaul
     monkeypatch.setenv("LAYERSLIDE_RUN_AHEAD", "3")
     run = with_env_overrides(recorded)
     assert run.executor.cpu_chunk_elements == 1 << 20 and run.schedule.stream_run_ahead == 3
+
+
+def test_schedules_named_on_the_command_line_are_each_tried_at_every_accumulation():
+    from layerslide.cli.commands import space_of
+    from layerslide.cli.main import build_parser
+
+    def space(*flags):
+        return space_of(build_parser().parse_args(["tune", "--model", "llama-3.2-1b", *flags]))
+
+    default = space("--grad-accums", "1,16")
+    assert default.step_major_max_accum == 4  # step-major x16 is left to layer-major
+    named = space("--grad-accums", "1,16", "--accumulations", "step_major,layer_major")
+    assert named.step_major_max_accum == 16
+    assert space("--max-tokens-per-step", "0").max_tokens_per_step is None
