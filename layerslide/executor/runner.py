@@ -47,7 +47,6 @@ from layerslide.planner.plan import (
     Task,
     block_weights_buffer_id,
 )
-from layerslide.planner.settings import sums_grads_on_host
 
 
 @dataclass
@@ -60,7 +59,8 @@ class WeightUnit:
 
 
 class Handoff:
-    """Tensors passed between tasks, dropped once their last reader has taken them: by the id
+    """Tensors passed between tasks (for a task of several micro-batches, a list of theirs),
+    dropped once their last reader has taken them: by the id
     of the plan buffer they are (readers: its release tasks), or for what the plan does not
     size, the token ids and a tied model's LM-weight grad, by ("ids" | "tied", step, micro)."""
 
@@ -107,7 +107,7 @@ class TaskRunner:
         self.gpu_updated = list(placement.gpu_updated)
         # layer-major: a block's grads are summed in fp32 on the GPU over the step's
         # micro-batches and offloaded once; step-major sums them on the host
-        self.sums_on_gpu = train.grad_accum > 1 and not sums_grads_on_host(policy, train)
+        self.sums_on_gpu = train.grad_accum > 1 and not state.sums_on_host
         self.checkpoint_copies = placement.checkpoints_per_layer
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 

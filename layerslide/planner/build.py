@@ -14,7 +14,7 @@ so that one step's optimizer tail and the next step's forward overlap as they wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import networkx as nx
 
@@ -134,14 +134,13 @@ class _Builder:
         # micro-batch, each one group of one (step-major), or one sweep of all the step's
         # micro-batches in up to sweep_groups groups (layer-major)
         sizes = sweep_group_sizes(policy, train)
-        self.Q = len(sizes)
-        starts = [sum(sizes[:g]) for g in range(self.Q)]
-        self.groups = [(sweep * sum(sizes) + first, size)  # (first micro-batch, count)
-                       for sweep in range(self.A // sum(sizes))
-                       for first, size in zip(starts, sizes, strict=True)]
+        self.Q, self.sweep_size = len(sizes), sum(sizes)  # groups, micro-batches of a sweep
+        starts = [0, *accumulate(sizes)][:-1]  # of each group within its sweep
+        self.groups = [(sweep * self.sweep_size + start, size)  # (first micro-batch, count)
+                       for sweep in range(self.A // self.sweep_size)
+                       for start, size in zip(starts, sizes, strict=True)]
         self.group_of = {m: g for g, (first, size) in enumerate(self.groups)
                          for m in range(first, first + size)}
-        self.sweep_size = sum(sizes)  # micro-batches of one sweep: the step's, or one
         self.host_sums = sums_grads_on_host(policy, train)
         self.tokens = train.tokens_per_micro_batch
         self.graph = nx.DiGraph()
@@ -332,6 +331,11 @@ class _Builder:
         return self.add(kind=kind, lane=Lane.GPU, block=block, step=step, micro_batch=micro,
                         micro_batches=n, flops=n * flops, attention_flops=n * attention_flops,
                         bytes=n * nbytes, tokens=self.tokens, host_ops=n * host_ops)
+
+    def sweep_firsts(self, micro: int) -> list[int]:
+        """The first micro-batch of each group of the sweep that runs `micro`."""
+        start = self.group_of[micro] - self.group_of[micro] % self.Q
+        return [first for first, _ in self.groups[start:start + self.Q]]
 
     def count(self, micro: int) -> int:
         """Micro-batches in the group that starts at `micro`."""
@@ -540,7 +544,7 @@ class _Builder:
     def sum_maker(self, s: int, m: int, block: int, producer: str) -> str:
         """The task that makes the sweep's fp32 grad sum of the block: its first micro-batch's
         producer (a tied embedding's: the head, whose LM-weight grad it starts from)."""
-        first = self.groups[self.group_of[m] - self.group_of[m] % self.Q][0]
+        first = self.sweep_firsts(m)[0]
         if block == EMBEDDING and self.model.tie_word_embeddings:
             return self.tid(K.HEAD, self.L, s, first)
         return self.tid(self.task_of(producer).kind, block, s, first)
@@ -549,10 +553,8 @@ class _Builder:
         """A sweep of several micro-batches sums the block's grads in fp32 on the GPU: the
         first group's task makes the sum, each task adds its micro-batches' grads, the last
         rounds it to bf16 for the offload. Returns whether `producer` is that last one."""
-        p, group = self.params(block), self.group_of[m]
-        within = group % self.Q
-        last = self.tid(self.task_of(producer).kind, block, s,
-                        self.groups[group - within + self.Q - 1][0])
+        p, within = self.params(block), self.group_of[m] % self.Q
+        last = self.tid(self.task_of(producer).kind, block, s, self.sweep_firsts(m)[-1])
         tied = block == EMBEDDING and self.model.tie_word_embeddings
         if within == 0:
             self.buffer(self.sum_maker(s, m, block, producer),
@@ -746,8 +748,8 @@ class _Builder:
     def build(self) -> Plan:
         self.static_buffers()
         for s in range(self.num_steps):
-            for sweep in range(0, len(self.groups), self.Q):
-                self.sweep(s, [first for first, _ in self.groups[sweep:sweep + self.Q]])
+            for first, _ in self.groups[::self.Q]:
+                self.sweep(s, self.sweep_firsts(first))
             # One step ends when its last backward does: from there to the next step's, the
             # GPU waits for the updates it needs, runs forward and backward; the same cycle
             # every step, so the interval between two markers is the steady-state step.

@@ -54,9 +54,9 @@ FILL_FINALISTS = 16
 # fine-tuning set gets too few optimizer steps, however much faster each token is.
 MAX_TOKENS_PER_STEP = 256 * 1024
 # Step-major accumulation is tried up to this many micro-batches: beyond, each micro-batch
-# reloads every weight and offloads every grad (3B on h200-bench, 4 x 16: 8,137 tokens/s
-# predicted against layer-major's 20,135), and its plan holds a copy of the GPU sequence per
-# micro-batch, slow to simulate.
+# reloads every weight and offloads every grad (results/layer_major_2026-12-01: 2.5x slower
+# than layer-major at 3B x16), and its plan holds a copy of the GPU sequence per micro-batch,
+# slow to simulate.
 STEP_MAJOR_MAX_ACCUM = 4
 
 
@@ -89,6 +89,9 @@ class SearchSpace:
                      "casts", "cast_workers", "optimizer_orders"):
             if not getattr(self, name):
                 raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
+        if not isinstance(self.step_major_max_accum, int) or self.step_major_max_accum < 1:
+            raise ValueError(f"SearchSpace.step_major_max_accum={self.step_major_max_accum!r}: "
+                             "give a positive number of micro-batches")
         for name in ("windows", "micro_batches", "grad_accums"):
             bad = [v for v in getattr(self, name) if not isinstance(v, int) or v < 1]
             if bad:
