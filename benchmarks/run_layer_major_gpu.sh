@@ -11,6 +11,8 @@
 #         accumulation 1 against layer-major 4 x 16; then 3B layer-major 4 x 16 once more.
 # SET disk: Llama-3.2-3B with 60% of its moments on the disk, accumulation 1 against
 #         layer-major 4 x 16.
+# SET weights: Llama-3.2-3B layer-major 4 x 16 with half of its bf16 weights on the disk (read
+#         at every load, written at every update) against all in RAM: the losses must agree.
 # Each run's summary line is written as it ends (a call cut short keeps what ran).
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -80,7 +82,13 @@ disk)
     rm -rf "$nvme"; mkdir -p "$nvme"  # a run cut short leaves its state files behind
     run disk_lm16 5 170 "${m[@]}" --micro-batch 4 --grad-accum 16 --accumulation layer_major
     ;;
+weights)
+    m=(--model llama-3.2-3b --micro-batch 4 --grad-accum 16 --accumulation layer_major)
+    run ram_lm16 6 150 "${m[@]}"
+    run weights_lm16 6 200 "${m[@]}" --weights-on-nvme 0.5 --nvme-dir "$nvme"
+    rm -rf "$nvme"
+    ;;
 *)
-    echo "usage: $0 [--tests] 3b|8b|disk"; exit 2 ;;
+    echo "usage: $0 [--tests] 3b|8b|disk|weights"; exit 2 ;;
 esac
 

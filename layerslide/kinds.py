@@ -42,7 +42,8 @@ class TaskKind(StrEnum):
     OPTIMIZER_STEP = "optimizer_step"  # AdamW of one block (CPU, or GPU for GPU-updated blocks)
     CAST = "cast"  # fp32 master -> bf16 upload copy
     READ_STATE = "read_state"  # a block's optimizer state on NVMe into its staging slot
-    WRITE_STATE = "write_state"  # and back after the block's optimizer step
+    WRITE_STATE = "write_state"  # and back after the block's optimizer step (new bf16 weights too)
+    READ_WEIGHTS = "read_weights"  # a block's bf16 weights on NVMe into a staging slot, to load
 
 
 # kinds that run on the compute stream and compute from a block's weights

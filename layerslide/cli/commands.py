@@ -70,8 +70,8 @@ def cmd_profiles(args) -> int:
         "bf16_TFLOP/s": p.gpu.bf16_flops_per_s / 1e12, "h2d_GB/s": p.link.h2d_bytes_per_s / 1e9,
         "ram_GiB": gib(p.host.ram_bytes), "adamw_Gparam/s": p.host.adamw_params_per_s / 1e9,
         "host_mem_GB/s": p.host.memory_bytes_per_s / 1e9,
-        "nvme_read_GB/s": p.storage.read_bytes_per_s / 1e9,
-        "nvme_GiB": gib(p.storage.capacity_bytes),
+        "nvme_drives": p.storage.drives, "nvme_read_GB/s": p.storage.read_bytes_per_s / 1e9,
+        "nvme_GiB": gib(p.storage.total_capacity_bytes),
     } for p in profiles]
     print(format_table(pd.DataFrame(rows)))
     print("\nGB = 1e9 bytes, GiB = 2^30 bytes. Add your own: --profile path/to/profile.toml")
@@ -177,7 +177,10 @@ def cmd_simulate(args) -> int:
         if not args.model:
             raise UsageError("give --model (and settings) or --plan FILE")
         plan = _build(args)
-    profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE)
+    drives = args.nvme_drives if args.nvme_drives is not None else tuned.get(
+        "tuned_for_nvme_drives")
+    profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE,
+                         drives)
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
@@ -247,7 +250,7 @@ def _by_accumulation(result) -> list[str]:
 
 
 def cmd_tune(args) -> int:
-    model, profile = model_of(args), profile_of(args.profile)
+    model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
     check_writable(args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
@@ -270,7 +273,7 @@ def cmd_tune(args) -> int:
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
     shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast",
              "gpu_updated_blocks",
-             "gpu_updated_order", "moments_on_nvme", "master_on_nvme",
+             "gpu_updated_order", "moments_on_nvme", "master_on_nvme", "weights_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
              "peak_host_bytes"]
     if result.feasible:
@@ -313,7 +316,7 @@ def cmd_whatif(args) -> int:
         if args.model or args.profiles:
             raise UsageError("--on-profile compares models: give them with --models, "
                              "not --model or --profiles")
-        profile = profile_of(args.profile_axis)
+        profile = profile_of(args.profile_axis, args.nvme_drives)
         models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
         rows = across_models(profile, models, ram_sizes=args.ram or (None,),
                              nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
@@ -326,8 +329,8 @@ def cmd_whatif(args) -> int:
         if args.models or args.ram or args.nvme:
             raise UsageError("--models, --ram and --nvme go with --on-profile")
         model = model_of(args)
-        profiles = ([profile_of(n) for n in args.profiles] if args.profiles
-                    else builtin_profiles())
+        profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
+                    [p.name for p in builtin_profiles()]]
         rows = across_profiles(model, profiles, seq_len=args.seq_len,
                                gpu_memory_bytes=args.gpu_memory, progress=progress)
         title = f"{model.name} across profiles"

@@ -14,6 +14,7 @@ from layerslide.cli.options import (
     UsageError,
     add_json,
     add_model,
+    add_nvme_drives,
     add_policy,
     add_profile,
     add_train,
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvme", type=byte_sizes, help="NVMe capacities to try, e.g. 1TB,4TB")
     p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
                    help="cap GPU memory, e.g. 24GiB")
+    add_nvme_drives(p)
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
     add_json(p)
     p.set_defaults(run=commands.cmd_whatif)

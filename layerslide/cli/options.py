@@ -79,6 +79,14 @@ def add_profile(p: argparse.ArgumentParser, default: str | None = DEFAULT_PROFIL
                         f"TOML profile (default: {default or DEFAULT_PROFILE})")
     p.add_argument("--gpu-memory", type=byte_size, default=None, metavar="SIZE",
                    help="cap GPU memory, e.g. 24GiB (bytes; units B, KB, MB, GB, KiB, MiB, GiB...)")
+    add_nvme_drives(p)
+
+
+def add_nvme_drives(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nvme-drives", type=int, default=None, metavar="N",
+                   help="the profile's NVMe drive N times over (the tier stripes its files "
+                        "over one folder per drive: each drive's rates and capacity, N of "
+                        "them; default: the profile's own count)")
 
 
 def add_train(p: argparse.ArgumentParser) -> None:
@@ -106,6 +114,10 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                    help="fraction (0-1) of AdamW moments kept on NVMe")
     g.add_argument("--master-on-nvme", type=float, default=d.master_on_nvme,
                    help="fraction (0-1) of fp32 master weights kept on NVMe")
+    g.add_argument("--weights-on-nvme", type=float, default=d.weights_on_nvme,
+                   help="fraction (0-1) of the bf16 weights the GPU loads kept on NVMe (read "
+                        "at each load, written with the state at each update; grads then land "
+                        "in a pool of host buffers, 4 unless --host-grad-buffers says)")
     g.add_argument("--resident-layers", type=int, default=d.resident_layers,
                    help="decoder layers kept on the GPU outside the window")
     g.add_argument("--gpu-updated-blocks", type=int, default=d.gpu_updated_blocks,
@@ -158,8 +170,14 @@ def model_of(args) -> ModelSpec:
     return resolve_model(args.model)
 
 
-def profile_of(name: str) -> HardwareProfile:
-    return load_profile(name)
+def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
+    """A profile by name or path, with --nvme-drives applied where given."""
+    profile = load_profile(name)
+    if nvme_drives is None:
+        return profile
+    if nvme_drives < 1:
+        raise UsageError(f"--nvme-drives {nvme_drives}: give a whole number of drives >= 1")
+    return profile.with_overrides(nvme_drives=nvme_drives)
 
 
 def train_of(args) -> TrainSpec:
@@ -173,6 +191,7 @@ def policy_of(args) -> Policy:
         window=args.window, grad_buffers=args.grad_buffers,
         prefetch_depth=args.prefetch_depth, activations=args.activations,
         moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
+        weights_on_nvme=args.weights_on_nvme,
         resident_layers=args.resident_layers, gpu_updated_blocks=args.gpu_updated_blocks,
         gpu_updated_order=args.gpu_updated_order, optimizer_order=args.optimizer_order,
         cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,

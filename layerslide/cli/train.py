@@ -118,10 +118,16 @@ def _check_fits(args, plan: Plan) -> None:
                          f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: lower --micro-batch or "
                          "--window, or keep activations on the host")
     ram = physical_ram_bytes()
-    host_need = plan.static_bytes("host")
+    host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
+    reserve = profile.host.reserve_bytes
+    if ram - reserve < host_need <= ram:  # a machine whose RAM grows may hold it
+        print(f"warning: the plan needs {gib(host_need):.1f} GiB of host memory at its peak, "
+              f"within {gib(reserve):.0f} GiB of this machine's {gib(ram):.1f} GiB "
+              "(the OS and the CUDA driver need some): the OOM killer may stop it",
+              file=sys.stderr)
     if host_need > ram:
-        raise UsageError(f"the plan holds {gib(host_need):.1f} GiB of host memory, this machine "
-                         f"has {gib(ram):.1f} GiB: keep part of the state on NVMe "
+        raise UsageError(f"the plan needs {gib(host_need):.1f} GiB of host memory at its peak, "
+                         f"this machine has {gib(ram):.1f} GiB: keep part of the state on NVMe "
                          "(--moments-on-nvme/--master-on-nvme with --nvme-dir; `layerslide "
                          "tune` picks the fractions), or a smaller model")
 

@@ -129,13 +129,21 @@ class LaneDevice:
         if pinned and self.is_cuda and nbytes < REGISTER_MIN_BYTES:
             return torch.empty(numel, dtype=dtype, pin_memory=True)
         tensor = torch.empty(numel, dtype=dtype)
-        if pinned and self.is_cuda:
-            err = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
-            if int(err) != 0:
-                raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed ({err}): the "
-                                   "host may be out of lockable memory (ulimit -l)")
-            self._registered.append(tensor)
+        if pinned:
+            self.pin(tensor)
         return tensor
+
+    def pin(self, tensor: torch.Tensor) -> None:
+        """Page-lock a large host tensor in place (cudaHostRegister) where there is a GPU; it is
+        unpinned when the device closes."""
+        if not self.is_cuda:
+            return
+        nbytes = tensor.numel() * tensor.element_size()
+        err = torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), nbytes, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed ({err}): the "
+                               "host may be out of lockable memory (ulimit -l)")
+        self._registered.append(tensor)
 
     # --- timing ----------------------------------------------------------------------------------
     def reset_clock(self) -> None:

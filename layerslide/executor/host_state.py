@@ -31,6 +31,7 @@ from layerslide.planner.plan import (
     HOST_UPLOAD,
     NVME_MASTER,
     NVME_MOMENTS,
+    NVME_WEIGHTS,
     Placement,
 )
 from layerslide.planner.settings import Policy, TrainSpec, sums_grads_on_host
@@ -56,15 +57,18 @@ class HostState:
         # rest; blocks updated on the GPU keep theirs whole)
         self.disk_master = {b: placement.disk_numel(b)[0] for b in cpu_blocks}
         self.disk_moments = {b: placement.disk_numel(b)[1] for b in cpu_blocks}
+        # likewise the first elements of its bf16 upload copy (self.upload holds the rest)
+        self.disk_weights = {b: placement.disk_weights_numel(b) for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
         self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
-        state_on_nvme = policy.residency.moments_on_nvme > 0 or policy.residency.master_on_nvme > 0
         where = policy.residency
+        state_on_nvme = (where.moments_on_nvme > 0 or where.master_on_nvme > 0
+                         or where.weights_on_nvme > 0)
         if (state_on_nvme or where.activations == "nvme") and nvme_dir is None:
             raise ValueError(f"the policy keeps state on NVMe (master_on_nvme="
                              f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
-                             f"activations={where.activations}): pass a folder on that disk "
-                             "(--nvme-dir)")
+                             f"weights_on_nvme={where.weights_on_nvme}, activations="
+                             f"{where.activations}): pass a folder on that disk (--nvme-dir)")
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size
                             * blocks.num_layers * placement.checkpoints_per_layer
@@ -75,7 +79,9 @@ class HostState:
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
                                  "not 0): torch's AdamW keeps whole moments in RAM")
             self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
-                                  placement.nvme_staging_slots, extra_bytes=activation_bytes,
+                                  placement.nvme_staging_slots, weights_numel=self.disk_weights,
+                                  weight_staging_buffers=placement.weight_staging_slots,
+                                  pin=device.pin, extra_bytes=activation_bytes,
                                   checkpoint_copies=nvme_checkpoint_copies)
         elif activation_bytes:
             check_nvme_folder(self.nvme_dir, activation_bytes)
@@ -84,7 +90,8 @@ class HostState:
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
                                             torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
-        self.upload = ({b: device.host_empty(blocks.numel(b), torch.bfloat16)
+        self.upload = ({b: device.host_empty(blocks.numel(b) - self.disk_weights[b],
+                                             torch.bfloat16)
                         for b in cpu_blocks} if policy.schedule.cast == "cpu_once" else {})
         # where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or a
         # pool whose buffers the plan's tasks name (its backpressure edges make reuse safe)
@@ -199,7 +206,13 @@ class HostState:
             target = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16,
                                  pin_memory=self.device.is_cuda)
         master = self.block_master(block)
-        if self.native is not None:
+        k = self.disk_weights.get(block, 0)
+        if k:  # the first k to the block's file, the rest to the RAM copy
+            whole = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16)
+            self.native.cast(master, whole)
+            self.nvme.update_block(block, weights=whole[:k])
+            target.copy_(whole[k:])
+        elif self.native is not None:
             self.native.cast(master, target)
         else:
             target.copy_(master)
@@ -233,11 +246,11 @@ class HostState:
         grads = self.grad32[block] if self.sums_on_host else landed
         self.steps_taken[block] += 1
         if self.native is not None:
-            weights_out = self.upload[block] if self.policy.optimizer_casts else None
-            for part, param, exp_avg, exp_avg_sq in self._state_parts(block):
+            casts = self.policy.optimizer_casts
+            for part, param, exp_avg, exp_avg_sq, weights in self._state_parts(block):
                 self.native.adamw_step(
                     param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grads[part],
-                    weights_out=None if weights_out is None else weights_out[part],
+                    weights_out=weights if casts else None,
                     decay_end=min(max(self.blocks.decay_numel(block) - part.start, 0),
                                   param.numel()),
                     lr=lr, beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
@@ -249,32 +262,39 @@ class HostState:
             self.upload[block].copy_(self.master[block])
 
     def restore_upload(self, block: int) -> None:
-        """After a skipped update: the upload copy holds the landed grads, not the weights;
-        cast the (unchanged) master weights back into it. The disk part of the master is read
-        from the staging buffer the plan's NVMe read filled, as the update would have."""
-        if not self.land_in_upload or block not in self.upload:
+        """After a skipped update: the upload copy holds the landed grads, not the weights, or
+        (weights on NVMe) the staged weights part is not yet written; cast the (unchanged)
+        master weights back into them. The disk part of the master is read from the staging
+        buffer the plan's NVMe read filled, as the update would have."""
+        if block not in self.upload or not (self.land_in_upload or self.disk_weights[block]):
             return
-        target = self.upload[block]
-        for part, param, _, _ in self._state_parts(block):
+        for _, param, _, _, weights in self._state_parts(block):
             if self.native is not None:
-                self.native.cast(param, target[part])
+                self.native.cast(param, weights)
             else:
-                target[part].copy_(param)
+                weights.copy_(param)
 
     def _state_parts(self, block: int):
-        """(slice of the block, master, exp_avg, exp_avg_sq) runs of its parameters, each run
-        wholly in one place per tensor: the disk parts (in the staging buffer the plan's read
-        filled) come first, then the RAM parts."""
+        """(slice of the block, master, exp_avg, exp_avg_sq, bf16 weights) runs of its
+        parameters, each run wholly in one place per tensor: the disk parts (in the staging
+        buffer the plan's NVMe read filled) come first, then the RAM parts. The weights are the
+        upload copy's, None without one."""
         n, km, kv = self.blocks.numel(block), self.disk_master[block], self.disk_moments[block]
-        if km or kv:
-            disk_p, disk_m, disk_v = self.nvme.views(block, self.nvme.slot_of_block[block])
+        kw = self.disk_weights[block]
+        if km or kv or kw:
+            slot = self.nvme.slot_of_block[block]
+            disk_p, disk_m, disk_v = self.nvme.views(block, slot)
+            disk_w = self.nvme.weights_view(block, slot)
         ram_p, (ram_m, ram_v) = self.master[block], self.moments[block]
-        cuts = sorted({0, km, kv, n})
+        ram_w = self.upload.get(block)
+        cuts = sorted({0, km, kv, kw, n})
         for a, b in pairwise(cuts):
             param = disk_p[a:b] if b <= km else ram_p[a - km:b - km]
             exp_avg, exp_avg_sq = ((disk_m[a:b], disk_v[a:b]) if b <= kv
                                    else (ram_m[a - kv:b - kv], ram_v[a - kv:b - kv]))
-            yield slice(a, b), param, exp_avg, exp_avg_sq
+            weights = (disk_w[a:b] if b <= kw else
+                       None if ram_w is None else ram_w[a - kw:b - kw])
+            yield slice(a, b), param, exp_avg, exp_avg_sq, weights
 
     def _torch_step(self, block: int, grads: torch.Tensor, lr: float, clip_coef: float) -> None:
         if grads.dtype != torch.float32:  # torch's fused AdamW needs fp32 grads
@@ -310,7 +330,8 @@ class HostState:
                 HOST_GRAD_ACCUM: nbytes(self.grad32.values()),
                 # the files' contents; each file is padded to the disk's O_DIRECT alignment
                 NVME_MASTER: 4 * sum(self.disk_master.values()),
-                NVME_MOMENTS: 8 * sum(self.disk_moments.values())}
+                NVME_MOMENTS: 8 * sum(self.disk_moments.values()),
+                NVME_WEIGHTS: 2 * sum(self.disk_weights.values())}
         return {k: v for k, v in held.items() if v}
 
     def state_bytes(self) -> int:

@@ -1,11 +1,14 @@
 """The NVMe tier: the part of each block's optimizer state that the policy keeps on disk.
 
-The plan's placement says how many of a block's first fp32 master weights and of its first
-exp_avg and exp_avg_sq elements (round(fraction * n) of its n parameters) live in the file
-`state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part], padded to 4 KiB), the
-rest in RAM. The plan reads a block's file into a staging buffer before
-its optimizer step and writes it back after; each read and write names its staging buffer
-(placement.nvme_staging_slots of them, reused in the order the plan's edges allow).
+The plan's placement says how many of a block's first fp32 master weights, of its first
+exp_avg and exp_avg_sq elements and of its first bf16 weights (round(fraction * n) of its n
+parameters) live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part]
+padded to 4 KiB, then [bf16 weights part] padded to 4 KiB), the rest in RAM. The plan reads a
+block's state (not its weights: the update writes them all anew) into a staging buffer before
+its optimizer step and writes the whole file back after; each read and write names its staging
+buffer (placement.nvme_staging_slots of them, reused in the order the plan's edges allow). Before
+each load of the block's weights the plan reads the weights part into a weight staging buffer
+(placement.weight_staging_slots, page-locked), which the load copies to the GPU.
 
 A write goes to a new file that then replaces the old one (os.replace), never into the old one:
 a checkpoint can hard-link the files instead of copying them, and a write that fails (a full
@@ -46,13 +49,19 @@ class NvmeState:
 
     def __init__(self, folder: str | Path, master_numel: dict[int, int],
                  moments_numel: dict[int, int], staging_buffers: int, *,
-                 extra_bytes: int = 0, checkpoint_copies: int = 0):
+                 weights_numel: dict[int, int] | None = None, weight_staging_buffers: int = 0,
+                 pin=None, extra_bytes: int = 0, checkpoint_copies: int = 0):
         self.folder = Path(folder).expanduser()
         self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
         self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
-        self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel))
-        self.file_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
-                                      + 8 * self.moments_numel.get(b, 0))
+        self.weights_numel = {b: k for b, k in (weights_numel or {}).items() if k > 0}
+        self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel)
+                                  | set(self.weights_numel))
+        # where a block's bf16 weights part starts in its file: after its state, aligned
+        self.state_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
+                                       + 8 * self.moments_numel.get(b, 0))
+                            for b in self.disk_blocks}
+        self.file_bytes = {b: self.state_bytes[b] + _padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
         # extra_bytes: what else the run keeps in the folder (activation checkpoints);
         # checkpoint_copies: checkpoints kept on this filesystem, each of which ends up owning a
@@ -61,6 +70,11 @@ class NvmeState:
                           + checkpoint_copies * sum(self.file_bytes.values()))
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
+        # page-locked (pin: the device's) for the loads' copies to the GPU
+        largest = _padded(2 * max(self.weights_numel.values(), default=0))
+        self.weight_staging = [aligned_buffer(largest) for _ in range(weight_staging_buffers)]
+        for buffer in self.weight_staging if pin is not None else ():
+            pin(buffer)
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
         self.direct = supports_direct(self.folder)
         for b in self.disk_blocks:  # fresh state: sparse files of zeros, put in by replace
@@ -93,23 +107,44 @@ class NvmeState:
         flat = self.staging[slot][:4 * (km + 2 * kv)].view(torch.float32)
         return flat[:km], flat[km:km + kv], flat[km + kv:]
 
+    def weights_view(self, block: int, slot: int) -> torch.Tensor:
+        """The block's on-disk bf16 weights part in a (state) staging buffer: where its update
+        writes them, for the write that follows."""
+        start = self.state_bytes.get(block, 0)
+        size = 2 * self.weights_numel.get(block, 0)
+        return self.staging[slot][start:start + size].view(torch.bfloat16)
+
+    def staged_weights(self, block: int, slot: int) -> torch.Tensor:
+        """The block's on-disk bf16 weights as a weight staging buffer holds them after
+        read_weights (what its load copies to the GPU)."""
+        return self.weight_staging[slot][:2 * self.weights_numel[block]].view(torch.bfloat16)
+
     def read(self, block: int, slot: int) -> None:
-        if block not in self.file_bytes:  # its share of the state rounds to nothing: no file
-            return
-        view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
+        """Read the block's state part (master and moments) into a staging buffer."""
+        if self.state_bytes.get(block, 0):  # else its share rounds to nothing: nothing to read
+            self._read_into(block, self.staging[slot], 0, self.state_bytes[block])
+        self.slot_of_block[block] = slot
+
+    def read_weights(self, block: int, slot: int) -> None:
+        """Read the block's bf16 weights part into a weight staging buffer."""
+        start = self.state_bytes[block]
+        self._read_into(block, self.weight_staging[slot], start,
+                        self.file_bytes[block] - start)
+
+    def _read_into(self, block: int, buffer: torch.Tensor, offset: int, nbytes: int) -> None:
+        view = memoryview(buffer.numpy())[:nbytes]
         fd = self._open(self.path(block), os.O_RDONLY)
         try:
             done = 0
             while done < len(view):
-                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], done)
+                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], offset + done)
                 if got <= 0:
-                    raise OSError(errno.EIO, f"{self.path(block)} ended after {done} bytes of "
-                                  f"{len(view)}: the NVMe state is damaged; resume from a "
-                                  "checkpoint")
+                    raise OSError(errno.EIO, f"{self.path(block)} ended after {offset + done} "
+                                  f"bytes of {offset + len(view)}: the NVMe state is damaged; "
+                                  "resume from a checkpoint")
                 done += got
         finally:
             os.close(fd)
-        self.slot_of_block[block] = slot
 
     def write(self, block: int, slot: int) -> None:
         """Write the staging buffer to a new file that then replaces the block's file."""
@@ -159,11 +194,20 @@ class NvmeState:
         self.slot_of_block.pop(block, None)
         return tuple(part.clone() for part in self.views(block, 0))
 
-    def update_block(self, block: int, master: torch.Tensor | None = None) -> None:
-        """Replace a block's on-disk master part (outside a segment), keeping its moments."""
+    def update_block(self, block: int, master: torch.Tensor | None = None,
+                     weights: torch.Tensor | None = None) -> None:
+        """Replace a block's on-disk master part and/or bf16 weights part (outside a segment),
+        keeping the rest."""
         self.read(block, 0)
+        if self.weights_numel.get(block, 0):  # kept unless replaced
+            start = self.state_bytes[block]
+            self._read_into(block, self.staging[0][start:], 0 + start,
+                            self.file_bytes[block] - start)
+        self.slot_of_block.pop(block, None)
         if master is not None:
             self.views(block, 0)[0].copy_(master)
+        if weights is not None:
+            self.weights_view(block, 0).copy_(weights)
         self.write(block, 0)
 
 

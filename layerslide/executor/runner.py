@@ -242,6 +242,9 @@ class TaskRunner:
             count, what = placement.grad_landing_buffers, "landing"
         elif task.kind in (TaskKind.READ_STATE, TaskKind.WRITE_STATE):
             count, what = placement.nvme_staging_slots, "staging"
+        elif task.kind == TaskKind.READ_WEIGHTS or (task.kind == TaskKind.LOAD_WEIGHTS
+                                                    and task.slot >= 0):
+            count, what = placement.weight_staging_slots, "weight staging"
         else:
             return
         if not 0 <= task.slot < count:
@@ -254,6 +257,10 @@ class TaskRunner:
             unit.landing_fp32.copy_(self.state.master[task.block], non_blocking=True)
         elif self.policy.schedule.cast == "cpu_per_load":
             unit.flat.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
+        elif task.slot >= 0:  # the first part read from NVMe into a weight staging buffer
+            staged = self.state.nvme.staged_weights(task.block, task.slot)
+            unit.flat[:staged.numel()].copy_(staged, non_blocking=True)
+            unit.flat[staged.numel():].copy_(self.state.upload[task.block], non_blocking=True)
         else:
             unit.flat.copy_(self.state.upload[task.block], non_blocking=True)
 
@@ -548,6 +555,9 @@ class TaskRunner:
 
     def _do_write_state(self, task: Task) -> None:
         self.state.nvme.write(task.block, task.slot)
+
+    def _do_read_weights(self, task: Task) -> None:
+        self.state.nvme.read_weights(task.block, task.slot)
 
     def _do_read_activation(self, task: Task) -> None:
         # into pinned buffers the fetch copies to the GPU

@@ -53,6 +53,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "dma_read_cost": ("dma_read_cost", "ratio"),
             "dma_write_cost": ("dma_write_cost", "ratio"),
             "dispatch_cores": ("dispatch_cores", "ratio"),
+            "reserve": ("reserve_bytes", "bytes"),
         },
     ),
     "storage": (
@@ -63,19 +64,22 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "capacity": ("capacity_bytes", "bytes"),
             "duplex": ("duplex_bytes_per_s", "bytes/s"),
             "duplex_read_share": ("duplex_read_share", "ratio"),
+            "drives": ("drives", "count"),
         },
     ),
 }
 # Fields a profile may leave out; the dataclass default stands, with no source.
-OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "gpu.busy_speedup",
+OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drives",
+                   "gpu.busy_speedup",
                    "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
-                   "host.dispatch_cores"}
+                   "host.dispatch_cores", "host.reserve"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
-INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores"}
+INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores", "drives",
+                 "reserve_bytes"}
 
 
 class ProfileError(ValueError):

@@ -15,6 +15,7 @@ _OVERRIDE_FIELDS = {
     "gpu_memory_bytes": ("gpu", "memory_bytes", "gpu.memory"),
     "ram_bytes": ("host", "ram_bytes", "host.ram"),
     "nvme_capacity_bytes": ("storage", "capacity_bytes", "storage.capacity"),
+    "nvme_drives": ("storage", "drives", "storage.drives"),
 }
 
 
@@ -118,6 +119,13 @@ class HostSpec:
     # 2.8 cores; a profile with 2.8 predicted the validation suite no better than with 1.0,
     # benchmarks/results/README.md session 11). calibrate does not measure it.
     dispatch_cores: float = 1.0
+    # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
+    # torch.compile's worker processes. Plans must fit ram_bytes less this.
+    reserve_bytes: int = 0
+
+    @property
+    def usable_ram_bytes(self) -> int:
+        return self.ram_bytes - self.reserve_bytes
 
     def __post_init__(self) -> None:
         if not 0 < self.dispatch_cores <= self.cores:
@@ -132,7 +140,9 @@ class HostSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class StorageSpec:
-    """The NVMe (or whatever disk) tier: sequential read/write rates and capacity."""
+    """The NVMe (or whatever disk) tier: `drives` alike, each with these sequential read/write
+    rates and capacity. The tier stripes every file evenly over the drives (one folder each),
+    so the drives together move and hold `drives` times one drive's (`striped`)."""
 
     read_bytes_per_s: float
     write_bytes_per_s: float
@@ -143,8 +153,11 @@ class StorageSpec:
     # the reads' part of those bytes; None: an even split. On the H200 machine the NVMe
     # tier's reads took ~60% beside its writes (benchmarks/results/sharing_2026-11-30)
     duplex_read_share: float | None = None
+    drives: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.drives, bool) or not isinstance(self.drives, int) or self.drives < 1:
+            raise ValueError(f"storage drives must be a whole number >= 1, got {self.drives!r}")
         share = self.duplex_read_share
         if share is not None and not 0 < share < 1:
             raise ValueError(f"storage duplex_read_share must lie in (0, 1), got {share}: "
@@ -153,6 +166,20 @@ class StorageSpec:
     @property
     def read_share(self) -> float:
         return 0.5 if self.duplex_read_share is None else self.duplex_read_share
+
+    @property
+    def total_capacity_bytes(self) -> int:
+        return self.capacity_bytes * self.drives
+
+    def striped(self) -> StorageSpec:
+        """The drives as one: every rate and the capacity times the drive count (an even
+        stripe keeps each drive busy for the same share of every read and write)."""
+        n = self.drives
+        return dataclasses.replace(
+            self, read_bytes_per_s=n * self.read_bytes_per_s,
+            write_bytes_per_s=n * self.write_bytes_per_s, capacity_bytes=n * self.capacity_bytes,
+            duplex_bytes_per_s=(None if self.duplex_bytes_per_s is None
+                                else n * self.duplex_bytes_per_s), drives=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,11 +212,18 @@ class HardwareProfile:
         gpu_memory_bytes: int | None = None,
         ram_bytes: int | None = None,
         nvme_capacity_bytes: int | None = None,
+        nvme_drives: int | None = None,
     ) -> HardwareProfile:
-        """Return a copy with some capacities replaced (what-if); their sources say "override"."""
+        """Return a copy with some capacities replaced (what-if); their sources say "override".
+        nvme_capacity_bytes is all the drives' together; nvme_drives keeps each drive's rates
+        and capacity (a box with more of the same drive)."""
+        drives = self.storage.drives if nvme_drives is None else nvme_drives
+        if nvme_capacity_bytes is not None and nvme_capacity_bytes > 0:
+            nvme_capacity_bytes = max(nvme_capacity_bytes // max(drives, 1), 1)  # per drive
         given = {
             "gpu_memory_bytes": gpu_memory_bytes,
             "ram_bytes": ram_bytes,
+            "nvme_drives": nvme_drives,
             "nvme_capacity_bytes": nvme_capacity_bytes,
         }
         parts: dict[str, Any] = {"gpu": self.gpu, "host": self.host, "storage": self.storage}
@@ -198,7 +232,8 @@ class HardwareProfile:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{arg} must be a positive whole number of bytes, got {value!r}")
+                what = "drives" if arg == "nvme_drives" else "bytes"
+                raise ValueError(f"{arg} must be a positive whole number of {what}, got {value!r}")
             part, attr, key = _OVERRIDE_FIELDS[arg]
             parts[part] = dataclasses.replace(parts[part], **{attr: value})
             sources[key] = "override"

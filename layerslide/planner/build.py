@@ -38,6 +38,7 @@ from layerslide.planner.plan import (
     NO_SLOT,
     NVME_MASTER,
     NVME_MOMENTS,
+    NVME_WEIGHTS,
     STEADY_STEPS,
     Buffer,
     Placement,
@@ -53,6 +54,7 @@ from layerslide.planner.settings import (
     Policy,
     TrainSpec,
     grads_land_in_upload,
+    landing_buffers,
     sums_grads_on_host,
     sweep_group_sizes,
 )
@@ -161,9 +163,9 @@ class _Builder:
         blocks = self.L + 2 - len(self.gpu_updated)
         pool = blocks
         self.land_in_upload = grads_land_in_upload(policy, train)
-        if (train.max_grad_norm is None and policy.residency.host_grad_buffers is not None
-                and not self.land_in_upload):
-            pool = min(policy.residency.host_grad_buffers, blocks)
+        wanted = landing_buffers(policy)
+        if train.max_grad_norm is None and wanted is not None and not self.land_in_upload:
+            pool = min(wanted, blocks)
         self.host_grad_consumers: list[str] = []  # consumer of each offload, in d2h order
         self.host_grad_pool = pool
         self.grad_landing = ("upload" if self.land_in_upload
@@ -179,6 +181,14 @@ class _Builder:
                      (round(policy.residency.master_on_nvme * self.params(b)),
                       round(policy.residency.moments_on_nvme * self.params(b)))
                      for b in (EMBEDDING, *range(self.L), self.L)}
+        # and the first round(fraction * n) of its bf16 weights: each load reads them from NVMe
+        # into one of weight_staging_slots host buffers, taken in turn
+        self.disk_weights = {b: 0 if b in self.gpu_updated else
+                             round(policy.residency.weights_on_nvme * self.params(b))
+                             for b in self.disk}
+        self.weight_staging_slots = (policy.schedule.prefetch_depth + 1
+                                     if any(self.disk_weights.values()) else 0)
+        self.weight_loads: list[str] = []  # loads that read weights from NVMe, in issue order
 
     # --- small helpers ---------------------------------------------------------------------
     def tid(self, kind: TaskKind, block: int, step: int, micro: int = 0,
@@ -314,6 +324,8 @@ class _Builder:
                 self.buffer(cast, "staging", "host", BF16_BYTES * p, (load,))
             else:
                 self.edge(self.weights_ready(block, step), load, "weights")
+            if self.disk_weights[block]:
+                self.read_weights(load, pos, depth)
             if self.policy.schedule.cast == "gpu":  # the consumer first casts the fp32 it was sent
                 task = self.task_of(consumer)
                 self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p,
@@ -321,6 +333,26 @@ class _Builder:
             self.edge(load, consumer, "weights")
             slot.content = (block, step)
         slot.last_use, slot.last_pos = consumer, pos
+
+    def read_weights(self, load: str, pos: int, depth: int) -> None:
+        """Before a load, read the block's bf16 weights on NVMe (those its last update wrote)
+        into the next staging slot, free once the load that last took it has ended."""
+        task, slots = self.task_of(load), self.weight_staging_slots
+        nbytes = BF16_BYTES * self.disk_weights[task.block]
+        slot = len(self.weight_loads) % slots
+        read = self.add(kind=K.READ_WEIGHTS, lane=Lane.NVME_READ, block=task.block,
+                        step=task.step, micro_batch=task.micro_batch, for_kind=task.for_kind,
+                        bytes=nbytes, params=self.disk_weights[task.block], slot=slot,
+                        key=(pos, 0))
+        self.update_task(load, slot=slot)
+        if len(self.weight_loads) >= slots:
+            self.edge(self.weight_loads[-slots], read, "unit_reuse")
+        self.edge(self.load_gate(pos, depth + 1), read, "prefetch")
+        if task.step > 0:
+            self.edge(self.tid(K.WRITE_STATE, task.block, task.step - 1), read, "data")
+        self.edge(read, load, "data")
+        self.buffer(read, "weight_staging", "host", nbytes, (load,))
+        self.weight_loads.append(load)
 
     # --- the GPU sequence of one micro-batch ----------------------------------------------------
     def compute(self, step: int, micro: int, kind: TaskKind, block: int, flops: float = 0.0,
@@ -635,8 +667,9 @@ class _Builder:
             master_disk, moments_disk = self.disk[b]
             state_bytes = (sizes.MASTER_BYTES_PER_PARAM * master_disk
                            + sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
-            if state_bytes > 0:
-                self.state_io(s, b, state_bytes, opt, io_key(b))
+            weight_bytes = BF16_BYTES * self.disk_weights[b]  # written, not read: all new
+            if state_bytes + weight_bytes > 0:
+                self.state_io(s, b, state_bytes, weight_bytes, opt, io_key(b))
             if pol.schedule.cast == "cpu_once" and not pol.optimizer_casts:
                 cast = self.add(kind=K.CAST, lane=self.cast_lane, block=b, step=s,
                                 bytes=FP32_BYTES * p, params=p, key=(opt_key(b)[0], 5))
@@ -646,17 +679,21 @@ class _Builder:
                     # them back (and free the buffer) only after it
                     self.edge(cast, self.tid(K.WRITE_STATE, b, s), "data")
 
-    def state_io(self, s: int, b: int, state_bytes: float, opt: str,
+    def state_io(self, s: int, b: int, state_bytes: float, weight_bytes: float, opt: str,
                  key: tuple[int, int]) -> None:
         """Read the block's NVMe state into a staging slot before its optimizer step, and write
-        it back after; a read waits for the write nvme_prefetch reads back, whose slot it takes."""
+        it back after, with the new bf16 weights the step wrote beside it where some of those
+        live on NVMe; a read waits for the write nvme_prefetch reads back, whose slot it takes
+        (a block with only weights there reads nothing: its read takes the slot)."""
         pol, p = self.policy, self.params(b)
         reuse = (self.state_chain[-pol.schedule.nvme_prefetch][1]
                  if len(self.state_chain) >= pol.schedule.nvme_prefetch else None)
         slot = self.state_slots[reuse] if reuse else len(self.state_slots)
-        common = {"block": b, "step": s, "bytes": state_bytes, "params": p, "slot": slot}
-        read = self.add(kind=K.READ_STATE, lane=Lane.NVME_READ, **common, key=key)
-        write = self.add(kind=K.WRITE_STATE, lane=Lane.NVME_WRITE, **common, key=key)
+        common = {"block": b, "step": s, "params": p, "slot": slot}
+        read = self.add(kind=K.READ_STATE, lane=Lane.NVME_READ, **common, bytes=state_bytes,
+                        key=key)
+        write = self.add(kind=K.WRITE_STATE, lane=Lane.NVME_WRITE, **common,
+                         bytes=state_bytes + weight_bytes, key=key)
         self.state_slots[write] = slot
         if s > 0:
             self.edge(self.tid(K.WRITE_STATE, b, s - 1), read, "data")
@@ -664,7 +701,7 @@ class _Builder:
         self.state_chain.append((read, write))
         self.edge(read, opt, "data")
         self.edge(opt, write, "data")
-        self.buffer(read, "staging", "host", state_bytes, (write,))
+        self.buffer(read, "staging", "host", state_bytes + weight_bytes, (write,))
 
     # --- static buffers ------------------------------------------------------------------------
     def static_buffers(self) -> None:
@@ -699,8 +736,10 @@ class _Builder:
             self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * self.sweep_size * sizes.hidden_bytes(model, self.tokens))
         self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
+        weights_disk = sum(self.disk_weights.values())
         if pol.schedule.cast == "cpu_once":
-            self.buffer(None, HOST_UPLOAD, "host", sizes.UPLOAD_BYTES_PER_PARAM * n)
+            self.buffer(None, HOST_UPLOAD, "host",
+                        sizes.UPLOAD_BYTES_PER_PARAM * (n - weights_disk))
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
         # copies (nothing more), one per block, or a pool of host_grad_pool buffers of the
         # largest block's size
@@ -716,6 +755,7 @@ class _Builder:
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
         self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
         self.buffer(None, NVME_MOMENTS, "nvme", sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
+        self.buffer(None, NVME_WEIGHTS, "nvme", sizes.UPLOAD_BYTES_PER_PARAM * weights_disk)
 
     def reach_steps(self) -> int:
         """How many steps back a task's dependencies can reach: one, or more where a pool of
@@ -725,7 +765,8 @@ class _Builder:
         reach = 1
         for slots, uses in ((self.policy.residency.grad_buffers, self.grad_slot_next),
                             (self.host_grad_pool, len(self.host_grad_consumers)),
-                            (self.policy.schedule.nvme_prefetch, len(self.state_chain))):
+                            (self.policy.schedule.nvme_prefetch, len(self.state_chain)),
+                            (self.weight_staging_slots, len(self.weight_loads))):
             per_step = uses // self.num_steps
             if per_step:
                 reach = max(reach, -(-slots // per_step))
@@ -743,7 +784,9 @@ class _Builder:
                                                              pol.kernels.head_chunk_bytes)
                                if pol.kernels.head_loss == "fused" else tokens),
             master_on_nvme=tuple(self.disk[b][0] for b in sorted(self.disk)),
-            moments_on_nvme=tuple(self.disk[b][1] for b in sorted(self.disk)))
+            moments_on_nvme=tuple(self.disk[b][1] for b in sorted(self.disk)),
+            weights_on_nvme=tuple(self.disk_weights[b] for b in sorted(self.disk)),
+            weight_staging_slots=self.weight_staging_slots)
 
     def build(self) -> Plan:
         self.static_buffers()

@@ -55,6 +55,7 @@ HOST_GRAD_ACCUM = "host.grad_accum_fp32"
 HOST_CHECKPOINTS = "host.checkpoints"  # activations=host: one page-locked arena of all layers
 NVME_MASTER = "nvme.master_fp32"
 NVME_MOMENTS = "nvme.adam_moments"
+NVME_WEIGHTS = "nvme.weights_bf16"
 
 
 def block_weights_buffer_id(block: int, num_layers: int) -> str:
@@ -133,12 +134,17 @@ class Placement:
     # master weights and of its AdamW moments live on NVMe: the first ones of its flat layout.
     master_on_nvme: tuple[int, ...] = ()
     moments_on_nvme: tuple[int, ...] = ()
+    # likewise the bf16 weights loads read: the first ones of the block, read into one of
+    # weight_staging_slots host buffers before each load
+    weights_on_nvme: tuple[int, ...] = ()
+    weight_staging_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.grad_landing not in get_args(GradLanding):
             raise ValueError(f"Placement.grad_landing={self.grad_landing!r}: choose upload, "
                              "per_block or pool")
-        for name in ("gpu_updated", "dedicated_layers", "master_on_nvme", "moments_on_nvme"):
+        for name in ("gpu_updated", "dedicated_layers", "master_on_nvme", "moments_on_nvme",
+                     "weights_on_nvme"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def disk_numel(self, block: int) -> tuple[int, int]:
@@ -146,6 +152,10 @@ class Placement:
         if not self.master_on_nvme:
             return 0, 0
         return self.master_on_nvme[block + 1], self.moments_on_nvme[block + 1]
+
+    def disk_weights_numel(self, block: int) -> int:
+        """bf16 weights of the block that live on NVMe."""
+        return self.weights_on_nvme[block + 1] if self.weights_on_nvme else 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -473,7 +483,8 @@ class Plan:
 
 # the kinds that share one space of slots (Task.slot): landing buffers, NVMe staging, grad slots
 _SLOT_SPACES = ((TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP),
-                (TaskKind.READ_STATE, TaskKind.WRITE_STATE), (TaskKind.BACKWARD,))
+                (TaskKind.READ_STATE, TaskKind.WRITE_STATE), (TaskKind.BACKWARD,),
+                (TaskKind.READ_WEIGHTS, TaskKind.LOAD_WEIGHTS))
 
 
 def _slot_kinds(kind: TaskKind) -> tuple[TaskKind, ...]:
@@ -486,6 +497,8 @@ def _slot_count(plan: Plan, space: tuple[TaskKind, ...]) -> int:
         return plan.placement.grad_landing_buffers
     if TaskKind.READ_STATE in space:
         return plan.placement.nvme_staging_slots
+    if TaskKind.READ_WEIGHTS in space:
+        return plan.placement.weight_staging_slots
     return plan.policy.residency.grad_buffers
 
 

@@ -176,11 +176,15 @@ class Residency:
     activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
     master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
     moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
+    # fraction of the bf16 weights the GPU loads (the upload copy) kept on NVMe: each load of a
+    # block reads its part from the drive, each update writes it back with the state
+    weights_on_nvme: float = 0.0
     grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
-    # Not used where grads land in the blocks' upload buffers (grads_land_in_upload).
+    # Not used where grads land in the blocks' upload buffers (grads_land_in_upload); with
+    # weights on NVMe, None is NVME_WEIGHTS_LANDING_BUFFERS (landing_buffers).
     host_grad_buffers: int | None = None
 
     def __post_init__(self) -> None:
@@ -192,7 +196,7 @@ class Residency:
                   "must be a positive integer, or None for one per block")
         _chosen("Policy", self, activations=ACTIVATION_PLACEMENTS,
                 gpu_updated_order=GPU_UPDATE_ORDERS)
-        for name in ("master_on_nvme", "moments_on_nvme"):
+        for name in ("master_on_nvme", "moments_on_nvme", "weights_on_nvme"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 _fail("Policy", name, value, "must be a fraction in [0, 1]")
@@ -303,6 +307,10 @@ class Policy:
             _fail("Policy", "cast", self.schedule.cast,
                   "this cast reads fp32 master weights from RAM at every load: set "
                   "master_on_nvme=0 or use cast=cpu_once")
+        if self.residency.weights_on_nvme > 0 and not self.optimizer_casts:
+            _fail("Policy", "weights_on_nvme", self.residency.weights_on_nvme,
+                  "the bf16 weights on NVMe are written by the native CPU AdamW itself: use "
+                  "cast=cpu_once with cpu_optimizer=native, or weights_on_nvme=0")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -336,11 +344,24 @@ def sweep_group_sizes(policy: Policy, train: TrainSpec) -> tuple[int, ...]:
     return tuple(min(size, train.grad_accum - first) for first in range(0, train.grad_accum, size))
 
 
+# Landing buffers where part of the upload copy is on NVMe and the policy names none: grads
+# cannot land in that copy, and one buffer per block would take back the RAM the drive saves.
+NVME_WEIGHTS_LANDING_BUFFERS = 4
+
+
+def landing_buffers(policy: Policy) -> int | None:
+    """The pool of landing buffers the policy asks for (None: one per block)."""
+    if policy.residency.host_grad_buffers is None and policy.residency.weights_on_nvme > 0:
+        return NVME_WEIGHTS_LANDING_BUFFERS
+    return policy.residency.host_grad_buffers
+
+
 def grads_land_in_upload(policy: Policy, train: TrainSpec) -> bool:
     """Offloaded bf16 grads land in their block's bf16 upload copy, which needs no buffer of
     their own (2 B/param of pinned RAM saved). That copy is dead from the step's last load of
     the block (which the block's backward, hence its grads, must follow) until the optimizer
     step writes the new weights into it, after reading the grads element by element. It exists
     with cast=cpu_once; with step-major accumulation a step loads each block again after grads
-    have landed, so those keep landing buffers."""
-    return policy.schedule.cast == "cpu_once" and not sums_grads_on_host(policy, train)
+    have landed, so those keep landing buffers; with part of the copy on NVMe, so do they."""
+    return (policy.schedule.cast == "cpu_once" and not sums_grads_on_host(policy, train)
+            and policy.residency.weights_on_nvme == 0)

@@ -53,6 +53,7 @@ class CostModel:
         if not gpu_speedup > 0:
             raise ValueError(f"gpu_speedup must be > 0, got {gpu_speedup}")
         self.profile = profile
+        self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
         self.gpu_speedup = gpu_speedup
         self._efficiency_cache: dict[int, float] = {}
 
@@ -68,7 +69,7 @@ class CostModel:
         and the writes the rest (see _disk), time fractions duplex * s / r + duplex (1 - s) / w.
         Where a direction cannot take its part it runs at its full rate and the other moves the
         rest, up to its own."""
-        storage = self.profile.storage
+        storage = self.storage
         if storage.duplex_bytes_per_s is None:
             return {}
         read, write = self.duplex_split()
@@ -77,7 +78,7 @@ class CostModel:
     def duplex_split(self) -> tuple[float, float]:
         """Bytes/s (read, write) while both directions run: storage.duplex split by the read
         share, a direction capped at its own rate handing the rest to the other."""
-        storage = self.profile.storage
+        storage = self.storage
         duplex, r, w = (storage.duplex_bytes_per_s, storage.read_bytes_per_s,
                         storage.write_bytes_per_s)
         if duplex is None:
@@ -157,7 +158,7 @@ class CostModel:
         return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo), cores) if solo > 0 else ())
 
     def _disk(self, t: Task, rate: float, tag: str, memory_cost: float) -> Cost:
-        storage = self.profile.storage
+        storage = self.storage
         solo = t.bytes / rate
         share = self.profile.host.dma_share
         if storage.duplex_bytes_per_s is not None:
@@ -175,9 +176,9 @@ class CostModel:
                     share=share, tag=tag)
 
     def _nvme_read(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.read_bytes_per_s, "read",
+        return self._disk(t, self.storage.read_bytes_per_s, "read",
                           self.profile.host.dma_write_cost)
 
     def _nvme_write(self, t: Task) -> Cost:
-        return self._disk(t, self.profile.storage.write_bytes_per_s, "write",
+        return self._disk(t, self.storage.write_bytes_per_s, "write",
                           self.profile.host.dma_read_cost)

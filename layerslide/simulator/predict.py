@@ -26,10 +26,13 @@ class Overflow:
     tier: str
     need_bytes: int
     limit_bytes: int
+    reserve_bytes: int = 0  # what the limit leaves the rest of the machine (the host's)
 
     def __str__(self) -> str:
+        reserve = (f" (RAM less {self.reserve_bytes / GIB:.0f} GiB for the OS and the CUDA "
+                   "driver)" if self.reserve_bytes else "")
         return (f"{self.tier} needs {self.need_bytes / GIB:.1f} GiB "
-                f"> limit {self.limit_bytes / GIB:.1f} GiB")
+                f"> limit {self.limit_bytes / GIB:.1f} GiB{reserve}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,11 +138,13 @@ def gpu_need_bytes(peak: int, pool_reserves: dict[str, int], runtime: int) -> in
 
 
 def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None) -> dict[str, int]:
-    """Per-tier limits: the profile's sizes, the GPU capped at gpu_memory_bytes if given."""
+    """Per-tier limits: the profile's sizes (RAM less its reserve), the GPU capped at
+    gpu_memory_bytes if given."""
     gpu = profile.gpu.memory_bytes
     if gpu_memory_bytes is not None:
         gpu = min(gpu, gpu_memory_bytes)
-    return {"gpu": gpu, "host": profile.host.ram_bytes, "nvme": profile.storage.capacity_bytes}
+    return {"gpu": gpu, "host": profile.host.usable_ram_bytes,
+            "nvme": profile.storage.total_capacity_bytes}
 
 
 def static_rejection(buffers: Iterable[Buffer], tokens_per_step: int, profile: HardwareProfile,
@@ -151,7 +156,7 @@ def static_rejection(buffers: Iterable[Buffer], tokens_per_step: int, profile: H
     buffers = [b for b in buffers if b.is_static]
     limits = memory_limits(profile, gpu_memory_bytes)
     static = {t: sum(b.bytes for b in buffers if b.tier == t) for t in TIERS}
-    early = _overflows(static, limits)
+    early = _overflows(static, limits, profile)
     if not early:
         return None
     runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
@@ -159,8 +164,10 @@ def static_rejection(buffers: Iterable[Buffer], tokens_per_step: int, profile: H
                       peak_bytes=static, overflows=early, gpu_runtime_bytes=runtime)
 
 
-def _overflows(need: dict[str, int], limits: dict[str, int]) -> tuple[Overflow, ...]:
-    return tuple(Overflow(tier=t, need_bytes=need[t], limit_bytes=limits[t])
+def _overflows(need: dict[str, int], limits: dict[str, int],
+               profile: HardwareProfile) -> tuple[Overflow, ...]:
+    return tuple(Overflow(tier=t, need_bytes=need[t], limit_bytes=limits[t],
+                          reserve_bytes=profile.host.reserve_bytes if t == "host" else 0)
                  for t in TIERS if need[t] > limits[t])
 
 
@@ -293,7 +300,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], reserves, plan.runtime_bytes("gpu"))}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
-        overflows=_overflows(need, limits), step_s=step_s, tokens_per_s=tokens / step_s,
+        overflows=_overflows(need, limits, profile), step_s=step_s, tokens_per_s=tokens / step_s,
         model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),

@@ -35,7 +35,7 @@ from layerslide.planner.settings import (
 from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
 from layerslide.trace import TIERS
 
-# (moments_on_nvme, master_on_nvme), least NVMe first.
+# (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
 GPU_FILL_MARGIN = 0.95  # of the free GPU memory, for what the estimate does not see
 # Pinned gradient landing buffers to fall back to when the host overflows: few enough to bound
@@ -150,7 +150,8 @@ class Candidate:
             "tokens_per_step": t.tokens_per_step,
             **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker",
                                  "optimizer_order", "moments_on_nvme", "master_on_nvme",
-                                 "host_grad_buffers", "gpu_updated_blocks", "gpu_updated_order")},
+                                 "weights_on_nvme", "host_grad_buffers", "gpu_updated_blocks",
+                                 "gpu_updated_order")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -250,43 +251,97 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
                  *, gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
                  costs: CostModel, settle_clock: bool) -> Candidate:
     """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
-    with all state on NVMe and the host still over, one block's state staged at a time."""
-    placements = [(moments, master) for moments, master in
+    with all state on NVMe and the host still over, one block's state staged at a time, then
+    the checkpoints, then the bf16 weights on NVMe."""
+    # casts other than cpu_once read master weights from RAM at every load; only the native
+    # AdamW writing the bf16 copy itself can write the part of it that is on NVMe
+    master_ok = policy.schedule.cast == "cpu_once"
+    weights_ok = policy.optimizer_casts
+    placements = [(moments, master, 0.0) for moments, master in
                   (NVME_PLACEMENTS if allow_nvme else NVME_PLACEMENTS[:1])
-                  # casts other than cpu_once read master weights from RAM at every load
-                  if master == 0 or policy.schedule.cast == "cpu_once"]
-    # (moments, master, nvme_prefetch, activations): each read ahead stages a whole block's
-    # fp32 state in RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that is left
-    # over; then the checkpoints go to NVMe (a layer-major step's are A micro-batches' worth)
+                  if master == 0 or master_ok]
+    # (moments, master, weights, nvme_prefetch, activations): each read ahead stages a whole
+    # block's fp32 state in RAM (Mistral-Large-123B: 15.5 GiB a layer), which can be all that
+    # is left over; then the checkpoints go to NVMe (a layer-major step's are A micro-batches'
+    # worth); last the bf16 weights, read at every load
     acts = policy.residency.activations
-    steps = [(moments, master, policy.schedule.nvme_prefetch, acts)
-             for moments, master in placements]
+    steps = [(*placement, policy.schedule.nvme_prefetch, acts) for placement in placements]
     if allow_nvme and policy.schedule.nvme_prefetch > 1:
         steps.append((*placements[-1], 1, acts))
     if allow_nvme and acts == "host":
-        steps += [(*step[:3], "nvme") for step in steps if step[:2] == placements[-1]]
+        steps += [(*step[:4], "nvme") for step in steps if step[:3] == placements[-1]]
+    if allow_nvme and weights_ok:
+        steps += [(*steps[-1][:2], weights, *steps[-1][3:]) for weights in WEIGHT_SPILLS]
+    coarse = {step[:3] for step in steps}
     pools = [policy.residency.host_grad_buffers]
     if (train.max_grad_norm is None and policy.residency.host_grad_buffers is None
             and not grads_land_in_upload(policy, train)):
         # clipping holds every grad (no pool to bound); grads landing in the upload copies
         # have no landing buffers to bound
         pools.append(BOUNDED_GRAD_BUFFERS)
+
+    def attempt(moments: float, master: float, weights: float, pool, prefetch: int,
+                activations: str) -> Candidate:
+        tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
+                             weights_on_nvme=weights, host_grad_buffers=pool,
+                             nvme_prefetch=prefetch, activations=activations)
+        prediction = _predicted(model, train, tried, profile, gpu_memory_bytes=gpu_memory_bytes,
+                                num_steps=num_steps, costs=costs, settle_clock=settle_clock)
+        return Candidate(train=train, policy=tried, prediction=replace(prediction, trace=None))
+
     candidate = None
-    for moments, master, prefetch, activations in steps:
+    for *placed, prefetch, activations in steps:
         for pool in pools:
-            tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
-                                 host_grad_buffers=pool, nvme_prefetch=prefetch,
-                                 activations=activations)
-            prediction = _predicted(model, train, tried, profile, gpu_memory_bytes=gpu_memory_bytes,
-                                    num_steps=num_steps, costs=costs, settle_clock=settle_clock)
-            candidate = Candidate(train=train, policy=tried,
-                                  prediction=replace(prediction, trace=None))
-            overflowing = {o.tier for o in prediction.overflows}
+            candidate = attempt(*placed, pool, prefetch, activations)
+            overflowing = {o.tier for o in candidate.prediction.overflows}
             if not overflowing or overflowing != {"host"}:
                 return candidate  # fits, or GPU/NVMe overflow that spilling cannot relieve
             # host overflow: a bounded pool of landing buffers shrinks the static bytes too
+        # before the next coarse placement: the least spill that sheds the host's overflow
+        # (the staging buffers the spill adds take some of it back: again while it falls short)
+        finer = tuple(placed)
+        while allow_nvme:
+            finer = _finer_spill(finer, _host_over_bytes(candidate), model.total_params,
+                                 master_ok=master_ok, weights_ok=weights_ok)
+            if finer is None or finer in coarse:
+                break
+            candidate = attempt(*finer, pools[-1], prefetch, activations)
+            overflowing = {o.tier for o in candidate.prediction.overflows}
+            if not overflowing:
+                return candidate
+            if overflowing != {"host"}:
+                break
     assert candidate is not None
     return candidate
+
+
+SPILL_STEP = 0.05  # finer placements are rounded up to this fraction
+WEIGHT_SPILLS = (0.5, 1.0)  # coarse fractions of the bf16 weights on NVMe, after all else
+# bytes per parameter each share frees from the host, in the order they are spilled
+_SPILL_RATES = (sizes.MOMENTS_BYTES_PER_PARAM, sizes.MASTER_BYTES_PER_PARAM,
+                sizes.UPLOAD_BYTES_PER_PARAM)
+
+
+def _host_over_bytes(candidate: Candidate) -> int:
+    return max((o.need_bytes - o.limit_bytes for o in candidate.prediction.overflows
+                if o.tier == "host"), default=0)
+
+
+def _finer_spill(placed: tuple[float, float, float], over_bytes: int, params: int, *,
+                 master_ok: bool = True,
+                 weights_ok: bool = True) -> tuple[float, float, float] | None:
+    """(moments, master, weights) on NVMe that moves over_bytes more off the host: moments
+    first, then master weights, then the bf16 weights (those the policy allows), rounded up to
+    SPILL_STEP; None once all it may move is there."""
+    allowed = (True, master_ok, weights_ok)
+    which = next((i for i in range(3) if allowed[i] and placed[i] < 1.0), None)
+    if which is None:
+        return None
+    share = placed[which]
+    step = -(-(share + over_bytes / (_SPILL_RATES[which] * params)) // SPILL_STEP) * SPILL_STEP
+    more = list(placed)
+    more[which] = round(min(1.0, max(step, share + SPILL_STEP)), 4)
+    return tuple(more)
 
 
 def _predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
@@ -401,6 +456,7 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
             best_plan = build_repeatable_plan(model, best.train, best.policy)
         best_plan.meta.update({
             "tuned_for_profile": profile.name,
+            "tuned_for_nvme_drives": profile.storage.drives,
             "gpu_memory_bytes": gpu_memory_bytes,
             "prediction": best.prediction.summary(),
         })

@@ -56,7 +56,8 @@ class WhatIfRow:
         if r["gpu_updated_blocks"]:
             parts.append(f"gpu_upd={r['gpu_updated_blocks']}"
                          + (" (layers first)" if r["gpu_updated_order"] == "layers_first" else ""))
-        parts.append(f"nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g})")
+        parts.append(f"nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g}"
+                     + (f",w={r['weights_on_nvme']:g}" if r["weights_on_nvme"] else "") + ")")
         config = " ".join(parts)
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
                 "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
@@ -76,7 +77,7 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
         gpu_memory_bytes, profile.gpu.memory_bytes)
     return WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
                      gpu_bytes=gpu, ram_bytes=profile.host.ram_bytes,
-                     nvme_bytes=profile.storage.capacity_bytes, result=result)
+                     nvme_bytes=profile.storage.total_capacity_bytes, result=result)
 
 
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
@@ -115,19 +116,17 @@ def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
     return max(fitting, key=lambda r: r.params) if fitting else None
 
 
-# Per-parameter state in this plan family (the planner's ledger): the bf16 copy that loads read
-# must stay in RAM, master weights and moments may go to NVMe.
+# Per-parameter state in this plan family (the planner's ledger): master weights, moments and
+# the bf16 copy that loads read, each of which may go to NVMe.
 STATE_BYTES_PER_PARAM = sizes.HOST_STATE_BYTES_PER_PARAM
-RAM_ONLY_BYTES_PER_PARAM = sizes.UPLOAD_BYTES_PER_PARAM
 
 
 def capacity_bounds(profile: HardwareProfile) -> dict[str, float]:
     """Most parameters whose training state fits the host: all in RAM, or spread over RAM and
     NVMe. Counts state only (no activations, pinned buffers or GPU): an upper bound."""
-    ram = profile.host.ram_bytes - sizes.HOST_RUNTIME_BYTES
-    nvme = profile.storage.capacity_bytes
+    ram = profile.host.usable_ram_bytes - sizes.HOST_RUNTIME_BYTES
+    nvme = profile.storage.total_capacity_bytes
     return {
         "all_in_ram_params": ram / STATE_BYTES_PER_PARAM,
-        "ram_and_nvme_params": min(ram / RAM_ONLY_BYTES_PER_PARAM,
-                                   (ram + nvme) / STATE_BYTES_PER_PARAM),
+        "ram_and_nvme_params": (ram + nvme) / STATE_BYTES_PER_PARAM,
     }

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from layerslide.cli.main import main
+from layerslide.hwprofiles import load_profile
 from layerslide.planner import Plan, sizes
 
 
@@ -71,12 +72,13 @@ def test_whatif_both_axes(capsys):
     data = json.loads(out)
     (largest,) = data["largest"]
     assert largest["ram_bytes"] == 64 * 1024**3 and largest["nvme_bytes"] == 2 * 10**12
-    assert largest["largest_fitting_model"] == "llama-3.2-1b"
-    assert largest["params"] == 1_235_814_400
-    # state-only bound: (64 GiB - the process's runtime) / 14 B per param
+    # 70B fits 64 GiB of RAM with all its state, bf16 weights included, on the drive
+    assert largest["largest_fitting_model"] == "llama-3.1-70b"
+    assert data["rows"][1]["feasible"] and "w=" in data["rows"][1]["config"]
+    # state-only bound: (64 GiB - the OS's reserve - the process's runtime) / 14 B per param
+    reserve = load_profile("rtx4090-256gb").host.reserve_bytes
     assert largest["all_in_ram_params"] == pytest.approx(
-        (64 * 1024**3 - sizes.HOST_RUNTIME_BYTES) / 14)
-    assert not data["rows"][1]["feasible"] and "host" in data["rows"][1]["reason"]
+        (64 * 1024**3 - reserve - sizes.HOST_RUNTIME_BYTES) / 14)
 
 
 @pytest.mark.parametrize("argv, message", [

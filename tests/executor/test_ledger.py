@@ -30,6 +30,8 @@ CASES = [
     ("gpu-updated", TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of(gpu_updated_blocks=2)),
     ("nvme", TrainSpec(micro_batch=1, seq_len=SEQ),
      Policy.of(master_on_nvme=0.5, moments_on_nvme=0.75)),
+    ("weights-on-nvme", TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
+     Policy.of(accumulation="layer_major", weights_on_nvme=0.6, moments_on_nvme=0.5)),
 ]
 
 

@@ -86,6 +86,51 @@ def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram
         assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
 
 
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(("weights", "master", "moments", "accum", "accumulation", "clip",
+                          "family", "tied"), [
+    (1.0, 1.0, 1.0, 1, "step_major", None, "llama", False),
+    (0.5, 0.0, 0.0, 2, "step_major", 1.0, "qwen2", True),
+    (0.3, 0.0, 0.6, 3, "layer_major", None, "qwen3", True),
+    (1.0, 0.5, 0.0, 3, "layer_major", 0.5, "llama", False)])
+def test_weights_on_nvme_train_exactly_as_in_ram(tmp_path, serial, weights, master, moments,
+                                                 accum, accumulation, clip, family, tied):
+    """Each load reads the block's bf16 weights part from its file, each update writes it
+    anew; blocks with nothing else on the disk read no state."""
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
+    in_ram = train_run(tmp_path / "ram", Policy.of(accumulation=accumulation), train,
+                       family=family, tied=tied)
+    policy = Policy.of(accumulation=accumulation, weights_on_nvme=weights,
+                       master_on_nvme=master, moments_on_nvme=moments)
+    plan = build_plan(spec_of(tiny_config(family, tied), tmp_path), train, policy)
+    assert plan.placement.grad_landing != "upload" and plan.placement.weight_staging_slots
+    reads = [t for t in plan.tasks if t.kind == "read_weights"]
+    loads = [t for t in plan.tasks if t.kind == "load_weights"]
+    assert len(reads) == len(loads) and all(t.slot >= 0 for t in loads)
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
+    assert on_disk[0] == in_ram[0]
+    for name, value in in_ram[1].items():
+        assert torch.equal(on_disk[1][name], value), name
+
+
+def test_weights_on_nvme_hold_the_ram_they_save_and_refuse_other_casts(tmp_path):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ)
+    with Trainer(config=config, plan=build_plan(spec, train, Policy.of(weights_on_nvme=0.5)),
+                 optim=OPTIM, device="cpu", nvme_dir=tmp_path / "nvme") as trainer:
+        held = trainer.allocated_bytes()
+        for b in trainer.state.upload:
+            n, k = trainer.blocks.numel(b), trainer.state.disk_weights[b]
+            assert k == round(0.5 * n) and trainer.state.upload[b].numel() == n - k
+        assert held["nvme.weights_bf16"] == 2 * sum(trainer.state.disk_weights.values())
+    with pytest.raises(ValueError, match="weights_on_nvme.*cast=cpu_once with "
+                                         "cpu_optimizer=native"):
+        Policy.of(weights_on_nvme=0.5, cast="gpu")
+    with pytest.raises(ValueError, match="weights_on_nvme"):
+        Policy.of(weights_on_nvme=0.5, cpu_optimizer="torch")
+
+
 def test_refuses_what_it_cannot_run_before_allocating(tmp_path, monkeypatch):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)

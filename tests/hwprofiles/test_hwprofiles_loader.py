@@ -260,3 +260,19 @@ def test_bad_gpu_busy_speedup(tmp_path, old, new, field, fragment):
 def test_gpu_busy_speedup_needs_its_source(tmp_path):
     source = next(ln for ln in BUSY_SECTION.splitlines() if ln.startswith("source"))
     _rejects(tmp_path, _sub(source + "\n", ""), "gpu.busy_speedup.source", "missing")
+
+
+def test_storage_drives_is_optional_a_whole_count_and_written_back(tmp_path):
+    from layerslide.hwprofiles.writer import to_toml
+
+    assert load_profile("h200-bench").storage.drives == 1  # left out: one drive
+    drives = 'drives = { value = 4, unit = "count", source = "four alike, one folder each" }\n'
+    text = _sub(_line("capacity = ") + "\n", _line("capacity = ") + "\n" + drives, H200)
+    profile = load_profile(_write(tmp_path, text))
+    assert profile.storage.drives == 4
+    assert profile.sources["storage.drives"] == "four alike, one folder each"
+    again = tmp_path / "again.toml"
+    again.write_text(to_toml(profile))
+    assert load_profile(again).storage == profile.storage
+    _rejects(tmp_path, text.replace("value = 4, unit", "value = 2.5, unit"), "storage.drives.value",
+             "whole number")

@@ -130,3 +130,25 @@ def test_profiles_pickle_for_worker_processes():
     copy = pickle.loads(pickle.dumps(profile))
     assert copy == profile
     assert dict(copy.sources) == dict(profile.sources)
+
+
+def test_several_drives_stripe_as_one_with_their_rates_and_room_added():
+    base = load_profile("h200-bench")
+    four = base.with_overrides(nvme_drives=4)
+    assert four.storage.drives == 4 and four.sources["storage.drives"] == "override"
+    assert four.storage.read_bytes_per_s == base.storage.read_bytes_per_s  # each drive's own
+    assert four.storage.total_capacity_bytes == 4 * base.storage.capacity_bytes
+    striped = four.storage.striped()
+    assert striped.drives == 1
+    assert striped.read_bytes_per_s == pytest.approx(4 * base.storage.read_bytes_per_s)
+    assert striped.write_bytes_per_s == pytest.approx(4 * base.storage.write_bytes_per_s)
+    assert striped.duplex_bytes_per_s == pytest.approx(4 * base.storage.duplex_bytes_per_s)
+    assert striped.read_share == base.storage.read_share
+    # a capacity override is all the drives' together
+    sized = base.with_overrides(nvme_drives=4, nvme_capacity_bytes=8 * 10**12)
+    assert sized.storage.capacity_bytes == 2 * 10**12
+    assert sized.storage.total_capacity_bytes == 8 * 10**12
+    with pytest.raises(ValueError, match="nvme_drives must be a positive whole number of drives"):
+        base.with_overrides(nvme_drives=0)
+    with pytest.raises(ValueError, match="drives must be a whole number"):
+        dataclasses.replace(base.storage, drives=1.5)

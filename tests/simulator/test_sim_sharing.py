@@ -351,3 +351,17 @@ def test_a_disk_read_draws_host_memory_as_a_d2h_and_a_write_as_an_h2d():
 def test_the_duplex_split_needs_a_measured_duplex_rate():
     with pytest.raises(ValueError, match="storage.duplex is not given"):
         CostModel(_h200_taking_turns()).duplex_split()
+
+
+def test_striped_drives_move_their_bytes_in_a_share_of_the_time():
+    """Four drives alike: the tier stripes every file over them, so a read, a write and a
+    read beside a write take a quarter of one drive's time, and the DMA into host memory
+    runs four times as fast."""
+    base = load_profile("h200-bench")
+    one, four = CostModel(base), CostModel(base.with_overrides(nvme_drives=4))
+    for kind, lane in (("read_state", "nvme_read"), ("write_state", "nvme_write")):
+        alone, striped = (c.cost(_task(kind, lane, bytes=8e9)) for c in (one, four))
+        assert striped.solo_s == pytest.approx(alone.solo_s / 4)
+        assert dict(striped.uses)[HOST_MEMORY] == pytest.approx(4 * dict(alone.uses)[HOST_MEMORY])
+    assert four.mixed_capacities() == pytest.approx(one.mixed_capacities())  # time fractions
+    assert [x * 4 for x in one.duplex_split()] == pytest.approx(list(four.duplex_split()))

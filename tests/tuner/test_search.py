@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from helpers import GIB, make_round_profile, make_tiny_model
 
-from layerslide.planner import Plan, Policy, TrainSpec, build_plan
+from layerslide.planner import Plan, Policy, TrainSpec, build_plan, sizes
 from layerslide.simulator import simulate
 from layerslide.tuner import SearchSpace, evaluate, tune
 
@@ -318,3 +318,45 @@ def test_settings_that_overflow_the_gpu_are_not_tried_at_a_larger_micro_batch():
              for c in result.candidates}
     assert tried == {(64, "gpu"): True, (64, "host"): False, (128, "gpu"): False}
     assert result.pruned == 1
+
+
+def test_a_finer_spill_sheds_the_host_overflow_between_the_coarse_placements():
+    """(moments, master) on NVMe, moments first: the least step of SPILL_STEP that moves the
+    overflowing bytes, then the master weights once the moments are all there."""
+    from layerslide.tuner.search import SPILL_STEP, _finer_spill
+
+    params = 10**9
+    moments_bytes = sizes.MOMENTS_BYTES_PER_PARAM * params
+    assert _finer_spill((0.5, 0.0, 0.0), int(0.03 * moments_bytes), params) == (0.55, 0.0, 0.0)
+    assert _finer_spill((0.5, 0.0, 0.0), int(0.26 * moments_bytes), params) == (0.8, 0.0, 0.0)
+    assert _finer_spill((0.5, 0.0, 0.0), 1, params) == (0.5 + SPILL_STEP, 0.0, 0.0)
+    assert _finer_spill((0.5, 0.0, 0.0), 2 * moments_bytes, params) == (1.0, 0.0, 0.0)
+    master_bytes = sizes.MASTER_BYTES_PER_PARAM * params
+    assert _finer_spill((1.0, 0.5, 0.0), int(0.1 * master_bytes), params) == (1.0, 0.6, 0.0)
+    weight_bytes = sizes.UPLOAD_BYTES_PER_PARAM * params
+    assert _finer_spill((1.0, 1.0, 0.0), int(0.2 * weight_bytes), params) == (1.0, 1.0, 0.2)
+    # a cast that reads the master from RAM skips to the weights; without the native AdamW's
+    # cast, nothing is left
+    assert _finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False) == (1.0, 0.0, 0.05)
+    assert _finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False, weights_ok=False) is None
+    assert _finer_spill((1.0, 1.0, 1.0), 10, params) is None
+
+
+def test_the_tuner_spills_just_enough_between_its_coarse_placements():
+    """A host between what half and all of the moments on NVMe need: the pick keeps more
+    than half and less than all of them on the disk (the 14B case on the benchmark machine)."""
+    model = make_tiny_model()
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    policy = Policy.of(host_grad_buffers=2)  # no grad pool left to bound first
+
+    def host_peak(moments: float) -> int:
+        plan = build_plan(model, train, policy.with_(moments_on_nvme=moments), num_steps=3)
+        return simulate(plan, make_round_profile()).peak_bytes["host"]
+
+    ram = host_peak(0.7)  # each spilled step also stages more: more than one finer try
+    assert host_peak(0.5) > host_peak(0.65) > ram
+    picked = evaluate(model, train, policy, make_round_profile(ram_bytes=ram),
+                      gpu_memory_bytes=None, allow_nvme=True, num_steps=3)
+    assert picked.feasible
+    assert picked.policy.residency.moments_on_nvme == pytest.approx(0.7)
+    assert picked.policy.residency.master_on_nvme == 0.0
