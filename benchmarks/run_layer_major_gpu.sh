@@ -13,6 +13,8 @@
 #         layer-major 4 x 16.
 # SET weights: Llama-3.2-3B layer-major 4 x 16 with half of its bf16 weights on the disk (read
 #         at every load, written at every update) against all in RAM: the losses must agree.
+# SET repeat: the in-RAM run of SET weights twice, each in a process of its own (are two
+#         processes bit-identical?), after the weights_on_nvme GPU tests.
 # Each run's summary line is written as it ends (a call cut short keeps what ran).
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -88,7 +90,14 @@ weights)
     run weights_lm16 6 200 "${m[@]}" --weights-on-nvme 0.5 --nvme-dir "$nvme"
     rm -rf "$nvme"
     ;;
+repeat)
+    timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider -k weights_on_nvme \
+        tests/executor/test_nvme.py 2>&1 | grep -v "Warning: " | tail -5 | tee "$out/gpu_tests.txt"
+    m=(--model llama-3.2-3b --micro-batch 4 --grad-accum 16 --accumulation layer_major)
+    run ram_a 4 120 "${m[@]}"
+    run ram_b 4 120 "${m[@]}"
+    ;;
 *)
-    echo "usage: $0 [--tests] 3b|8b|disk|weights"; exit 2 ;;
+    echo "usage: $0 [--tests] 3b|8b|disk|weights|repeat"; exit 2 ;;
 esac
 

@@ -72,7 +72,8 @@ class AdamwSamples:
                                f"spread over the calibration ({spread} Gparam/s)")
 
 
-def measure(*, quick: bool, model: ModelSpec, peak_flops: float, disk_dir: Path | None,
+def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
+            disk_dir: Path | list[Path] | None,
             gpu: bool, seq_len: int = 1024, ram_bytes: int | None = None,
             progress: Callable[[str], None] = lambda _step: None) -> list[Measurement]:
     """Every measurement this machine allows; `progress` hears of each before it runs."""
@@ -140,11 +141,29 @@ def _spread(steps: list[tuple[str, Callable[[], list[Measurement]]]],
     return head + spread
 
 
-def _disk(folder: Path, nbytes: int) -> list[Measurement]:
-    try:
-        return host.disk(folder, nbytes)
-    except OSError as err:
-        raise OSError(err.errno, f"measuring the disk in {folder}: {err}") from err
+def _disk(folders: Path | list[Path], nbytes: int) -> list[Measurement]:
+    """One drive's figures, measured in each folder in turn (one per drive, as the NVMe tier
+    stripes its files over them): the slowest drive's rates and the least free space, since an
+    even stripe waits for the slowest drive and fills the smallest first, and their count."""
+    folders = [folders] if isinstance(folders, Path) else folders
+    per_drive = []
+    for folder in folders:
+        try:
+            per_drive.append(host.disk(folder, nbytes))
+        except OSError as err:
+            raise OSError(err.errno, f"measuring the disk in {folder}: {err}") from err
+    if len(folders) == 1:
+        return per_drive[0]
+    combined = []
+    for measured in zip(*per_drive, strict=True):
+        slowest = min(measured, key=lambda m: m.value)
+        each = ", ".join(f"{folder}: {m.value / 1e9:.3g}" for folder, m in
+                         zip(folders, measured, strict=True))
+        combined.append(Measurement(key=slowest.key, value=slowest.value,
+                                    how=f"the least of {len(folders)} drives, measured one at "
+                                        f"a time ({each}); {slowest.how}"))
+    return [*combined, Measurement(key="storage.drives", value=len(folders),
+                                   how="folders given to calibrate --disk-dir, one per drive")]
 
 
 def _shared_host_bandwidth(found: list[Measurement]) -> list[Measurement]:

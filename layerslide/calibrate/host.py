@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.native import NativeKernels, load_kernels
-from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer, supports_direct
+from layerslide.executor.nvme import aligned_buffer, supports_direct
+from layerslide.executor.stripes import CHUNK_BYTES
 from layerslide.planner.settings import ExecutorKnobs
 
 GIB = 2**30

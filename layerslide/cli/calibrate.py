@@ -21,8 +21,9 @@ def add_calibrate_command(sub, units: str) -> None:
                         "without one)")
     p.add_argument("--model", default="llama-3.2-3b",
                    help="model whose layer shapes the GEMMs and attention are measured at")
-    p.add_argument("--disk-dir", help="folder on the disk to measure (the NVMe tier's); "
-                                      "default: no disk measurement")
+    p.add_argument("--disk-dir", help="folder on the disk to measure (the NVMe tier's), or "
+                                      "several, comma-separated, one per drive (as train's "
+                                      "--nvme-dir); default: no disk measurement")
     p.add_argument("--seq-len", type=int, default=1024,
                    help="sequence length attention is measured at (the profile's attention "
                         "tables hold for it)")
@@ -60,11 +61,12 @@ def cmd_calibrate(args) -> int:
 
     if args.seq_len < 1:
         raise UsageError(f"--seq-len {args.seq_len}: must be >= 1")
-    if args.disk_dir:  # before minutes of measuring, not after
-        _check_writable(Path(args.disk_dir))
+    disk_dirs = [Path(part) for part in (args.disk_dir or "").split(",") if part.strip()]
+    for folder in disk_dirs:  # before minutes of measuring, not after
+        _check_writable(folder)
     try:
         found = measure(quick=args.quick, model=model, peak_flops=base.gpu.bf16_flops_per_s,
-                        disk_dir=Path(args.disk_dir) if args.disk_dir else None, gpu=gpu,
+                        disk_dir=disk_dirs or None, gpu=gpu,
                         seq_len=args.seq_len, ram_bytes=args.ram, progress=progress)
     except OSError as err:
         hint = (": pass a writable --disk-dir with 8 GiB free (2 GiB with --quick)"

@@ -60,8 +60,9 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for random weights and data")
     p.add_argument("--random-init", action="store_true",
                    help="random weights even when --model is a folder with weights")
-    p.add_argument("--nvme-dir", help="folder on the NVMe drive for the optimizer state the "
-                                      "policy keeps there (--moments-on-nvme)")
+    p.add_argument("--nvme-dir", help="folder on the NVMe drive for the state the policy keeps "
+                                      "there (--moments-on-nvme, ...), or several, comma-"
+                                      "separated, one per drive: each file is striped over them")
     p.add_argument("--trace-out", help="write the measured trace (layerslide JSON) here")
     p.add_argument("--log-jsonl", help="append one JSON line per step here")
     p.add_argument("--profile", default="h200-bench",
@@ -165,12 +166,16 @@ def _run_args(args) -> dict:
     another working directory finds the same files."""
     kept = {k: v for k, v in vars(args).items()
             if k != "run" and isinstance(v, str | int | float | bool | type(None))}
-    for key in ("model", "data", "tokenizer", "plan", "profile", "out", "nvme_dir",
-                "checkpoint_dir"):
+    for key in ("model", "data", "tokenizer", "plan", "profile", "out", "checkpoint_dir"):
         value = kept.get(key)
-        made_here = key in ("out", "nvme_dir", "checkpoint_dir")  # may not exist yet
+        made_here = key in ("out", "checkpoint_dir")  # may not exist yet
         if value and (made_here or Path(value).expanduser().exists()):
             kept[key] = str(Path(value).expanduser().resolve())
+    if kept.get("nvme_dir"):  # one folder per drive, comma-separated; made here if need be
+        from layerslide.executor.nvme import nvme_folders
+
+        kept["nvme_dir"] = ",".join(str(folder.resolve())
+                                    for folder in nvme_folders(kept["nvme_dir"]))
     return kept
 
 
@@ -293,7 +298,10 @@ def _checkpoints_beside(args, schedule) -> int:
             path = path.parent
         return path.stat().st_dev
 
-    same = device_of(Path(args.nvme_dir)) == device_of(schedule.store.root)
+    from layerslide.executor.nvme import nvme_folders
+
+    same = any(device_of(folder) == device_of(schedule.store.root)
+               for folder in nvme_folders(args.nvme_dir))
     return args.keep_checkpoints if same else 0
 
 

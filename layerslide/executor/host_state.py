@@ -21,7 +21,7 @@ from torch import nn
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
-from layerslide.executor.nvme import NvmeState, check_nvme_folder
+from layerslide.executor.nvme import NvmeState, check_nvme_folder, nvme_folders
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.plan import (
     HOST_GRAD_ACCUM,
@@ -60,7 +60,8 @@ class HostState:
         # likewise the first elements of its bf16 upload copy (self.upload holds the rest)
         self.disk_weights = {b: placement.disk_weights_numel(b) for b in cpu_blocks}
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
-        self.nvme_dir = None if nvme_dir is None else Path(nvme_dir).expanduser()
+        # the tier's folders, one per drive (NvmeState stripes each block's file over them)
+        self.nvme_dir = None if nvme_dir is None else nvme_folders(nvme_dir)
         where = policy.residency
         state_on_nvme = (where.moments_on_nvme > 0 or where.master_on_nvme > 0
                          or where.weights_on_nvme > 0)
@@ -84,7 +85,8 @@ class HostState:
                                   pin=device.pin, extra_bytes=activation_bytes,
                                   checkpoint_copies=nvme_checkpoint_copies)
         elif activation_bytes:
-            check_nvme_folder(self.nvme_dir, activation_bytes)
+            for folder in self.nvme_dir:  # the checkpoint files are spread over them
+                check_nvme_folder(folder, -(-activation_bytes // len(self.nvme_dir)))
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.schedule.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),

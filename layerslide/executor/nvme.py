@@ -2,7 +2,8 @@
 
 The plan's placement says how many of a block's first fp32 master weights, of its first
 exp_avg and exp_avg_sq elements and of its first bf16 weights (round(fraction * n) of its n
-parameters) live in the file `state_<block>.bin` ([master part | exp_avg part | exp_avg_sq part]
+parameters) live in the file `state_<block>.bin`, striped over the tier's folders, one per
+drive (`stripes.StripedFile`: `state_<block>.s<i>.bin` in folder i) ([master part | exp_avg part | exp_avg_sq part]
 padded to 4 KiB, then [bf16 weights part] padded to 4 KiB), the rest in RAM. The plan reads a
 block's state (not its weights: the update writes them all anew) into a staging buffer before
 its optimizer step and writes the whole file back after; each read and write names its staging
@@ -22,12 +23,13 @@ import errno
 import mmap
 import os
 import shutil
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-ALIGN = 4096
-CHUNK_BYTES = 64 << 20  # one read or write call moves at most this much
+from layerslide.executor.stripes import ALIGN, StripedFile, stripe_ranges
 
 
 class NvmeSpaceError(OSError):
@@ -44,14 +46,30 @@ def aligned_buffer(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
-class NvmeState:
-    """Per-block state files under `folder`, and the staging buffers the plan reads them into."""
+def nvme_folders(nvme_dir: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The tier's folders, one per drive: a path, a list of them, or (the command line's form)
+    one string of comma-separated paths."""
+    if isinstance(nvme_dir, str | Path):
+        nvme_dir = [part for part in str(nvme_dir).split(",") if part.strip()]
+    folders = [Path(folder).expanduser() for folder in nvme_dir]
+    if not folders:
+        raise ValueError("no NVMe folder given: pass --nvme-dir DIR (or DIR1,DIR2,... one per "
+                         "drive)")
+    if len({f.resolve() for f in folders}) != len(folders):
+        raise ValueError(f"the NVMe folders {[str(f) for f in folders]} repeat one: give each "
+                         "drive's folder once")
+    return folders
 
-    def __init__(self, folder: str | Path, master_numel: dict[int, int],
+
+class NvmeState:
+    """Per-block state files striped over `folders` (one per drive), and the staging buffers
+    the plan reads them into."""
+
+    def __init__(self, folders: str | Path | Sequence[str | Path], master_numel: dict[int, int],
                  moments_numel: dict[int, int], staging_buffers: int, *,
                  weights_numel: dict[int, int] | None = None, weight_staging_buffers: int = 0,
                  pin=None, extra_bytes: int = 0, checkpoint_copies: int = 0):
-        self.folder = Path(folder).expanduser()
+        self.folders = nvme_folders(folders)
         self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
         self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
         self.weights_numel = {b: k for b, k in (weights_numel or {}).items() if k > 0}
@@ -63,11 +81,16 @@ class NvmeState:
                             for b in self.disk_blocks}
         self.file_bytes = {b: self.state_bytes[b] + _padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
-        # extra_bytes: what else the run keeps in the folder (activation checkpoints);
-        # checkpoint_copies: checkpoints kept on this filesystem, each of which ends up owning a
-        # copy of the files it hard-linked once the tier has replaced them
-        check_nvme_folder(self.folder, self.required_bytes() + extra_bytes
-                          + checkpoint_copies * sum(self.file_bytes.values()))
+        # extra_bytes: what else the run keeps in the folders (activation checkpoints), spread
+        # over them; checkpoint_copies: checkpoints kept on these filesystems, each of which
+        # ends up owning a copy of the files it hard-linked once the tier has replaced them
+        n = len(self.folders)
+        stripes = [stripe_ranges(size, n) for size in self.file_bytes.values()]
+        for i, folder in enumerate(self.folders):
+            held = [hi - lo for ranges in stripes for lo, hi in (ranges[i],)]
+            # its stripes, the largest once more (a write's new file beside the old one)
+            check_nvme_folder(folder, sum(held) + max(held, default=0) + -(-extra_bytes // n)
+                              + checkpoint_copies * sum(held))
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         # page-locked (pin: the device's) for the loads' copies to the GPU
@@ -76,13 +99,13 @@ class NvmeState:
         for buffer in self.weight_staging if pin is not None else ():
             pin(buffer)
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
-        self.direct = supports_direct(self.folder)
-        for b in self.disk_blocks:  # fresh state: sparse files of zeros, put in by replace
-            # like every write here (a checkpoint may hard-link the file that was there)
-            fresh = self.path(b).with_suffix(".next")
-            with open(fresh, "wb") as f:
-                f.truncate(self.file_bytes[b])
-            os.replace(fresh, self.path(b))
+        direct = [supports_direct(folder) for folder in self.folders]
+        # the drives' stripes of a read or write at once (a thread each: the calls drop the GIL)
+        self._pool = ThreadPoolExecutor(len(self.folders)) if len(self.folders) > 1 else None
+        self.files = {b: StripedFile(self.folders, f"state_{b}.bin", self.file_bytes[b], direct,
+                                     self._pool) for b in self.disk_blocks}
+        for b in self.disk_blocks:  # fresh state: sparse files of zeros
+            self.files[b].create()
 
     def required_bytes(self) -> int:
         """Disk bytes the files take, plus the largest once more: a write's new file exists
@@ -90,15 +113,17 @@ class NvmeState:
         file at a time."""
         return sum(self.file_bytes.values()) + max(self.file_bytes.values(), default=0)
 
-    def path(self, block: int) -> Path:
-        return self.folder / f"state_{block}.bin"
+    def paths(self, block: int) -> list[Path]:
+        """The block's file: its stripes, one per folder (one plain file with one folder)."""
+        return self.files[block].paths
 
     def remove_files(self) -> None:
         """Delete the state files once the run is over: scratch by then, and often tens of GB.
         Checkpoints hold hard links of their own, which this leaves whole."""
         for b in self.disk_blocks:
-            self.path(b).unlink(missing_ok=True)
-            self.path(b).with_suffix(".next").unlink(missing_ok=True)
+            self.files[b].remove()
+        if self._pool is not None:
+            self._pool.shutdown()
 
     def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The block's on-disk master, exp_avg and exp_avg_sq parts: fp32 views of a staging
@@ -122,70 +147,29 @@ class NvmeState:
     def read(self, block: int, slot: int) -> None:
         """Read the block's state part (master and moments) into a staging buffer."""
         if self.state_bytes.get(block, 0):  # else its share rounds to nothing: nothing to read
-            self._read_into(block, self.staging[slot], 0, self.state_bytes[block])
+            self.files[block].read(self.staging[slot], 0, self.state_bytes[block])
         self.slot_of_block[block] = slot
 
     def read_weights(self, block: int, slot: int) -> None:
         """Read the block's bf16 weights part into a weight staging buffer."""
         start = self.state_bytes[block]
-        self._read_into(block, self.weight_staging[slot], start,
-                        self.file_bytes[block] - start)
-
-    def _read_into(self, block: int, buffer: torch.Tensor, offset: int, nbytes: int) -> None:
-        view = memoryview(buffer.numpy())[:nbytes]
-        fd = self._open(self.path(block), os.O_RDONLY)
-        try:
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], offset + done)
-                if got <= 0:
-                    raise OSError(errno.EIO, f"{self.path(block)} ended after {offset + done} "
-                                  f"bytes of {offset + len(view)}: the NVMe state is damaged; "
-                                  "resume from a checkpoint")
-                done += got
-        finally:
-            os.close(fd)
+        self.files[block].read(self.weight_staging[slot], start, self.file_bytes[block] - start)
 
     def write(self, block: int, slot: int) -> None:
-        """Write the staging buffer to a new file that then replaces the block's file."""
-        if block not in self.file_bytes:
+        """Write the staging buffer to new files that then replace the block's."""
+        if block not in self.files:
             return
-        final = self.path(block)
-        fresh = final.with_suffix(".next")
-        view = memoryview(self.staging[slot].numpy())[:self.file_bytes[block]]
-        fd = self._open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            done = 0
-            while done < len(view):
-                done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+            self.files[block].write(self.staging[slot])
         except OSError as err:
-            os.close(fd)
-            fresh.unlink(missing_ok=True)
-            raise NvmeSpaceError(err.errno, f"writing {fresh} failed ({err.strerror}); "
-                                 f"{final} still holds the previous state") from err
-        os.close(fd)
-        os.replace(fresh, final)
+            raise NvmeSpaceError(err.errno, f"writing the NVMe state of block {block} failed "
+                                 f"({err.strerror}); {self.paths(block)[0].name} and the "
+                                 "other files still hold the previous state") from err
         self.slot_of_block.pop(block, None)
 
-    def _open(self, path: Path, flags: int) -> int:
-        if self.direct:
-            return os.open(path, flags | os.O_DIRECT, 0o644)
-        return os.open(path, flags, 0o644)
-
-    def restore_file(self, block: int, source: Path) -> None:
-        """Make a checkpoint's copy of the block's file the current one: a hard link where the
-        filesystem allows (the tier never writes into a file, so the checkpoint stays as is)."""
-        if source.stat().st_size != self.file_bytes[block]:
-            raise ValueError(f"{source} holds {source.stat().st_size} bytes, this run's "
-                             f"state file of block {block} {self.file_bytes[block]}: resume "
-                             "with the policy that wrote the checkpoint")
-        fresh = self.path(block).with_suffix(".next")
-        fresh.unlink(missing_ok=True)
-        try:
-            os.link(source, fresh)
-        except OSError:  # another filesystem
-            shutil.copyfile(source, fresh)
-        os.replace(fresh, self.path(block))
+    def restore_files(self, block: int, sources: list[Path]) -> None:
+        """Make a checkpoint's copies of the block's files (stripes) the current ones."""
+        self.files[block].restore(sources)
 
     def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Copies of a block's on-disk master, exp_avg and exp_avg_sq parts (outside a segment:
@@ -198,12 +182,7 @@ class NvmeState:
                      weights: torch.Tensor | None = None) -> None:
         """Replace a block's on-disk master part and/or bf16 weights part (outside a segment),
         keeping the rest."""
-        self.read(block, 0)
-        if self.weights_numel.get(block, 0):  # kept unless replaced
-            start = self.state_bytes[block]
-            self._read_into(block, self.staging[0][start:], 0 + start,
-                            self.file_bytes[block] - start)
-        self.slot_of_block.pop(block, None)
+        self.files[block].read(self.staging[0], 0, self.file_bytes[block])
         if master is not None:
             self.views(block, 0)[0].copy_(master)
         if weights is not None:
@@ -250,17 +229,20 @@ def supports_direct(folder: Path) -> bool:
 class ActivationFiles:
     """Activation checkpoints on disk, a file per layer and copy (`activations_<layer>.bin`, or
     `activations_<layer>_<copy>.bin` where a layer has several checkpoints waiting at once: one
-    per micro-batch of a layer-major sweep). A checkpoint is written after its forward and read
-    back before its backward, and the plan orders the next write of that file after the read.
-    Buffered I/O: the pinned buffers the GPU copies use need not be page-aligned."""
+    per micro-batch of a layer-major sweep), taken in turn from the tier's folders (one per
+    drive). A checkpoint is written after its forward and read back before its backward, and
+    the plan orders the next write of that file after the read. Buffered I/O: the pinned
+    buffers the GPU copies use need not be page-aligned."""
 
-    def __init__(self, folder: str | Path, num_layers: int, copies: int = 1):
-        self.folder = Path(folder).expanduser()
+    def __init__(self, folders: str | Path | Sequence[str | Path], num_layers: int,
+                 copies: int = 1):
+        self.folders = nvme_folders(folders)
         self.num_layers, self.copies = num_layers, copies
 
     def path(self, layer: int, copy: int = 0) -> Path:
         suffix = f"_{copy}" if self.copies > 1 else ""
-        return self.folder / f"activations_{layer}{suffix}.bin"
+        folder = self.folders[(layer * self.copies + copy) % len(self.folders)]
+        return folder / f"activations_{layer}{suffix}.bin"
 
     def remove_files(self) -> None:
         """Delete this run's checkpoint files (scratch once it is over), and no other file of a

@@ -228,7 +228,8 @@ class Trainer:
         # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
         # file by rename, never in place, so a linked checkpoint stays as it was)
         nvme = self.state.nvme
-        links = {} if nvme is None else {nvme.path(b).name: nvme.path(b) for b in nvme.disk_blocks}
+        links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
+                                         for path in nvme.paths(b)}
         store.check_space(groups, link_files=links)
         return store.save(self.step, groups, state_meta, link_files=links)
 
@@ -259,7 +260,7 @@ class Trainer:
                 self.state.set_steps_taken(b, taken)
         nvme = self.state.nvme
         for b in () if nvme is None else nvme.disk_blocks:
-            nvme.restore_file(b, info.path / nvme.path(b).name)
+            nvme.restore_files(b, [info.path / path.name for path in nvme.paths(b)])
         data.load_state_dict(meta["data"])
         self.step = meta["step"]
         self._weights_changed()

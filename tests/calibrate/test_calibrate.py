@@ -142,7 +142,8 @@ def test_disk_probe_files_stop_where_told_and_count_what_they_moved(tmp_path):
     import threading
 
     from layerslide.calibrate.host import _read_file, _write_file
-    from layerslide.executor.nvme import CHUNK_BYTES, aligned_buffer
+    from layerslide.executor.nvme import aligned_buffer
+    from layerslide.executor.stripes import CHUNK_BYTES
 
     buf = memoryview(aligned_buffer(CHUNK_BYTES).numpy())
     path = tmp_path / "f.bin"
@@ -262,3 +263,29 @@ def test_the_read_share_is_the_reads_part_of_the_bytes_moved_at_once(monkeypatch
     rate, read_share = host._both_at_once(tmp_path / "a", tmp_path / "b", 4 * host.CHUNK_BYTES,
                                           0, [None, None])
     assert read_share == 0.75 and rate > 0
+
+
+def test_several_disk_folders_record_the_slowest_drive_and_their_count(tmp_path, monkeypatch):
+    """An even stripe waits for the slowest drive and fills the smallest: per field the least
+    of the folders' figures, each folder's kept in the source, and the drive count."""
+    from layerslide import calibrate
+    from layerslide.calibrate.host import Measurement
+
+    rates = {"a": 3e9, "b": 2e9, "c": 4e9}
+
+    def fake_disk(folder, nbytes):
+        r = rates[folder.name]
+        return [Measurement(key="storage.write", value=r, how="w"),
+                Measurement(key="storage.read", value=2 * r, how="r"),
+                Measurement(key="storage.capacity", value=10 * r if folder.name != "c" else 1e9,
+                            how="free")]
+
+    monkeypatch.setattr(calibrate.host, "disk", fake_disk)
+    found = {m.key: m for m in calibrate._disk([tmp_path / n for n in "abc"], 2**30)}
+    assert found["storage.write"].value == 2e9 and found["storage.read"].value == 4e9
+    assert found["storage.capacity"].value == 1e9
+    assert found["storage.drives"].value == 3
+    assert "the least of 3 drives" in found["storage.write"].how
+    assert f"{tmp_path / 'c'}: 4" in found["storage.write"].how
+    one = calibrate._disk([tmp_path / "a"], 2**30)
+    assert [m.key for m in one] == ["storage.write", "storage.read", "storage.capacity"]

@@ -24,10 +24,14 @@ from layerslide.planner.settings import Policy, TrainSpec
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=1)
 
 
-def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama", tied=False):
+GPU = pytest.param("cuda", marks=pytest.mark.gpu)
+
+
+def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama", tied=False,
+              device="cpu"):
     config = tiny_config(family, tied)
     spec = spec_of(config, tmp_path)
-    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device="cpu",
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device=device,
                  serial=serial, nvme_dir=tmp_path / "nvme") as trainer:
         trainer.init_random(0)
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
@@ -86,6 +90,7 @@ def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram
         assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
 
 
+@pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize(("weights", "master", "moments", "accum", "accumulation", "clip",
                           "family", "tied"), [
@@ -93,13 +98,15 @@ def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram
     (0.5, 0.0, 0.0, 2, "step_major", 1.0, "qwen2", True),
     (0.3, 0.0, 0.6, 3, "layer_major", None, "qwen3", True),
     (1.0, 0.5, 0.0, 3, "layer_major", 0.5, "llama", False)])
-def test_weights_on_nvme_train_exactly_as_in_ram(tmp_path, serial, weights, master, moments,
-                                                 accum, accumulation, clip, family, tied):
+def test_weights_on_nvme_train_exactly_as_in_ram(tmp_path, device, serial, weights, master,
+                                                 moments, accum, accumulation, clip, family,
+                                                 tied):
     """Each load reads the block's bf16 weights part from its file, each update writes it
-    anew; blocks with nothing else on the disk read no state."""
+    anew; blocks with nothing else on the disk read no state. On a GPU the loads copy from
+    page-locked staging on their stream while later reads refill other slots."""
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=clip)
     in_ram = train_run(tmp_path / "ram", Policy.of(accumulation=accumulation), train,
-                       family=family, tied=tied)
+                       family=family, tied=tied, device=device)
     policy = Policy.of(accumulation=accumulation, weights_on_nvme=weights,
                        master_on_nvme=master, moments_on_nvme=moments)
     plan = build_plan(spec_of(tiny_config(family, tied), tmp_path), train, policy)
@@ -107,10 +114,65 @@ def test_weights_on_nvme_train_exactly_as_in_ram(tmp_path, serial, weights, mast
     reads = [t for t in plan.tasks if t.kind == "read_weights"]
     loads = [t for t in plan.tasks if t.kind == "load_weights"]
     assert len(reads) == len(loads) and all(t.slot >= 0 for t in loads)
-    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied,
+                        device=device)
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
+
+
+@pytest.mark.parametrize("accumulation", ["step_major", "layer_major"])
+def test_state_striped_over_several_folders_trains_exactly_as_in_one(tmp_path, accumulation):
+    """One folder per drive: every block's file is striped over them, the checkpoint files
+    spread over them, and the run is the one-folder run bit for bit."""
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    policy = Policy.of(accumulation=accumulation, moments_on_nvme=0.7, master_on_nvme=0.4,
+                       weights_on_nvme=0.5, activations="nvme")
+    one = train_run(tmp_path / "one", policy, train)
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    drives = [tmp_path / "d0", tmp_path / "d1", tmp_path / "d2"]
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device="cpu",
+                 nvme_dir=",".join(map(str, drives))) as trainer:
+        trainer.init_random(0)
+        losses = [log.loss for log in trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 3)]
+        weights = dict(trainer.state.named_master())
+        for d in drives:
+            assert sorted(p.name for p in d.glob("state_*")) == [
+                f"state_{b}.s{drives.index(d)}.bin" for b in sorted(trainer.state.nvme.disk_blocks,
+                                                                    key=str)]
+            assert list(d.glob("activations_*"))  # the checkpoints use every drive
+    assert losses == one[0]
+    for name, value in one[1].items():
+        assert torch.equal(weights[name], value), name
+    assert not any(list(d.glob("state_*")) for d in drives)  # scratch, removed at the end
+
+
+def test_striped_state_checkpoints_and_resumes_bit_for_bit(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ)
+    policy = Policy.of(moments_on_nvme=0.5, weights_on_nvme=0.5)
+    folders = f"{tmp_path / 'a'},{tmp_path / 'b'}"
+
+    def trainer():
+        return Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
+                       device="cpu", nvme_dir=folders)
+
+    with trainer() as whole:
+        whole.init_random(0)
+        expected = [log.loss for log in whole.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 4)]
+    store = CheckpointStore(tmp_path / "ckpt")
+    with trainer() as first:
+        first.init_random(0)
+        first.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2,
+                  checkpoints=CheckpointSchedule(store=store, every_steps=2))
+    assert (store.latest().path / "state_0.s1.bin").exists()
+    with trainer() as second:
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        second.restore_state(store, data)
+        resumed = [log.loss for log in second.fit(data, 2)]
+    assert resumed == expected[2:]
 
 
 def test_weights_on_nvme_hold_the_ram_they_save_and_refuse_other_casts(tmp_path):
