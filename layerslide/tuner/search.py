@@ -289,28 +289,41 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
                                 num_steps=num_steps, costs=costs, settle_clock=settle_clock)
         return Candidate(train=train, policy=tried, prediction=replace(prediction, trace=None))
 
-    candidate = None
-    for *placed, prefetch, activations in steps:
-        for pool in pools:
-            candidate = attempt(*placed, pool, prefetch, activations)
-            overflowing = {o.tier for o in candidate.prediction.overflows}
-            if not overflowing or overflowing != {"host"}:
-                return candidate  # fits, or GPU/NVMe overflow that spilling cannot relieve
-            # host overflow: a bounded pool of landing buffers shrinks the static bytes too
-        # before the next coarse placement: the least spill that sheds the host's overflow
-        # (the staging buffers the spill adds take some of it back: again while it falls short)
-        finer = tuple(placed)
-        while allow_nvme:
+    def finer_between(placed: tuple, prefetch: int, activations: str,
+                      over: Candidate) -> Candidate | None:
+        """The least spill past `placed` (where the host overflowed by `over`'s bytes) that
+        fits, short of the next coarse placement; the staging buffers a spill adds take some
+        of it back: again while it falls short."""
+        finer, candidate = tuple(placed), over
+        while True:
             finer = _finer_spill(finer, _host_over_bytes(candidate), model.total_params,
                                  master_ok=master_ok, weights_ok=weights_ok)
             if finer is None or finer in coarse:
-                break
+                return None
             candidate = attempt(*finer, pools[-1], prefetch, activations)
+            overflowing = {o.tier for o in candidate.prediction.overflows}
+            if overflowing != {"host"}:
+                return None if overflowing else candidate
+
+    candidate, host_over = None, None
+    for *placed, prefetch, activations in steps:
+        for pool in pools:
+            candidate = attempt(*placed, pool, prefetch, activations)
             overflowing = {o.tier for o in candidate.prediction.overflows}
             if not overflowing:
                 return candidate
             if overflowing != {"host"}:
                 break
+            # host overflow: a bounded pool of landing buffers shrinks the static bytes too
+        else:
+            host_over = (tuple(placed), prefetch, activations, candidate)
+            continue
+        # a GPU overflow that spilling cannot relieve, or an NVMe one: this placement spills
+        # too much, the last one too little; between them (only then: each try is a
+        # simulation) the least spill that fits
+        if "gpu" not in overflowing and host_over is not None:
+            return finer_between(*host_over) or candidate
+        return candidate
     assert candidate is not None
     return candidate
 

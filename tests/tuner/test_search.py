@@ -343,20 +343,28 @@ def test_a_finer_spill_sheds_the_host_overflow_between_the_coarse_placements():
 
 
 def test_the_tuner_spills_just_enough_between_its_coarse_placements():
-    """A host between what half and all of the moments on NVMe need: the pick keeps more
-    than half and less than all of them on the disk (the 14B case on the benchmark machine)."""
+    """A host that half of the moments on NVMe leave over, and a drive that cannot hold all of
+    them: the pick keeps more than half and less than all of them on the disk (the 14B case on
+    the benchmark machine). Where all of them fit the drive, the coarse placement stands (a
+    finer one costs simulations)."""
     model = make_tiny_model()
     train = TrainSpec(micro_batch=1, seq_len=16)
     policy = Policy.of(host_grad_buffers=2)  # no grad pool left to bound first
 
-    def host_peak(moments: float) -> int:
+    def peaks(moments: float) -> dict[str, int]:
         plan = build_plan(model, train, policy.with_(moments_on_nvme=moments), num_steps=3)
-        return simulate(plan, make_round_profile()).peak_bytes["host"]
+        return simulate(plan, make_round_profile()).peak_bytes
 
-    ram = host_peak(0.7)  # each spilled step also stages more: more than one finer try
-    assert host_peak(0.5) > host_peak(0.65) > ram
-    picked = evaluate(model, train, policy, make_round_profile(ram_bytes=ram),
-                      gpu_memory_bytes=None, allow_nvme=True, num_steps=3)
+    ram = peaks(0.7)["host"]  # each spilled step also stages more: more than one finer try
+    assert peaks(0.5)["host"] > peaks(0.65)["host"] > ram
+    roomy_drive = make_round_profile(ram_bytes=ram)
+    coarse = evaluate(model, train, policy, roomy_drive, gpu_memory_bytes=None,
+                      allow_nvme=True, num_steps=3)
+    assert coarse.feasible and coarse.policy.residency.moments_on_nvme == 1.0
+    small_drive = roomy_drive.with_overrides(
+        nvme_capacity_bytes=(peaks(0.7)["nvme"] + peaks(1.0)["nvme"]) // 2)
+    picked = evaluate(model, train, policy, small_drive, gpu_memory_bytes=None,
+                      allow_nvme=True, num_steps=3)
     assert picked.feasible
     assert picked.policy.residency.moments_on_nvme == pytest.approx(0.7)
     assert picked.policy.residency.master_on_nvme == 0.0
