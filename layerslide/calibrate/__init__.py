@@ -153,7 +153,8 @@ def _disk(folders: Path | list[Path], nbytes: int) -> list[Measurement]:
         except OSError as err:
             raise OSError(err.errno, f"measuring the disk in {folder}: {err}") from err
     if len(folders) == 1:
-        return per_drive[0]
+        return [*per_drive[0], Measurement(key="storage.drives", value=1,
+                                           how="one folder given to calibrate --disk-dir")]
     combined = []
     for measured in zip(*per_drive, strict=True):
         slowest = min(measured, key=lambda m: m.value)

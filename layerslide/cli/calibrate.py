@@ -61,7 +61,14 @@ def cmd_calibrate(args) -> int:
 
     if args.seq_len < 1:
         raise UsageError(f"--seq-len {args.seq_len}: must be >= 1")
-    disk_dirs = [Path(part) for part in (args.disk_dir or "").split(",") if part.strip()]
+    disk_dirs = []
+    if args.disk_dir:
+        from layerslide.executor.nvme import nvme_folders
+
+        try:
+            disk_dirs = nvme_folders(args.disk_dir)
+        except ValueError as err:
+            raise UsageError(f"--disk-dir {args.disk_dir}: {err}") from err
     for folder in disk_dirs:  # before minutes of measuring, not after
         _check_writable(folder)
     try:

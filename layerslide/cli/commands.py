@@ -177,8 +177,10 @@ def cmd_simulate(args) -> int:
         if not args.model:
             raise UsageError("give --model (and settings) or --plan FILE")
         plan = _build(args)
-    drives = args.nvme_drives if args.nvme_drives is not None else tuned.get(
-        "tuned_for_nvme_drives")
+    # the drives a plan was tuned for go with the profile it was tuned for
+    same_profile = args.profile in (None, tuned.get("tuned_for_profile"))
+    drives = args.nvme_drives if args.nvme_drives is not None else (
+        tuned.get("tuned_for_nvme_drives") if same_profile else None)
     profile = profile_of(args.profile or tuned.get("tuned_for_profile") or DEFAULT_PROFILE,
                          drives)
     if args.gpu_memory is None:

@@ -21,7 +21,12 @@ from torch import nn
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.native import load_kernels
-from layerslide.executor.nvme import NvmeState, check_nvme_folder, nvme_folders
+from layerslide.executor.nvme import (
+    ActivationFiles,
+    NvmeState,
+    check_nvme_folder,
+    nvme_folders,
+)
 from layerslide.executor.optim import OptimConfig
 from layerslide.planner.plan import (
     HOST_GRAD_ACCUM,
@@ -71,9 +76,11 @@ class HostState:
                              f"weights_on_nvme={where.weights_on_nvme}, activations="
                              f"{where.activations}): pass a folder on that disk (--nvme-dir)")
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
-        activation_bytes = (2 * train.tokens_per_micro_batch * blocks.config.hidden_size
-                            * blocks.num_layers * placement.checkpoints_per_layer
-                            if policy.residency.activations == "nvme" else 0)
+        # (per folder: they are dealt out over the folders in turn)
+        per_file = 2 * train.tokens_per_micro_batch * blocks.config.hidden_size
+        activation_bytes = (per_file * ActivationFiles.files_per_folder(
+            blocks.num_layers, placement.checkpoints_per_layer, len(self.nvme_dir))
+            if policy.residency.activations == "nvme" and self.nvme_dir else 0)
         if state_on_nvme:
             if self.native is None:
                 raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
@@ -85,8 +92,8 @@ class HostState:
                                   pin=device.pin, extra_bytes=activation_bytes,
                                   checkpoint_copies=nvme_checkpoint_copies)
         elif activation_bytes:
-            for folder in self.nvme_dir:  # the checkpoint files are spread over them
-                check_nvme_folder(folder, -(-activation_bytes // len(self.nvme_dir)))
+            for folder in self.nvme_dir:
+                check_nvme_folder(folder, activation_bytes)
         # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
         pin_master = policy.schedule.cast == "gpu"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),

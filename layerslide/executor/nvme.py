@@ -50,7 +50,7 @@ def nvme_folders(nvme_dir: str | Path | Sequence[str | Path]) -> list[Path]:
     """The tier's folders, one per drive: a path, a list of them, or (the command line's form)
     one string of comma-separated paths."""
     if isinstance(nvme_dir, str | Path):
-        nvme_dir = [part for part in str(nvme_dir).split(",") if part.strip()]
+        nvme_dir = [part.strip() for part in str(nvme_dir).split(",") if part.strip()]
     folders = [Path(folder).expanduser() for folder in nvme_dir]
     if not folders:
         raise ValueError("no NVMe folder given: pass --nvme-dir DIR (or DIR1,DIR2,... one per "
@@ -81,15 +81,15 @@ class NvmeState:
                             for b in self.disk_blocks}
         self.file_bytes = {b: self.state_bytes[b] + _padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
-        # extra_bytes: what else the run keeps in the folders (activation checkpoints), spread
-        # over them; checkpoint_copies: checkpoints kept on these filesystems, each of which
+        # extra_bytes: what else the run keeps in each folder (activation checkpoints);
+        # checkpoint_copies: checkpoints kept on these filesystems, each of which
         # ends up owning a copy of the files it hard-linked once the tier has replaced them
         n = len(self.folders)
         stripes = [stripe_ranges(size, n) for size in self.file_bytes.values()]
         for i, folder in enumerate(self.folders):
             held = [hi - lo for ranges in stripes for lo, hi in (ranges[i],)]
             # its stripes, the largest once more (a write's new file beside the old one)
-            check_nvme_folder(folder, sum(held) + max(held, default=0) + -(-extra_bytes // n)
+            check_nvme_folder(folder, sum(held) + max(held, default=0) + extra_bytes
                               + checkpoint_copies * sum(held))
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
@@ -101,9 +101,10 @@ class NvmeState:
         self.slot_of_block: dict[int, int] = {}  # block -> staging slot while it is read in
         direct = [supports_direct(folder) for folder in self.folders]
         # the drives' stripes of a read or write at once (a thread each: the calls drop the GIL)
-        self._pool = ThreadPoolExecutor(len(self.folders)) if len(self.folders) > 1 else None
+        # and a pool each way: the read and write lanes run at once, as the drives can
+        self._pools = (tuple(ThreadPoolExecutor(n) for _ in range(2)) if n > 1 else None)
         self.files = {b: StripedFile(self.folders, f"state_{b}.bin", self.file_bytes[b], direct,
-                                     self._pool) for b in self.disk_blocks}
+                                     self._pools) for b in self.disk_blocks}
         for b in self.disk_blocks:  # fresh state: sparse files of zeros
             self.files[b].create()
 
@@ -122,8 +123,8 @@ class NvmeState:
         Checkpoints hold hard links of their own, which this leaves whole."""
         for b in self.disk_blocks:
             self.files[b].remove()
-        if self._pool is not None:
-            self._pool.shutdown()
+        for pool in self._pools or ():
+            pool.shutdown()
 
     def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The block's on-disk master, exp_avg and exp_avg_sq parts: fp32 views of a staging
@@ -238,6 +239,11 @@ class ActivationFiles:
                  copies: int = 1):
         self.folders = nvme_folders(folders)
         self.num_layers, self.copies = num_layers, copies
+
+    @staticmethod
+    def files_per_folder(num_layers: int, copies: int, folders: int) -> int:
+        """The most checkpoint files one folder holds (dealt out in turn)."""
+        return -(-num_layers * copies // folders)
 
     def path(self, layer: int, copy: int = 0) -> Path:
         suffix = f"_{copy}" if self.copies > 1 else ""

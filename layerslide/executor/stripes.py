@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -34,12 +34,13 @@ def stripe_ranges(nbytes: int, stripes: int) -> list[tuple[int, int]]:
 
 class StripedFile:
     """A file of `nbytes` named `name`, striped over `folders` (direct[i]: whether folder i's
-    filesystem takes O_DIRECT); `pool` runs the stripes' calls at once (None: in turn)."""
+    filesystem takes O_DIRECT); `pools` (reads', writes') run the stripes' calls at once, a
+    pool per direction so that a read never queues behind a write's stripes (None: in turn)."""
 
     def __init__(self, folders: list[Path], name: str, nbytes: int, direct: list[bool],
-                 pool: ThreadPoolExecutor | None = None):
+                 pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None):
         n = len(folders)
-        self.nbytes, self.direct, self.pool = nbytes, direct, pool
+        self.nbytes, self.direct, self.pools = nbytes, direct, pools
         self.ranges = stripe_ranges(nbytes, n)
         stem, suffix = os.path.splitext(name)
         self.paths = [folder / (name if n == 1 else f"{stem}.s{i}{suffix}")
@@ -62,7 +63,7 @@ class StripedFile:
             a, b = max(lo, offset), min(hi, offset + nbytes)
             if a < b:
                 jobs.append((i, view[a - offset:b - offset], a - lo))
-        self._run(self._read_stripe, jobs)
+        self._run(0, self._read_stripe, jobs)
 
     def write(self, buffer: torch.Tensor) -> None:
         """The whole file from buffer[:nbytes]: each stripe to a new file, then all of them put
@@ -70,7 +71,7 @@ class StripedFile:
         view = memoryview(buffer.numpy())
         jobs = [(i, view[lo:hi], 0) for i, (lo, hi) in enumerate(self.ranges)]
         try:
-            self._run(self._write_stripe, jobs)
+            self._run(1, self._write_stripe, jobs)
         except OSError:
             for path in self.paths:
                 path.with_suffix(".next").unlink(missing_ok=True)
@@ -100,13 +101,15 @@ class StripedFile:
                 shutil.copyfile(source, fresh)
             os.replace(fresh, path)
 
-    def _run(self, fn, jobs: list) -> None:
-        if self.pool is None or len(jobs) < 2:
+    def _run(self, direction: int, fn, jobs: list) -> None:
+        if self.pools is None or len(jobs) < 2:
             for job in jobs:
                 fn(*job)
             return
-        for future in [self.pool.submit(fn, *job) for job in jobs]:
-            future.result()  # the first failure raises here, after all have run
+        futures = [self.pools[direction].submit(fn, *job) for job in jobs]
+        wait(futures)  # all of them over before a failure is raised (and files cleaned up)
+        for future in futures:
+            future.result()
 
     def _open(self, i: int, path: Path, flags: int) -> int:
         return os.open(path, flags | (os.O_DIRECT if self.direct[i] else 0), 0o644)

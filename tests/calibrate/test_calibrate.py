@@ -288,4 +288,5 @@ def test_several_disk_folders_record_the_slowest_drive_and_their_count(tmp_path,
     assert "the least of 3 drives" in found["storage.write"].how
     assert f"{tmp_path / 'c'}: 4" in found["storage.write"].how
     one = calibrate._disk([tmp_path / "a"], 2**30)
-    assert [m.key for m in one] == ["storage.write", "storage.read", "storage.capacity"]
+    assert [m.key for m in one] == ["storage.write", "storage.read", "storage.capacity",
+                                    "storage.drives"]

@@ -27,8 +27,8 @@ def test_any_range_reads_back_what_was_written(tmp_path, folders):
     for d in dirs:
         d.mkdir()
     nbytes = 7 * ALIGN
-    with ThreadPoolExecutor(folders) as pool:
-        striped = StripedFile(dirs, "state_0.bin", nbytes, [False] * folders, pool)
+    with ThreadPoolExecutor(folders) as reads, ThreadPoolExecutor(folders) as writes:
+        striped = StripedFile(dirs, "state_0.bin", nbytes, [False] * folders, (reads, writes))
         striped.create()
         assert [p.stat().st_size for p in striped.paths] == [hi - lo for lo, hi in
                                                               striped.ranges]
@@ -48,7 +48,8 @@ def test_a_failed_write_leaves_every_stripe_as_it_was(tmp_path, monkeypatch):
     dirs = [tmp_path / "a", tmp_path / "b"]
     for d in dirs:
         d.mkdir()
-    striped = StripedFile(dirs, "state_1.bin", 4 * ALIGN, [False, False])
+    pools = (ThreadPoolExecutor(2), ThreadPoolExecutor(2))  # the stripes at once, as the tier
+    striped = StripedFile(dirs, "state_1.bin", 4 * ALIGN, [False, False], pools)
     old = aligned_buffer(4 * ALIGN)
     old.fill_(7)
     striped.write(old)
@@ -71,11 +72,42 @@ def test_a_failed_write_leaves_every_stripe_as_it_was(tmp_path, monkeypatch):
     striped.read(got, 0, 4 * ALIGN)
     assert torch.equal(got, old)
     assert not any(p.with_suffix(".next").exists() for p in striped.paths)
+    for pool in pools:
+        pool.shutdown()
+
+
+def test_a_read_does_not_wait_for_a_write_of_the_other_stripes(tmp_path, monkeypatch):
+    """Reads and writes have a pool each: the NVMe read lane's read runs while the write lane
+    writes every stripe (one pool would queue the read behind them)."""
+    import threading
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    for d in dirs:
+        d.mkdir()
+    pools = (ThreadPoolExecutor(2), ThreadPoolExecutor(2))
+    striped = StripedFile(dirs, "state_2.bin", 4 * ALIGN, [False, False], pools)
+    striped.create()
+    release = threading.Event()
+    real = os.pwritev
+
+    def held_write(fd, buffers, offset):
+        assert release.wait(10), "the read waited for the write"
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", held_write)
+    writer = threading.Thread(target=striped.write, args=(aligned_buffer(4 * ALIGN),))
+    writer.start()
+    striped.read(aligned_buffer(4 * ALIGN), 0, 4 * ALIGN)  # both write stripes still held
+    release.set()
+    writer.join()
+    for pool in pools:
+        pool.shutdown()
 
 
 def test_folders_come_as_a_list_or_comma_separated_and_each_once(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert nvme_folders(f"{a},{b}") == [a, b] == nvme_folders([a, str(b)])
+    assert nvme_folders(f"{a}, {b} ") == [a, b]  # spaces after the commas are not the path's
     assert nvme_folders(a) == [a]
     with pytest.raises(ValueError, match="repeat"):
         nvme_folders(f"{a},{a}")

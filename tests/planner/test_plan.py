@@ -111,6 +111,10 @@ UNROLLED_POLICIES = [
      Policy.of(accumulation="layer_major", host_grad_buffers=2, activations="nvme")),
     (TrainSpec(micro_batch=1, seq_len=16, grad_accum=2, max_grad_norm=1.0),
      Policy.of(accumulation="layer_major", cast="cpu_per_load", gpu_updated_blocks=1)),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),  # weight staging slots taken in turn
+     Policy.of(weights_on_nvme=0.5, moments_on_nvme=0.5, gpu_updated_blocks=1)),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
+     Policy.of(accumulation="layer_major", weights_on_nvme=1.0, prefetch_depth=2, window=2)),
 ]
 
 
