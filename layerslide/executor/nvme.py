@@ -29,20 +29,16 @@ from pathlib import Path
 
 import torch
 
-from layerslide.executor.stripes import ALIGN, StripedFile, stripe_ranges
+from layerslide.executor.stripes import ALIGN, StripedFile, padded, stripe_ranges
 
 
 class NvmeSpaceError(OSError):
     """The disk has too little room, or the folder cannot be written."""
 
 
-def _padded(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
 def aligned_buffer(nbytes: int) -> torch.Tensor:
     """A page-aligned uint8 host tensor (anonymous mmap), as O_DIRECT needs."""
-    region = mmap.mmap(-1, max(_padded(nbytes), ALIGN))
+    region = mmap.mmap(-1, max(padded(nbytes), ALIGN))
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
@@ -76,10 +72,10 @@ class NvmeState:
         self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel)
                                   | set(self.weights_numel))
         # where a block's bf16 weights part starts in its file: after its state, aligned
-        self.state_bytes = {b: _padded(4 * self.master_numel.get(b, 0)
+        self.state_bytes = {b: padded(4 * self.master_numel.get(b, 0)
                                        + 8 * self.moments_numel.get(b, 0))
                             for b in self.disk_blocks}
-        self.file_bytes = {b: self.state_bytes[b] + _padded(2 * self.weights_numel.get(b, 0))
+        self.file_bytes = {b: self.state_bytes[b] + padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
         # extra_bytes: what else the run keeps in each folder (activation checkpoints);
         # checkpoint_copies: checkpoints kept on these filesystems, each of which
@@ -94,7 +90,7 @@ class NvmeState:
         largest = max(self.file_bytes.values(), default=ALIGN)
         self.staging = [aligned_buffer(largest) for _ in range(staging_buffers)]
         # page-locked (pin: the device's) for the loads' copies to the GPU
-        largest = _padded(2 * max(self.weights_numel.values(), default=0))
+        largest = padded(2 * max(self.weights_numel.values(), default=0))
         self.weight_staging = [aligned_buffer(largest) for _ in range(weight_staging_buffers)]
         for buffer in self.weight_staging if pin is not None else ():
             pin(buffer)

@@ -184,7 +184,7 @@ class Residency:
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload); with
-    # weights on NVMe, None is NVME_WEIGHTS_LANDING_BUFFERS (landing_buffers).
+    # weights on NVMe, None is BOUNDED_LANDING_BUFFERS (landing_buffers).
     host_grad_buffers: int | None = None
 
     def __post_init__(self) -> None:
@@ -344,15 +344,17 @@ def sweep_group_sizes(policy: Policy, train: TrainSpec) -> tuple[int, ...]:
     return tuple(min(size, train.grad_accum - first) for first in range(0, train.grad_accum, size))
 
 
-# Landing buffers where part of the upload copy is on NVMe and the policy names none: grads
-# cannot land in that copy, and one buffer per block would take back the RAM the drive saves.
-NVME_WEIGHTS_LANDING_BUFFERS = 4
+# A bounded pool of landing buffers: few enough to bound the grads waiting for a slow
+# optimizer, enough to keep the backward streaming. The pool where part of the upload copy is
+# on NVMe and the policy names none (one buffer per block would take back the RAM it saves),
+# and the one tune falls back to when the host overflows.
+BOUNDED_LANDING_BUFFERS = 4
 
 
 def landing_buffers(policy: Policy) -> int | None:
     """The pool of landing buffers the policy asks for (None: one per block)."""
     if policy.residency.host_grad_buffers is None and policy.residency.weights_on_nvme > 0:
-        return NVME_WEIGHTS_LANDING_BUFFERS
+        return BOUNDED_LANDING_BUFFERS
     return policy.residency.host_grad_buffers
 
 

@@ -48,7 +48,7 @@ GPU_ADAMW_OPS = 4
 # test_ledger.py).
 MASTER_BYTES_PER_PARAM = FP32_BYTES  # fp32 master weights, in RAM or on NVMe
 MOMENTS_BYTES_PER_PARAM = 2 * FP32_BYTES  # AdamW m and v, in RAM or on NVMe
-UPLOAD_BYTES_PER_PARAM = BF16_BYTES  # the bf16 copy loads read (cast=cpu_once): RAM only
+UPLOAD_BYTES_PER_PARAM = BF16_BYTES  # the bf16 copy loads read (cast=cpu_once), RAM or NVMe
 HOST_STATE_BYTES_PER_PARAM = (MASTER_BYTES_PER_PARAM + MOMENTS_BYTES_PER_PARAM
                               + UPLOAD_BYTES_PER_PARAM)
 # GPU-updated blocks keep fp32 master weights, m, v and grads on the GPU, and bf16 weights.

@@ -27,6 +27,7 @@ from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
     ACCUMULATIONS,
     ACTIVATION_PLACEMENTS,
+    BOUNDED_LANDING_BUFFERS,
     CAST_MODES,
     GPU_UPDATE_ORDERS,
     OPTIMIZER_ORDERS,
@@ -38,9 +39,6 @@ from layerslide.trace import TIERS
 # (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
 GPU_FILL_MARGIN = 0.95  # of the free GPU memory, for what the estimate does not see
-# Pinned gradient landing buffers to fall back to when the host overflows: few enough to bound
-# the grads waiting for a slow optimizer, enough to keep the backward streaming.
-BOUNDED_GRAD_BUFFERS = 4
 # Candidates simulated again with the GPU's clock settled against its busy fraction (profiles
 # with GPUSpec.busy_speedup) before the final ranking; the search itself holds the clock at the
 # efficiency tables' rate, which takes one simulation per try instead of two or three.
@@ -278,7 +276,7 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
             and not grads_land_in_upload(policy, train)):
         # clipping holds every grad (no pool to bound); grads landing in the upload copies
         # have no landing buffers to bound
-        pools.append(BOUNDED_GRAD_BUFFERS)
+        pools.append(BOUNDED_LANDING_BUFFERS)
 
     def attempt(moments: float, master: float, weights: float, pool, prefetch: int,
                 activations: str) -> Candidate:

@@ -102,7 +102,7 @@ def test_a_host_overflowing_only_while_running_bounds_grad_buffers_before_spilli
 
     The landing buffers are static now (host.grad_landing), so the pool no longer bounds grads
     piling up behind a slow CPU while the step runs: it shrinks the static landing buffer from
-    one per block to BOUNDED_GRAD_BUFFERS of the largest block's size. What comes and goes on
+    one per block to BOUNDED_LANDING_BUFFERS of the largest block's size. What comes and goes on
     the host here is torch AdamW's fp32 grad upcast (4 B/param of the block being stepped)."""
     model = make_tiny_model(num_layers=6)
     # cast on the GPU: no bf16 upload copies for the grads to land in, so landing buffers
