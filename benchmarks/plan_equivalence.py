@@ -114,6 +114,12 @@ CONFIGS = [
      {"micro_batch": 2, "grad_accum": 2}, {"window": 4, "prefetch_depth": 2}),
     ("qwen3-4b-5090-overflow", "qwen3-4b", "rtx5090", 8, {"micro_batch": 16},
      {"activations": "gpu"}),
+    ("3b-mb4-lm16", "llama-3.2-3b", "h200-bench", 24, {"micro_batch": 4, "grad_accum": 16},
+     {"accumulation": "layer_major"}),
+    ("70b-4090-lm32-weights-nvme", "llama-3.1-70b", "rtx4090-256gb", 24,
+     {"micro_batch": 1, "grad_accum": 32},
+     {"accumulation": "layer_major", "moments_on_nvme": 1.0, "master_on_nvme": 0.5,
+      "weights_on_nvme": 0.5, "activations": "nvme"}),
 ]
 
 

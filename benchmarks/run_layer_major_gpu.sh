@@ -7,6 +7,9 @@
 # SET 3b: Llama-3.2-3B, layer-major micro-batch 4 x 16 against one micro-batch of 64, in the
 #         order LM, 64, 64, LM (drift of the lent machine falls on both alike), and step-major
 #         4 x 16 once.
+# SET 3b-pair: SET 3b without the step-major run (which logs no step in its time).
+# SET stripes: Llama-3.2-3B layer-major 4 x 16 with 60% of its moments and half its bf16
+#         weights on the disk, in one folder and striped over two folders of that disk.
 # SET 8b: Llama-3.1-8B with 60% of its moments (40% of its optimizer state) on the disk:
 #         accumulation 1 against layer-major 4 x 16; then 3B layer-major 4 x 16 once more.
 # SET disk: Llama-3.2-3B with 60% of its moments on the disk, accumulation 1 against
@@ -69,6 +72,14 @@ case "${1:-}" in
     run lm16_b 8 150 "${m[@]}" "${lm[@]}"
     run sm16 3 120 "${m[@]}" --micro-batch 4 --grad-accum 16
     ;;
+3b-pair)
+    m=(--model llama-3.2-3b)
+    lm=(--micro-batch 4 --grad-accum 16 --accumulation layer_major)
+    run lm16_a 8 150 "${m[@]}" "${lm[@]}"
+    run mb64_a 8 150 "${m[@]}" --micro-batch 64
+    run mb64_b 8 150 "${m[@]}" --micro-batch 64
+    run lm16_b 8 150 "${m[@]}" "${lm[@]}"
+    ;;
 8b)
     m=(--model llama-3.1-8b --moments-on-nvme 0.6 --nvme-dir "$nvme")
     run a1 4 250 "${m[@]}" --micro-batch 4
@@ -97,7 +108,19 @@ repeat)
     run ram_a 4 120 "${m[@]}"
     run ram_b 4 120 "${m[@]}"
     ;;
+stripes)
+    # the state and half the bf16 weights on the disk, in one folder and then striped over two
+    # folders of the same disk: the code path of several drives (the machine has one), whose
+    # losses must agree and whose steps should not differ much
+    m=(--model llama-3.2-3b --micro-batch 4 --grad-accum 16 --accumulation layer_major
+       --moments-on-nvme 0.6 --weights-on-nvme 0.5)
+    run one_folder 4 200 "${m[@]}" --nvme-dir "$nvme"
+    rm -rf "$nvme"; mkdir -p "$nvme/a" "$nvme/b"
+    run two_folders 4 200 "${m[@]}" --nvme-dir "$nvme/a,$nvme/b"
+    ls -la "$nvme/a" | head -5 | tee -a "$out/log.txt"
+    rm -rf "$nvme"
+    ;;
 *)
-    echo "usage: $0 [--tests] 3b|8b|disk|weights|repeat"; exit 2 ;;
+    echo "usage: $0 [--tests] 3b|3b-pair|8b|disk|weights|repeat|stripes"; exit 2 ;;
 esac
 

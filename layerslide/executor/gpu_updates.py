@@ -18,8 +18,10 @@ from layerslide.executor.optim import OptimConfig
 def add_into_sum(blocks: ModelBlocks, block: int, flat_sum: torch.Tensor,
                  grads: list[torch.Tensor], first: bool) -> None:
     """Add one micro-batch's grads (in layout order) into the block's flat fp32 sum; the first
-    micro-batch's start it."""
+    micro-batch's start it. A None grad is one already added (grad_into_sum)."""
     for (_, view), grad in zip(blocks.views(block, flat_sum), grads, strict=True):
+        if grad is None:
+            continue
         if first:
             view.copy_(grad)
         else:

@@ -26,6 +26,7 @@ from layerslide.executor.compute import (
 )
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks, add_into_sum
+from layerslide.executor.grad_into_sum import attach_sums, detach_sums, route_linears
 from layerslide.executor.host_state import HostState
 from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
@@ -120,6 +121,7 @@ class TaskRunner:
                     module = blocks.make_layer(max(block, 0))
                 blocks.bind(module, block, flat)
                 assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+                route_linears(module)
             # blocks updated on the GPU are never loaded: no fp32 landing for them
             fp32 = (torch.empty(n, dtype=torch.float32, device=dev)
                     if landing and block not in self.gpu_updated else None)
@@ -412,10 +414,15 @@ class TaskRunner:
         """Layer i's recompute and backward of micro-batch m: its grads kept (autograd's
         released from the parameters first), its input's grad back."""
         x = saved.detach().requires_grad_(True)
+        into_sum = self.sums_on_gpu and i not in self.gpu_blocks  # the weight GEMMs add in
+        if into_sum:
+            attach_sums(unit.module, self.blocks, i, self._grad_sum(s, i))
         with torch.enable_grad():
             y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
         y.backward(dgrad)
-        grads = [p.grad for p in params]
+        if into_sum:
+            detach_sums(unit.module)
+        grads = [p.grad for p in params]  # None where the grad went into the sum
         for p in params:
             p.grad = None
         self._keep_grads(s, m, i, grads)
@@ -465,7 +472,7 @@ class TaskRunner:
         if block in self.gpu_blocks:
             return self.gpu_blocks.grad_sum[block]
         if (s, block) not in self.grad_sums:
-            self.grad_sums[(s, block)] = torch.empty(self.blocks.numel(block),
+            self.grad_sums[(s, block)] = torch.zeros(self.blocks.numel(block),
                                                      dtype=torch.float32,
                                                      device=self.device.device)
         return self.grad_sums[(s, block)]

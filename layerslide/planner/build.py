@@ -592,12 +592,17 @@ class _Builder:
             self.buffer(self.sum_maker(s, m, block, producer),
                         "tied_grad_sum" if tied else "grad_sum", "gpu", FP32_BYTES * p, (last,))
         adder = self.tid(K.HEAD, self.L, s, m) if tied else producer
+        # a decoder layer's projection grads go into the sum from their GEMMs (grad_into_sum)
+        into = self.model.layer_matmul_params if 0 <= block < self.L else 0
         if tied:  # the head's LM-weight grad, added into the sum by the head
             self.tied_grad(s, m, release=adder)
-        else:  # autograd's fresh bf16 grad, added into the sum within the task
-            self.buffer(producer, "grads", "gpu", BF16_BYTES * p, (producer,))
+        else:  # autograd's fresh bf16 grads of the rest, added into the sum within the task
+            self.buffer(producer, "grads", "gpu", BF16_BYTES * (p - into), (producer,))
         task, n = self.task_of(adder), self.count(m)  # an add per micro-batch of the group
-        self.update_task(adder, bytes=task.bytes + n * sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * p,
+        added = (sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * (p - into)
+                 + sizes.GPU_GRAD_INTO_SUM_BYTES_PER_PARAM * into)
+        zeroed = FP32_BYTES * p if within == 0 else 0  # the sum starts as zeros
+        self.update_task(adder, bytes=task.bytes + n * added + zeroed,
                          host_ops=task.host_ops + n)
         if within < self.Q - 1:
             return False

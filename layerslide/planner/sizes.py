@@ -59,6 +59,10 @@ ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
 # On the GPU (layer-major): the same add into the fp32 sum, then the sum rounded to bf16 once
 # for the offload (read fp32, write bf16).
 GPU_GRAD_SUM_BYTES_PER_PARAM = ACCUMULATE_BYTES_PER_PARAM
+# A decoder layer's projection weights skip that add: their weight-grad GEMMs read and write
+# the fp32 sum themselves (8 B), most of it under the GEMM's math; charged as the HBM bytes of
+# the time it adds (benchmarks/results/lm_gap_2026-12-02, grad_sum_probe at 4k tokens).
+GPU_GRAD_INTO_SUM_BYTES_PER_PARAM = 5
 GPU_GRAD_ROUND_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 
 # Host-side op dispatches (kernel launches plus Python module overhead) of one Hugging Face

@@ -569,9 +569,11 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     rounded = buffer_named(plan, "s0.m2.backward.L1.offloaded_grads")
     assert rounded.bytes == BF16_BYTES * tied.layer_params and not rounded.at_end
     assert rounded.release_tasks == ("s0.m2.offload_grads.L1",)
-    for m in range(3):  # autograd's bf16 grads, added in within the task
+    into = tied.layer_matmul_params  # the projections' GEMMs add into the sum themselves
+    for m in range(3):  # autograd's bf16 grads of the norms, added in within the task
         fresh = buffer_named(plan, f"s0.m{m}.backward.L1.grads")
         assert fresh.release_tasks == (f"s0.m{m}.backward.L1",)
+        assert fresh.bytes == BF16_BYTES * (tied.layer_params - into)
     # tied: the heads start the embedding's sum with their LM-weight grads, its backwards add
     # their rows, the last rounds it; each head's own [V, h] grad is gone within the head
     emb = buffer_named(plan, "s0.m0.head.head.tied_grad_sum")
@@ -582,8 +584,14 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     # the adds and the rounding cost GPU memory traffic
     step_major = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
                             Policy.of(), num_steps=2)
-    extra = (plan.task("s0.m2.backward.L1").bytes - step_major.task("s0.m2.backward.L1").bytes)
-    assert extra == (10 + 6) * tied.layer_params
+    def extra(m: int) -> float:
+        task = f"s0.m{m}.backward.L1"
+        return plan.task(task).bytes - step_major.task(task).bytes
+
+    added = 10 * (tied.layer_params - into) + 5 * into
+    assert extra(0) == added + 4 * tied.layer_params  # the sum made as zeros
+    assert extra(1) == added
+    assert extra(2) == added + 6 * tied.layer_params  # and rounded to bf16
 
 
 def test_layer_major_prefetches_weights_a_whole_sweep_ahead():
