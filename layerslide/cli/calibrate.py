@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from layerslide.cli.options import UsageError, byte_size, profile_of
+from layerslide.cli.outputs import writable_file
 
 
 def add_calibrate_command(sub, units: str) -> None:
@@ -47,8 +48,7 @@ def cmd_calibrate(args) -> int:
     out = Path(args.out)
     if out.suffix != ".toml":
         raise UsageError(f"--out {out}: a profile file ends in .toml")
-    if out.exists() and not args.overwrite:
-        raise UsageError(f"--out {out} exists: pass --overwrite or another file")
+    writable_file("--out", args.out, overwrite=args.overwrite)
     base = profile_of(args.base)
     model = resolve_model(args.model)
     gpu = torch.cuda.is_available()
@@ -99,9 +99,11 @@ def cmd_calibrate(args) -> int:
 
 
 def _check_writable(folder: Path) -> None:
+    if not folder.is_dir():  # measuring a folder it made would measure some other disk's
+        raise UsageError(f"--disk-dir {folder} does not exist: pass a folder on the drive to "
+                         "measure (make it first)")
     probe = folder / ".layerslide-calibrate-probe"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:

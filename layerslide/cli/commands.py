@@ -12,7 +12,6 @@ import pandas as pd
 from layerslide.cli.options import (
     DEFAULT_PROFILE,
     UsageError,
-    check_writable,
     gib,
     model_of,
     policy_of,
@@ -21,6 +20,7 @@ from layerslide.cli.options import (
     train_of,
     with_env_overrides,
 )
+from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.hwprofiles import builtin_profiles
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.reports import (
@@ -122,7 +122,7 @@ def _save(plan: Plan, path: str) -> None:
 
 
 def cmd_plan(args) -> int:
-    check_writable(args.output)
+    writable_file("-o", args.output)
     plan = _build(args)
     if args.output:
         _save(plan, args.output)
@@ -168,8 +168,13 @@ def _print_prediction(pred: Prediction) -> None:
 
 
 def cmd_simulate(args) -> int:
+    writable_file("--trace-out", args.trace_out)
+    writable_folder("--report-dir", args.report_dir)
     tuned = {}
     if args.plan:
+        if args.model:  # the plan holds its model: a second one would be ignored
+            raise UsageError(f"--plan {args.plan} holds its model: drop --model {args.model} "
+                             "(or drop --plan to build a plan for that model)")
         plan = Plan.load(args.plan)
         plan = replace(plan, policy=with_env_overrides(plan.policy))  # as `train` would run it
         tuned = plan.meta
@@ -186,7 +191,6 @@ def cmd_simulate(args) -> int:
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
-    check_writable(args.trace_out)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)
     wrote_report = bool(args.report_dir and pred.trace is not None)
@@ -253,7 +257,7 @@ def _by_accumulation(result) -> list[str]:
 
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
-    check_writable(args.output)
+    writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,

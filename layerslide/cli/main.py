@@ -23,6 +23,7 @@ from layerslide.cli.options import (
     int_list,
     str_list,
 )
+from layerslide.cli.outputs import writable_folder
 from layerslide.cli.train import add_train_command
 from layerslide.tuner import SearchSpace
 
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_demo_command(args) -> int:
+    writable_folder("--out", args.out)  # a report folder is written into, kept files and all
     readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True))
     print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
     return 0

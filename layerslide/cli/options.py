@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
@@ -206,12 +205,6 @@ def with_env_overrides(policy: Policy) -> Policy:
     knobs = ExecutorKnobs.env_settings()  # only what the environment sets
     return policy.with_(stream_run_ahead=run_ahead_from_env(policy.schedule.stream_run_ahead),
                         **knobs)
-
-
-def check_writable(path: str | None) -> None:
-    """Refuse an output path whose folder does not exist before long work starts."""
-    if path and not Path(path).resolve().parent.is_dir():
-        raise UsageError(f"cannot write {path}: folder {Path(path).resolve().parent} does not exist")
 
 
 def progress_printer(what: str):

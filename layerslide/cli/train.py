@@ -22,6 +22,7 @@ from layerslide.cli.options import (
     train_of,
     with_env_overrides,
 )
+from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
@@ -38,8 +39,9 @@ def add_train_command(sub, units: str) -> None:
                         "name for random weights (benchmarks); required unless --resume")
     p.add_argument("--plan", help="a plan file from `layerslide tune -o`: its training settings "
                                    "and policy replace the flags below")
-    p.add_argument("--data", default="synthetic",
-                   help="a .jsonl/.txt file or a folder of them, or 'synthetic' (random tokens)")
+    p.add_argument("--data",
+                   help="a .jsonl/.txt file or a folder of them, or 'synthetic' (random tokens; "
+                        "the default for a preset or --random-init, never for a folder's weights)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model folder)")
     p.add_argument("--out", help="folder to save the fine-tuned model in (HF format)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -86,7 +88,12 @@ def add_train_command(sub, units: str) -> None:
                         "before it instead of stopping")
     add_train(p)
     add_policy(p, plan_steps=False)
-    p.set_defaults(run=cmd_train)
+    p.set_defaults(run=cmd_train, parser_defaults=_defaults_of(p))
+
+
+def _defaults_of(parser) -> dict:
+    """Each option's default, to tell the flags a user gave from those left alone."""
+    return {a.dest: a.default for a in parser._actions if a.dest != "help"}
 
 
 def _plan(args, spec: ModelSpec) -> Plan:
@@ -135,7 +142,7 @@ def _check_fits(args, plan: Plan) -> None:
 
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "resume", "resume_fallback",
-                "run", "command")
+                "run", "command", "parser_defaults")
 
 
 def _resumed_args(args):
@@ -156,6 +163,19 @@ def _resumed_args(args):
     saved = newest.meta.get("run", {}).get("args")
     if saved is None:
         raise UsageError(f"{newest.path} holds no `layerslide train` arguments to resume with")
+    if newest.meta.get("step", 0) >= saved.get("steps", 0):
+        where = f" (its model is in {saved['out']})" if saved.get("out") else ""
+        raise UsageError(f"--resume {args.resume}: that run finished all its {saved['steps']} "
+                         f"steps{where}: nothing to resume; to train on, start a new run with "
+                         "--model set to its saved folder")
+    defaults = getattr(args, "parser_defaults", {})
+    ignored = sorted(k for k, v in vars(args).items()
+                     if k in defaults and k not in RUNTIME_ONLY and v != defaults[k]
+                     and v != saved.get(k))
+    if ignored:
+        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
+        print(f"note: resuming runs with the checkpointed run's settings: {flags} ignored",
+              file=sys.stderr)
     merged = {**saved, **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
     merged["checkpoint_dir"] = args.resume
     return argparse.Namespace(**merged)
@@ -192,31 +212,33 @@ def cmd_train(args) -> int:
     from layerslide.executor.checkpoint_store import CheckpointError
     from layerslide.executor.data import open_token_source
     from layerslide.executor.engine import TaskFailedError
-    from layerslide.executor.hf_io import read_hf_config
+    from layerslide.executor.hf_io import checkpoint_tensor_index, read_hf_config
     from layerslide.executor.nvme import NvmeSpaceError
     from layerslide.executor.optim import OptimConfig
     from layerslide.executor.trainer import Trainer
 
+    _check_outputs(args)
+    device = _device_of(args.device, torch)
     folder = Path(args.model).expanduser()
+    _refuse_config_file_of_weights(args, folder)
     from_folder = folder.is_dir()
     spec = resolve_model(args.model)
     if from_folder:
         from transformers import AutoConfig
         read_hf_config(folder)  # supported architecture, readable JSON
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        if not args.random_init:  # every shard's header and length, before any allocation
+            checkpoint_tensor_index(folder)
     else:
         config = hf_config_from_spec(spec)
-    if args.steps < 1:
-        raise UsageError(f"--steps {args.steps}: train at least one step")
+    _check_schedule_flags(args)
+    args.data = _data_of(args, from_folder and not args.random_init)
     schedule = _checkpoint_schedule(args)
-    if args.out and Path(args.out).exists() and not args.overwrite:
-        raise UsageError(f"--out {args.out} exists: pass --overwrite or another folder")
     plan = _plan(args, spec)
     train, policy = plan.train, plan.policy
     _check_fits(args, plan)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda but torch sees no CUDA GPU: use --device cpu")
+    if not args.out:
+        print("note: no --out: the trained model will not be saved", file=sys.stderr)
     optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,
                         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
                         decay_steps=max(1, args.steps - args.warmup_steps))
@@ -284,6 +306,61 @@ def cmd_train(args) -> int:
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
             print(f"saved the fine-tuned model to {saved}")
     return 0
+
+
+def _check_outputs(args) -> None:
+    """Every path the run writes, before anything is loaded or trained."""
+    writable_folder("--out", args.out, overwrite=args.overwrite)
+    writable_file("--trace-out", args.trace_out)
+    writable_file("--log-jsonl", args.log_jsonl)
+    writable_folder("--checkpoint-dir", args.checkpoint_dir)
+
+
+def _device_of(name: str | None, torch) -> str:
+    """The device to train on: cuda when present; a name torch does not train on is refused."""
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(name).type
+    except (RuntimeError, ValueError) as err:
+        raise UsageError(f"--device {name}: not a device; use cuda, cuda:N or cpu") from err
+    if kind not in ("cuda", "cpu"):
+        raise UsageError(f"--device {name}: layerslide trains on cuda or cpu; use one of them")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {name} but torch sees no CUDA GPU: use --device cpu")
+    return name
+
+
+def _refuse_config_file_of_weights(args, path: Path) -> None:
+    """--model folder/config.json would start from random weights of its architecture and
+    silently leave the folder's own weights (and tokenizer) behind."""
+    if path.is_file() and any(path.parent.glob("*.safetensors")) and not args.random_init:
+        raise UsageError(f"--model {args.model}: pass the folder {path.parent} to train its "
+                         "weights (config.json alone starts from random weights: add "
+                         "--random-init to mean that)")
+
+
+def _check_schedule_flags(args) -> None:
+    if args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: train at least one step")
+    if args.warmup_steps >= args.steps:
+        raise UsageError(f"--warmup-steps {args.warmup_steps} is not below --steps "
+                         f"{args.steps}: the learning rate would never leave its warmup; "
+                         "use fewer warmup steps")
+
+
+def _data_of(args, trains_real_weights: bool) -> str:
+    """The --data to use: given, or synthetic tokens (said aloud) where no weights are at
+    stake; a model folder's weights are never trained on random tokens by default."""
+    if args.data is not None:
+        if args.data == "synthetic":
+            print("note: --data synthetic: training on random tokens", file=sys.stderr)
+        return args.data
+    if trains_real_weights:
+        raise UsageError(f"--data is needed to train the weights in {args.model} (a .jsonl/.txt "
+                         "file or folder); --data synthetic trains them on random tokens")
+    print("note: no --data: training on random tokens (--data synthetic)", file=sys.stderr)
+    return "synthetic"
 
 
 def _checkpoints_beside(args, schedule) -> int:

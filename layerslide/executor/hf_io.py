@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -76,7 +76,7 @@ def checkpoint_tensor_index(folder: str | Path) -> dict[str, tuple[tuple[int, ..
     """Tensor name -> (shape, safetensors dtype) for the whole checkpoint, from headers only."""
     index: dict[str, tuple[tuple[int, ...], str]] = {}
     for path, names in _shard_names(Path(folder)).items():
-        with safe_open(path, framework="pt") as f:
+        with _opened(path) as f:
             present = set(f.keys())
             for name in present if names is None else names:
                 if name not in present:
@@ -84,6 +84,26 @@ def checkpoint_tensor_index(folder: str | Path) -> dict[str, tuple[tuple[int, ..
                 tensor_slice = f.get_slice(name)
                 index[name] = (tuple(tensor_slice.get_shape()), tensor_slice.get_dtype())
     return index
+
+
+def _opened(path: Path):
+    """safe_open of one shard, its header and length checked (a truncated or damaged file is
+    refused by name before any weight is read)."""
+    try:
+        return safe_open(path, framework="pt")
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}): it may be "
+                         "truncated or damaged; download or save it again") from err
+
+
+def finite_tensors(items: Iterable[tuple[str, torch.Tensor]], folder: str | Path,
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The items, refusing a tensor that holds NaN or inf (every step would be skipped)."""
+    for name, tensor in items:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{folder}: {name} holds NaN or inf values; training from it "
+                             "would skip every step: use an intact copy of the weights")
+        yield name, tensor
 
 
 def _listed(items: list[str]) -> str:
@@ -140,7 +160,7 @@ def iter_checkpoint_tensors(
         if absent:
             raise ValueError(f"{folder} has no tensor(s) {_listed(absent)}")
     for path, shard_names in shards.items():
-        with safe_open(path, framework="pt") as f:
+        with _opened(path) as f:
             for name in f.keys() if shard_names is None else shard_names:
                 if wanted is None or name in wanted:
                     yield name, f.get_tensor(name)

@@ -168,7 +168,8 @@ class Trainer:
         """Read an HF folder's safetensors tensor by tensor into the fp32 master weights."""
         ignore = ("rotary_emb.inv_freq",) + (("lm_head.weight",) if self.blocks.tied else ())
         hf_io.check_checkpoint(folder, self.blocks.expected_tensors(), ignore=ignore)
-        placed = self.state.load_named(hf_io.iter_checkpoint_tensors(folder))
+        placed = self.state.load_named(
+            hf_io.finite_tensors(hf_io.iter_checkpoint_tensors(folder), folder))
         missing = set(self.blocks.expected_tensors()) - placed
         if missing:
             raise ValueError(f"{folder}: no weights for {sorted(missing)[:3]}")

@@ -137,6 +137,16 @@ def test_unreadable_plan_file_is_a_usage_error(capsys, tmp_path):
     (["plan", "--model", "llama-3.2-1b", "-o", "/no/such/folder/x.json"], "does not exist"),
     (["whatif", "--on-profile", "h200-bench", "--model", "llama-3.2-1b"], "--models"),
     (["whatif", "--model", "llama-3.2-1b", "--ram", "64GiB"], "--on-profile"),
+    # outputs checked before the work (these raised a traceback, some after the work)
+    (["simulate", "--model", "llama-3.2-1b", "--trace-out", "/proc/trace.json"],
+     "--trace-out /proc/trace.json: cannot write in /proc"),
+    (["simulate", "--model", "llama-3.2-1b", "--report-dir", "/proc/report"],
+     "--report-dir /proc/report: cannot write in /proc"),
+    (["calibrate", "--out", "/proc/p.toml"], "--out /proc/p.toml: cannot write in /proc"),
+    (["calibrate", "--out", "p.toml", "--disk-dir", "/no/such/disk"],
+     "--disk-dir /no/such/disk does not exist"),
+    (["demo", "--out", "/proc/report"], "--out /proc/report: cannot write in /proc"),
+    (["demo", "--out", "/etc/hostname"], "is a file: give a folder path"),
 ])
 def test_more_bad_input_exits_2(capsys, argv, message):
     code, _, err = run(capsys, *argv)
@@ -193,3 +203,11 @@ def test_schedules_named_on_the_command_line_are_each_tried_at_every_accumulatio
     named = space("--grad-accums", "1,16", "--accumulations", "step_major,layer_major")
     assert named.step_major_max_accum == 16
     assert space("--max-tokens-per-step", "0").max_tokens_per_step is None
+
+
+def test_simulate_refuses_a_model_beside_a_plan(capsys, tmp_path):
+    """--plan holds its model: a --model beside it was ignored without a word."""
+    path = tmp_path / "plan.json"
+    assert run(capsys, "plan", "--model", "llama-3.2-1b", "-o", str(path))[0] == 0
+    code, _, err = run(capsys, "simulate", "--plan", str(path), "--model", "llama-3.2-3b")
+    assert code == 2 and "drop --model llama-3.2-3b" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -148,3 +149,27 @@ def test_stored_arguments_name_folders_absolutely(config_dir, tmp_path, monkeypa
     args = CheckpointStore(tmp_path / "ckpt").latest().meta["run"]["args"]
     assert args["nvme_dir"] == str(tmp_path / "nvme")
     assert args["checkpoint_dir"] == str(tmp_path / "ckpt")
+
+
+def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir, tmp_path,
+                                                                       capsys):
+    ckpt = tmp_path / "ckpt"
+    base = ["--device", "cpu", "--micro-batch", "1", "--seq-len", "16", "--checkpoint-dir",
+            str(ckpt)]
+    assert main(["train", "--model", str(config_dir), "--random-init", "--steps", "3",
+                 "--checkpoint-every", "1", *base]) == 0
+    finished = CheckpointStore(ckpt).latest()
+    # a checkpoint mid-run: resume it with flags that the checkpointed settings replace
+    mid = CheckpointStore(ckpt).list()[0]
+    assert mid.step < finished.step
+    for info in CheckpointStore(ckpt).list()[1:]:
+        shutil.rmtree(info.path)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--model", "llama-3.2-1b",
+                 "--lr", "5"]) == 0
+    err = capsys.readouterr().err
+    assert "--lr, --model ignored" in err
+    # finished: nothing to resume (it said "pass --overwrite", which resume ignores)
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "that run finished all its 3 steps" in err and "--overwrite" not in err

@@ -74,7 +74,7 @@ def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
         TrainSpec(micro_batch=2, seq_len=16), Policy.of())
     plan.save(tmp_path / "plan.json")
     rc = main(["train", "--model", str(model_dir), "--plan", str(tmp_path / "plan.json"),
-               "--device", "cpu", "--steps", "1"])
+               "--device", "cpu", "--steps", "1", "--data", "synthetic"])
     assert rc == 2
     assert "is a plan for" in capsys.readouterr().err
 
@@ -91,7 +91,7 @@ def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
 ])
 def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
-               "--micro-batch", "2", "--steps", "1", *extra])
+               "--micro-batch", "2", "--steps", "1", "--data", "synthetic", *extra])
     assert rc == 2
     assert words in capsys.readouterr().err
 
@@ -111,9 +111,94 @@ def test_train_runs_a_tuned_plan_with_its_settings(model_dir, tmp_path, capsys):
     tuned = json.loads(plan_file.read_text())
     capsys.readouterr()
     rc = main(["train", "--model", str(model_dir), "--plan", str(plan_file), "--device", "cpu",
-               "--steps", "2", "--log-jsonl", str(tmp_path / "log.jsonl")])
+               "--steps", "2", "--data", "synthetic", "--log-jsonl", str(tmp_path / "log.jsonl")])
     assert rc == 0
     printed = capsys.readouterr().out
     assert f"micro-batch {tuned['train']['micro_batch']} x 16 tokens" in printed
     assert f"window {tuned['policy']['residency']['window']}" in printed
     assert len((tmp_path / "log.jsonl").read_text().splitlines()) == 2
+
+
+def truncated_copy(model_dir, tmp_path):
+    """The model folder with its safetensors cut in half."""
+    copy = tmp_path / "truncated"
+    copy.mkdir()
+    for f in model_dir.iterdir():
+        data = f.read_bytes()
+        (copy / f.name).write_bytes(data[:len(data) // 2] if f.suffix == ".safetensors" else data)
+    return copy
+
+
+def nan_copy(model_dir, tmp_path):
+    """The model folder with one NaN in its weights."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "nan"
+    copy.mkdir()
+    for f in model_dir.iterdir():
+        if f.suffix == ".safetensors":
+            tensors = load_file(f)
+            next(iter(tensors.values())).view(-1)[0] = float("nan")
+            save_file(tensors, copy / f.name, metadata={"format": "pt"})
+        else:
+            (copy / f.name).write_bytes(f.read_bytes())
+    return copy
+
+
+# each refused before anything is trained (the cases of issue 25 that ran, or were silent)
+@pytest.mark.parametrize(("case", "words"), [
+    ("out under /proc", "cannot write in /proc"),
+    ("out is a file", "is a file: give a folder path"),
+    ("trace under /proc", "--trace-out /proc/x/trace.json: folder /proc/x does not exist"),
+    ("log under /proc", "--log-jsonl /proc/log.jsonl: cannot write in /proc"),
+    ("tpu", "--device tpu: not a device"),
+    ("meta", "layerslide trains on cuda or cpu"),
+    ("truncated weights", "is not a readable safetensors file"),
+    ("NaN weights", "holds NaN or inf values"),
+    ("weights without data", "--data is needed to train the weights in"),
+    ("config.json of weights", "to train its weights (config.json alone"),
+    ("warmup past the end", "--warmup-steps 100 is not below --steps 3"),
+])
+def test_train_refuses_what_would_fail_late_or_silently(model_dir, tmp_path, capsys, case, words):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    model, extra = str(model_dir), ["--data", "synthetic"]
+    if case == "out under /proc":
+        extra += ["--out", "/proc/out"]
+    elif case == "out is a file":
+        extra += ["--out", str(a_file), "--overwrite"]
+    elif case == "trace under /proc":
+        extra += ["--trace-out", "/proc/x/trace.json"]
+    elif case == "log under /proc":
+        extra += ["--log-jsonl", "/proc/log.jsonl"]
+    elif case in ("tpu", "meta"):
+        extra += ["--device", case]
+    elif case == "truncated weights":
+        model = str(truncated_copy(model_dir, tmp_path))
+    elif case == "NaN weights":
+        model = str(nan_copy(model_dir, tmp_path))
+    elif case == "weights without data":
+        extra = []
+    elif case == "config.json of weights":
+        model = str(model_dir / "config.json")
+    elif case == "warmup past the end":
+        extra += ["--warmup-steps", "100"]
+    argv = ["train", "--model", model, "--seq-len", "16", "--micro-batch", "2", "--steps", "3",
+            *(["--device", "cpu"] if "--device" not in extra else []), *extra]
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_train_says_what_it_assumes(model_dir, tmp_path, capsys):
+    """Random tokens, or no saved model, are said aloud, not silently done."""
+    rc = main(["train", "--model", "llama-3.2-1b", "--device", "cpu", "--steps", "1",
+               "--seq-len", "16", "--micro-batch", "1", "--gpu-memory", "1MiB"])
+    assert rc == 2  # refused at the fit check, after the notes
+    err = capsys.readouterr().err
+    assert "no --data: training on random tokens" in err
+    rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+               "--seq-len", "16", "--micro-batch", "2", "--data", "synthetic"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "--data synthetic: training on random tokens" in err
+    assert "no --out: the trained model will not be saved" in err
