@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)
         print(f"layerslide {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before training (which stops gracefully) or outside it
+        print(f"layerslide {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

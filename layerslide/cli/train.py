@@ -7,7 +7,10 @@ a GPU cap or host RAM too small for the plan) is refused before any weight is al
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import threading
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -278,6 +281,7 @@ def cmd_train(args) -> int:
         # the bar moves as steps finish; step logs come when their segment has drained
         bar = tqdm(total=args.steps, initial=trainer.step, unit="step", file=sys.stderr,
                    dynamic_ncols=True, disable=None)
+        stop = GracefulStop(bar)
         try:
             trainer.fit(data, args.steps - trainer.step,
                         on_step=_step_printer(args.steps, log_file, bar),
@@ -285,7 +289,7 @@ def cmd_train(args) -> int:
                         on_checkpoint=lambda info, seconds: bar.write(
                             f"checkpoint of step {info.step} in {info.path}: "
                             f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
-                            file=sys.stdout))
+                            file=sys.stdout), stop=stop.event)
         except (TaskFailedError, CheckpointError) as err:
             bar.close()
             print(f"layerslide train: training stopped: {err}", file=sys.stderr)
@@ -295,17 +299,61 @@ def cmd_train(args) -> int:
                       f"{schedule.store.root}`", file=sys.stderr)
             return 1
         finally:
+            stop.restore()
             bar.close()
             if log_file is not None:
                 log_file.close()
             if args.trace_out:
                 trainer.trace(f"{spec.name} measured").save(args.trace_out)
+        if trainer.stopped:
+            return _stopped(trainer, schedule, stop.signum)
         if args.out:
             extra = {name: folder / name for name in TOKENIZER_FILES
                      if from_folder and (folder / name).is_file()}
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
             print(f"saved the fine-tuned model to {saved}")
     return 0
+
+
+class GracefulStop:
+    """SIGINT/SIGTERM during training: the first ends the run after the step in flight (and
+    checkpoints it), a second exits at once (a checkpoint is written whole or not at all)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, bar):
+        self.event, self.signum, self._bar = threading.Event(), None, bar
+        self._previous = {sig: signal.signal(sig, self._first) for sig in self.SIGNALS}
+
+    def _first(self, signum, _frame) -> None:
+        self.signum = signum
+        self.event.set()
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._second)
+        self._bar.write(f"{signal.Signals(signum).name}: stopping after the step in flight; "
+                        "send it again to exit at once", file=sys.stderr)
+
+    @staticmethod
+    def _second(signum, _frame) -> None:
+        print(f"{signal.Signals(signum).name} again: exiting now", file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(trainer, schedule, signum: int | None) -> int:
+    """What a stopped run says: where to resume from, or that nothing was kept; 128 + the
+    signal's number, as a shell reports a run a signal ended."""
+    print(f"stopped after step {trainer.step}; the model is not saved to --out", file=sys.stderr)
+    if schedule is not None and schedule.store.latest() is not None:
+        print(f"checkpoint {schedule.store.latest().path} holds it: continue with "
+              f"`layerslide train --resume {schedule.store.root}`", file=sys.stderr)
+    else:
+        print("no checkpoint is kept (no --checkpoint-dir): these steps are lost",
+              file=sys.stderr)
+    return 128 + (signum or signal.SIGINT)
 
 
 def _check_outputs(args) -> None:

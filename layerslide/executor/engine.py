@@ -60,8 +60,9 @@ class PlanEngine:
 
     def __init__(self, plan: Plan, device: LaneDevice, run_task: Callable[[Task], None], *,
                  serial: bool = False, on_step_done: Callable[[int], None] | None = None,
-                 run_ahead: int | None = None):
+                 run_ahead: int | None = None, stop: threading.Event | None = None):
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
+        self.stop = stop  # once set, the run ends after the step in flight (request_stop)
         self.on_step_done = on_step_done
         # the policy's bound, unless the caller says otherwise
         if run_ahead is None:
@@ -82,6 +83,9 @@ class PlanEngine:
         self._timing: dict[str, tuple[object, object]] = {}
         self._error: tuple[str, BaseException] | None = None
         self._abort = threading.Event()
+        # a graceful stop: tasks of steps after this one are skipped (see request_stop)
+        self._stop_after: int | None = None
+        self._gpu_step = 0  # the step of the latest task begun on the compute lane
         # priority lanes: tasks whose predecessors have all run, kept in lane order
         self._rank = {tid: i for order in plan.lane_order.values() for i, tid in enumerate(order)}
         self._missing = {tid: self.graph.in_degree(tid) for tid in self.graph}
@@ -101,6 +105,46 @@ class PlanEngine:
             self._run_threads()
         self.device.synchronize()
         return self._timings()
+
+    def request_stop(self) -> int | None:
+        """End the run after the step the GPU is in: later steps' tasks are skipped, none of
+        which can have changed the training state, which only optimizer steps do once their
+        step's backward has run. Returns that step, or None where the plan has no such cut
+        (the whole run then goes on). Called by the lanes once `stop` is set (a signal handler
+        sets it: it must not take the lock a lane may hold)."""
+        with self._step_lock:
+            if self._stop_after is None:
+                self._stop_after = self._first_cut(self._gpu_step)
+            stop = self._stop_after
+        for cond in self._cond.values():
+            with cond:
+                cond.notify_all()
+        return stop
+
+    @property
+    def stopped_after(self) -> int | None:
+        """The last step run where a stop was requested, else None."""
+        return self._stop_after
+
+    def _first_cut(self, step: int) -> int | None:
+        """The first step from `step` on after which the run can end: no task of it or before
+        waits for a task of a later step (the last step is no cut: the run ends there)."""
+        return next((k for k in range(step, max(self._step_left)) if self._cut_is_safe(k)), None)
+
+    def _cut_is_safe(self, k: int) -> bool:
+        return not any(self.plan.task(u).step > k >= self.plan.task(v).step
+                       for u, v in self.graph.edges)
+
+    def _skip_or_begin(self, task: Task) -> bool:
+        """Whether a stop skips the task; a compute task that runs moves the GPU's step (under
+        the lock, so that no step's first GPU task slips past the cut being chosen)."""
+        if task.lane != COMPUTE_LANE:
+            return self._stop_after is not None and task.step > self._stop_after
+        with self._step_lock:
+            if self._stop_after is not None and task.step > self._stop_after:
+                return True
+            self._gpu_step = max(self._gpu_step, task.step)
+            return False
 
     # --- overlapped ------------------------------------------------------------------------------
     def _run_threads(self) -> None:
@@ -165,6 +209,12 @@ class PlanEngine:
                    for p in self.graph.predecessors(tid))
 
     def _execute(self, task: Task) -> None:
+        if self.stop is not None and self.stop.is_set() and self._stop_after is None:
+            self.request_stop()
+        if self._skip_or_begin(task):
+            self._host_done[task.id].set()
+            self._release_successors(task.id)
+            return
         on_stream = task.lane in STREAM_LANES
         if on_stream:
             self._wait_run_ahead(task.lane)
@@ -212,6 +262,9 @@ class PlanEngine:
     def _finish(self, tid: str) -> None:
         self._host_done[tid].set()
         self._count_step(tid)
+        self._release_successors(tid)
+
+    def _release_successors(self, tid: str) -> None:
         for succ in self.graph.successors(tid):
             lane = self.plan.task(succ).lane
             cond = self._cond.get(lane)
@@ -260,6 +313,10 @@ class PlanEngine:
         key = {tid: f"{self._rank[tid]:09d}{self.plan.task(tid).lane}" for tid in self.graph}
         for tid in nx.lexicographical_topological_sort(combined, key=key.__getitem__):
             task = self.plan.task(tid)
+            if self.stop is not None and self.stop.is_set() and self._stop_after is None:
+                self.request_stop()
+            if self._skip_or_begin(task):
+                continue
             start = self.device.host_now_s()
             try:
                 with self.device.on(task.lane):

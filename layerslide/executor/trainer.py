@@ -11,6 +11,7 @@ timed like the simulator times them: from one step's last GPU task to the next o
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -126,6 +127,7 @@ class Trainer:
             raise
         self.step = 0  # optimizer steps taken (or skipped) so far
         self.failed = False  # training or a save raised: close() keeps the NVMe files
+        self.stopped = False  # fit() ended early on its stop event
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, so its memory stays flat
         self.keep_trace = keep_trace
@@ -274,19 +276,26 @@ class Trainer:
             on_step_done: Callable[[int], None] | None = None,
             checkpoints: CheckpointSchedule | None = None,
             on_checkpoint: Callable[[CheckpointInfo, float], None] | None = None,
+            stop: threading.Event | None = None,
             ) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
         comes as soon as a step has run; `on_step(log)` once its segment has drained. With
         `checkpoints`, segments end on checkpoint steps and the state is saved there;
-        `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall)."""
+        `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall).
+        Once `stop` is set (e.g. by a signal handler) training ends after the step in flight,
+        the state is saved if `checkpoints` is given, and `stopped` is True."""
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
-        while len(logs) < num_steps:
+        self.stopped = False
+        while len(logs) < num_steps and not self.stopped:
+            if stop is not None and stop.is_set():  # between segments: nothing in flight
+                self.stopped = True
+                break
             count = min(self.segment_steps, num_steps - len(logs))
             if checkpoints is not None and checkpoints.every_steps is not None:
                 count = min(count, checkpoints.every_steps - self.step % checkpoints.every_steps)
             try:
-                segment = self._segment(data, count, on_step_done)
+                segment = self._segment(data, count, on_step_done, stop)
             except BaseException:
                 self.failed = True  # close() keeps the NVMe files as the last good step left them
                 raise
@@ -294,9 +303,10 @@ class Trainer:
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
+            self.stopped = len(segment) < count
             if checkpoints is None:
                 continue
-            due = len(logs) == num_steps or (
+            due = self.stopped or len(logs) == num_steps or (
                 checkpoints.every_steps is not None
                 and self.step % checkpoints.every_steps == 0) or (
                 checkpoints.every_minutes is not None
@@ -316,10 +326,16 @@ class Trainer:
         return logs
 
     def _segment(self, data: TokenSource, count: int,
-                 on_step_done: Callable[[int], None] | None) -> list[StepLog]:
+                 on_step_done: Callable[[int], None] | None,
+                 stop: threading.Event | None = None) -> list[StepLog]:
+        """Run `count` steps (fewer where `stop` cut the segment: the data then resumes after
+        the last step run)."""
         plan = self.plan.unroll(count)
-        batches = {(s, m): data.next_batch(self.train.micro_batch)
-                   for s in range(count) for m in range(self.train.grad_accum)}
+        positions, batches = [], {}
+        for s in range(count):
+            positions.append(data.state_dict())
+            for m in range(self.train.grad_accum):
+                batches[(s, m)] = data.next_batch(self.train.micro_batch)
         self.runner.prepare(plan, batches, self.step)
         if self.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device.device)
@@ -328,10 +344,14 @@ class Trainer:
         try:
             offset = self.step
             done = None if on_step_done is None else (lambda s: on_step_done(offset + s))
-            timings = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
-                                 on_step_done=done).run()
+            engine = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
+                                on_step_done=done, stop=stop)
+            timings = engine.run()
         finally:
             sampler.stop()
+        if engine.stopped_after is not None:
+            count = engine.stopped_after + 1
+            data.load_state_dict(positions[count])
         self.runner.collect_gpu_skips()
         logs = self._logs(plan, timings, sampler, count)
         return_freed_heap()

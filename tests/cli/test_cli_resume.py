@@ -173,3 +173,76 @@ def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir
     assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "that run finished all its 3 steps" in err and "--overwrite" not in err
+
+
+def interrupt_at(step: int, sig: str = "SIGINT") -> str:
+    """A child patch: the signal to itself as step `step`'s first backward begins."""
+    return f"""
+    from layerslide.executor import runner
+    run = runner.TaskRunner.run
+    sent = []
+    def interrupted_run(self, task):
+        if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.{sig})
+        return run(self, task)
+    runner.TaskRunner.run = interrupted_run
+    """
+
+
+AGAIN_WRITING_CHECKPOINT_4 = """
+    import time
+    from layerslide.executor import checkpoint_store
+    write = checkpoint_store._write_group
+    def interrupted_write(path, tensors, run):
+        if "step-000000004" in str(path) and "block_0" in str(path):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)  # the main thread's handler runs meanwhile
+        return write(path, tensors, run)
+    checkpoint_store._write_group = interrupted_write
+"""
+
+
+def run_child(args: list[str], patch: str) -> subprocess.CompletedProcess:
+    script = textwrap.dedent("""
+        import os, signal, sys
+    """) + textwrap.dedent(patch) + textwrap.dedent(f"""
+        from layerslide.cli.main import main
+        sys.exit(main({args!r}))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-c", script], check=False, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_stops_after_the_step_in_flight_checkpoints_and_resumes_exactly(
+        config_dir, tmp_path, uninterrupted, capsys, sig, code):
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
+    args = train_args(config_dir, ckpt, log)
+    args = args[:args.index("--checkpoint-every")] + args[args.index("--checkpoint-every") + 2:]
+    child = run_child(args, interrupt_at(step=3, sig=sig))  # one segment of all 8 steps
+    assert child.returncode == code, child.stderr
+    assert f"{sig}: stopping after the step in flight" in child.stderr
+    assert f"layerslide train --resume {ckpt}" in child.stderr
+    (saved,) = CheckpointStore(ckpt).list()
+    assert 3 <= saved.step < STEPS  # cut inside the segment, after the step in flight
+    assert sorted(losses(log)) == list(range(saved.step))
+    resumed_log = tmp_path / "resumed.jsonl"
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu",
+                 "--log-jsonl", str(resumed_log)]) == 0
+    after = losses(resumed_log)
+    assert sorted(after) == list(range(saved.step, STEPS))
+    assert {**losses(log), **after} == uninterrupted  # bit for bit, data position included
+
+
+def test_a_second_signal_exits_at_once_leaving_no_partial_checkpoint(config_dir, tmp_path):
+    """The first stops the run in step 3 (its segment ends there), the second comes while the
+    stop's checkpoint of step 4 is being written: the child exits at once, and the newest
+    complete checkpoint is the one before."""
+    ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
+    child = run_child(train_args(config_dir, ckpt, log),
+                      interrupt_at(step=3) + AGAIN_WRITING_CHECKPOINT_4)
+    assert child.returncode == 130, child.stderr
+    assert "SIGINT again: exiting now" in child.stderr
+    assert [info.step for info in CheckpointStore(ckpt).list()] == [2]

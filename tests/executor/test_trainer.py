@@ -145,6 +145,43 @@ def test_segments_do_not_change_the_result(tmp_path):
     assert all(torch.equal(one[2][n], many[2][n]) for n in one[2])
 
 
+@pytest.mark.parametrize(("serial", "accumulation"), [
+    (False, "step_major"), (True, "step_major"), (False, "layer_major")])
+def test_a_stop_mid_segment_ends_after_the_step_in_flight_as_if_the_run_were_that_long(
+        tmp_path, serial, accumulation):
+    """Set once step 1 has run, the stop cuts the 6-step segment after the step the GPU is in:
+    the state is that of a run of as many steps, and the data resumes where it would."""
+    import threading
+
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    policy = Policy.of(accumulation=accumulation)
+    optim = OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=6)
+    stop = threading.Event()
+
+    def stop_after_step_1(step: int) -> None:
+        if step == 1:
+            stop.set()
+
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=optim,
+                 device="cpu", serial=serial, segment_steps=6) as trainer:
+        trainer.init_random(0)
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        logs = trainer.fit(data, 6, on_step_done=stop_after_step_1, stop=stop)
+        stopped = {n: v.clone() for n, v in trainer.state.named_master()}
+        assert trainer.stopped and 2 <= len(logs) < 6 and trainer.step == len(logs)
+        next_batch = data.next_batch(2)
+    whole, _, final, _ = run_executor(config, spec, train, policy, optim, steps=len(logs),
+                                      serial=serial, segment_steps=6)
+    assert [log.loss for log in logs] == [log.loss for log in whole]
+    assert all(torch.equal(stopped[n], final[n]) for n in final)
+    fresh = SyntheticTokens(VOCAB, SEQ, seed=1)
+    for _ in range(len(logs) * train.grad_accum):
+        fresh.next_batch(2)
+    assert all(torch.equal(a, b) for a, b in zip(next_batch, fresh.next_batch(2), strict=True))
+
+
 def test_non_finite_step_is_skipped_with_state_intact(tmp_path):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
