@@ -29,6 +29,7 @@ from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
+from layerslide.planner.settings import STATE_LAYOUT_FIELDS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "generation_config.json")
@@ -83,20 +84,33 @@ def add_train_command(sub, units: str) -> None:
                    help="keep the newest K complete checkpoints")
     g.add_argument("--resume", metavar="DIR",
                    help="continue the run whose checkpoints are in DIR from its newest good "
-                        "one; the run's settings come from the checkpoint (flags other than "
+                        "one; the run's settings come from the checkpoint, except that the "
+                        "training settings and policy flags (but --seq-len and the NVMe "
+                        "fractions), --plan and --gpu-memory may give it a new schedule, and "
                         "--device, --serial, --trace-out, --log-jsonl and --resume-fallback "
-                        "are ignored)")
+                        "apply; other flags are ignored")
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
                         "before it instead of stopping")
     add_train(p)
     add_policy(p, plan_steps=False)
-    p.set_defaults(run=cmd_train, parser_defaults=_defaults_of(p))
+    p.set_defaults(run=cmd_train, parser_defaults=_defaults_of(p),
+                   reschedulable=_reschedulable(p))
 
 
 def _defaults_of(parser) -> dict:
     """Each option's default, to tell the flags a user gave from those left alone."""
     return {a.dest: a.default for a in parser._actions if a.dest != "help"}
+
+
+def _reschedulable(parser) -> tuple[str, ...]:
+    """The options a resumed run may change: how the steps are scheduled, not what the state
+    means or where on the drive its parts lie (the sequence length positions the data)."""
+    groups = {g.title: g for g in parser._action_groups}
+    names = {a.dest for title in ("training settings", "policy")
+             for a in groups[title]._group_actions}
+    return tuple(sorted((names - {"seq_len", *STATE_LAYOUT_FIELDS})
+                        | {"plan", "gpu_memory", "segment_steps"}))
 
 
 def _plan(args, spec: ModelSpec) -> Plan:
@@ -145,7 +159,7 @@ def _check_fits(args, plan: Plan) -> None:
 
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "resume", "resume_fallback",
-                "run", "command", "parser_defaults")
+                "run", "command", "parser_defaults", "reschedulable")
 
 
 def _resumed_args(args):
@@ -172,16 +186,25 @@ def _resumed_args(args):
                          f"steps{where}: nothing to resume; to train on, start a new run with "
                          "--model set to its saved folder")
     defaults = getattr(args, "parser_defaults", {})
-    ignored = sorted(k for k, v in vars(args).items()
-                     if k in defaults and k not in RUNTIME_ONLY and v != defaults[k]
-                     and v != saved.get(k))
+    changed = {k for k, v in vars(args).items() if k in defaults and k not in RUNTIME_ONLY
+               and v != defaults[k] and v != saved.get(k)}
+    rescheduled = sorted(changed & set(getattr(args, "reschedulable", ())))
+    ignored = sorted(changed - set(rescheduled))
+    if rescheduled:
+        print("note: resuming under a new schedule: " + ", ".join(
+            f"{_flag(k)} {getattr(args, k)} (was {saved.get(k)})" for k in rescheduled),
+            file=sys.stderr)
     if ignored:
-        flags = ", ".join("--" + k.replace("_", "-") for k in ignored)
-        print(f"note: resuming runs with the checkpointed run's settings: {flags} ignored",
-              file=sys.stderr)
-    merged = {**saved, **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
+        print("note: resuming with the checkpointed run's settings: "
+              f"{', '.join(map(_flag, ignored))} ignored", file=sys.stderr)
+    merged = {**saved, **{k: getattr(args, k) for k in rescheduled},
+              **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
     merged["checkpoint_dir"] = args.resume
     return argparse.Namespace(**merged)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _run_args(args) -> dict:

@@ -34,7 +34,7 @@ from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import STATE_LAYOUT_FIELDS, Policy, TrainSpec
 from layerslide.trace import MemorySample, Trace, TraceEvent
 
 STATE_FORMAT = "layerslide-train-state/1"
@@ -208,10 +208,23 @@ class Trainer:
                                     "exp_avg_sq": moments[1]}
         return groups
 
-    def _identity(self) -> dict:  # what a checkpoint must match to resume (restore_state)
+    def _identity(self) -> dict:  # what a checkpoint records of the run that wrote it
         return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
                 "policy": _what_it_computes(self.policy.to_dict()),
                 "optim": self.optim.to_dict()}
+
+    def _check_resumable(self, path: Path, meta: dict) -> None:
+        """The state is per block whatever the schedule (micro-batch, window, placement, ...):
+        what it means, and where its parts lie, must match this run's."""
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path}: not a layerslide training state "
+                             f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
+        mine, theirs = _state_identity(self._identity()), _state_identity(meta)
+        for key, value in mine.items():
+            if theirs.get(key) != value:
+                raise ValueError(f"{path} was written with other {key} settings "
+                                 f"({theirs.get(key)}) than this run's ({value}): resume with "
+                                 f"the {key} settings of the run that wrote it")
 
     def save_state(self, store: CheckpointStore, data: TokenSource, *,
                    meta: dict | None = None) -> CheckpointInfo:
@@ -242,16 +255,11 @@ class Trainer:
         when the newest fails its checksums): weights, moments, step counts, data position.
         It reads into the live state: after a failure, restore again or discard the trainer."""
         groups = self._state_groups()
+        newest = store.latest()
+        if newest is not None:  # before reading tensors sized by settings that may differ
+            self._check_resumable(newest.path, newest.meta)
         info, meta = store.load_latest_good(groups, fallback=fallback)
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"{info.path}: not a layerslide training state "
-                             f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
-        mine = self._identity()
-        for key, value in mine.items():
-            if _with_defaults(key, meta.get(key)) != value:
-                raise ValueError(f"{info.path} was written with other {key} settings "
-                                 f"({meta.get(key)}) than this run's ({value}): resume with "
-                                 "the settings of the run that wrote it")
+        self._check_resumable(info.path, meta)
         gpu = self.runner.gpu_blocks
         for b in self.blocks.blocks:
             taken = meta["steps_taken"][str(b)]
@@ -415,6 +423,15 @@ class Trainer:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.failed = self.failed or exc_type is not None
         self.close()
+
+
+def _state_identity(meta: dict) -> dict:
+    """What a checkpoint's state means and how it is laid out: the model, the optimizer's
+    settings and the NVMe fractions (not the schedule, which a resumed run may change)."""
+    policy = _with_defaults("policy", meta.get("policy"))
+    residency = policy.get("residency", {}) if isinstance(policy, dict) else {}
+    return {"model": meta.get("model"), "optim": meta.get("optim"),
+            "NVMe state layout": {k: residency.get(k) for k in STATE_LAYOUT_FIELDS}}
 
 
 def _with_defaults(key: str, stored: object) -> object:

@@ -160,6 +160,11 @@ def _chosen(owner: str, self, **choices: tuple[str, ...]) -> None:
             _fail(owner, name, getattr(self, name), f"choose one of {', '.join(allowed)}")
 
 
+# Residency fields that say where on the drive a block's state lies: a checkpoint's RAM parts
+# are sized by them, so a resumed run keeps them.
+STATE_LAYOUT_FIELDS = ("master_on_nvme", "moments_on_nvme", "weights_on_nvme")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Residency:
     """Where state lives and how much of it at once: the window of weights on the GPU, blocks

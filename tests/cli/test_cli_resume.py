@@ -246,3 +246,25 @@ def test_a_second_signal_exits_at_once_leaving_no_partial_checkpoint(config_dir,
     assert child.returncode == 130, child.stderr
     assert "SIGINT again: exiting now" in child.stderr
     assert [info.step for info in CheckpointStore(ckpt).list()] == [2]
+
+
+def test_resume_takes_a_new_schedule_and_keeps_the_state_layout(config_dir, tmp_path,
+                                                                 capsys):
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+                 "--steps", "4", "--micro-batch", "2", "--seq-len", "16", "--checkpoint-dir",
+                 str(ckpt), "--checkpoint-every", "2"]) == 0
+    shutil.rmtree(CheckpointStore(ckpt).latest().path)  # as if it stopped after step 2
+    capsys.readouterr()
+    # the same tokens a step in two micro-batches, the layers two at a time, layer-major
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--micro-batch", "1",
+                 "--grad-accum", "2", "--accumulation", "layer_major", "--window", "1"]) == 0
+    captured = capsys.readouterr()
+    assert ("resuming under a new schedule: --accumulation layer_major (was step_major), "
+            "--grad-accum 2 (was 1), --micro-batch 1 (was 2), --window 1 (was 2)") in captured.err
+    assert "micro-batch 1 x 16 tokens x 2; window 1" in captured.out
+    assert "after step 2" in captured.out and "step 4/4" in captured.out
+    shutil.rmtree(CheckpointStore(ckpt).latest().path)
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--moments-on-nvme",
+                 "0.5", "--nvme-dir", str(tmp_path / "nvme")]) == 0  # the layout is kept
+    assert "--moments-on-nvme, --nvme-dir ignored" in capsys.readouterr().err

@@ -91,7 +91,47 @@ def test_schedule_saves_on_its_steps_and_at_the_end_and_keeps_the_newest(tmp_pat
     assert store.latest().meta["run"] == {"note": "x"}
 
 
-def test_restore_refuses_a_checkpoint_of_other_settings(tmp_path):
+@pytest.mark.parametrize("schedule", [
+    (TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2),
+     Policy.of(window=1, gpu_updated_blocks=2, accumulation="layer_major")),
+    (TrainSpec(micro_batch=4, seq_len=SEQ, max_grad_norm=1.0),
+     Policy.of(activations="gpu", cast="gpu", cpu_optimizer="torch")),
+])
+def test_restore_under_another_schedule_takes_the_state_as_it_was(tmp_path, schedule):
+    """The state is per block: a run resumes under another micro-batch, accumulation, window,
+    placement or kernel choice with the very weights, moments and step counts it saved."""
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt")
+    with make_trainer(config, spec, TrainSpec(micro_batch=1, seq_len=SEQ), Policy.of()) as first:
+        first.init_random(0)
+        first.fit(SyntheticTokens(VOCAB, SEQ), 2,
+                  checkpoints=CheckpointSchedule(store=store, every_steps=2))
+        saved = final_state(first)
+    train, policy = schedule
+    with make_trainer(config, spec, train, policy) as trainer:
+        data = SyntheticTokens(VOCAB, SEQ)
+        trainer.restore_state(store, data)
+        trainer.runner.store_gpu_state()
+        weights = {n: v.clone() for n, v in trainer.state.named_master()}
+        assert all(torch.equal(weights[n], saved[0][n]) for n in saved[0])
+        for b, (m, v) in saved[1].items():
+            if b in trainer.runner.gpu_blocks:
+                gpu = trainer.runner.gpu_blocks
+                live = (gpu.exp_avg[b], gpu.exp_avg_sq[b])
+            else:
+                live = trainer.state.moments[b]
+            assert torch.equal(live[0].cpu(), m) and torch.equal(live[1].cpu(), v), b
+        assert trainer.step == 2 and data.windows_done == 2
+        trainer.fit(data, 1)  # and trains on from there
+
+
+@pytest.mark.parametrize(("policy", "optim", "words"), [
+    (Policy.of(moments_on_nvme=0.5), OPTIM, "other NVMe state layout settings"),
+    (Policy.of(), OptimConfig(lr=OPTIM.lr, beta1=0.8), "other optim settings"),
+])
+def test_restore_refuses_a_checkpoint_whose_state_means_or_lies_otherwise(tmp_path, policy,
+                                                                         optim, words):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
     store = CheckpointStore(tmp_path / "ckpt")
@@ -99,9 +139,9 @@ def test_restore_refuses_a_checkpoint_of_other_settings(tmp_path):
     with make_trainer(config, spec, train, Policy.of()) as trainer:
         trainer.init_random(0)
         trainer.save_state(store, SyntheticTokens(VOCAB, SEQ))
-    other = TrainSpec(micro_batch=2, seq_len=SEQ)
-    with make_trainer(config, spec, other, Policy.of()) as trainer, \
-            pytest.raises(ValueError, match="other train settings"):
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=optim,
+                 device="cpu", nvme_dir=tmp_path / "nvme") as trainer, \
+            pytest.raises(ValueError, match=words):
         trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
 
 
