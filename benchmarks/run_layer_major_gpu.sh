@@ -114,9 +114,9 @@ stripes)
     # losses must agree and whose steps should not differ much
     m=(--model llama-3.2-3b --micro-batch 4 --grad-accum 16 --accumulation layer_major
        --moments-on-nvme 0.6 --weights-on-nvme 0.5)
-    run one_folder 4 200 "${m[@]}" --nvme-dir "$nvme"
+    run one_folder 4 170 "${m[@]}" --nvme-dir "$nvme"
     rm -rf "$nvme"; mkdir -p "$nvme/a" "$nvme/b"
-    run two_folders 4 200 "${m[@]}" --nvme-dir "$nvme/a,$nvme/b"
+    run two_folders 4 170 "${m[@]}" --nvme-dir "$nvme/a,$nvme/b"
     ls -la "$nvme/a" | head -5 | tee -a "$out/log.txt"
     rm -rf "$nvme"
     ;;
