@@ -32,7 +32,8 @@ from layerslide.planner.plan import STEADY_STEPS, Plan
 from layerslide.planner.settings import STATE_LAYOUT_FIELDS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "generation_config.json")
+                   "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
+                   "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 
 
 def add_train_command(sub, units: str) -> None:
@@ -44,8 +45,20 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--plan", help="a plan file from `layerslide tune -o`: its training settings "
                                    "and policy replace the flags below")
     p.add_argument("--data",
-                   help="a .jsonl/.txt file or a folder of them, or 'synthetic' (random tokens; "
-                        "the default for a preset or --random-init, never for a folder's weights)")
+                   help="a .jsonl/.json/.parquet/.arrow/.txt file, a folder of them or a saved "
+                        "dataset, or 'synthetic' (random tokens; the default for a preset or "
+                        "--random-init, never for a folder's weights)")
+    p.add_argument("--data-format", default="auto",
+                   help="the records' format: text, messages (or sharegpt conversations; "
+                        "rendered with the tokenizer's chat template), alpaca or "
+                        "prompt_completion (default: from the records' fields)")
+    p.add_argument("--text-field", default="text", help="the field text records hold")
+    p.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
+                   help="pack examples into full rows (on; attention crosses their "
+                        "boundaries) or one example a row, padded (off); auto: on for text, "
+                        "off for chat-like data")
+    p.add_argument("--train-on-prompt", action="store_true",
+                   help="train on every token of chat-like data, not only the replies")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model folder)")
     p.add_argument("--out", help="folder to save the fine-tuned model in (HF format)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
@@ -269,9 +282,17 @@ def cmd_train(args) -> int:
                         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
                         decay_steps=max(1, args.steps - args.warmup_steps))
     tokenizer = args.tokenizer or (folder if from_folder else None)
-    data = open_token_source(None if args.data == "synthetic" else args.data,
-                             tokenizer_dir=tokenizer, vocab_size=spec.vocab_size,
-                             seq_len=train.seq_len, seed=args.seed)
+    try:
+        data = open_token_source(
+            None if args.data == "synthetic" else args.data, tokenizer_dir=tokenizer,
+            vocab_size=spec.vocab_size, seq_len=train.seq_len, seed=args.seed,
+            data_format=args.data_format, text_field=args.text_field,
+            packing={"auto": None, "on": True, "off": False}[args.packing],
+            train_on_prompt=args.train_on_prompt)
+    except ValueError as err:
+        raise UsageError(_in_flags(str(err))) from err
+    if hasattr(data, "describe"):
+        print(data.describe(), flush=True)
 
     try:
         trainer = Trainer(config=config, plan=plan, optim=optim, device=device,
@@ -377,6 +398,18 @@ def _stopped(trainer, schedule, signum: int | None) -> int:
         print("no checkpoint is kept (no --checkpoint-dir): these steps are lost",
               file=sys.stderr)
     return 128 + (signum or signal.SIGINT)
+
+
+# the data module's keyword names, as this command's flags
+_DATA_FLAGS = (("train_on_prompt=True", "--train-on-prompt"), ("packing=True", "--packing on"),
+               ("packing=False", "--packing off"), ("data_format", "--data-format"),
+               ("text_field", "--text-field"), ("tokenizer_dir", "--tokenizer"))
+
+
+def _in_flags(message: str) -> str:
+    for keyword, flag in _DATA_FLAGS:
+        message = message.replace(keyword, flag)
+    return message
 
 
 def _check_outputs(args) -> None:

@@ -1,20 +1,28 @@
-"""Token batches for causal-LM training: synthetic random tokens or packed, tokenised text files."""
+"""Token batches for causal-LM training: synthetic random tokens, or the examples of local data
+files (read by data_files.py, rendered and tokenised by data_formats.py), shuffled each epoch
+and packed into windows or one to a padded row."""
 
 from __future__ import annotations
 
-import json
-from collections import deque
-from dataclasses import dataclass
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+from layerslide.executor.data_files import read_tables
+from layerslide.executor.data_formats import (
+    CHAT_FORMATS,
+    DATA_FORMATS,
+    Encoder,
+    detect_format,
+    tokenize_tables,
+)
+from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
-DATA_SUFFIXES = (".jsonl", ".txt")
-_TOKENIZE_BATCH_DOCS = 64  # documents per tokenizer call: batching is much faster, memory stays small
+if TYPE_CHECKING:
+    from layerslide.executor.data_formats import Corpus
+
 _TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError)
 _MASK64 = (1 << 64) - 1
 
@@ -102,72 +110,6 @@ class SyntheticTokens:
         self.windows_done = int(state["windows_done"])
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Doc:
-    """One tokenised document (EOS included) and where its text starts in the data files."""
-
-    file_index: int
-    byte_offset: int
-    line_number: int
-    ids: list[int]
-
-
-def _decode(path: Path, raw: bytes, line_number: int, byte_offset: int) -> str:
-    """Decode one line as UTF-8, naming file, line and byte offset if it is not."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        msg = (f"{path} line {line_number} (byte offset {byte_offset + err.start}) is not valid "
-               "UTF-8; re-encode the file as UTF-8 (e.g. iconv -t UTF-8) or remove that line")
-        raise ValueError(msg) from err
-
-
-def _read_documents(path: Path, text_field: str, byte_offset: int, line_number: int,
-                    ) -> Iterator[tuple[int, int, str]]:
-    """Yield (byte offset, line number, text) of each document from a position in one file."""
-    jsonl = path.suffix == ".jsonl"
-    whole_file, found = byte_offset == 0, False
-    paragraph: list[str] = []
-    start = (byte_offset, line_number)
-    with path.open("rb") as file:
-        file.seek(byte_offset)
-        for raw in file:  # line by line, so memory is bounded by the longest line/paragraph
-            line = _decode(path, raw, line_number, byte_offset)
-            if not line.strip():
-                if paragraph:
-                    yield *start, "".join(paragraph).rstrip("\r\n")
-                    found, paragraph = True, []
-            elif jsonl:
-                yield byte_offset, line_number, _jsonl_text(path, line, line_number, text_field)
-                found = True
-            else:
-                if not paragraph:
-                    start = (byte_offset, line_number)
-                paragraph.append(line)
-            byte_offset += len(raw)
-            line_number += 1
-    if paragraph:
-        yield *start, "".join(paragraph).rstrip("\r\n")
-    elif whole_file and not found:
-        msg = f"{path} holds no text; remove it from the data or add documents to it"
-        raise ValueError(msg)
-
-
-def _jsonl_text(path: Path, line: str, line_number: int, text_field: str) -> str:
-    """Return the text field of one JSONL line, naming file and line if it is malformed."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        msg = f"{path} line {line_number} is not valid JSON ({err.msg}); fix or remove that line"
-        raise ValueError(msg) from err
-    text = record.get(text_field) if isinstance(record, dict) else None
-    if isinstance(text, str):
-        return text
-    msg = (f"{path} line {line_number} has no string field {text_field!r}; add it, or pass "
-           "the name of the field that holds the text as text_field")
-    raise ValueError(msg)
-
-
 def _load_tokenizer(tokenizer_dir: str | Path | None) -> Any:
     """Load a local Hugging Face tokenizer, raising a ValueError that says what to fix."""
     if tokenizer_dir is None:
@@ -186,137 +128,212 @@ def _load_tokenizer(tokenizer_dir: str | Path | None) -> Any:
         raise ValueError(msg) from err
 
 
-class TextTokens:
-    """Documents from .jsonl (one per line) or plain text (one per blank-line-separated
-    paragraph), each followed by EOS if the tokenizer has one, concatenated and cut into windows
-    of seq_len + 1 tokens that overlap by one, so each token but the first is a label once an epoch."""
+class DatasetTokens:
+    """The examples of a tokenised corpus in a new order each epoch (a permutation drawn from
+    (seed, epoch)), as rows of seq_len + 1 tokens; input_ids are a row's first seq_len tokens
+    and labels[t] is token t + 1, or IGNORE_INDEX where that token is not trained on.
 
-    def __init__(self, paths: Sequence[str | Path], tokenizer_dir: str | Path | None,
-                 seq_len: int, text_field: str = "text") -> None:
-        self.seq_len = _check_int("seq_len", seq_len)
-        self.paths = tuple(Path(p) for p in paths)
-        if not self.paths:
-            msg = "no data files given; pass at least one .jsonl or text file"
+    Packed: an epoch's examples are concatenated and cut into windows that overlap by one token,
+    so every token but the first is a label once an epoch (the last partial window is dropped);
+    attention crosses example boundaries inside a window. Unpacked: one example a row, truncated
+    to seq_len + 1 tokens and padded at the end (labels IGNORE_INDEX), so that causal attention
+    never lets a real token see a pad. Examples with no trained label are skipped."""
+
+    def __init__(self, corpus: Corpus, *, vocab_size: int, seq_len: int, seed: int, packing: bool,
+                 pad_id: int | None, data_format: str, train_on_prompt: bool,
+                 files: list[str]) -> None:
+        self.seq_len, self.seed, self.packing = seq_len, seed, packing
+        self.format, self.train_on_prompt, self.files = data_format, train_on_prompt, files
+        self._vocab_size, self._corpus, self._pad_id = vocab_size, corpus, pad_id
+        row = seq_len + 1
+        lengths = corpus.lengths
+        if packing:
+            kept = corpus.num_trained > 0
+            self._lengths = lengths
+        else:
+            kept = (corpus.first_label >= 1) & (corpus.first_label < row)
+            self._lengths = lengths.clamp(max=row)
+        self._examples = kept.nonzero().flatten()
+        self.num_examples = len(self._examples)
+        self.num_skipped = len(lengths) - self.num_examples
+        self.num_tokens = int(self._lengths[self._examples].sum())
+        truncated = self._examples[lengths[self._examples] > self._lengths[self._examples]]
+        self.num_truncated = len(truncated)
+        self.num_trained = self._count_trained(truncated)
+        self.rows_per_epoch = (self.num_tokens - 1) // seq_len if packing else self.num_examples
+        self._check_enough()
+        self.max_token_id = max(int(corpus.ids.max()) if len(corpus.ids) else 0,
+                                -1 if packing else pad_id)  # pads are inputs too
+        self.epoch = self._row_index = 0
+        self._order_epoch = -1  # the epoch whose order is loaded: none yet
+        self._warn_of_dropped_tokens()
+
+    def _count_trained(self, truncated: torch.Tensor) -> int:
+        """The labels with loss an epoch has (packed: before the dropped partial window)."""
+        trained = int(self._corpus.num_trained[self._examples].sum())
+        if self.packing:
+            return trained
+        starts = self._corpus.starts
+        trained -= int(self._corpus.trained[starts[self._examples]].sum())  # never a label
+        for example in truncated.tolist():
+            trained -= int(self._corpus.trained[starts[example] + self.seq_len + 1:
+                                                starts[example + 1]].sum())
+        return trained
+
+    def _check_enough(self) -> None:
+        if self.packing and self.num_tokens < self.seq_len + 1:
+            msg = (f"the data yields only {self.num_tokens} tokens to train on, fewer than one "
+                   f"window of seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or more data")
             raise ValueError(msg)
-        for path in self.paths:
-            if not path.is_file():
-                msg = f"data file {path} does not exist; check the path"
-                raise ValueError(msg)
-        self.text_field = text_field
-        self._tokenizer = _load_tokenizer(tokenizer_dir)
-        eos = self._tokenizer.eos_token_id
-        self._eos: list[int] = [] if eos is None else [eos]
-        # One streaming pass up front so bad data fails before training, and to size an epoch.
-        self.num_tokens = self.max_token_id = 0
-        for doc in self._documents(0, 0, 1):
-            self.num_tokens += len(doc.ids)
-            self.max_token_id = max(self.max_token_id, *doc.ids, 0)
-        if self.num_tokens < self.seq_len + 1:
-            msg = (f"the data yields only {self.num_tokens} tokens, fewer than one window of "
-                   f"seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or more data")
+        if not self.packing and self.num_examples == 0:
+            msg = (f"no example has a token to train on within seq_len + 1 = {self.seq_len + 1} "
+                   "tokens; check the data's format and fields, raise seq_len, or pass "
+                   "train_on_prompt=True")
             raise ValueError(msg)
-        self.num_windows = (self.num_tokens - 1) // self.seq_len  # windows per epoch
-        self.epoch = 0
-        self._seek(window_index=0, file_index=0, byte_offset=0, line_number=1, token_skip=0)
+        if not self.packing and self._pad_id is None:
+            msg = ("unpacked rows need a pad token and the tokenizer has neither a pad nor an "
+                   "EOS token; pass packing=True or use a tokenizer with a pad token")
+            raise ValueError(msg)
+
+    def _warn_of_dropped_tokens(self) -> None:
+        if self.num_truncated:
+            warnings.warn(f"{self.num_truncated} of {self.num_examples} examples are longer than "
+                          f"seq_len + 1 = {self.seq_len + 1} tokens and were truncated; raise "
+                          "seq_len or pass packing=True to keep them whole", stacklevel=4)
+        if self.num_skipped:
+            warnings.warn(f"{self.num_skipped} examples have no token to train on "
+                          f"{'' if self.packing else 'within seq_len + 1 tokens '}and are "
+                          "skipped", stacklevel=4)
 
     @property
     def vocab_size(self) -> int:
-        return len(self._tokenizer)
+        return self._vocab_size
 
-    def _documents(self, file_index: int, byte_offset: int, line_number: int) -> Iterator[_Doc]:
-        """Yield tokenised documents from a position to the end of the last file."""
-        for index in range(file_index, len(self.paths)):
-            texts = _read_documents(self.paths[index], self.text_field, byte_offset, line_number)
-            byte_offset, line_number = 0, 1
-            for chunk in _chunked(texts):
-                ids = self._tokenizer([t for _, _, t in chunk], add_special_tokens=False,
-                                      verbose=False)["input_ids"]
-                for (offset, line, _), doc_ids in zip(chunk, ids, strict=True):
-                    yield _Doc(file_index=index, byte_offset=offset, line_number=line,
-                               ids=[*doc_ids, *self._eos])
+    def describe(self) -> str:
+        """One line on what the data is: format, examples, tokens, packing, what was dropped."""
+        files = self.files[0] if len(self.files) == 1 else f"{len(self.files)} files"
+        skipped = f" ({self.num_skipped} skipped: nothing to train on)" if self.num_skipped else ""
+        rows = (f"packed into {self.rows_per_epoch} windows of {self.seq_len} tokens an epoch"
+                if self.packing else f"unpacked: one example a row, {self.num_truncated} "
+                f"truncated to {self.seq_len + 1} tokens")
+        return (f"{self.format} data from {files}: {self.num_examples} examples{skipped}, "
+                f"{self.num_tokens} tokens, {self.num_trained} trained on; {rows}")
 
-    def _seek(self, *, window_index: int, file_index: int, byte_offset: int, line_number: int,
-              token_skip: int) -> None:
-        """Restart reading so that the next window begins token_skip tokens into a document."""
-        self._window_index = window_index
-        self._stream = self._documents(file_index, byte_offset, line_number)
-        first = next(self._stream)
-        self._docs = deque([first])  # documents that own the tokens in _buffer
-        self._skip = token_skip  # tokens of _docs[0] already behind the next window
-        self._buffer = first.ids[token_skip:]
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The examples (corpus indices) in the order an epoch reads them."""
+        generator = torch.Generator()
+        generator.manual_seed(_splitmix64(_splitmix64(self.seed) ^ epoch))
+        return self._examples[torch.randperm(self.num_examples, generator=generator)]
 
-    def _next_window(self) -> list[int]:
-        """Return the next seq_len + 1 tokens, wrapping to a new epoch after the last window."""
-        if self._window_index == self.num_windows:
-            self.epoch += 1
-            self._seek(window_index=0, file_index=0, byte_offset=0, line_number=1, token_skip=0)
-        while len(self._buffer) < self.seq_len + 1:
-            doc = next(self._stream)  # cannot run out: num_windows counted the tokens
-            self._docs.append(doc)
-            self._buffer.extend(doc.ids)
-        window = self._buffer[: self.seq_len + 1]
-        del self._buffer[: self.seq_len]  # the window's last token starts the next window
-        self._skip += self.seq_len
-        while self._skip >= len(self._docs[0].ids):
-            self._skip -= len(self._docs.popleft().ids)
-        self._window_index += 1
-        return window
+    def _next_row(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next row's seq_len + 1 tokens and their trained mask, wrapping to a new epoch."""
+        if self._row_index == self.rows_per_epoch:
+            self.epoch, self._row_index = self.epoch + 1, 0
+        if self._order_epoch != self.epoch:
+            self._order = self.epoch_order(self.epoch)
+            self._ends = torch.cumsum(self._lengths[self._order], 0)  # each one's end in the stream
+            self._order_epoch = self.epoch
+        index, self._row_index = self._row_index, self._row_index + 1
+        if self.packing:
+            return self._window(index)
+        return self._padded(int(self._order[index]))
+
+    def _window(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [index * seq_len, index * seq_len + seq_len + 1) of the epoch's stream."""
+        start = index * self.seq_len
+        position = int(torch.searchsorted(self._ends, start, right=True))
+        offset = start - (int(self._ends[position - 1]) if position else 0)
+        ids, trained, needed = [], [], self.seq_len + 1
+        while needed:  # cannot run out: rows_per_epoch counted the stream's tokens
+            example = int(self._order[position])
+            begin = int(self._corpus.starts[example]) + offset
+            end = min(begin + needed, int(self._corpus.starts[example + 1]))
+            ids.append(self._corpus.ids[begin:end])
+            trained.append(self._corpus.trained[begin:end])
+            needed, position, offset = needed - (end - begin), position + 1, 0
+        return torch.cat(ids), torch.cat(trained)
+
+    def _padded(self, example: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """An example's first seq_len + 1 tokens, padded at the end; pads are not trained on."""
+        begin, length = int(self._corpus.starts[example]), int(self._lengths[example])
+        ids = torch.full((self.seq_len + 1,), self._pad_id, dtype=torch.int32)
+        trained = torch.zeros(self.seq_len + 1, dtype=torch.bool)
+        ids[:length] = self._corpus.ids[begin:begin + length]
+        trained[:length] = self._corpus.trained[begin:begin + length]
+        return ids, trained
 
     def next_batch(self, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the next micro_batch windows as (input_ids, labels)."""
+        """Return the next micro_batch rows as (input_ids, labels)."""
         _check_int("micro_batch", micro_batch)
-        return _split_windows([self._next_window() for _ in range(micro_batch)])
+        ids, trained = (torch.stack(parts) for parts in
+                        zip(*(self._next_row() for _ in range(micro_batch)), strict=True))
+        tokens = ids.to(torch.int64)
+        labels = torch.where(trained[:, 1:], tokens[:, 1:], IGNORE_INDEX)
+        return tokens[:, :-1].contiguous(), labels.contiguous()
 
     def _identity(self) -> dict[str, Any]:
-        return {"kind": "text", "seq_len": self.seq_len, "num_tokens": self.num_tokens,
-                "files": [p.name for p in self.paths]}
+        return {"kind": "dataset", "format": self.format, "packing": self.packing,
+                "train_on_prompt": self.train_on_prompt, "seq_len": self.seq_len,
+                "seed": self.seed, "num_examples": self.num_examples,
+                "num_tokens": self.num_tokens, "num_trained": self.num_trained,
+                "files": self.files}
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the JSON-serialisable stream position: epoch, window, and the file position
-        of the document the next window starts in, so resuming re-reads one document only."""
-        head = self._docs[0]
-        return {**self._identity(), "epoch": self.epoch, "window_index": self._window_index,
-                "file_index": head.file_index, "byte_offset": head.byte_offset,
-                "line_number": head.line_number, "token_skip": self._skip}
+        """Return the JSON-serialisable stream position: the epoch and the row within it (the
+        order of an epoch follows from the seed)."""
+        return {**self._identity(), "epoch": self.epoch, "row_index": self._row_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a position returned by state_dict()."""
         _check_state(state, self._identity())
-        self.epoch = int(state["epoch"])
-        self._seek(**{k: int(state[k]) for k in ("window_index", "file_index", "byte_offset",
-                                                 "line_number", "token_skip")})
-
-
-def _chunked(items: Iterator[tuple[int, int, str]]) -> Iterator[list[tuple[int, int, str]]]:
-    """Group items into lists of _TOKENIZE_BATCH_DOCS (the last may be shorter)."""
-    chunk = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == _TOKENIZE_BATCH_DOCS:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+        self.epoch, self._row_index = int(state["epoch"]), int(state["row_index"])
 
 
 def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | None,
-                      vocab_size: int | None, seq_len: int, seed: int = 0) -> TokenSource:
-    """Return synthetic tokens for None/"synthetic", else packed text from a file or folder."""
+                      vocab_size: int | None, seq_len: int, seed: int = 0,
+                      data_format: str = "auto", text_field: str = "text",
+                      packing: bool | None = None, train_on_prompt: bool = False) -> TokenSource:
+    """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
+    (see DatasetTokens), tokenised up front so that bad data fails here, before training.
+
+    data_format: "auto" (from the records' fields) or one of data_formats.DATA_FORMATS; text_field:
+    the field text records keep their text in; packing: None packs text and not chat-like data;
+    train_on_prompt: train on prompts and templates too, not only on completions and replies."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
-    path = Path(spec)
-    if not path.exists():
-        msg = f"data path {path} does not exist; pass a .jsonl/.txt file, a folder, or 'synthetic'"
+    _check_int("seq_len", seq_len)
+    _check_int("seed", seed, 0)
+    _check_choice("data_format", data_format, DATA_FORMATS)
+    _check_choice("packing", packing, (None, True, False))
+    _check_choice("train_on_prompt", train_on_prompt, (True, False))
+    tables = read_tables(Path(spec), text_field)
+    tokenizer = _load_tokenizer(tokenizer_dir)
+    formats = {table.path.name: detect_format(table, data_format, text_field) for table in tables}
+    if len(set(formats.values())) > 1:
+        msg = (f"the data files hold different formats ({formats}); train on one format at a "
+               "time: put the others in another folder")
         raise ValueError(msg)
-    files = [path]
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in DATA_SUFFIXES)
-        if not files:
-            msg = f"folder {path} has no .jsonl or .txt files; add some or pass a file instead"
-            raise ValueError(msg)
-    source = TextTokens(files, tokenizer_dir, seq_len)
+    found = next(iter(formats.values()))
+    encoder = Encoder(tokenizer, found, text_field, train_on_prompt)
+    if packing is None:
+        # chat-like examples are short and stand alone: packed, a reply would attend to other
+        # conversations; text is long running prose, where padding would waste compute
+        packing = found not in CHAT_FORMATS
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    source = DatasetTokens(tokenize_tables(tables, encoder), vocab_size=len(tokenizer),
+                           seq_len=seq_len, seed=seed, packing=packing, pad_id=pad_id,
+                           data_format=found, train_on_prompt=train_on_prompt,
+                           files=list(formats))
     if vocab_size is not None and source.max_token_id >= vocab_size:
         msg = (f"the tokenizer at {tokenizer_dir} produces token id {source.max_token_id} but the "
                f"model's vocab_size is {vocab_size}; use the model's own tokenizer")
         raise ValueError(msg)
     return source
+
+
+def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
+    """Raise a ValueError naming the choices if value is not one of them (True is not 1)."""
+    if not any(value is choice or (isinstance(value, str) and value == choice)
+               for choice in choices):
+        msg = f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        raise ValueError(msg)

@@ -202,3 +202,50 @@ def test_train_says_what_it_assumes(model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--data synthetic: training on random tokens" in err
     assert "no --out: the trained model will not be saved" in err
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} </s> {% endfor %}"
+                 "{% if add_generation_prompt %}assistant {% endif %}")
+
+
+def test_train_on_chat_data_masks_prompts_and_keeps_the_chat_template(model_dir, tmp_path,
+                                                                      capsys):
+    """messages records through the folder's chat template, replies trained on; the saved
+    folder carries the template and transformers renders with it."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    chat_model = tmp_path / "chat-model"
+    shutil.copytree(model_dir, chat_model)
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(chat_model)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": [
+        {"role": "user", "content": " ".join(WORDS[i % 5:i % 5 + 3])},
+        {"role": "assistant", "content": " ".join(WORDS[i % 4 + 5:i % 4 + 9])}]})
+        for i in range(12)) + "\n")
+    out = tmp_path / "tuned"
+    rc = main(["train", "--model", str(chat_model), "--data", str(data), "--device", "cpu",
+               "--steps", "2", "--micro-batch", "2", "--seq-len", "16", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "messages data from chat.jsonl: 12 examples" in printed and "unpacked" in printed
+    saved = AutoTokenizer.from_pretrained(out)
+    assert saved.chat_template == CHAT_TEMPLATE
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_train_names_its_own_flags_in_data_errors(model_dir, tmp_path, capsys):
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "the cat"},
+                                             {"role": "assistant", "content": "sat"}]}) + "\n")
+    rc = main(["train", "--model", str(model_dir), "--data", str(data), "--device", "cpu",
+               "--steps", "1", "--seq-len", "16"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "has no chat template" in err and "train_on_prompt" not in err
+    rc = main(["train", "--model", str(model_dir), "--data", str(data), "--device", "cpu",
+               "--steps", "1", "--seq-len", "16", "--data-format", "poems"])
+    assert rc == 2 and "--data-format must be one of" in capsys.readouterr().err

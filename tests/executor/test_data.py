@@ -1,8 +1,10 @@
-"""Token sources: packing, EOS, epochs, resume, synthetic determinism, and refused inputs."""
+"""Token sources: reading data files, packing, EOS, shuffled epochs, resume, synthetic
+determinism, and refused inputs (data formats and masking: test_data_formats.py)."""
 
 from __future__ import annotations
 
 import json
+import socket
 import tempfile
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerslide.executor.data import SyntheticTokens, TextTokens, TokenSource, open_token_source
+from layerslide.executor.data import DatasetTokens, SyntheticTokens, TokenSource, open_token_source
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
 EOS = "</s>"
@@ -19,7 +21,8 @@ EOS = "</s>"
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny word-level tokenizer with an EOS token, saved like a model folder's."""
+    """A tiny word-level tokenizer with an EOS token (no BOS, no chat template), saved like a
+    model folder's."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -32,15 +35,18 @@ def tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def reference_stream(tok_dir: Path, docs: list[str]) -> list[int]:
+def reference_docs(tok_dir: Path, docs: list[str]) -> list[list[int]]:
     """Tokenise docs one by one, as a user would, each followed by EOS."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-    stream = []
-    for doc in docs:
-        stream += [*tok.encode(doc, add_special_tokens=False), tok.eos_token_id]
-    return stream
+    return [[*tok.encode(doc, add_special_tokens=False), tok.eos_token_id] for doc in docs]
+
+
+def reference_stream(tok_dir: Path, docs: list[str], order: torch.Tensor) -> list[int]:
+    """The tokens of docs (with EOS) end to end in an epoch's order."""
+    tokenised = reference_docs(tok_dir, docs)
+    return [token for index in order.tolist() for token in tokenised[index]]
 
 
 def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
@@ -49,53 +55,85 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
 
 
 def windows(source: TokenSource, count: int, micro_batch: int = 1) -> list[list[int]]:
-    """Draw count windows (as seq_len + 1 token lists) checking the batch contract on the way."""
+    """Draw count windows (as seq_len + 1 token lists) checking the batch contract on the way:
+    every token of text is trained on, so labels are the inputs shifted by one."""
     out = []
     for _ in range(count // micro_batch):
         x, y = source.next_batch(micro_batch)
         assert x.dtype == y.dtype == torch.int64
         assert x.shape == y.shape == (micro_batch, source.seq_len)
         assert x.is_contiguous() and y.is_contiguous()
-        assert torch.equal(x[:, 1:], y[:, :-1])  # labels are the inputs shifted by one
+        assert torch.equal(x[:, 1:], y[:, :-1])
         out += [[*row_x, row_y[-1]] for row_x, row_y in zip(x.tolist(), y.tolist(), strict=True)]
     return out
+
+
+def cut(stream: list[int], seq_len: int, count: int) -> list[list[int]]:
+    """The first count windows of seq_len + 1 tokens, overlapping by one, of a token stream."""
+    return [stream[k * seq_len : k * seq_len + seq_len + 1] for k in range(count)]
+
+
+def text_source(spec: Path | str, tok_dir: Path, seq_len: int, **kwargs) -> DatasetTokens:
+    source = open_token_source(str(spec), tokenizer_dir=tok_dir, vocab_size=12, seq_len=seq_len,
+                               **kwargs)
+    assert isinstance(source, DatasetTokens)
+    return source
 
 
 DOCS = ["the cat sat on the mat", "a dog ran far away", "the dog sat", "cat", "away far ran"]
 
 
-def test_jsonl_folder_packs_docs_with_eos_across_files(tok_dir, tmp_path):
+def test_jsonl_folder_packs_shuffled_docs_with_eos_across_files(tok_dir, tmp_path):
     write_jsonl(tmp_path / "b.jsonl", DOCS[3:])
     write_jsonl(tmp_path / "a.jsonl", DOCS[:3])
-    (tmp_path / "notes.md").write_text("ignored: not .jsonl/.txt")
-    source = open_token_source(str(tmp_path), tokenizer_dir=tok_dir, vocab_size=12, seq_len=4)
-    stream = reference_stream(tok_dir, DOCS)  # a.jsonl first: files are sorted
+    (tmp_path / "notes.md").write_text("ignored: not a data file")
+    source = text_source(tmp_path, tok_dir, seq_len=4)
+    order = source.epoch_order(0)
+    assert sorted(order.tolist()) == list(range(len(DOCS)))  # a.jsonl's docs first: sorted
+    stream = reference_stream(tok_dir, DOCS, order)
     assert stream.count(1) == len(DOCS)
-    assert isinstance(source, TextTokens) and isinstance(source, TokenSource)
+    assert isinstance(source, TokenSource)
     assert source.vocab_size == 12
-    assert source.num_tokens == len(stream)
-    assert source.num_windows == (len(stream) - 1) // 4
-    got = windows(source, source.num_windows // 2 * 2, micro_batch=2)
-    assert got == [stream[k * 4 : k * 4 + 5] for k in range(len(got))]
+    assert (source.format, source.packing, source.files) == ("text", True, ["a.jsonl", "b.jsonl"])
+    assert source.num_tokens == source.num_trained == len(stream)
+    assert source.rows_per_epoch == (len(stream) - 1) // 4
+    got = windows(source, source.rows_per_epoch // 2 * 2, micro_batch=2)
+    assert got == cut(stream, 4, len(got))
+    assert source.describe() == (f"text data from 2 files: 5 examples, {len(stream)} tokens, "
+                                 f"{len(stream)} trained on; packed into "
+                                 f"{source.rows_per_epoch} windows of 4 tokens an epoch")
 
 
 def test_plain_text_paragraphs_are_documents(tok_dir, tmp_path):
-    path = tmp_path / "book.text"
+    path = tmp_path / "book.txt"
     path.write_text("the cat\nsat on\n\n\nthe mat\n  \na dog ran\n")
-    source = TextTokens([path], tok_dir, seq_len=3)
-    stream = reference_stream(tok_dir, ["the cat sat on", "the mat", "a dog ran"])
-    assert stream[4] == stream[7] == stream[11] == 1
-    assert windows(source, source.num_windows) == [stream[k * 3 : k * 3 + 4] for k in range(3)]
+    source = text_source(path, tok_dir, seq_len=3)
+    paragraphs = ["the cat sat on", "the mat", "a dog ran"]
+    stream = reference_stream(tok_dir, paragraphs, source.epoch_order(0))
+    assert stream.count(1) == 3 and len(stream) == 12
+    assert windows(source, source.rows_per_epoch) == cut(stream, 3, 3)
 
 
-def test_wraps_around_and_counts_epochs(tok_dir, tmp_path):
-    source = TextTokens([write_jsonl(tmp_path / "d.jsonl", DOCS)], tok_dir, seq_len=5)
-    first_epoch = windows(source, source.num_windows)
-    assert source.epoch == 0
-    assert windows(source, source.num_windows) == first_epoch
-    assert source.epoch == 1
+def test_each_epoch_reads_every_doc_once_in_a_new_order(tok_dir, tmp_path):
+    docs = [" ".join(WORDS[i : i + 2]) for i in range(9)]
+    source = text_source(write_jsonl(tmp_path / "d.jsonl", docs), tok_dir, seq_len=2)
+    orders = [source.epoch_order(epoch).tolist() for epoch in range(3)]
+    assert all(sorted(order) == list(range(9)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 3
+    for epoch, order in enumerate(orders):
+        expected = cut(reference_stream(tok_dir, docs, torch.tensor(order)), 2,
+                       source.rows_per_epoch)
+        assert windows(source, source.rows_per_epoch) == expected
+        assert source.epoch == epoch  # until the next window is drawn
     windows(source, 1)
-    assert source.epoch == 2
+    assert source.epoch == 3
+
+
+def test_seed_picks_the_order(tok_dir, tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [" ".join(WORDS[i : i + 3]) for i in range(8)])
+    first = {seed: windows(text_source(path, tok_dir, 3, seed=seed), 8) for seed in (0, 5)}
+    assert first[0] != first[5]
+    assert windows(text_source(path, tok_dir, 3, seed=5), 8) == first[5]
 
 
 def resumes_identically(make, draws_before: int, micro_batch: int) -> None:
@@ -110,19 +148,21 @@ def resumes_identically(make, draws_before: int, micro_batch: int) -> None:
     assert resumed.state_dict() == original.state_dict()
 
 
-@pytest.mark.parametrize("draws_before", [0, 1, 3, 7, 11])
+@pytest.mark.parametrize("draws_before", [0, 1, 3, 7, 11, 40])  # 7 windows an epoch
 def test_text_resume_continues_identically(tok_dir, tmp_path, draws_before):
     write_jsonl(tmp_path / "a.jsonl", DOCS[:2])
     write_jsonl(tmp_path / "b.jsonl", DOCS[2:])
-    paths = sorted(tmp_path.glob("*.jsonl"))
-    resumes_identically(lambda: TextTokens(paths, tok_dir, seq_len=3), draws_before, 1)
+    assert text_source(tmp_path, tok_dir, 3).rows_per_epoch == 7
+    resumes_identically(lambda: text_source(tmp_path, tok_dir, 3), draws_before, 1)
 
 
-def test_resume_refuses_other_data(tok_dir, tmp_path):
-    state = TextTokens([write_jsonl(tmp_path / "a.jsonl", DOCS)], tok_dir, 3).state_dict()
-    other = TextTokens([write_jsonl(tmp_path / "a.jsonl", DOCS[:4])], tok_dir, 3)
-    with pytest.raises(ValueError, match="num_tokens.*same data"):
+def test_resume_refuses_other_data_or_seed(tok_dir, tmp_path):
+    state = text_source(write_jsonl(tmp_path / "a.jsonl", DOCS), tok_dir, 3).state_dict()
+    other = text_source(write_jsonl(tmp_path / "a.jsonl", DOCS[:4]), tok_dir, 3)
+    with pytest.raises(ValueError, match="num_examples.*same data"):
         other.load_state_dict(state)
+    with pytest.raises(ValueError, match="seed=0 but this run has 1"):
+        text_source(tmp_path / "a.jsonl", tok_dir, 3, seed=1).load_state_dict(other.state_dict())
     with pytest.raises(ValueError, match="kind"):
         other.load_state_dict(SyntheticTokens(12, 3).state_dict())
 
@@ -148,20 +188,76 @@ def test_synthetic_is_deterministic_in_range_and_resumes():
     docs=st.lists(st.lists(st.sampled_from([*WORDS, "zebra"]), max_size=6), min_size=1,
                   max_size=8),
     seq_len=st.integers(1, 9),
+    seed=st.integers(0, 2**64 - 1),
 )
-def test_any_docs_pack_into_overlapping_windows(tok_dir, docs, seq_len):
+def test_any_docs_pack_into_overlapping_windows(tok_dir, docs, seq_len, seed):
     texts = [" ".join(words) for words in docs]
-    stream = reference_stream(tok_dir, texts)
+    num_tokens = sum(map(len, reference_docs(tok_dir, texts)))
     with tempfile.TemporaryDirectory() as tmp:
         path = write_jsonl(Path(tmp) / "d.jsonl", texts)
-        if len(stream) < seq_len + 1:
-            with pytest.raises(ValueError, match=f"only {len(stream)} tokens"):
-                TextTokens([path], tok_dir, seq_len)
+        if num_tokens < seq_len + 1:
+            with pytest.raises(ValueError, match=f"only {num_tokens} tokens"):
+                text_source(path, tok_dir, seq_len, seed=seed)
             return
-        source = TextTokens([path], tok_dir, seq_len)
-        got = windows(source, source.num_windows + 1)
-    expected = [stream[k * seq_len : k * seq_len + seq_len + 1] for k in range(len(got) - 1)]
-    assert got == [*expected, expected[0]]
+        source = text_source(path, tok_dir, seq_len, seed=seed)
+        got = windows(source, source.rows_per_epoch + 1)
+    expected = [cut(reference_stream(tok_dir, texts, source.epoch_order(epoch)), seq_len,
+                    source.rows_per_epoch) for epoch in (0, 1)]
+    assert got == [*expected[0], expected[1][0]]
+
+
+def records_file(tmp: Path, suffix: str, records: list[dict]) -> Path:
+    """Write records as a .jsonl, .json (an array; JSON Lines if _lines.json), .parquet or
+    .arrow file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp / f"records{suffix}"
+    if suffix in (".jsonl", "_lines.json"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif suffix == ".json":
+        path.write_text(json.dumps(records, indent=1))
+    elif suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(records), path)
+    else:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(
+                sink, pa.Table.from_pylist(records).schema) as writer:
+            writer.write_table(pa.Table.from_pylist(records))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", "_lines.json", ".parquet", ".arrow"])
+def test_reads_each_file_type_through_datasets_offline(tok_dir, tmp_path, suffix, monkeypatch):
+    def no_network(*args):
+        raise AssertionError("tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    path = records_file(tmp_path, suffix, [{"text": d, "n": i} for i, d in enumerate(DOCS)])
+    source = text_source(path, tok_dir, seq_len=4)
+    stream = reference_stream(tok_dir, DOCS, source.epoch_order(0))
+    assert windows(source, 4) == cut(stream, 4, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # no cache beside it
+
+
+def test_reads_saved_datasets_and_folders_of_mixed_files(tok_dir, tmp_path):
+    import datasets
+
+    records = [{"text": d} for d in DOCS]
+    datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(records[:2]),
+                          "test": datasets.Dataset.from_list(records)}
+                         ).save_to_disk(str(tmp_path / "dict"))
+    for folder, count in (("saved", 5), ("dict", 2)):
+        source = text_source(tmp_path / folder, tok_dir, seq_len=2)
+        assert (source.num_examples, source.files) == (count, [folder])
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    records_file(mixed, ".parquet", records[:2])
+    (mixed / "rest.txt").write_text("\n\n".join(DOCS[2:]))
+    source = text_source(mixed, tok_dir, seq_len=2)
+    assert (source.num_examples, source.files) == (5, ["records.parquet", "rest.txt"])
+    stream = reference_stream(tok_dir, DOCS, source.epoch_order(0))
+    assert windows(source, source.rows_per_epoch) == cut(stream, 2, source.rows_per_epoch)
 
 
 def put(path: Path, data: bytes = b"") -> str:
@@ -175,22 +271,56 @@ def docs_file(tmp: Path) -> str:
     return str(write_jsonl(tmp / "d.jsonl", DOCS))
 
 
+def empty_parquet(tmp: Path) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp / "e.parquet")
+    return str(tmp / "e.parquet")
+
+
+def saved_dict_without_train(tmp: Path) -> str:
+    import datasets
+
+    datasets.DatasetDict({"test": datasets.Dataset.from_list([{"text": "cat"}])}
+                         ).save_to_disk(str(tmp / "dd"))
+    return str(tmp / "dd")
+
+
 # Each case: tmp folder -> open_token_source arguments; then the message.
 BAD_INPUTS = {
     "missing path": (lambda t: {"spec": str(t / "nope.jsonl")}, r"nope\.jsonl does not exist"),
     "no data files": (lambda t: {"spec": str(Path(put(t / "x" / "a.md")).parent)},
-                      r"x has no \.jsonl or \.txt files"),
+                      r"x has no \.jsonl, \.json, \.parquet, \.arrow, \.txt files"),
+    "other suffix": (lambda t: {"spec": put(t / "a.csv", b"text\ncat\n")},
+                     r"a\.csv is not one of .*rename a plain text file to \.txt"),
     "empty file": (lambda t: {"spec": put(t / "empty.txt")}, r"empty\.txt holds no text"),
+    "empty jsonl": (lambda t: {"spec": put(t / "empty.jsonl")}, r"empty\.jsonl holds no records"),
     "blank jsonl": (lambda t: {"spec": put(t / "blank.jsonl", b"\n \n")},
-                    r"blank\.jsonl holds no text"),
+                    r"blank\.jsonl holds no records"),
+    "empty parquet": (lambda t: {"spec": empty_parquet(t)}, r"e\.parquet holds no records"),
     "too few tokens": (lambda t: {"spec": put(t / "s.txt", b"cat")},
                        "only 2 tokens.*shorter seq_len or more data"),
     "non-utf8": (lambda t: {"spec": put(t / "u.jsonl", b'{"text": "cat"}\n{"text": "\xff"}')},
                  r"u\.jsonl line 2 \(byte offset 26\) is not valid UTF-8"),
-    "bad json": (lambda t: {"spec": put(t / "j.jsonl", b'{"text": "cat"}\n{"text": \n')},
-                 r"j\.jsonl line 2 is not valid JSON"),
-    "no text field": (lambda t: {"spec": str(write_jsonl(t / "f.jsonl", DOCS, "body"))},
+    "non-utf8 text": (lambda t: {"spec": put(t / "u.txt", b"cat\n\ndog\xff\n")},
+                      r"u\.txt line 3 \(byte offset 8\) is not valid UTF-8"),
+    "bad json": (lambda t: {"spec": put(t / "j.jsonl", b'{"text": "cat"}\n\n{"text": \n')},
+                 r"j\.jsonl line 3 is not valid JSON.*fix or remove that line"),
+    "bad json array": (lambda t: {"spec": put(t / "j.json", b'[{"text": "cat"},\n{"text"}]')},
+                       r"j\.json line 2 column 8 is not valid JSON"),
+    "not an object": (lambda t: {"spec": put(t / "o.jsonl", b'{"text": "cat"}\n["cat"]\n')},
+                      r"o\.jsonl line 2 is a JSON list, not an object"),
+    "no text field": (lambda t: {"spec": str(write_jsonl(t / "f.jsonl", DOCS, "body")),
+                                 "data_format": "text"},
                       r"f\.jsonl line 1 has no string field 'text'.*text_field"),
+    "no text in a record": (lambda t: {"spec": str(records_file(t, ".parquet", [
+        {"text": "cat"}, {"text": None}]))},
+        r"records\.parquet record 1 \(counting from 0\) has no string field 'text'"),
+    "text not a string": (lambda t: {"spec": put(t / "n.jsonl", b'{"text": null}\n{"text": "a"}')},
+                          r"n\.jsonl line 1 has no string field 'text'"),
+    "saved without train": (lambda t: {"spec": saved_dict_without_train(t)},
+                            r"splits \['test'\] and no 'train'; pass the folder of the split"),
     "no tokenizer": (lambda t: {"spec": docs_file(t), "tokenizer_dir": None}, "tokenizer_dir"),
     "missing tokenizer": (lambda t: {"spec": docs_file(t), "tokenizer_dir": t / "tk"},
                           r"tokenizer folder .*tk does not exist"),
@@ -199,6 +329,10 @@ BAD_INPUTS = {
     "ids past vocab": (lambda t: {"spec": docs_file(t), "vocab_size": 8},
                        "token id 11 but the model's vocab_size is 8"),
     "text seq_len": (lambda t: {"spec": docs_file(t), "seq_len": 0}, "seq_len must be"),
+    "text seed": (lambda t: {"spec": docs_file(t), "seed": -1}, "seed must be"),
+    "bad format": (lambda t: {"spec": docs_file(t), "data_format": "chat"},
+                   "data_format must be one of 'auto', 'text', 'messages'"),
+    "bad packing": (lambda t: {"spec": docs_file(t), "packing": 1}, "packing must be one of"),
     "zero vocab": (lambda t: {"vocab_size": 0}, "vocab_size must be"),
     "no vocab": (lambda t: {"spec": "synthetic", "vocab_size": None}, "vocab_size must be"),
     "float seq_len": (lambda t: {"seq_len": 2.5}, "seq_len must be"),
@@ -216,7 +350,7 @@ def test_refuses_bad_input_saying_what(tok_dir, tmp_path, case):
 
 
 def test_refuses_bad_micro_batch(tok_dir, tmp_path):
-    text = TextTokens([write_jsonl(tmp_path / "d.jsonl", DOCS)], tok_dir, seq_len=4)
+    text = text_source(write_jsonl(tmp_path / "d.jsonl", DOCS), tok_dir, seq_len=4)
     for source in (text, SyntheticTokens(5, 4)):
         for bad in (0, -2, True, 1.0):
             with pytest.raises(ValueError, match="micro_batch must be an integer >= 1"):

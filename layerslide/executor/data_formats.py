@@ -1,0 +1,304 @@
+"""Data formats: which one a table's records are in (text, chat messages, Alpaca instructions,
+prompt and completion), how a record renders to text with the character spans that carry the
+loss, and how tables of records become one flat array of token ids with a mask of trained ones.
+
+Rendering:
+- text: BOS (if the tokenizer has one) + text + EOS; trained on the text and EOS.
+- messages (and sharegpt conversations): the tokenizer's chat template; trained on each
+  assistant turn as the template renders it (its end-of-turn marker included).
+- alpaca: the chat template with instruction (+ blank line + input) as the user turn and output
+  as the assistant turn; without a template, like a string prompt and completion.
+- prompt_completion with strings: BOS + prompt + completion + EOS, trained on completion + EOS;
+  with message lists (TRL's conversational form): the chat template, trained on the completion's
+  assistant turns.
+train_on_prompt trains on every token instead (BOS included)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from layerslide.executor.data_files import RecordTable
+
+DATA_FORMATS = ("auto", "text", "messages", "alpaca", "prompt_completion")
+CHAT_FORMATS = ("messages", "alpaca", "prompt_completion")
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "system": "system"}
+_ACCEPTED = ("text ({text_field!r}: str; set text_field for another field), messages "
+             "('messages': [{{'role', 'content'}}, ...], or sharegpt 'conversations': "
+             "[{{'from', 'value'}}, ...]), alpaca ('instruction', optional 'input', 'output'), "
+             "prompt_completion ('prompt', 'completion')")
+
+
+class RecordError(ValueError):
+    """A record that cannot be rendered; the caller adds which file and record it is."""
+
+
+def detect_format(table: RecordTable, data_format: str, text_field: str) -> str:
+    """Return the format of a table's records: data_format if named, else the one its fields
+    match, refusing fields that match none or several."""
+    if table.plain_text:
+        if data_format not in ("auto", "text"):
+            msg = (f"{table.path} is plain text, which is read as data_format 'text'; convert it "
+                   f"to JSON Lines records to use data_format {data_format!r}")
+            raise ValueError(msg)
+        return "text"
+    if data_format != "auto":
+        return data_format
+    columns = set(table.columns)
+    shapes = {"text": [{text_field}], "messages": [{"messages"}, {"conversations"}],
+              "alpaca": [{"instruction", "output"}], "prompt_completion": [{"prompt", "completion"}]}
+    matches = [name for name, options in shapes.items() if any(o <= columns for o in options)]
+    if len(matches) == 1:
+        return matches[0]
+    accepted = _ACCEPTED.format(text_field=text_field)
+    if matches:
+        msg = (f"{table.path} records have fields {sorted(columns)} that fit several data "
+               f"formats ({', '.join(matches)}); pass data_format as one of them ({accepted})")
+    else:
+        msg = (f"{table.path} records have fields {sorted(columns)}, which fit no data format; "
+               f"accepted: {accepted}; rename the fields, or pass data_format (one of "
+               f"{', '.join(DATA_FORMATS)}) and text_field")
+    raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One example as text, the character spans [start, end) whose tokens carry the loss, and
+    whether BOS goes before it and EOS after it (as ids: text would not tokenise to them)."""
+
+    text: str
+    trained: tuple[tuple[int, int], ...]
+    bos: bool = False
+    eos: bool = False
+
+
+class Encoder:
+    """Renders records of one format and tokenises them with the mask of tokens trained on."""
+
+    def __init__(self, tokenizer: Any, data_format: str, text_field: str,
+                 train_on_prompt: bool) -> None:
+        self._format = data_format
+        self._text_field = text_field
+        self._train_on_prompt = train_on_prompt
+        self._tokenizer = tokenizer
+        self._bos = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+        self._eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        self._has_template = tokenizer.chat_template is not None
+        if data_format == "messages" and not self._has_template:
+            msg = (f"the tokenizer at {tokenizer.name_or_path} has no chat template, which "
+                   "messages data is rendered with; use the model's own chat (instruct) "
+                   "tokenizer, add a chat_template (chat_template.jinja) to it, or convert the "
+                   "data to text records")
+            raise ValueError(msg)
+        if data_format in CHAT_FORMATS and not train_on_prompt and not tokenizer.is_fast:
+            msg = ("masking the prompt needs a fast tokenizer (a tokenizer.json) to map "
+                   "characters to tokens; add one to the model folder, or pass "
+                   "train_on_prompt=True to train on every token")
+            raise ValueError(msg)
+        if self._has_template:
+            from jinja2 import TemplateError  # only chat templates need jinja2
+
+            self._template_errors = (TemplateError, ValueError, TypeError, KeyError, IndexError)
+
+    def render(self, record: dict[str, Any]) -> Rendered:
+        """Render one record of this encoder's format, raising RecordError if it does not fit."""
+        if self._format == "text":
+            text = record.get(self._text_field)
+            if not isinstance(text, str):
+                msg = (f"has no string field {self._text_field!r}; add it, or pass the name of "
+                       "the field that holds the text as text_field")
+                raise RecordError(msg)
+            return Rendered(text, ((0, len(text)),), bos=True, eos=True)
+        if self._format == "messages":
+            sharegpt = record.get("messages") is None and record.get("conversations") is not None
+            key = "conversations" if sharegpt else "messages"
+            return self._render_chat(_messages(record.get(key), key), train_from=0)
+        if self._format == "alpaca":
+            return self._render_alpaca(record)
+        return self._render_prompt_completion(record)
+
+    def _render_alpaca(self, record: dict[str, Any]) -> Rendered:
+        instruction, extra, output = (record.get(k) for k in ("instruction", "input", "output"))
+        if not (isinstance(instruction, str) and isinstance(output, str)
+                and isinstance(extra, str | None)):
+            msg = ("needs string 'instruction' and 'output' fields (and 'input', if any, a "
+                   "string): alpaca records are {instruction, input (optional), output}")
+            raise RecordError(msg)
+        prompt = "\n\n".join(part for part in (instruction, extra) if part)
+        if self._has_template:  # an instruction-tuned model is prompted through its template
+            conversation = [{"role": "user", "content": prompt},
+                            {"role": "assistant", "content": output}]
+            return self._render_chat(conversation, train_from=1)
+        return self._plain(prompt + "\n\n", output)  # the blank line ends the prompt
+
+    def _render_prompt_completion(self, record: dict[str, Any]) -> Rendered:
+        prompt, completion = record.get("prompt"), record.get("completion")
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return self._plain(prompt, completion)  # as TRL: a string prompt is the exact text
+        if isinstance(prompt, list) and isinstance(completion, list):
+            if not self._has_template:
+                msg = (f"has message lists as prompt and completion, which need a chat template "
+                       f"and the tokenizer at {self._tokenizer.name_or_path} has none; use the "
+                       "model's chat tokenizer or give prompt and completion as strings")
+                raise RecordError(msg)
+            conversation = _messages(prompt, "prompt") + _messages(completion, "completion")
+            return self._render_chat(conversation, train_from=len(prompt))
+        msg = ("needs 'prompt' and 'completion' fields, both strings or both lists of "
+               "messages {role, content}")
+        raise RecordError(msg)
+
+    def _plain(self, prompt: str, completion: str) -> Rendered:
+        text = prompt + completion
+        return Rendered(text, ((0 if self._train_on_prompt else len(prompt), len(text)),),
+                        bos=True, eos=True)
+
+    def _render_chat(self, messages: list[dict[str, Any]], train_from: int) -> Rendered:
+        """Render with the chat template; each assistant turn from message train_from on is
+        what the full render adds to the prompt rendered up to it with the generation prompt."""
+        full = self._template(messages)
+        if self._train_on_prompt:
+            return Rendered(full, ((0, len(full)),))
+        spans = []
+        for index in range(train_from, len(messages)):
+            if messages[index]["role"] != "assistant":
+                continue
+            if index == 0:
+                msg = ("starts with an assistant turn, which has no prompt to render; start it "
+                       "with a user or system turn, or pass train_on_prompt=True")
+                raise RecordError(msg)
+            prompt = self._template(messages[:index], add_generation_prompt=True)
+            through = (full if index == len(messages) - 1  # the last turn's render is the whole
+                       else self._template(messages[: index + 1]))
+            if not (through.startswith(prompt) and full.startswith(through)):
+                msg = (f"is rendered inconsistently by the tokenizer's chat template: the render "
+                       f"up to message {index} (with the generation prompt) is not the start of "
+                       "the render through it, or that is not the start of the whole "
+                       "conversation's (templates that drop earlier turns' reasoning do this), "
+                       "so the assistant's tokens cannot be found; pass train_on_prompt=True or "
+                       "use a template that renders each turn the same wherever it is")
+                raise RecordError(msg)
+            spans.append((len(prompt), len(through)))
+        return Rendered(full, tuple(spans))
+
+    def _template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
+                  ) -> str:
+        try:
+            return self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        except self._template_errors as err:
+            msg = (f"is refused by the tokenizer's chat template ({type(err).__name__}: {err}); "
+                   "fix the conversation or remove it")
+            raise RecordError(msg) from err
+
+    def encode(self, examples: Sequence[Rendered]) -> list[tuple[list[int], bytearray]]:
+        """Tokenise rendered examples in one batch: each one's ids and its trained mask."""
+        partial = any(not _whole(e) for e in examples)
+        encoded = self._tokenizer([e.text for e in examples], add_special_tokens=False,
+                                  return_offsets_mapping=partial, verbose=False)
+        out = []
+        for index, example in enumerate(examples):
+            body = encoded["input_ids"][index]
+            if _whole(example):
+                mask = bytearray(b"\x01" * len(body))
+            else:
+                mask = _token_mask(encoded["offset_mapping"][index], example.trained)
+            bos = self._bos if example.bos else []
+            eos = self._eos if example.eos else []
+            out.append(([*bos, *body, *eos],
+                        bytearray([self._train_on_prompt] * len(bos)) + mask + b"\x01" * len(eos)))
+        return out
+
+
+def _whole(example: Rendered) -> bool:
+    return example.trained == ((0, len(example.text)),)
+
+
+def _token_mask(offsets: list[tuple[int, int]], spans: tuple[tuple[int, int], ...]) -> bytearray:
+    """1 for each token whose characters overlap a span: a token that straddles the end of the
+    prompt holds the answer's first characters, which the model has to produce."""
+    mask = bytearray(len(offsets))
+    span = 0
+    for index, (start, end) in enumerate(offsets):
+        while span < len(spans) and spans[span][1] <= start:
+            span += 1
+        if span < len(spans) and start < spans[span][1] and end > spans[span][0]:
+            mask[index] = 1
+    return mask
+
+
+def _messages(value: Any, key: str) -> list[dict[str, Any]]:
+    """Check a list of {role, content} (or sharegpt {from, value}) messages; return them as
+    {role, content, ...} dicts without the None fields Arrow fills absent keys with."""
+    if not isinstance(value, list) or not value:
+        msg = f"has no non-empty list of messages in {key!r}; give it [{{'role', 'content'}}, ...]"
+        raise RecordError(msg)
+    messages = []
+    for index, raw in enumerate(value):
+        message = {k: v for k, v in raw.items() if v is not None} if isinstance(raw, dict) else {}
+        if "role" not in message and "from" in message:
+            sender = message.pop("from")
+            if sender not in _SHAREGPT_ROLES:
+                msg = (f"message {index} of {key!r} is from {sender!r}; sharegpt messages are "
+                       f"from one of {', '.join(_SHAREGPT_ROLES)}")
+                raise RecordError(msg)
+            message = {"role": _SHAREGPT_ROLES[sender], "content": message.pop("value", None),
+                       **message}
+        if not (isinstance(message.get("role"), str) and isinstance(message.get("content"), str)):
+            msg = (f"message {index} of {key!r} needs string 'role' and 'content' (or sharegpt "
+                   "'from' and 'value')")
+            raise RecordError(msg)
+        messages.append(message)
+    return messages
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Every example's tokens end to end, with per-example offsets and label statistics."""
+
+    ids: torch.Tensor  # int32 [tokens]
+    trained: torch.Tensor  # bool [tokens]: the token carries loss when it is a label
+    starts: torch.Tensor  # int64 [examples + 1]: example i is ids[starts[i]:starts[i + 1]]
+    num_trained: torch.Tensor  # int64 [examples]: its trained tokens
+    first_label: torch.Tensor  # int64 [examples]: its first trained token after the first, or -1
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.starts[1:] - self.starts[:-1]
+
+
+def tokenize_tables(tables: Sequence[RecordTable], encoder: Encoder) -> Corpus:
+    """Render and tokenise every record of the tables, in order, naming any that is refused."""
+    ids, trained = array("i"), bytearray()
+    starts, num_trained, first_label = array("q", [0]), array("q"), array("q")
+    for table in tables:
+        index = 0
+        for batch in table.batches():
+            rendered = []
+            for record in batch:
+                try:
+                    rendered.append(encoder.render(record))
+                except RecordError as err:
+                    msg = f"{table.path} {table.where(index)} {err}"
+                    raise ValueError(msg) from err
+                index += 1
+            for example_ids, mask in encoder.encode(rendered):
+                ids.extend(example_ids)
+                trained += mask
+                starts.append(len(ids))
+                num_trained.append(mask.count(1))
+                first_label.append(mask.find(1, 1))
+    return Corpus(ids=_tensor(ids, torch.int32), trained=_tensor(trained, torch.bool),
+                  starts=_tensor(starts, torch.int64), num_trained=_tensor(num_trained, torch.int64),
+                  first_label=_tensor(first_label, torch.int64))
+
+
+def _tensor(buffer: array | bytearray, dtype: torch.dtype) -> torch.Tensor:
+    """View a filled buffer as a tensor without copying it (frombuffer refuses empty ones)."""
+    return torch.frombuffer(buffer, dtype=dtype) if buffer else torch.zeros(0, dtype=dtype)
