@@ -50,6 +50,7 @@ def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, c
                                                                      monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "here.toml"
+    (tmp_path / "disk").mkdir()
     assert main(["calibrate", "--quick", "--out", str(out), "--disk-dir",
                  str(tmp_path / "disk")]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
@@ -69,11 +70,14 @@ def test_calibrate_on_a_machine_without_a_gpu_measures_host_and_disk(tmp_path, c
 
 def test_calibrate_refuses_a_disk_folder_it_cannot_write(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    (tmp_path / "file").write_text("")
     assert main(["calibrate", "--quick", "--out", str(tmp_path / "p.toml"), "--disk-dir",
-                 str(tmp_path / "file" / "disk")]) == 2
+                 "/proc"]) == 2
     assert "pass a writable --disk-dir" in capsys.readouterr().err
-    assert not (tmp_path / "p.toml").exists()
+    # one that is not there is not made (it would measure whatever disk holds its parent)
+    assert main(["calibrate", "--quick", "--out", str(tmp_path / "p.toml"), "--disk-dir",
+                 str(tmp_path / "no" / "disk")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "p.toml").exists() and not (tmp_path / "no").exists()
 
 
 def test_calibrate_refuses_bad_output_paths(tmp_path, capsys):
