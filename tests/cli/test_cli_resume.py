@@ -70,15 +70,7 @@ KILL_WRITING_CHECKPOINT_4 = """
 
 
 def run_killed(args: list[str], patch: str) -> int:
-    script = textwrap.dedent("""
-        import os, signal, sys
-    """) + textwrap.dedent(patch) + textwrap.dedent(f"""
-        from layerslide.cli.main import main
-        sys.exit(main({args!r}))
-    """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, "-c", script], check=False, env=env,
-                          capture_output=True, timeout=300).returncode
+    return run_child(args, patch).returncode
 
 
 @pytest.mark.parametrize(("patch", "resumes_after", "nvme"), [
