@@ -331,7 +331,11 @@ class Plan:
             task = Task(**{**t, "kind": TaskKind(t["kind"]), "lane": Lane(t["lane"]),
                            "priority": tuple(t["priority"])})
             graph.add_node(task.id, task=task)
-        for u, v, reason in data["edges"]:
+        for edge in data["edges"]:
+            if not isinstance(edge, list) or len(edge) != 3:
+                raise ValueError(f"edge {edge!r} is not [from task, to task, reason]: rebuild "
+                                 "the plan, or mend that edge")
+            u, v, reason = edge
             graph.add_edge(u, v, reason=reason)
         buffers = tuple(Buffer(**{**b, "release_tasks": tuple(b["release_tasks"])})
                         for b in data["buffers"])

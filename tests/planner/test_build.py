@@ -1,5 +1,6 @@
 """build_plan: task structure, lane orders, dependencies and buffers of the plan."""
 
+import json
 from collections import Counter
 from itertools import pairwise
 
@@ -212,6 +213,17 @@ def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
     plan.graph.add_edge("s0.m0.forward.L0", "no.such.task")
     with pytest.raises(ValueError, match="does not have"):
         plan.validate()
+
+
+def test_a_plan_file_edge_without_its_reason_is_refused_by_name(tiny_model, tmp_path):
+    plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
+    data = plan.to_dict()
+    data["edges"][0] = data["edges"][0][:2]  # it said "not enough values to unpack"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"plan.json: edge \[.*\] is not \[from task, to task, "
+                                         r"reason\]"):
+        Plan.load(path)
 
 
 def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
