@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
+from layer_kernels_bench import time_ms  # beside this script (sys.path[0])
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.planner.model import resolve_model
@@ -23,18 +23,6 @@ from layerslide.planner.model import resolve_model
 def weight_shapes(model: str) -> list[tuple[int, int]]:
     blocks = ModelBlocks(hf_config_from_spec(resolve_model(model)))
     return [s.shape for s in blocks.layouts[0] if len(s.shape) == 2]
-
-
-def time_ms(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -62,23 +62,22 @@ run() {  # label steps timeout flags...
     summary "$logs/$label.jsonl"
 }
 
+pair_3b() {  # layer-major 4 x 16 against micro-batch 64, in the order LM, 64, 64, LM
+    local m=(--model llama-3.2-3b)
+    local lm=(--micro-batch 4 --grad-accum 16 --accumulation layer_major)
+    run lm16_a 8 150 "${m[@]}" "${lm[@]}"
+    run mb64_a 8 150 "${m[@]}" --micro-batch 64
+    run mb64_b 8 150 "${m[@]}" --micro-batch 64
+    run lm16_b 8 150 "${m[@]}" "${lm[@]}"
+}
+
 case "${1:-}" in
 3b)
-    m=(--model llama-3.2-3b)
-    lm=(--micro-batch 4 --grad-accum 16 --accumulation layer_major)
-    run lm16_a 8 150 "${m[@]}" "${lm[@]}"
-    run mb64_a 8 150 "${m[@]}" --micro-batch 64
-    run mb64_b 8 150 "${m[@]}" --micro-batch 64
-    run lm16_b 8 150 "${m[@]}" "${lm[@]}"
-    run sm16 3 120 "${m[@]}" --micro-batch 4 --grad-accum 16
+    pair_3b
+    run sm16 3 120 --model llama-3.2-3b --micro-batch 4 --grad-accum 16
     ;;
 3b-pair)
-    m=(--model llama-3.2-3b)
-    lm=(--micro-batch 4 --grad-accum 16 --accumulation layer_major)
-    run lm16_a 8 150 "${m[@]}" "${lm[@]}"
-    run mb64_a 8 150 "${m[@]}" --micro-batch 64
-    run mb64_b 8 150 "${m[@]}" --micro-batch 64
-    run lm16_b 8 150 "${m[@]}" "${lm[@]}"
+    pair_3b
     ;;
 8b)
     m=(--model llama-3.1-8b --moments-on-nvme 0.6 --nvme-dir "$nvme")

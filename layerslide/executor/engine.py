@@ -62,7 +62,7 @@ class PlanEngine:
                  serial: bool = False, on_step_done: Callable[[int], None] | None = None,
                  run_ahead: int | None = None, stop: threading.Event | None = None):
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
-        self.stop = stop  # once set, the run ends after the step in flight (request_stop)
+        self.stop = stop  # once set, the run ends after the step in flight (_request_stop)
         self.on_step_done = on_step_done
         # the policy's bound, unless the caller says otherwise
         if run_ahead is None:
@@ -83,7 +83,7 @@ class PlanEngine:
         self._timing: dict[str, tuple[object, object]] = {}
         self._error: tuple[str, BaseException] | None = None
         self._abort = threading.Event()
-        # a graceful stop: tasks of steps after this one are skipped (see request_stop)
+        # a graceful stop: tasks of steps after this one are skipped (see _request_stop)
         self._stop_after: int | None = None
         self._gpu_step = 0  # the step of the latest task begun on the compute lane
         # priority lanes: tasks whose predecessors have all run, kept in lane order
@@ -106,7 +106,7 @@ class PlanEngine:
         self.device.synchronize()
         return self._timings()
 
-    def request_stop(self) -> int | None:
+    def _request_stop(self) -> int | None:
         """End the run after the step the GPU is in: later steps' tasks are skipped, none of
         which can have changed the training state, which only optimizer steps do once their
         step's backward has run. Returns that step, or None where the plan has no such cut
@@ -138,6 +138,8 @@ class PlanEngine:
     def _skip_or_begin(self, task: Task) -> bool:
         """Whether a stop skips the task; a compute task that runs moves the GPU's step (under
         the lock, so that no step's first GPU task slips past the cut being chosen)."""
+        if self.stop is None:  # nothing can ask this run to stop
+            return False
         if task.lane != COMPUTE_LANE:
             return self._stop_after is not None and task.step > self._stop_after
         with self._step_lock:
@@ -210,7 +212,7 @@ class PlanEngine:
 
     def _execute(self, task: Task) -> None:
         if self.stop is not None and self.stop.is_set() and self._stop_after is None:
-            self.request_stop()
+            self._request_stop()
         if self._skip_or_begin(task):
             self._host_done[task.id].set()
             self._release_successors(task.id)
@@ -314,7 +316,7 @@ class PlanEngine:
         for tid in nx.lexicographical_topological_sort(combined, key=key.__getitem__):
             task = self.plan.task(tid)
             if self.stop is not None and self.stop.is_set() and self._stop_after is None:
-                self.request_stop()
+                self._request_stop()
             if self._skip_or_begin(task):
                 continue
             start = self.device.host_now_s()

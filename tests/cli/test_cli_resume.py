@@ -49,15 +49,22 @@ def uninterrupted(config_dir, tmp_path_factory):
 
 
 # run the CLI in a child that SIGKILLs itself at a chosen point
-KILL_MID_STEP_5 = """
+def signal_at(step: int, sig: str = "SIGINT") -> str:
+    """A child patch: the signal to itself as step `step`'s first backward begins."""
+    return f"""
     from layerslide.executor import runner
     run = runner.TaskRunner.run
-    def dying_run(self, task):
-        if self.step_offset + task.step == 5 and task.kind == "backward":
-            os.kill(os.getpid(), signal.SIGKILL)
+    sent = []
+    def signalled_run(self, task):
+        if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.{sig})
         return run(self, task)
-    runner.TaskRunner.run = dying_run
-"""
+    runner.TaskRunner.run = signalled_run
+    """
+
+
+KILL_MID_STEP_5 = signal_at(5, "SIGKILL")
 KILL_WRITING_CHECKPOINT_4 = """
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
@@ -167,21 +174,6 @@ def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir
     assert "that run finished all its 3 steps" in err and "--overwrite" not in err
 
 
-def interrupt_at(step: int, sig: str = "SIGINT") -> str:
-    """A child patch: the signal to itself as step `step`'s first backward begins."""
-    return f"""
-    from layerslide.executor import runner
-    run = runner.TaskRunner.run
-    sent = []
-    def interrupted_run(self, task):
-        if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
-            sent.append(True)
-            os.kill(os.getpid(), signal.{sig})
-        return run(self, task)
-    runner.TaskRunner.run = interrupted_run
-    """
-
-
 AGAIN_WRITING_CHECKPOINT_4 = """
     import time
     from layerslide.executor import checkpoint_store
@@ -213,7 +205,7 @@ def test_a_signal_stops_after_the_step_in_flight_checkpoints_and_resumes_exactly
     ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
     args = train_args(config_dir, ckpt, log)
     args = args[:args.index("--checkpoint-every")] + args[args.index("--checkpoint-every") + 2:]
-    child = run_child(args, interrupt_at(step=3, sig=sig))  # one segment of all 8 steps
+    child = run_child(args, signal_at(step=3, sig=sig))  # one segment of all 8 steps
     assert child.returncode == code, child.stderr
     assert f"{sig}: stopping after the step in flight" in child.stderr
     assert f"layerslide train --resume {ckpt}" in child.stderr
@@ -234,7 +226,7 @@ def test_a_second_signal_exits_at_once_leaving_no_partial_checkpoint(config_dir,
     complete checkpoint is the one before."""
     ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
     child = run_child(train_args(config_dir, ckpt, log),
-                      interrupt_at(step=3) + AGAIN_WRITING_CHECKPOINT_4)
+                      signal_at(step=3) + AGAIN_WRITING_CHECKPOINT_4)
     assert child.returncode == 130, child.stderr
     assert "SIGINT again: exiting now" in child.stderr
     assert [info.step for info in CheckpointStore(ckpt).list()] == [2]
