@@ -23,6 +23,7 @@ from layerslide.cli.options import (
 from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.hwprofiles import builtin_profiles
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
+from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.reports import (
     format_table,
     plot_memory,
@@ -34,6 +35,7 @@ from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.whatif import (
     STATE_BYTES_PER_PARAM,
+    WHATIF_SPACE,
     WhatIfRow,
     across_models,
     across_profiles,
@@ -241,6 +243,7 @@ def space_of(args) -> SearchSpace:
         activations=args.activations_list or defaults.activations,
         casts=args.casts or defaults.casts,
         optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
+        moment_precisions=args.moment_precisions or defaults.moment_precisions,
         allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
 
 
@@ -303,17 +306,25 @@ def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
     return table
 
 
-def _largest_by_size(rows: list[WhatIfRow], profile) -> list[dict]:
+def _largest_by_size(rows: list[WhatIfRow], profile, chosen: str) -> list[dict]:
     """The largest fitting model for each (RAM, NVMe) size tried, and the state-only bound."""
     combos = dict.fromkeys((r.ram_bytes, r.nvme_bytes) for r in rows)
     out = []
     for ram, nvme in combos:
         best = largest_fitting([r for r in rows if (r.ram_bytes, r.nvme_bytes) == (ram, nvme)])
         sized = profile.with_overrides(ram_bytes=ram, nvme_capacity_bytes=nvme)
+        bounds = {precision: capacity_bounds(sized, precision)
+                  for precision in MOMENT_PRECISIONS}
         out.append({"ram_bytes": ram, "nvme_bytes": nvme,
                     "largest_fitting_model": best.model if best else None,
-                    "params": best.params if best else None, **capacity_bounds(sized)})
+                    "params": best.params if best else None, **capacity_bounds(sized, chosen),
+                    "all_in_ram_params_by_moments": {
+                        k: v["all_in_ram_params"] for k, v in bounds.items()}})
     return out
+
+
+def _whatif_space(args) -> SearchSpace:
+    return replace(WHATIF_SPACE, moment_precisions=(args.moment_precision,))
 
 
 def cmd_whatif(args) -> int:
@@ -326,7 +337,8 @@ def cmd_whatif(args) -> int:
         models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
         rows = across_models(profile, models, ram_sizes=args.ram or (None,),
                              nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                             gpu_memory_bytes=args.gpu_memory, progress=progress)
+                             gpu_memory_bytes=args.gpu_memory, progress=progress,
+                             space=_whatif_space(args))
         title = f"models on {profile.name}"
     else:
         if not args.model:
@@ -338,10 +350,12 @@ def cmd_whatif(args) -> int:
         profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
                     [p.name for p in builtin_profiles()]]
         rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                               gpu_memory_bytes=args.gpu_memory, progress=progress)
+                               gpu_memory_bytes=args.gpu_memory, progress=progress,
+                               space=_whatif_space(args))
         title = f"{model.name} across profiles"
     table = _whatif_table(rows)
-    largest = _largest_by_size(rows, profile) if args.profile_axis else []
+    largest = (_largest_by_size(rows, profile, args.moment_precision)
+               if args.profile_axis else [])
     if args.json:
         _print_json({"rows": _records(table), "largest": largest})
         return 0
@@ -355,6 +369,9 @@ def cmd_whatif(args) -> int:
         print(f"largest model that fits with {gib(entry['ram_bytes']):.0f} GiB RAM and "
               f"{gib(entry['nvme_bytes']):.0f} GiB NVMe: "
               + (f"{name} ({entry['params'] / 1e9:.1f}B params)" if name else "none")
-              + f"; state-only bound {entry['all_in_ram_params'] / 1e9:.1f}B params in RAM, "
+              + f"; state-only bound ({args.moment_precision} moments) "
+                f"{entry['all_in_ram_params'] / 1e9:.1f}B params in RAM, "
                 f"{entry['ram_and_nvme_params'] / 1e9:.1f}B with NVMe")
+        print("  all in RAM by moment precision: " + ", ".join(
+            f"{k} {v / 1e9:.1f}B" for k, v in entry["all_in_ram_params_by_moments"].items()))
     return 0

@@ -25,6 +25,7 @@ from layerslide.cli.options import (
 )
 from layerslide.cli.outputs import writable_folder
 from layerslide.cli.train import add_train_command
+from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.tuner import SearchSpace
 
 UNITS = ("Units: sizes in bytes with a unit (24GiB = 24*2^30 B, 24GB = 24e9 B); times in seconds; "
@@ -102,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   f"gpu (default: {listed(space.casts)})")
     p.add_argument("--optimizer-orders", type=str_list,
                    help=f"of arrival,deadline (default: {listed(space.optimizer_orders)})")
+    p.add_argument("--moment-precisions", type=str_list,
+                   help="how AdamW's moments may be stored, of fp32,bf16,int8 (default: "
+                        f"{listed(space.moment_precisions)}; the compact ones change the "
+                        "numerics, so they are tried only when named)")
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
@@ -123,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap GPU memory, e.g. 24GiB")
     add_nvme_drives(p)
     p.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
+    p.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default="fp32",
+                   help="how AdamW's moments are stored in the configurations tried (fp32, "
+                        "bf16 or int8); --on-profile also bounds the largest model by each")
     add_json(p)
     p.set_defaults(run=commands.cmd_whatif)
 

@@ -16,6 +16,7 @@ from layerslide.planner.settings import (
     CPU_OPTIMIZERS,
     GPU_UPDATE_ORDERS,
     LAYER_KERNEL_MODES,
+    MOMENT_PRECISIONS,
     OPTIMIZER_ORDERS,
     ExecutorKnobs,
     run_ahead_from_env,
@@ -145,6 +146,11 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                    help="native: one-pass AdamW on the landed bf16 grads that also writes the "
                         "bf16 weights (28 B/param of host traffic); torch: torch's fused AdamW "
                         "plus upcast and cast passes (40 B/param)")
+    g.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default=d.moment_precision,
+                   help="how AdamW's m and v are stored (master weights stay fp32): fp32; bf16, "
+                        "rounded stochastically (4 B/param less RAM and 8 less host traffic); "
+                        "int8, 8-bit codes with a scale per 2048 as 8-bit Adam keeps them (6 B "
+                        "and 12 less). The compact ones change the numerics: opt-in")
     g.add_argument("--accumulation", choices=ACCUMULATIONS, default=d.accumulation,
                    help="with --grad-accum > 1: step_major runs each micro-batch through every "
                         "layer (weights reloaded per micro-batch, grads summed on the host); "
@@ -196,7 +202,7 @@ def policy_of(args) -> Policy:
         cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
         layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
         cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation,
-        sweep_groups=args.sweep_groups))
+        sweep_groups=args.sweep_groups, moment_precision=args.moment_precision))
 
 
 def with_env_overrides(policy: Policy) -> Policy:

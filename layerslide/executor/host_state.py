@@ -50,6 +50,8 @@ class HostState:
                  nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
+        if policy.residency.moment_precision != "fp32":  # wired into the executor next
+            raise NotImplementedError("the executor keeps fp32 moments only, so far")
         # blocks updated on the GPU keep only their master weights here (for load and save)
         cpu_blocks = [b for b in blocks.blocks if b not in placement.gpu_updated]
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of

@@ -12,6 +12,7 @@ set at the command line).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import platform
@@ -23,6 +24,9 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from layerslide.executor.moments import BUCKET_SHIFT, BUCKETS, Moments, moment_maps
+from layerslide.planner.settings import MOMENT_BLOCK_ELEMENTS
 
 SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
@@ -77,6 +81,18 @@ def _build(source: Path) -> Path | None:
     return target
 
 
+class _AdamwArgs(ctypes.Structure):  # csrc/adamw.c's adamw_args
+    _fields_ = [(name, _F) for name in ("lr", "beta1", "beta2", "eps", "weight_decay",
+                                        "grad_scale", "bias_correction1",
+                                        "bias_correction2_sqrt")] + [
+        (name, _I) for name in ("decay_end", "num_threads", "chunk")]
+
+
+class _MomentMaps(ctypes.Structure):  # csrc/adamw.c's moment_maps
+    _fields_ = [(name, _P) for name in ("m_values", "v_values", "m_mids", "v_mids",
+                                        "m_bucket", "v_bucket")]
+
+
 class NativeKernels:
     """Typed entry points into the compiled library."""
 
@@ -93,6 +109,24 @@ class NativeKernels:
         library.split_chunk_elements.argtypes = [_I, _I, _I]
         library.split_chunk_elements.restype = _I
         library.cast_f32_to_bf16.restype = None
+        for grads in ("bf16", "f32"):
+            bf16 = getattr(library, f"adamw_step_bf16_moments_{grads}_grads")
+            bf16.argtypes = [_P, _P, _P, _P, _P, _I, _P, ctypes.c_uint32, _I]
+            bf16.restype = None
+            int8 = getattr(library, f"adamw_step_int8_moments_{grads}_grads")
+            int8.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I, _P, _P]
+            int8.restype = None
+        library.moment_block_elements.restype = _I
+        library.moment_bucket_count.restype = _I
+        library.moment_bucket_shift.restype = _I
+        if ((library.moment_block_elements(), library.moment_bucket_count(),
+             library.moment_bucket_shift()) != (MOMENT_BLOCK_ELEMENTS, BUCKETS, BUCKET_SHIFT)):
+            raise RuntimeError("csrc/adamw.c and executor/moments.py disagree on the 8-bit "
+                               "moments' block or bucket sizes")
+        maps = moment_maps()
+        self._maps_arrays = maps  # kept alive: the struct holds their addresses
+        self._maps = _MomentMaps(*(getattr(maps, f.name).ctypes.data
+                                   for f in dataclasses.fields(maps)))
 
     def adamw_step(self, *, param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                    grad: torch.Tensor, weights_out: torch.Tensor | None, decay_end: int,
@@ -111,6 +145,42 @@ class NativeKernels:
                None if weights_out is None else weights_out.data_ptr(), n, decay_end, lr,
                beta1, beta2, eps, weight_decay, grad_scale, bias_correction1,
                bias_correction2_sqrt, self.threads, self.chunk)
+
+    def adamw_step_moments(self, *, param: torch.Tensor, moments: Moments, grad: torch.Tensor,
+                           weights_out: torch.Tensor | None, decay_end: int, lr: float,
+                           beta1: float, beta2: float, eps: float, weight_decay: float,
+                           grad_scale: float, step: int, seed: int = 0,
+                           index_base: int = 0) -> None:
+        """AdamW step `step` (1-based) in place with moments in any precision (fp32: as
+        adamw_step). seed, index_base: the bf16 rounding noise's, for element 0 of this call
+        (executor/moments.py)."""
+        if moments.precision == "fp32":
+            self.adamw_step(param=param, exp_avg=moments.tensors["exp_avg"],
+                            exp_avg_sq=moments.tensors["exp_avg_sq"], grad=grad,
+                            weights_out=weights_out, decay_end=decay_end, lr=lr, beta1=beta1,
+                            beta2=beta2, eps=eps, weight_decay=weight_decay,
+                            grad_scale=grad_scale, step=step)
+            return
+        n = param.numel()
+        assert moments.numel == n and grad.numel() == n and param.dtype == torch.float32
+        for t in (param, grad, *moments.tensors.values()) + (
+                (weights_out,) if weights_out is not None else ()):
+            assert t.is_contiguous() and t.device.type == "cpu"
+        assert weights_out is None or weights_out.numel() == n
+        assert grad.dtype in (torch.bfloat16, torch.float32)
+        args = _AdamwArgs(lr, beta1, beta2, eps, weight_decay, grad_scale, 1.0 - beta1 ** step,
+                          (1.0 - beta2 ** step) ** 0.5, decay_end, self.threads, self.chunk)
+        grads = "bf16" if grad.dtype == torch.bfloat16 else "f32"
+        kernel = getattr(self._lib, f"adamw_step_{moments.precision}_moments_{grads}_grads")
+        out = None if weights_out is None else weights_out.data_ptr()
+        t = moments.tensors
+        if moments.precision == "bf16":
+            kernel(param.data_ptr(), t["exp_avg"].data_ptr(), t["exp_avg_sq"].data_ptr(),
+                   grad.data_ptr(), out, n, ctypes.byref(args), seed & 0xFFFFFFFF, index_base)
+        else:
+            kernel(param.data_ptr(), t["exp_avg"].data_ptr(), t["exp_avg_sq"].data_ptr(),
+                   t["exp_avg_scale"].data_ptr(), t["exp_avg_sq_scale"].data_ptr(),
+                   grad.data_ptr(), out, n, ctypes.byref(args), ctypes.byref(self._maps))
 
     def chunk_elements(self, numel: int) -> int:
         """Elements a thread takes at a time in a call over numel elements."""

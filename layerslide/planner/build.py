@@ -53,8 +53,10 @@ from layerslide.planner.plan import (
 from layerslide.planner.settings import (
     Policy,
     TrainSpec,
+    disk_cut,
     grads_land_in_upload,
     landing_buffers,
+    moments_nbytes,
     sums_grads_on_host,
     sweep_group_sizes,
 )
@@ -176,16 +178,19 @@ class _Builder:
         self.step_markers: list[str] = []
         self.cast_lane = Lane.CPU_CAST if policy.schedule.cast_worker else Lane.CPU
         # the first round(fraction * n) of each CPU-updated block's master weights and moments
-        # live on NVMe (GPU-updated blocks keep theirs whole)
-        self.disk = {b: (0, 0) if b in self.gpu_updated else
-                     (round(policy.residency.master_on_nvme * self.params(b)),
-                      round(policy.residency.moments_on_nvme * self.params(b)))
+        # live on NVMe (GPU-updated blocks keep theirs whole); 8-bit moments cut at scale blocks
+        where = policy.residency
+        self.moments = where.moment_precision
+
+        def cut(b: int, fraction: float) -> int:
+            return 0 if b in self.gpu_updated else disk_cut(self.params(b), fraction,
+                                                             self.moments)
+
+        self.disk = {b: (cut(b, where.master_on_nvme), cut(b, where.moments_on_nvme))
                      for b in (EMBEDDING, *range(self.L), self.L)}
         # and the first round(fraction * n) of its bf16 weights: each load reads them from NVMe
         # into one of weight_staging_slots host buffers, taken in turn
-        self.disk_weights = {b: 0 if b in self.gpu_updated else
-                             round(policy.residency.weights_on_nvme * self.params(b))
-                             for b in self.disk}
+        self.disk_weights = {b: cut(b, where.weights_on_nvme) for b in self.disk}
         self.weight_staging_slots = (policy.schedule.prefetch_depth + 1
                                      if any(self.disk_weights.values()) else 0)
         self.weight_loads: list[str] = []  # loads that read weights from NVMe, in issue order
@@ -646,9 +651,9 @@ class _Builder:
 
         for b in self.gpu_updated:  # after the step's backwards, in GPU order
             p = self.params(b)
+            hbm_bytes, launches = sizes.gpu_adamw_cost(p, self.moments)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.GPU, block=b, step=s, params=p,
-                           bytes=sizes.GPU_ADAMW_BYTES_PER_PARAM * p,
-                           host_ops=sizes.GPU_ADAMW_OPS)
+                           bytes=hbm_bytes, host_ops=launches)
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
 
@@ -660,7 +665,7 @@ class _Builder:
         for b in sorted(cpu_blocks, key=io_key):
             p = self.params(b)
             extra = sizes.cpu_optimizer_extra_bytes_per_param(
-                pol.kernels.cpu_optimizer, not self.host_sums, pol.optimizer_casts)
+                pol.kernels.cpu_optimizer, not self.host_sums, pol.optimizer_casts, self.moments)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
                            bytes=extra * p,
                            slot=NO_SLOT if self.host_sums else self.landing_slots[(s, last, b)],
@@ -671,7 +676,7 @@ class _Builder:
                 self.buffer(opt, "grad_fp32", "host", FP32_BYTES * p, (opt,))
             master_disk, moments_disk = self.disk[b]
             state_bytes = (sizes.MASTER_BYTES_PER_PARAM * master_disk
-                           + sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
+                           + moments_nbytes(moments_disk, self.moments))
             weight_bytes = BF16_BYTES * self.disk_weights[b]  # written, not read: all new
             if state_bytes + weight_bytes > 0:
                 self.state_io(s, b, state_bytes, weight_bytes, opt, io_key(b))
@@ -726,12 +731,13 @@ class _Builder:
             self.buffer(None, block_weights_buffer_id(b, self.L), "gpu",
                         (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
         self.buffer(None, GPU_UPDATED_STATE, "gpu",
-                    sizes.GPU_UPDATED_STATE_BYTES_PER_PARAM * on_gpu)
+                    sum(2 * FP32_BYTES * self.params(b) + moments_nbytes(self.params(b),
+                                                                         self.moments)
+                        for b in self.gpu_updated))
         self.buffer(None, runtime_buffer_id("host"), "host", sizes.HOST_RUNTIME_BYTES)
         # GPU-updated blocks keep their fp32 master in RAM as well: it is their home for
         # initialisation, loading and checkpoints (the GPU holds the live copy)
         master_disk = sum(m for m, _ in self.disk.values())
-        moments_disk = sum(v for _, v in self.disk.values())
         self.buffer(None, HOST_MASTER, "host",
                     sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
         if pol.residency.activations == "host":
@@ -740,7 +746,9 @@ class _Builder:
             # from micro-batch 1 to 32, the checkpoints' size)
             self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * self.sweep_size * sizes.hidden_bytes(model, self.tokens))
-        self.buffer(None, HOST_MOMENTS, "host", sizes.MOMENTS_BYTES_PER_PARAM * (n - moments_disk))
+        self.buffer(None, HOST_MOMENTS, "host", sum(
+            moments_nbytes(self.params(b) - self.disk[b][1], self.moments)
+            for b in self.disk if b not in self.gpu_updated))
         weights_disk = sum(self.disk_weights.values())
         if pol.schedule.cast == "cpu_once":
             self.buffer(None, HOST_UPLOAD, "host",
@@ -759,7 +767,8 @@ class _Builder:
         if self.host_sums:
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
         self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
-        self.buffer(None, NVME_MOMENTS, "nvme", sizes.MOMENTS_BYTES_PER_PARAM * moments_disk)
+        self.buffer(None, NVME_MOMENTS, "nvme", sum(moments_nbytes(v, self.moments)
+                                                    for _, v in self.disk.values()))
         self.buffer(None, NVME_WEIGHTS, "nvme", sizes.UPLOAD_BYTES_PER_PARAM * weights_disk)
 
     def reach_steps(self) -> int:

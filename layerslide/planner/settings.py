@@ -44,6 +44,28 @@ GPU_UPDATE_ORDERS = get_args(GpuUpdateOrder)
 # the GPU and offloaded once per step, as without accumulation.
 Accumulation = Literal["step_major", "layer_major"]
 ACCUMULATIONS = get_args(Accumulation)
+# How AdamW's m and v are stored (master weights stay fp32): fp32; bf16, rounded
+# stochastically; int8, 8-bit codes with a fp32 scale per MOMENT_BLOCK_ELEMENTS as 8-bit Adam
+# keeps them (executor/moments.py). The compact ones change the numerics: opt-in.
+MomentPrecision = Literal["fp32", "bf16", "int8"]
+MOMENT_PRECISIONS = get_args(MomentPrecision)
+MOMENT_BLOCK_ELEMENTS = 2048  # elements per scale of 8-bit moments (csrc/adamw.c's MOMENT_BLOCK)
+
+
+def moments_nbytes(numel: int, precision: MomentPrecision) -> int:
+    """Bytes of the m and v of numel parameters in a precision (8-bit: codes and scales)."""
+    if precision == "int8":
+        return 2 * numel + 8 * -(-numel // MOMENT_BLOCK_ELEMENTS)
+    return (4 if precision == "bf16" else 8) * numel
+
+
+def disk_cut(numel: int, fraction: float, precision: MomentPrecision) -> int:
+    """How many of a block's first numel elements a fraction of it puts on the drive: 8-bit
+    moments are cut at whole scale blocks, so every cut of a block's state is."""
+    if precision != "int8":
+        return round(fraction * numel)
+    whole = round(fraction * numel / MOMENT_BLOCK_ELEMENTS) * MOMENT_BLOCK_ELEMENTS
+    return numel if fraction == 1.0 else min(whole, numel)
 
 
 def _fail(owner: str, name: str, value: object, what: str) -> None:
@@ -162,7 +184,8 @@ def _chosen(owner: str, self, **choices: tuple[str, ...]) -> None:
 
 # Residency fields that say where on the drive a block's state lies: a checkpoint's RAM parts
 # are sized by them, so a resumed run keeps them.
-STATE_LAYOUT_FIELDS = ("master_on_nvme", "moments_on_nvme", "weights_on_nvme")
+STATE_LAYOUT_FIELDS = ("master_on_nvme", "moments_on_nvme", "weights_on_nvme",
+                       "moment_precision")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +214,7 @@ class Residency:
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload); with
     # weights on NVMe, None is BOUNDED_LANDING_BUFFERS (landing_buffers).
     host_grad_buffers: int | None = None
+    moment_precision: MomentPrecision = "fp32"  # how m and v are stored: MOMENT_PRECISIONS
 
     def __post_init__(self) -> None:
         _positive("Policy", self, "window", "grad_buffers")
@@ -200,7 +224,7 @@ class Residency:
             _fail("Policy", "host_grad_buffers", self.host_grad_buffers,
                   "must be a positive integer, or None for one per block")
         _chosen("Policy", self, activations=ACTIVATION_PLACEMENTS,
-                gpu_updated_order=GPU_UPDATE_ORDERS)
+                gpu_updated_order=GPU_UPDATE_ORDERS, moment_precision=MOMENT_PRECISIONS)
         for name in ("master_on_nvme", "moments_on_nvme", "weights_on_nvme"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -312,6 +336,11 @@ class Policy:
             _fail("Policy", "cast", self.schedule.cast,
                   "this cast reads fp32 master weights from RAM at every load: set "
                   "master_on_nvme=0 or use cast=cpu_once")
+        if (self.residency.moment_precision != "fp32"
+                and self.kernels.cpu_optimizer != "native"):
+            _fail("Policy", "moment_precision", self.residency.moment_precision,
+                  "compact moments are read and written by layerslide's native CPU AdamW: use "
+                  "cpu_optimizer=native, or moment_precision=fp32")
         if self.residency.weights_on_nvme > 0 and not self.optimizer_casts:
             _fail("Policy", "weights_on_nvme", self.residency.weights_on_nvme,
                   "the bf16 weights on NVMe are written by the native CPU AdamW itself: use "

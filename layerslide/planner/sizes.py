@@ -9,7 +9,12 @@ from __future__ import annotations
 import math
 
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES, ModelSpec
-from layerslide.planner.settings import HEAD_CHUNK_LOGIT_BYTES
+from layerslide.planner.settings import (
+    HEAD_CHUNK_LOGIT_BYTES,
+    MOMENT_BLOCK_ELEMENTS,
+    MomentPrecision,
+    moments_nbytes,
+)
 
 GIB = 1024**3
 
@@ -29,31 +34,67 @@ GRAD_UPCAST_BYTES_PER_PARAM = BF16_BYTES + FP32_BYTES
 
 
 def cpu_optimizer_extra_bytes_per_param(cpu_optimizer: str, reads_bf16: bool,
-                                        writes_bf16: bool) -> int:
+                                        writes_bf16: bool,
+                                        moment_precision: MomentPrecision = "fp32") -> float:
     """Host bytes per parameter of a CPU optimizer step beyond the profile's AdamW traffic
-    (which reads fp32 grads). reads_bf16: it steps on the landed bf16 grads, not on the host's
-    fp32 sums. torch: an upcast pass for bf16 grads. native: one pass that reads bf16 grads
-    (2 B less) or the fp32 sums, and may write the bf16 weights."""
+    (which reads fp32 grads and moments); negative: fewer. reads_bf16: it steps on the landed
+    bf16 grads, not on the host's fp32 sums. torch: an upcast pass for bf16 grads. native: one
+    pass that reads bf16 grads (2 B less) or the fp32 sums, may write the bf16 weights, and
+    reads and writes the moments in their precision."""
     if cpu_optimizer == "torch":
         return GRAD_UPCAST_BYTES_PER_PARAM if reads_bf16 else 0
-    return max(0, (BF16_BYTES if writes_bf16 else 0) - (BF16_BYTES if reads_bf16 else 0))
+    native = max(0, (BF16_BYTES if writes_bf16 else 0) - (BF16_BYTES if reads_bf16 else 0))
+    return native - 2 * (MOMENTS_BYTES_PER_PARAM - moment_bytes_per_param(moment_precision))
+
+
+def moment_bytes_per_param(precision: MomentPrecision) -> float:
+    """Bytes per parameter of AdamW's m and v in a precision (8-bit: with their scales)."""
+    return moments_nbytes(MOMENT_BLOCK_ELEMENTS, precision) / MOMENT_BLOCK_ELEMENTS
 
 
 # Fused AdamW on the GPU: read fp32 grad, param, m, v; write param, m, v and the bf16 weights.
 GPU_ADAMW_BYTES_PER_PARAM = 4 * FP32_BYTES + 3 * FP32_BYTES + BF16_BYTES
 GPU_ADAMW_OPS = 4
+# Compact moments on the GPU take torch ops, not a fused kernel (executor/moments.py): estimate
+# of their HBM traffic (~15 elementwise passes over fp32 temporaries) and launches per slice
+# of moments.TORCH_STEP_SLICE elements.
+GPU_COMPACT_ADAMW_BYTES_PER_PARAM = 120
+GPU_COMPACT_ADAMW_OPS_PER_SLICE = 40
+GPU_COMPACT_ADAMW_SLICE = 1 << 22
 # The ledger's rates, bytes per parameter of the state buffers: the plan's static buffers are
 # sized by them (build.static_buffers), tune, what-if and `layerslide models` bound capacity
 # by them, and the executor's allocations are held equal to the plan's (tests/executor/
-# test_ledger.py).
+# test_ledger.py). The moments' rate depends on their precision (moment_bytes_per_param).
 MASTER_BYTES_PER_PARAM = FP32_BYTES  # fp32 master weights, in RAM or on NVMe
-MOMENTS_BYTES_PER_PARAM = 2 * FP32_BYTES  # AdamW m and v, in RAM or on NVMe
+MOMENTS_BYTES_PER_PARAM = 2 * FP32_BYTES  # AdamW m and v in fp32, in RAM or on NVMe
 UPLOAD_BYTES_PER_PARAM = BF16_BYTES  # the bf16 copy loads read (cast=cpu_once), RAM or NVMe
 HOST_STATE_BYTES_PER_PARAM = (MASTER_BYTES_PER_PARAM + MOMENTS_BYTES_PER_PARAM
                               + UPLOAD_BYTES_PER_PARAM)
-# GPU-updated blocks keep fp32 master weights, m, v and grads on the GPU, and bf16 weights.
-GPU_UPDATED_STATE_BYTES_PER_PARAM = 4 * FP32_BYTES
-GPU_UPDATED_BYTES_PER_PARAM = BF16_BYTES + GPU_UPDATED_STATE_BYTES_PER_PARAM
+
+
+def host_state_bytes_per_param(precision: MomentPrecision = "fp32") -> float:
+    """Master weights, moments in their precision and the bf16 upload copy, per parameter."""
+    return MASTER_BYTES_PER_PARAM + moment_bytes_per_param(precision) + UPLOAD_BYTES_PER_PARAM
+
+
+def gpu_updated_state_bytes_per_param(precision: MomentPrecision = "fp32") -> float:
+    """A GPU-updated block's fp32 master weights and grad sums, and its moments."""
+    return 2 * FP32_BYTES + moment_bytes_per_param(precision)
+
+
+def gpu_updated_bytes_per_param(precision: MomentPrecision = "fp32") -> float:
+    """That state and the block's bf16 weights."""
+    return BF16_BYTES + gpu_updated_state_bytes_per_param(precision)
+
+
+def gpu_adamw_cost(params: int, precision: MomentPrecision) -> tuple[float, int]:
+    """(HBM bytes, launches) of a GPU-updated block's AdamW step."""
+    if precision == "fp32":
+        return GPU_ADAMW_BYTES_PER_PARAM * params, GPU_ADAMW_OPS
+    slices = -(-params // GPU_COMPACT_ADAMW_SLICE)
+    return GPU_COMPACT_ADAMW_BYTES_PER_PARAM * params, GPU_COMPACT_ADAMW_OPS_PER_SLICE * slices
+
+
 # Gradient accumulation on the host: read bf16 grads, read and write the fp32 sum.
 ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
 # On the GPU (layer-major): the same add into the fp32 sum, then the sum rounded to bf16 once

@@ -30,6 +30,7 @@ from layerslide.planner.settings import (
     BOUNDED_LANDING_BUFFERS,
     CAST_MODES,
     GPU_UPDATE_ORDERS,
+    MOMENT_PRECISIONS,
     OPTIMIZER_ORDERS,
     grads_land_in_upload,
 )
@@ -77,6 +78,9 @@ class SearchSpace:
     # H200 machine ran them 11% slower at once (benchmarks/results/sim_vs_reference.md).
     cast_workers: tuple[bool, ...] = (False,)
     optimizer_orders: tuple[str, ...] = ("deadline",)
+    # how AdamW's moments are stored: fp32 only unless asked, since the others change the
+    # numerics (Residency.moment_precision)
+    moment_precisions: tuple[str, ...] = ("fp32",)
     allow_nvme: bool = True  # spill optimizer state to NVMe when the host is too small
     # Fill the GPU memory a feasible candidate leaves free with blocks updated on the GPU
     # (their state off the host and off the CPU), and keep that when it is faster.
@@ -84,7 +88,7 @@ class SearchSpace:
 
     def __post_init__(self) -> None:
         for name in ("windows", "micro_batches", "grad_accums", "accumulations", "activations",
-                     "casts", "cast_workers", "optimizer_orders"):
+                     "casts", "cast_workers", "optimizer_orders", "moment_precisions"):
             if not getattr(self, name):
                 raise ValueError(f"SearchSpace.{name} is empty: give at least one value")
         if not isinstance(self.step_major_max_accum, int) or self.step_major_max_accum < 1:
@@ -100,7 +104,8 @@ class SearchSpace:
                              "give a positive number of tokens, or None for no cap")
         for name, allowed in (("activations", ACTIVATION_PLACEMENTS), ("casts", CAST_MODES),
                               ("optimizer_orders", OPTIMIZER_ORDERS),
-                              ("accumulations", ACCUMULATIONS)):
+                              ("accumulations", ACCUMULATIONS),
+                              ("moment_precisions", MOMENT_PRECISIONS)):
             bad = [v for v in getattr(self, name) if v not in allowed]
             if bad:
                 raise ValueError(f"SearchSpace.{name}: {bad} unknown; choose from "
@@ -108,9 +113,10 @@ class SearchSpace:
 
     def candidates(self, seq_len: int, max_grad_norm: float | None,
                    base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
-        for w, mb, ga, accumulation, act, cast, worker, order in itertools.product(
+        for w, mb, ga, accumulation, act, cast, worker, order, moments in itertools.product(
                 self.windows, self.micro_batches, self.grad_accums, self.accumulations,
-                self.activations, self.casts, self.cast_workers, self.optimizer_orders):
+                self.activations, self.casts, self.cast_workers, self.optimizer_orders,
+                self.moment_precisions):
             if cast == "gpu" and worker != self.cast_workers[0]:
                 continue  # no CPU casts to place: the same candidate
             if ga == 1 and accumulation != self.accumulations[0]:
@@ -125,7 +131,8 @@ class SearchSpace:
                               max_grad_norm=max_grad_norm)
             policy = base.with_(window=w, prefetch_depth=min(base.schedule.prefetch_depth, w),
                                 activations=act, cast=cast, accumulation=accumulation,
-                                cast_worker=worker and cast != "gpu", optimizer_order=order)
+                                cast_worker=worker and cast != "gpu", optimizer_order=order,
+                                moment_precision=moments)
             yield train, policy
 
 
@@ -149,7 +156,7 @@ class Candidate:
             **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker",
                                  "optimizer_order", "moments_on_nvme", "master_on_nvme",
                                  "weights_on_nvme", "host_grad_buffers", "gpu_updated_blocks",
-                                 "gpu_updated_order")},
+                                 "gpu_updated_order", "moment_precision")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -184,11 +191,13 @@ class TuneResult:
         return counts
 
 
-def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: str) -> int:
+def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: str,
+                               moment_precision: str = "fp32") -> int:
     """How many blocks, taken in the order's sequence, fit their GPU state into the headroom."""
     used, count = 0.0, 0
+    rate = sizes.gpu_updated_bytes_per_param(moment_precision)
     for block in gpu_update_candidates(model.num_layers, order):
-        used += sizes.GPU_UPDATED_BYTES_PER_PARAM * model.block_params(block)
+        used += rate * model.block_params(block)
         if used > headroom_bytes:
             break
         count += 1
@@ -227,7 +236,8 @@ def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: Hardware
     # the next forward's order first; with the layers first, a large embedding that does not
     # fit leaves room for layers that do
     for order in GPU_UPDATE_ORDERS:
-        count = _gpu_update_blocks_fitting(model, headroom, order)
+        count = _gpu_update_blocks_fitting(model, headroom, order,
+                                           base.policy.residency.moment_precision)
         while count > base.policy.residency.gpu_updated_blocks:
             filled = base.policy.with_(gpu_updated_blocks=count, gpu_updated_order=order)
             blocks = gpu_layout(model.num_layers, filled).gpu_updated
@@ -295,7 +305,8 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         finer, candidate = tuple(placed), over
         while True:
             finer = _finer_spill(finer, _host_over_bytes(candidate), model.total_params,
-                                 master_ok=master_ok, weights_ok=weights_ok)
+                                 master_ok=master_ok, weights_ok=weights_ok,
+                                 moment_precision=policy.residency.moment_precision)
             if finer is None or finer in coarse:
                 return None
             candidate = attempt(*finer, pools[-1], prefetch, activations)
@@ -328,9 +339,6 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
 
 SPILL_STEP = 0.05  # finer placements are rounded up to this fraction
 WEIGHT_SPILLS = (0.5, 1.0)  # coarse fractions of the bf16 weights on NVMe, after all else
-# bytes per parameter each share frees from the host, in the order they are spilled
-_SPILL_RATES = (sizes.MOMENTS_BYTES_PER_PARAM, sizes.MASTER_BYTES_PER_PARAM,
-                sizes.UPLOAD_BYTES_PER_PARAM)
 
 
 def _host_over_bytes(candidate: Candidate) -> int:
@@ -340,7 +348,8 @@ def _host_over_bytes(candidate: Candidate) -> int:
 
 def _finer_spill(placed: tuple[float, float, float], over_bytes: int, params: int, *,
                  master_ok: bool = True,
-                 weights_ok: bool = True) -> tuple[float, float, float] | None:
+                 weights_ok: bool = True,
+                 moment_precision: str = "fp32") -> tuple[float, float, float] | None:
     """(moments, master, weights) on NVMe that moves over_bytes more off the host: moments
     first, then master weights, then the bf16 weights (those the policy allows), rounded up to
     SPILL_STEP; None once all it may move is there."""
@@ -349,7 +358,10 @@ def _finer_spill(placed: tuple[float, float, float], over_bytes: int, params: in
     if which is None:
         return None
     share = placed[which]
-    step = -(-(share + over_bytes / (_SPILL_RATES[which] * params)) // SPILL_STEP) * SPILL_STEP
+    # bytes per parameter each share frees from the host, in the order they are spilled
+    rates = (sizes.moment_bytes_per_param(moment_precision), sizes.MASTER_BYTES_PER_PARAM,
+             sizes.UPLOAD_BYTES_PER_PARAM)
+    step = -(-(share + over_bytes / (rates[which] * params)) // SPILL_STEP) * SPILL_STEP
     more = list(placed)
     more[which] = round(min(1.0, max(step, share + SPILL_STEP)), 4)
     return tuple(more)

@@ -116,17 +116,19 @@ def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
     return max(fitting, key=lambda r: r.params) if fitting else None
 
 
-# Per-parameter state in this plan family (the planner's ledger): master weights, moments and
-# the bf16 copy that loads read, each of which may go to NVMe.
+# Per-parameter state in this plan family (the planner's ledger) with fp32 moments: master
+# weights, moments and the bf16 copy that loads read, each of which may go to NVMe.
 STATE_BYTES_PER_PARAM = sizes.HOST_STATE_BYTES_PER_PARAM
 
 
-def capacity_bounds(profile: HardwareProfile) -> dict[str, float]:
+def capacity_bounds(profile: HardwareProfile,
+                    moment_precision: str = "fp32") -> dict[str, float]:
     """Most parameters whose training state fits the host: all in RAM, or spread over RAM and
     NVMe. Counts state only (no activations, pinned buffers or GPU): an upper bound."""
     ram = profile.host.usable_ram_bytes - sizes.HOST_RUNTIME_BYTES
     nvme = profile.storage.total_capacity_bytes
+    per_param = sizes.host_state_bytes_per_param(moment_precision)
     return {
-        "all_in_ram_params": ram / STATE_BYTES_PER_PARAM,
-        "ram_and_nvme_params": (ram + nvme) / STATE_BYTES_PER_PARAM,
+        "all_in_ram_params": ram / per_param,
+        "ram_and_nvme_params": (ram + nvme) / per_param,
     }
