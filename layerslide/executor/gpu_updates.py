@@ -1,7 +1,9 @@
 """Blocks the plan updates on the GPU: fp32 master weights, AdamW moments and fp32 grad sums
 stay in GPU memory, torch's fused CUDA AdamW updates them after the step's backwards, and the
 block's bf16 weights (its dedicated GPU unit) are refreshed in place. They never cross PCIe and
-cost the CPU nothing: GPU memory (18 B/param) spent to buy CPU time when the CPU bounds the step.
+cost the CPU nothing: GPU memory (18 B/param with fp32 moments) spent to buy CPU time when the
+CPU bounds the step. Compact moments (bf16, 8-bit) are updated by executor/moments.py's torch
+step, the same arithmetic as the CPU's native kernel.
 
 A step with non-finite grads is skipped on the GPU itself (the kernel's found_inf flag), so the
 host never waits for the GPU to decide.
@@ -12,7 +14,9 @@ from __future__ import annotations
 import torch
 
 from layerslide.executor.blocks import ModelBlocks
+from layerslide.executor.moments import Moments, moment_seed, torch_adamw_step
 from layerslide.executor.optim import OptimConfig
+from layerslide.planner.settings import MomentPrecision
 
 
 def add_into_sum(blocks: ModelBlocks, block: int, flat_sum: torch.Tensor,
@@ -32,21 +36,21 @@ class GpuUpdatedBlocks:
     """The GPU-side training state of the blocks in `block_ids`."""
 
     def __init__(self, blocks: ModelBlocks, block_ids: list[int], device: torch.device,
-                 optim: OptimConfig):
+                 optim: OptimConfig, moment_precision: MomentPrecision = "fp32"):
         self.blocks, self.optim = blocks, optim
         self.ids = list(block_ids)
         self.master = {b: torch.empty(blocks.numel(b), device=device) for b in self.ids}
-        self.exp_avg = {b: torch.zeros(blocks.numel(b), device=device) for b in self.ids}
-        self.exp_avg_sq = {b: torch.zeros(blocks.numel(b), device=device) for b in self.ids}
+        self.moments = {b: Moments.zeros(moment_precision, blocks.numel(b), device=device)
+                        for b in self.ids}
         self.grad_sum = {b: torch.empty(blocks.numel(b), device=device) for b in self.ids}
         self.steps = {b: torch.zeros((), device=device) for b in self.ids}
         self.found_inf: dict[tuple[int, int], torch.Tensor] = {}  # (step, block) -> 0/1
 
     def state_bytes(self) -> int:
         """GPU bytes of the fp32 master weights, moments and grad sums (the step counters aside)."""
-        return sum(t.numel() * t.element_size() for group in
-                   (self.master, self.exp_avg, self.exp_avg_sq, self.grad_sum)
-                   for t in group.values())
+        return (sum(t.numel() * t.element_size() for group in (self.master, self.grad_sum)
+                    for t in group.values())
+                + sum(moments.nbytes for moments in self.moments.values()))
 
     def __contains__(self, block: int) -> bool:
         return block in self.master
@@ -74,13 +78,23 @@ class GpuUpdatedBlocks:
         self.found_inf[(step, block)] = found_inf
         split = self.blocks.decay_numel(block)
         self.steps[block] += 1
+        moments = self.moments[block]
+        if moments.precision != "fp32":
+            step_count = self.steps[block].long()  # a GPU scalar: no host sync
+            torch_adamw_step(self.master[block], moments, grads, decay_end=split, lr=lr,
+                             beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
+                             weight_decay=self.optim.weight_decay, grad_scale=1.0,
+                             step=step_count, seed=moment_seed(block, step_count),
+                             skip=found_inf)
+            self.steps[block] -= found_inf
+            return
         for part, decay in ((slice(0, split), self.optim.weight_decay), (slice(split, None), 0.0)):
             params = self.master[block][part]
             if params.numel() == 0:
                 continue
             torch._fused_adamw_(  # the kernel behind torch.optim.AdamW(fused=True)
-                [params], [grads[part]], [self.exp_avg[block][part]],
-                [self.exp_avg_sq[block][part]], [], [self.steps[block]], lr=lr,
+                [params], [grads[part]], [moments.tensors["exp_avg"][part]],
+                [moments.tensors["exp_avg_sq"][part]], [], [self.steps[block]], lr=lr,
                 beta1=self.optim.beta1, beta2=self.optim.beta2, weight_decay=decay,
                 eps=self.optim.eps, amsgrad=False, maximize=False, grad_scale=None,
                 found_inf=found_inf)

@@ -7,6 +7,8 @@ Each block's state is one flat buffer, so one AdamW call updates it: the decayed
 the front, norms and biases behind them. The call is layerslide's native one-pass kernel (reads
 the landed bf16 grads, may write the bf16 upload copy) or torch's fused AdamW, multi-threaded and
 as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a separate cast.
+The moments are kept in the policy's moment precision (executor/moments.py; compact ones need
+the native kernel).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 
 from layerslide.executor.blocks import ModelBlocks
 from layerslide.executor.device import LaneDevice
+from layerslide.executor.moments import Moments, moment_seed
 from layerslide.executor.native import load_kernels
 from layerslide.executor.nvme import (
     ActivationFiles,
@@ -39,7 +42,7 @@ from layerslide.planner.plan import (
     NVME_WEIGHTS,
     Placement,
 )
-from layerslide.planner.settings import Policy, TrainSpec, sums_grads_on_host
+from layerslide.planner.settings import Policy, TrainSpec, moments_nbytes, sums_grads_on_host
 
 
 class HostState:
@@ -50,8 +53,6 @@ class HostState:
                  nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
-        if policy.residency.moment_precision != "fp32":  # wired into the executor next
-            raise NotImplementedError("the executor keeps fp32 moments only, so far")
         # blocks updated on the GPU keep only their master weights here (for load and save)
         cpu_blocks = [b for b in blocks.blocks if b not in placement.gpu_updated]
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
@@ -92,7 +93,8 @@ class HostState:
                                   placement.nvme_staging_slots, weights_numel=self.disk_weights,
                                   weight_staging_buffers=placement.weight_staging_slots,
                                   pin=device.pin, extra_bytes=activation_bytes,
-                                  checkpoint_copies=nvme_checkpoint_copies)
+                                  checkpoint_copies=nvme_checkpoint_copies,
+                                  moment_precision=where.moment_precision)
         elif activation_bytes:
             for folder in self.nvme_dir:
                 check_nvme_folder(folder, activation_bytes)
@@ -125,18 +127,20 @@ class HostState:
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
-        self.moments: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.moment_precision = where.moment_precision
+        self.moments: dict[int, Moments] = {}  # each block's RAM part
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
         for b in cpu_blocks:
             ram = blocks.numel(b) - self.disk_moments[b]
-            self.moments[b] = (torch.zeros(ram), torch.zeros(ram))
+            self.moments[b] = Moments.zeros(self.moment_precision, ram)
             if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)
 
     def _make_optimizer(self, block: int) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
         split = self.blocks.decay_numel(block)
         flat = self.master[block]
-        exp_avg, exp_avg_sq = self.moments[block]
+        exp_avg, exp_avg_sq = (self.moments[block].tensors[name]
+                               for name in ("exp_avg", "exp_avg_sq"))  # fp32: Policy checks
         groups, params, parts = [], [], []
         for part, decay in ((slice(0, split), self.optim.weight_decay),
                             (slice(split, None), 0.0)):
@@ -258,15 +262,16 @@ class HostState:
         self.steps_taken[block] += 1
         if self.native is not None:
             casts = self.policy.optimizer_casts
-            for part, param, exp_avg, exp_avg_sq, weights in self._state_parts(block):
-                self.native.adamw_step(
-                    param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=grads[part],
+            step = self.steps_taken[block]
+            for part, param, moments, weights in self._state_parts(block):
+                self.native.adamw_step_moments(
+                    param=param, moments=moments, grad=grads[part],
                     weights_out=weights if casts else None,
                     decay_end=min(max(self.blocks.decay_numel(block) - part.start, 0),
                                   param.numel()),
                     lr=lr, beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
-                    weight_decay=self.optim.weight_decay, grad_scale=clip_coef,
-                    step=self.steps_taken[block])
+                    weight_decay=self.optim.weight_decay, grad_scale=clip_coef, step=step,
+                    seed=moment_seed(block, step), index_base=part.start)
             return
         self._torch_step(block, grads, lr, clip_coef)
         if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts
@@ -279,33 +284,33 @@ class HostState:
         buffer the plan's NVMe read filled, as the update would have."""
         if block not in self.upload or not (self.land_in_upload or self.disk_weights[block]):
             return
-        for _, param, _, _, weights in self._state_parts(block):
+        for _, param, _, weights in self._state_parts(block):
             if self.native is not None:
                 self.native.cast(param, weights)
             else:
                 weights.copy_(param)
 
     def _state_parts(self, block: int):
-        """(slice of the block, master, exp_avg, exp_avg_sq, bf16 weights) runs of its
-        parameters, each run wholly in one place per tensor: the disk parts (in the staging
-        buffer the plan's NVMe read filled) come first, then the RAM parts. The weights are the
-        upload copy's, None without one."""
+        """(slice of the block, master, Moments, bf16 weights) runs of its parameters, each run
+        wholly in one place per tensor: the disk parts (in the staging buffer the plan's NVMe
+        read filled) come first, then the RAM parts. The weights are the upload copy's, None
+        without one. (8-bit moments: the plan cuts at whole scale blocks, so every run is.)"""
         n, km, kv = self.blocks.numel(block), self.disk_master[block], self.disk_moments[block]
         kw = self.disk_weights[block]
         if km or kv or kw:
             slot = self.nvme.slot_of_block[block]
-            disk_p, disk_m, disk_v = self.nvme.views(block, slot)
+            disk_p, disk_moments = self.nvme.views(block, slot)
             disk_w = self.nvme.weights_view(block, slot)
-        ram_p, (ram_m, ram_v) = self.master[block], self.moments[block]
+        ram_p, ram_moments = self.master[block], self.moments[block]
         ram_w = self.upload.get(block)
         cuts = sorted({0, km, kv, kw, n})
         for a, b in pairwise(cuts):
             param = disk_p[a:b] if b <= km else ram_p[a - km:b - km]
-            exp_avg, exp_avg_sq = ((disk_m[a:b], disk_v[a:b]) if b <= kv
-                                   else (ram_m[a - kv:b - kv], ram_v[a - kv:b - kv]))
+            moments = (disk_moments.part(a, b) if b <= kv
+                       else ram_moments.part(a - kv, b - kv))
             weights = (disk_w[a:b] if b <= kw else
                        None if ram_w is None else ram_w[a - kw:b - kw])
-            yield slice(a, b), param, exp_avg, exp_avg_sq, weights
+            yield slice(a, b), param, moments, weights
 
     def _torch_step(self, block: int, grads: torch.Tensor, lr: float, clip_coef: float) -> None:
         if grads.dtype != torch.float32:  # torch's fused AdamW needs fp32 grads
@@ -335,13 +340,14 @@ class HostState:
             return sum(t.numel() * t.element_size() for t in tensors)
 
         held = {HOST_MASTER: nbytes(self.master.values()),
-                HOST_MOMENTS: nbytes(t for pair in self.moments.values() for t in pair),
+                HOST_MOMENTS: sum(moments.nbytes for moments in self.moments.values()),
                 HOST_UPLOAD: nbytes(self.upload.values()),
                 HOST_GRAD_LANDING: nbytes([*self.landing.values(), *self.landing_pool]),
                 HOST_GRAD_ACCUM: nbytes(self.grad32.values()),
                 # the files' contents; each file is padded to the disk's O_DIRECT alignment
                 NVME_MASTER: 4 * sum(self.disk_master.values()),
-                NVME_MOMENTS: 8 * sum(self.disk_moments.values()),
+                NVME_MOMENTS: sum(moments_nbytes(k, self.moment_precision)
+                                  for k in self.disk_moments.values()),
                 NVME_WEIGHTS: 2 * sum(self.disk_weights.values())}
         return {k: v for k, v in held.items() if v}
 
@@ -352,5 +358,4 @@ class HostState:
         if self._scratch is not None:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
-        moments = sum(m.numel() * 4 + v.numel() * 4 for m, v in self.moments.values())
-        return total + moments
+        return total + sum(moments.nbytes for moments in self.moments.values())

@@ -3,8 +3,10 @@
 The plan's placement says how many of a block's first fp32 master weights, of its first
 exp_avg and exp_avg_sq elements and of its first bf16 weights (round(fraction * n) of its n
 parameters) live in the file `state_<block>.bin`, striped over the tier's folders, one per
-drive (`stripes.StripedFile`: `state_<block>.s<i>.bin` in folder i) ([master part | exp_avg part | exp_avg_sq part]
-padded to 4 KiB, then [bf16 weights part] padded to 4 KiB), the rest in RAM. The plan reads a
+drive (`stripes.StripedFile`: `state_<block>.s<i>.bin` in folder i) ([master part | moments
+part] padded to 4 KiB, then [bf16 weights part] padded to 4 KiB), the rest in RAM. The moments
+part holds the run's moment precision as `moments.Moments.layout` orders it (fp32: exp_avg
+then exp_avg_sq). The plan reads a
 block's state (not its weights: the update writes them all anew) into a staging buffer before
 its optimizer step and writes the whole file back after; each read and write names its staging
 buffer (placement.nvme_staging_slots of them, reused in the order the plan's edges allow). Before
@@ -29,7 +31,9 @@ from pathlib import Path
 
 import torch
 
+from layerslide.executor.moments import Moments
 from layerslide.executor.stripes import ALIGN, StripedFile, padded, stripe_ranges
+from layerslide.planner.settings import MomentPrecision, moments_nbytes
 
 
 class NvmeSpaceError(OSError):
@@ -64,16 +68,18 @@ class NvmeState:
     def __init__(self, folders: str | Path | Sequence[str | Path], master_numel: dict[int, int],
                  moments_numel: dict[int, int], staging_buffers: int, *,
                  weights_numel: dict[int, int] | None = None, weight_staging_buffers: int = 0,
-                 pin=None, extra_bytes: int = 0, checkpoint_copies: int = 0):
+                 pin=None, extra_bytes: int = 0, checkpoint_copies: int = 0,
+                 moment_precision: MomentPrecision = "fp32"):
         self.folders = nvme_folders(folders)
+        self.moment_precision = moment_precision
         self.master_numel = {b: k for b, k in master_numel.items() if k > 0}
         self.moments_numel = {b: k for b, k in moments_numel.items() if k > 0}
         self.weights_numel = {b: k for b, k in (weights_numel or {}).items() if k > 0}
         self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel)
                                   | set(self.weights_numel))
         # where a block's bf16 weights part starts in its file: after its state, aligned
-        self.state_bytes = {b: padded(4 * self.master_numel.get(b, 0)
-                                       + 8 * self.moments_numel.get(b, 0))
+        self.state_bytes = {b: padded(4 * self.master_numel.get(b, 0) + moments_nbytes(
+                                       self.moments_numel.get(b, 0), moment_precision))
                             for b in self.disk_blocks}
         self.file_bytes = {b: self.state_bytes[b] + padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
@@ -122,12 +128,15 @@ class NvmeState:
         for pool in self._pools or ():
             pool.shutdown()
 
-    def views(self, block: int, slot: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The block's on-disk master, exp_avg and exp_avg_sq parts: fp32 views of a staging
-        buffer (empty where the block keeps that state wholly in RAM)."""
+    def views(self, block: int, slot: int) -> tuple[torch.Tensor, Moments]:
+        """The block's on-disk master and moments parts: views of a staging buffer (empty
+        where the block keeps that state wholly in RAM)."""
         km, kv = self.master_numel.get(block, 0), self.moments_numel.get(block, 0)
-        flat = self.staging[slot][:4 * (km + 2 * kv)].view(torch.float32)
-        return flat[:km], flat[km:km + kv], flat[km + kv:]
+        buffer = self.staging[slot]
+        master = buffer[:4 * km].view(torch.float32)
+        moments_bytes = moments_nbytes(kv, self.moment_precision)
+        return master, Moments.in_buffer(self.moment_precision, kv,
+                                         buffer[4 * km:4 * km + moments_bytes])
 
     def weights_view(self, block: int, slot: int) -> torch.Tensor:
         """The block's on-disk bf16 weights part in a (state) staging buffer: where its update
@@ -168,12 +177,14 @@ class NvmeState:
         """Make a checkpoint's copies of the block's files (stripes) the current ones."""
         self.files[block].restore(sources)
 
-    def read_block(self, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Copies of a block's on-disk master, exp_avg and exp_avg_sq parts (outside a segment:
-        through staging buffer 0)."""
+    def read_block(self, block: int) -> tuple[torch.Tensor, Moments]:
+        """Copies of a block's on-disk master and moments parts (outside a segment: through
+        staging buffer 0)."""
         self.read(block, 0)
         self.slot_of_block.pop(block, None)
-        return tuple(part.clone() for part in self.views(block, 0))
+        master, moments = self.views(block, 0)
+        return master.clone(), Moments(moments.precision, {
+            name: t.clone() for name, t in moments.tensors.items()})
 
     def update_block(self, block: int, master: torch.Tensor | None = None,
                      weights: torch.Tensor | None = None) -> None:

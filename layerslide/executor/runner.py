@@ -135,7 +135,8 @@ class TaskRunner:
             head.module = nn.ModuleDict({"norm": blocks.make_norm()})
         blocks.bind(head.module, self.L, head.flat)
         self.dedicated[self.L] = head
-        self.gpu_blocks = GpuUpdatedBlocks(blocks, self.gpu_updated, dev, optim)
+        self.gpu_blocks = GpuUpdatedBlocks(blocks, self.gpu_updated, dev, optim,
+                                           state.moment_precision)
         self._rotary = blocks.make_rotary(dev)
         self._position_embeddings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._call_layer = layer_call(policy.kernels.layer_kernels, dev)

@@ -30,6 +30,7 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
 from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
+from layerslide.executor.moments import Moments
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner
 from layerslide.planner.model import ModelSpec
@@ -196,17 +197,21 @@ class Trainer:
     # --- the full training state ------------------------------------------------------------------
     def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor of the training state by block, on the host: fp32 master weights and
-        AdamW moments. GPU-updated blocks' moments get host staging buffers (8 B/param, for the
-        time of a save or restore)."""
+        AdamW moments (their tensors named as moments.Moments.layout names them). GPU-updated
+        blocks' moments get host staging buffers (for the time of a save or restore)."""
         gpu, groups = self.runner.gpu_blocks, {}
         for b in self.blocks.blocks:
             if b in gpu:
-                moments = (torch.empty(self.blocks.numel(b)), torch.empty(self.blocks.numel(b)))
+                moments = Moments.zeros(self.state.moment_precision, self.blocks.numel(b))
             else:
                 moments = self.state.moments[b]
-            groups[f"block_{b}"] = {"master": self.state.master[b], "exp_avg": moments[0],
-                                    "exp_avg_sq": moments[1]}
+            groups[f"block_{b}"] = {"master": self.state.master[b], **moments.tensors}
         return groups
+
+    def _gpu_moments_staging(self, groups: dict, block: int) -> Moments:
+        return Moments(self.state.moment_precision,
+                       {name: groups[f"block_{block}"][name]
+                        for name in self.runner.gpu_blocks.moments[block].tensors})
 
     def _identity(self) -> dict:  # what a checkpoint records of the run that wrote it
         return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
@@ -234,8 +239,7 @@ class Trainer:
         groups = self._state_groups()
         gpu = self.runner.gpu_blocks
         for b in gpu.ids:
-            groups[f"block_{b}"]["exp_avg"].copy_(gpu.exp_avg[b])
-            groups[f"block_{b}"]["exp_avg_sq"].copy_(gpu.exp_avg_sq[b])
+            self._gpu_moments_staging(groups, b).copy_(gpu.moments[b])
         self.device.synchronize()
         steps_taken = {str(b): n for b, n in self.state.steps_taken.items()}
         steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
@@ -264,8 +268,7 @@ class Trainer:
         for b in self.blocks.blocks:
             taken = meta["steps_taken"][str(b)]
             if b in gpu:
-                gpu.exp_avg[b].copy_(groups[f"block_{b}"]["exp_avg"])
-                gpu.exp_avg_sq[b].copy_(groups[f"block_{b}"]["exp_avg_sq"])
+                gpu.moments[b].copy_(self._gpu_moments_staging(groups, b))
                 gpu.steps[b].fill_(taken)
             else:
                 self.state.set_steps_taken(b, taken)
@@ -427,11 +430,14 @@ class Trainer:
 
 def _state_identity(meta: dict) -> dict:
     """What a checkpoint's state means and how it is laid out: the model, the optimizer's
-    settings and the NVMe fractions (not the schedule, which a resumed run may change)."""
+    settings, the moments' precision and the NVMe fractions (not the schedule, which a resumed
+    run may change)."""
     policy = _with_defaults("policy", meta.get("policy"))
     residency = policy.get("residency", {}) if isinstance(policy, dict) else {}
+    layout = {k: residency.get(k) for k in STATE_LAYOUT_FIELDS if k != "moment_precision"}
     return {"model": meta.get("model"), "optim": meta.get("optim"),
-            "NVMe state layout": {k: residency.get(k) for k in STATE_LAYOUT_FIELDS}}
+            "moment precision": residency.get("moment_precision"),
+            "NVMe state layout": layout}
 
 
 def _with_defaults(key: str, stored: object) -> object:

@@ -32,6 +32,10 @@ CASES = [
      Policy.of(master_on_nvme=0.5, moments_on_nvme=0.75)),
     ("weights-on-nvme", TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
      Policy.of(accumulation="layer_major", weights_on_nvme=0.6, moments_on_nvme=0.5)),
+    ("bf16-moments-gpu-updated", TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy.of(moment_precision="bf16", gpu_updated_blocks=2, moments_on_nvme=0.5)),
+    ("int8-moments-nvme", TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy.of(moment_precision="int8", master_on_nvme=0.5, moments_on_nvme=0.75)),
 ]
 
 

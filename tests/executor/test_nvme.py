@@ -38,12 +38,43 @@ def train_run(tmp_path, policy, train, *, steps=3, serial=False, family="llama",
         activation_files = sorted(p.name for p in (tmp_path / "nvme").glob("activations_*"))
         weights = {n: v.clone() for n, v in trainer.state.named_master()}
         moments = {}
-        for b, (m, v) in trainer.state.moments.items():
+        for b, ram in trainer.state.moments.items():
+            parts = [ram]
             if trainer.state.disk_moments[b]:
-                _, disk_m, disk_v = trainer.state.nvme.read_block(b)
-                m, v = torch.cat([disk_m, m]), torch.cat([disk_v, v])
-            moments[b] = (m.clone(), v.clone())
+                parts.insert(0, trainer.state.nvme.read_block(b)[1])
+            moments[b] = {name: torch.cat([part.tensors[name] for part in parts])
+                          for name in ram.tensors}
     return [log.loss for log in logs], weights, moments, activation_files
+
+
+def assert_same_moments(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for block, tensors in expected.items():
+        for name, value in tensors.items():
+            assert torch.equal(got[block][name], value), (block, name)
+
+
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(("precision", "master", "moments", "weights", "accumulation"), [
+    ("bf16", 0.5, 0.5, 0.0, "step_major"), ("int8", 0.3, 0.6, 0.5, "step_major"),
+    ("int8", 1.0, 1.0, 1.0, "layer_major"), ("bf16", 0.0, 0.7, 0.4, "layer_major")])
+def test_compact_moments_on_nvme_train_exactly_as_in_ram(tmp_path, serial, precision, master,
+                                                        moments, weights, accumulation):
+    """The disk holds the compact moments as RAM does (8-bit: codes and scales, cut at whole
+    scale blocks), and a run is the all-in-RAM run bit for bit, serial or overlapped."""
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2, max_grad_norm=1.0)
+    base = {"moment_precision": precision, "accumulation": accumulation}
+    in_ram = train_run(tmp_path / "ram", Policy.of(**base), train)
+    policy = Policy.of(**base, master_on_nvme=master, moments_on_nvme=moments,
+                       weights_on_nvme=weights)
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial)
+    assert on_disk[0] == in_ram[0]
+    for name, value in in_ram[1].items():
+        assert torch.equal(on_disk[1][name], value), name
+    assert_same_moments(on_disk[2], in_ram[2])
+    if precision == "int8":
+        assert set(next(iter(in_ram[2].values()))) == {"exp_avg", "exp_avg_sq", "exp_avg_scale",
+                                                       "exp_avg_sq_scale"}
 
 
 @pytest.mark.parametrize("serial", [False, True])
@@ -65,8 +96,7 @@ def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moment
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
-    for block, (m, v) in in_ram[2].items():
-        assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
+    assert_same_moments(on_disk[2], in_ram[2])
 
 
 @pytest.mark.parametrize("serial", [False, True])
@@ -86,8 +116,7 @@ def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
         assert torch.equal(on_disk[1][name], value), name
-    for block, (m, v) in in_ram[2].items():
-        assert torch.equal(on_disk[2][block][0], m) and torch.equal(on_disk[2][block][1], v)
+    assert_same_moments(on_disk[2], in_ram[2])
 
 
 @pytest.mark.parametrize("device", ["cpu", GPU])

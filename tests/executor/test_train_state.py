@@ -26,8 +26,16 @@ def make_trainer(config, spec, train, policy, segment_steps=4, device="cpu"):
 
 def final_state(trainer):
     weights = {n: v.clone() for n, v in trainer.state.named_master()}
-    moments = {b: (m.clone(), v.clone()) for b, (m, v) in trainer.state.moments.items()}
+    moments = {b: {name: t.clone() for name, t in m.tensors.items()}
+               for b, m in trainer.state.moments.items()}
     return weights, moments
+
+
+def assert_same_moments(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for block, tensors in expected.items():
+        for name, value in tensors.items():
+            assert torch.equal(got[block][name].cpu(), value), (block, name)
 
 
 @pytest.mark.parametrize("device", ["cpu", GPU])
@@ -38,6 +46,9 @@ def final_state(trainer):
     ("qwen3", True, 1, 0.5, Policy.of(host_grad_buffers=2, cast="gpu")),
     ("qwen2", True, 3, 1.0, Policy.of(accumulation="layer_major")),
     ("llama", False, 2, None, Policy.of(accumulation="layer_major", gpu_updated_blocks=2)),
+    ("llama", False, 2, 1.0, Policy.of(moment_precision="bf16", gpu_updated_blocks=2)),
+    ("qwen2", True, 1, None, Policy.of(moment_precision="int8", accumulation="layer_major",
+                                       gpu_updated_blocks=1)),
 ])
 def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, family, tied,
                                                               accum, clip, policy):
@@ -69,8 +80,7 @@ def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, 
     assert [log.lr for log in resumed_logs] == [log.lr for log in expected_logs[3:]]
     for name, value in expected[0].items():
         assert torch.equal(got[0][name], value), name
-    for block, (m, v) in expected[1].items():
-        assert torch.equal(got[1][block][0], m) and torch.equal(got[1][block][1], v), block
+    assert_same_moments(got[1], expected[1])
 
 
 def test_schedule_saves_on_its_steps_and_at_the_end_and_keeps_the_newest(tmp_path):
@@ -115,13 +125,10 @@ def test_restore_under_another_schedule_takes_the_state_as_it_was(tmp_path, sche
         trainer.runner.store_gpu_state()
         weights = {n: v.clone() for n, v in trainer.state.named_master()}
         assert all(torch.equal(weights[n], saved[0][n]) for n in saved[0])
-        for b, (m, v) in saved[1].items():
-            if b in trainer.runner.gpu_blocks:
-                gpu = trainer.runner.gpu_blocks
-                live = (gpu.exp_avg[b], gpu.exp_avg_sq[b])
-            else:
-                live = trainer.state.moments[b]
-            assert torch.equal(live[0].cpu(), m) and torch.equal(live[1].cpu(), v), b
+        gpu = trainer.runner.gpu_blocks
+        live = {b: (gpu.moments[b] if b in gpu else trainer.state.moments[b]).tensors
+                for b in saved[1]}
+        assert_same_moments(live, saved[1])
         assert trainer.step == 2 and data.windows_done == 2
         trainer.fit(data, 1)  # and trains on from there
 
@@ -129,6 +136,8 @@ def test_restore_under_another_schedule_takes_the_state_as_it_was(tmp_path, sche
 @pytest.mark.parametrize(("policy", "optim", "words"), [
     (Policy.of(moments_on_nvme=0.5), OPTIM, "other NVMe state layout settings"),
     (Policy.of(), OptimConfig(lr=OPTIM.lr, beta1=0.8), "other optim settings"),
+    (Policy.of(moment_precision="bf16"), OPTIM,
+     r"other moment precision settings \(fp32\) than this run's \(bf16\)"),
 ])
 def test_restore_refuses_a_checkpoint_whose_state_means_or_lies_otherwise(tmp_path, policy,
                                                                          optim, words):
