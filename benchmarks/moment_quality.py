@@ -154,6 +154,18 @@ def write_model_folder(folder: Path, args, tokenizer) -> dict:
             "tokenizer_sha256": _file_sha256(folder / "tokenizer.json")}
 
 
+def load_tokenizer(folder: Path):
+    """The folder's tokenizer as layerslide's data module loads it, checked to have kept the
+    BOS and EOS ids that bracket each document."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if tokenizer.bos_token != BOS or tokenizer.eos_token != EOS:
+        raise SystemExit(f"{folder}: the saved tokenizer lost its BOS/EOS tokens "
+                         f"({tokenizer.bos_token!r}, {tokenizer.eos_token!r})")
+    return tokenizer
+
+
 def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -367,6 +379,7 @@ def prepare(args, work: Path) -> tuple[Setup, dict]:
     model_dir = work / "initial_model"
     model = write_model_folder(model_dir, args, tokenizer)
     tokenizer.save_pretrained(args.out / "tokenizer")  # small: kept with the results
+    tokenizer = load_tokenizer(model_dir)  # from here on, what `layerslide train` would read
 
     clock = time.perf_counter()
     train_corpus = encode_files(tokenizer, train_files, "stdlib-train")
@@ -451,20 +464,20 @@ def summary_table(results: dict) -> str:
     for precision, run in runs.items():
         heldout = run["final_heldout_loss"]
         diff = None if heldout is None or base is None else heldout - base
+        percent = None if diff is None else 100 * diff / base
+        step_ms = None if run["median_step_s"] is None else 1e3 * run["median_step_s"]
         lines.append(
             f"{precision:<10} {run['status']:<7} {_num(run['final_train_loss'], 11)} "
-            f"{_num(heldout, 9)} {_num(diff, 9, '+.4f')} "
-            f"{_num(None if diff is None else 100 * diff / base, 10, '+.2f')} "
-            f"{_num(None if run['median_step_s'] is None else 1e3 * run['median_step_s'], 8, '.1f')} "
-            f"{run['wall_s']:>8.0f}")
+            f"{_num(heldout, 9)} {_num(diff, 9, sign='+')} {_num(percent, 10, '.2f', '+')} "
+            f"{_num(step_ms, 8, '.1f')} {run['wall_s']:>8.0f}")
     for precision, run in runs.items():
         if run["error"]:
             lines.append(f"{precision} failed: {run['error']['type']}: {run['error']['message']}")
     return "\n".join(lines) + "\n"
 
 
-def _num(value: float | None, width: int, spec: str = ".4f") -> str:
-    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+def _num(value: float | None, width: int, spec: str = ".4f", sign: str = "") -> str:
+    return f"{'-':>{width}}" if value is None else format(value, f"{sign}{width}{spec}")
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -626,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         (out / "summary.txt").write_text(summary_table(results))
         plot_curves(results, out / "loss_curves.png")
     else:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a bar per save and load would bury the progress
         results = run_benchmark(args)
         out = args.out
     print(summary_table(results), end="")

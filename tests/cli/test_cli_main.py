@@ -211,3 +211,26 @@ def test_simulate_refuses_a_model_beside_a_plan(capsys, tmp_path):
     assert run(capsys, "plan", "--model", "llama-3.2-1b", "-o", str(path))[0] == 0
     code, _, err = run(capsys, "simulate", "--plan", str(path), "--model", "llama-3.2-3b")
     assert code == 2 and "drop --model llama-3.2-3b" in err
+
+
+def test_whatif_and_tune_take_moment_precisions(capsys, tmp_path):
+    code, out, _ = run(capsys, "whatif", "--on-profile", "rtx4090-256gb", "--models",
+                       "llama-3.2-1b", "--ram", "64GiB", "--moment-precision", "bf16", "--json")
+    (largest,) = json.loads(out)["largest"]
+    by_moments = largest["all_in_ram_params_by_moments"]
+    assert code == 0 and by_moments["fp32"] < by_moments["bf16"] < by_moments["int8"]
+    assert largest["all_in_ram_params"] == by_moments["bf16"]
+    path = tmp_path / "tuned.json"
+    code, out, _ = run(capsys, "tune", "--model", "llama-3.2-1b", "--profile", "rtx4090-256gb",
+                       "--gpu-memory", "8GiB", "--windows", "2", "--micro-batches", "4",
+                       "--activations", "host", "--casts", "cpu_once",
+                       "--moment-precisions", "fp32,int8", "-o", str(path))
+    assert code == 0
+    # the CPU bounds a 1B step on this profile: fewer moment bytes make it faster
+    assert Plan.load(path).policy.residency.moment_precision == "int8"
+
+
+def test_compact_moments_with_torchs_adamw_are_refused(capsys):
+    code, _, err = run(capsys, "plan", "--model", "llama-3.2-1b", "--moment-precision", "bf16",
+                       "--cpu-optimizer", "torch")
+    assert code == 2 and "cpu_optimizer=native" in err

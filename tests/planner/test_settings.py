@@ -27,6 +27,8 @@ def test_train_spec_rejects(kwargs, match):
     ({"stream_run_ahead": -1}, "stream_run_ahead"),
     ({"head_chunk_bytes": 1000}, "head_chunk_bytes.*>= 1 MiB"),
     ({"head_chunk_bytes": 2.0**30}, "whole number of bytes"),
+    ({"moment_precision": "fp16"}, "fp32, bf16, int8"),
+    ({"moment_precision": "bf16", "cpu_optimizer": "torch"}, "cpu_optimizer=native"),
 ])
 def test_policy_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -62,3 +62,40 @@ def test_a_smaller_head_chunk_holds_fewer_rows_and_less_memory():
     full = sizes.head_loss_workspace_bytes(LLAMA_3B, 65536, "fused")
     smaller = sizes.head_loss_workspace_bytes(LLAMA_3B, 65536, "fused", 512 * 2**20)
     assert full - smaller == (sizes.BF16_BYTES * LLAMA_3B.vocab_size + 4) * 2048
+
+
+def test_moment_precisions_bytes_per_param():
+    assert sizes.moment_bytes_per_param("fp32") == 8
+    assert sizes.moment_bytes_per_param("bf16") == 4
+    assert sizes.moment_bytes_per_param("int8") == 2 + 8 / 2048  # codes and a scale pair
+    assert sizes.host_state_bytes_per_param("bf16") == 4 + 4 + 2
+    assert sizes.gpu_updated_bytes_per_param("int8") == 2 + 8 + 2 + 8 / 2048
+    # the native step's traffic beyond the profile's fp32 AdamW: 28 B -> 20 B -> ~16 B
+    fp32 = sizes.cpu_optimizer_extra_bytes_per_param("native", True, True, "fp32")
+    assert fp32 == 0
+    assert sizes.cpu_optimizer_extra_bytes_per_param("native", True, True, "bf16") == -8
+    assert sizes.cpu_optimizer_extra_bytes_per_param("native", True, True, "int8") == (
+        -2 * (8 - sizes.moment_bytes_per_param("int8")))
+
+
+def test_plans_size_the_moments_by_their_precision():
+    from layerslide.planner.plan import HOST_MOMENTS, NVME_MOMENTS
+    from layerslide.planner.settings import moments_nbytes
+
+    train = TrainSpec(micro_batch=1, seq_len=1024)
+    moments = {}
+    for precision in ("fp32", "bf16", "int8"):
+        plan = build_plan(LLAMA_3B, train, Policy.of(moment_precision=precision,
+                                                     moments_on_nvme=0.5))
+        buffers = plan.static_buffer_bytes()
+        moments[precision] = (buffers[HOST_MOMENTS], buffers[NVME_MOMENTS])
+        # every block's disk cut is where its moments' bytes split
+        for b in (-1, *range(LLAMA_3B.num_layers), LLAMA_3B.num_layers):
+            kv = plan.placement.disk_numel(b)[1]
+            if precision == "int8":
+                assert kv % 2048 == 0 or kv == LLAMA_3B.block_params(b)
+            assert moments_nbytes(kv, precision) <= moments_nbytes(
+                LLAMA_3B.block_params(b), precision)
+    total_fp32 = sum(moments["fp32"])
+    assert sum(moments["bf16"]) == total_fp32 // 2
+    assert abs(sum(moments["int8"]) / total_fp32 - (2 + 8 / 2048) / 8) < 1e-3

@@ -1,5 +1,8 @@
 """what-if: one model across profiles, one profile across models and sizes."""
 
+from dataclasses import replace
+
+import pytest
 from helpers import GIB, make_round_profile, make_tiny_model
 
 from layerslide.tuner import SearchSpace
@@ -48,3 +51,29 @@ def test_capacity_bounds_by_hand():
     huge_nvme = make_round_profile(ram_bytes=130 * gib).with_overrides(
         nvme_capacity_bytes=10**15)
     assert capacity_bounds(huge_nvme)["ram_and_nvme_params"] == (128 * gib + 10**15) / 14
+
+
+def test_capacity_bounds_by_moment_precision():
+    from layerslide.tuner.whatif import capacity_bounds
+
+    gib = 1024**3
+    profile = make_round_profile(ram_bytes=130 * gib)
+    bounds = {p: capacity_bounds(profile, p)["all_in_ram_params"] for p in ("fp32", "bf16", "int8")}
+    assert bounds["fp32"] == 128 * gib / 14
+    assert bounds["bf16"] == 128 * gib / 10  # master 4, moments 4, the bf16 copy 2
+    assert bounds["int8"] == pytest.approx(128 * gib / (8 + 8 / 2048))
+
+
+def test_compact_moments_are_tried_only_when_asked_and_fit_more():
+    big = make_tiny_model(8)
+    roomy = across_models(make_round_profile(), [big], seq_len=16, space=SPACE)
+    need = min(c.prediction.peak_bytes["host"] for c in roomy[0].result.candidates)
+    ram = need - 2 * big.total_params  # too little for fp32 moments; bf16 ones save 4 B/param
+    fp32 = across_models(make_round_profile(), [big], ram_sizes=[ram], seq_len=16, space=SPACE)
+    assert not fp32[0].row()["feasible"]
+    assert all(c.policy.residency.moment_precision == "fp32" for c in roomy[0].result.candidates)
+    compact = replace(SPACE, moment_precisions=("fp32", "bf16"))
+    rows = across_models(make_round_profile(), [big], ram_sizes=[ram], seq_len=16, space=compact)
+    assert rows[0].row()["feasible"]
+    best = rows[0].result.best
+    assert best.policy.residency.moment_precision == "bf16"
