@@ -492,7 +492,7 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def plot_curves(results: dict, path: Path) -> bool:
-    """Training loss (smoothed), held-out loss, and held-out loss minus fp32's, by step."""
+    """Training loss (smoothed), held-out loss, and both minus fp32's, by step."""
     try:
         import matplotlib
     except ImportError:
@@ -504,23 +504,34 @@ def plot_curves(results: dict, path: Path) -> bool:
 
     runs = {p: r for p, r in results["runs"].items() if r["steps"]["step"]}
     fig, (train_ax, heldout_ax, diff_ax) = plt.subplots(1, 3, figsize=(16, 4.8))
-    base = {e["step"]: e["heldout_loss"] for e in runs.get("fp32", {}).get("evals", [])}
+    fp32 = runs.get("fp32")
+    base_heldout = {e["step"]: e["heldout_loss"] for e in fp32["evals"]} if fp32 else {}
+    base_train = moving_average(fp32["steps"]["loss"], SMOOTH_STEPS) if fp32 else []
     for precision, run in runs.items():
-        steps = run["steps"]
+        color = f"C{MOMENT_PRECISIONS.index(precision)}"  # one colour a precision, every panel
         label = precision + ("" if run["status"] == "ok" else " (failed)")
-        train_ax.plot(steps["step"], moving_average(steps["loss"], SMOOTH_STEPS), label=label)
-        evals = run["evals"]
+        steps, evals = run["steps"], run["evals"]
+        smoothed = moving_average(steps["loss"], SMOOTH_STEPS)
+        train_ax.plot(steps["step"], smoothed, color=color, label=label)
         heldout_ax.plot([e["step"] for e in evals], [e["heldout_loss"] for e in evals],
-                        marker="o", markersize=3, label=label)
-        paired = [(e["step"], e["heldout_loss"] - base[e["step"]]) for e in evals
-                  if e["step"] in base]
-        if paired and precision != "fp32":
-            diff_ax.plot(*zip(*paired, strict=True), marker="o", markersize=3, label=label)
+                        color=color, marker="o", markersize=3, label=label)
+        if precision == "fp32":
+            continue
+        # the runs see the same batches in the same order: step by step differences are paired
+        paired = [(e["step"], e["heldout_loss"] - base_heldout[e["step"]]) for e in evals
+                  if e["step"] in base_heldout]
+        if paired:
+            diff_ax.plot(*zip(*paired, strict=True), color=color, marker="o", markersize=3,
+                         label=f"{label} held-out")
+        shared = min(len(smoothed), len(base_train))
+        diff_ax.plot(steps["step"][:shared],
+                     [a - b for a, b in zip(smoothed[:shared], base_train, strict=False)],
+                     color=color, linestyle="--", linewidth=0.8, label=f"{label} train (smoothed)")
     train_ax.set(title=f"training loss ({SMOOTH_STEPS}-step moving average)", xlabel="step",
                  ylabel="cross-entropy (nats)")
     heldout_ax.set(title="held-out loss", xlabel="step", ylabel="cross-entropy (nats)")
     diff_ax.axhline(0.0, color="grey", linewidth=0.8)
-    diff_ax.set(title="held-out loss minus fp32's", xlabel="step", ylabel="nats")
+    diff_ax.set(title="loss minus fp32's", xlabel="step", ylabel="nats")
     for ax in (train_ax, heldout_ax, diff_ax):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
