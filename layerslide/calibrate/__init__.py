@@ -91,6 +91,8 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
         ("CPU AdamW", adamw.sample),
+        ("CPU AdamW with compact moments",
+         lambda: host.compact_adamw_throughput(adamw_numel, repeats)),
         ("fp32->bf16 cast", lambda: [host.cast_throughput(numel, repeats)]),
     ]
     if disk_dir is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from layerslide.executor.moments import Moments
 from layerslide.executor.native import NativeKernels, load_kernels
 from layerslide.executor.nvme import aligned_buffer, supports_direct
 from layerslide.executor.stripes import CHUNK_BYTES
@@ -66,16 +67,17 @@ def sustained_rate(fn: Callable[[int], None], count: int, units: float, passes: 
     return passes * units / (time.perf_counter() - start)
 
 
-def executor_adamw_block(native: NativeKernels, numel: int) -> Callable[[], None]:
-    """One block's AdamW step as the executor runs it (28 B/param): the grads landed in the
-    bf16 upload copy and the new weights overwrite them there."""
-    param, exp_avg, exp_avg_sq = torch.randn(numel), torch.zeros(numel), torch.zeros(numel)
+def executor_adamw_block(native: NativeKernels, numel: int,
+                         moment_precision: str = "fp32") -> Callable[[], None]:
+    """One block's AdamW step as the executor runs it (28 B/param with fp32 moments): the grads
+    landed in the bf16 upload copy and the new weights overwrite them there."""
+    param, moments = torch.randn(numel), Moments.zeros(moment_precision, numel)
     landed = (torch.randn(numel) * 1e-3).to(torch.bfloat16)
 
     def step() -> None:
-        native.adamw_step(param=param, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, grad=landed,
-                          weights_out=landed, decay_end=numel, lr=1e-5, beta1=0.9, beta2=0.95,
-                          eps=1e-8, weight_decay=0.0, grad_scale=1.0, step=1)
+        native.adamw_step_moments(param=param, moments=moments, grad=landed, weights_out=landed,
+                                  decay_end=numel, lr=1e-5, beta1=0.9, beta2=0.95, eps=1e-8,
+                                  weight_decay=0.0, grad_scale=1.0, step=1)
     return step
 
 
@@ -85,10 +87,7 @@ def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]
     the bf16 weights over them, else (no compiler) torch's fused CPU AdamW with fp32 grads."""
     native = load_kernels(**_kernel_knobs())
     if native is not None:
-        kernel = (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
-                  f"{native.threads or torch.get_num_threads()} threads, chunks of "
-                  f"{native.chunk or 'one even slice'})")
-        return [executor_adamw_block(native, size) for _ in range(arrays)], kernel
+        return [executor_adamw_block(native, size) for _ in range(arrays)], _describe(native)
     optimizers = []
     for _ in range(arrays):
         p = torch.nn.Parameter(torch.randn(size))
@@ -96,6 +95,12 @@ def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]
         optimizers.append(torch.optim.AdamW([p], lr=1e-5, fused=True))
     kernel = f"torch's fused CPU AdamW, fp32 grads, {torch.get_num_threads()} threads"
     return [opt.step for opt in optimizers], kernel
+
+
+def _describe(native: NativeKernels) -> str:
+    return (f"layerslide's native AdamW (bf16 grads in, bf16 weights out in their place, "
+            f"{native.threads or torch.get_num_threads()} threads, chunks of "
+            f"{native.chunk or 'one even slice'})")
 
 
 def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
@@ -113,6 +118,26 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     return Measurement(key="host.adamw_throughput", value=rate,
                        how=f"{kernel}, {arrays} arrays of {size / 2**20:.0f} Mi params in "
                            f"turn, mean of {passes} passes")
+
+
+def compact_adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> list[Measurement]:
+    """As adamw_throughput, with bf16 and with 8-bit moments (none without native kernels,
+    which alone run them)."""
+    native = load_kernels(**_kernel_knobs())
+    if native is None:
+        return []
+    size = max(numel // arrays, 1)
+    passes = max(repeats // 3, 2)
+    found = []
+    for precision in ("bf16", "int8"):
+        steps = [executor_adamw_block(native, size, precision) for _ in range(arrays)]
+        rate = sustained_rate(lambda i, steps=steps: steps[i](), arrays, arrays * size, passes)
+        found.append(Measurement(
+            key=f"host.adamw_{precision}_throughput", value=rate,
+            how=f"{_describe(native)} with {precision} moments, {arrays} arrays of "
+                f"{size / 2**20:.0f} Mi params in turn, mean of {passes} passes"))
+        del steps  # free one precision's arrays before the next
+    return found
 
 
 def cast_throughput(numel: int, repeats: int) -> Measurement:

@@ -47,6 +47,8 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "memory_bandwidth": ("memory_bytes_per_s", "bytes/s"),
             "adamw_throughput": ("adamw_params_per_s", "params/s"),
             "adamw_bytes_per_param": ("adamw_bytes_per_param", "bytes/param"),
+            "adamw_bf16_throughput": ("adamw_bf16_params_per_s", "params/s"),
+            "adamw_int8_throughput": ("adamw_int8_params_per_s", "params/s"),
             "cast_throughput": ("cast_bytes_per_s", "bytes/s"),
             "dma_share": ("dma_share", "ratio"),
             "dma_write_share": ("dma_write_share", "ratio"),
@@ -72,7 +74,8 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
 OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drives",
                    "gpu.busy_speedup",
                    "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
-                   "host.dispatch_cores", "host.reserve"}
+                   "host.dispatch_cores", "host.reserve", "host.adamw_bf16_throughput",
+                   "host.adamw_int8_throughput"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}

@@ -109,6 +109,12 @@ class HostSpec:
     # byte cost 0.64 and kept its full rate beside AdamW, an H2D byte 0.42 at weight 0.8
     # (benchmarks/results/sharing_2026-11-30). A cost may be 0: a copy that never slowed AdamW.
     dma_share: float
+    # The native AdamW's rate with compact moments (executor/moments.py), measured as
+    # adamw_params_per_s is: their rounding and 8-bit codes cost compute, so on some CPUs the
+    # step does not speed up by its bytes (H200 machine: bf16 1.14x, 8-bit 0.58x of fp32's
+    # rate, benchmarks/results/moments_2026-12-02). None: bound by its bytes alone.
+    adamw_bf16_params_per_s: float | None = None
+    adamw_int8_params_per_s: float | None = None
     dma_write_share: float | None = None
     dma_read_cost: float = 1.0
     dma_write_cost: float = 1.0
@@ -132,6 +138,12 @@ class HostSpec:
             raise ValueError(f"host dispatch_cores must lie in (0, cores={self.cores}], got "
                              f"{self.dispatch_cores}: the cores a thread launching kernels "
                              "takes from the CPU's kernels")
+
+    def compact_adamw_params_per_s(self, moment_precision: str) -> float | None:
+        """The measured rate of the native AdamW with these moments, if any (fp32: None, the
+        rate its bytes give)."""
+        return {"bf16": self.adamw_bf16_params_per_s,
+                "int8": self.adamw_int8_params_per_s}.get(moment_precision)
 
     @property
     def d2h_share(self) -> float:

@@ -653,7 +653,7 @@ class _Builder:
             p = self.params(b)
             hbm_bytes, launches = sizes.gpu_adamw_cost(p, self.moments)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.GPU, block=b, step=s, params=p,
-                           bytes=hbm_bytes, host_ops=launches)
+                           bytes=hbm_bytes, host_ops=launches, moment_precision=self.moments)
             self.edge(final_grad[b], opt, "grads")
             self.edge(norm, opt, "clip")
 
@@ -667,7 +667,7 @@ class _Builder:
             extra = sizes.cpu_optimizer_extra_bytes_per_param(
                 pol.kernels.cpu_optimizer, not self.host_sums, pol.optimizer_casts, self.moments)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
-                           bytes=extra * p,
+                           bytes=extra * p, moment_precision=self.moments,
                            slot=NO_SLOT if self.host_sums else self.landing_slots[(s, last, b)],
                            key=opt_key(b))
             self.edge(final_grad[b], opt, "grads")

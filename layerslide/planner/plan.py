@@ -110,6 +110,9 @@ class Task:
     # reuse edge bounds the grads awaiting their offload (informational). NO_SLOT otherwise.
     slot: int = NO_SLOT
     casts_weights: bool = False  # cast=gpu: the compute task first casts the fp32 just loaded
+    # optimizer_step: the precision of the AdamW moments it reads and writes (the CPU kernel's
+    # speed depends on it beyond its bytes)
+    moment_precision: str = ""
     # (GPU position it serves, tie-break): a lane's order is its tasks by (priority, step)
     priority: tuple[int, int] = (0, 0)
 

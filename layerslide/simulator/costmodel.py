@@ -143,8 +143,12 @@ class CostModel:
     def _cpu(self, t: Task) -> Cost:
         host = self.profile.host
         if t.kind == "optimizer_step":
-            traffic = t.params * host.adamw_bytes_per_param + t.bytes  # t.bytes: grad upcast
+            # t.bytes: beyond fp32 AdamW's (a grad upcast; fewer with compact moments)
+            traffic = t.params * host.adamw_bytes_per_param + t.bytes
             solo = traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param)
+            measured = host.compact_adamw_params_per_s(t.moment_precision)
+            if measured:  # its compute may bound it before its bytes do
+                solo = max(solo, t.params / measured)
         elif t.kind in ("cast", "accumulate_grads"):
             # Both stream over host memory at the cast's traffic rate (it reads 4 B and writes
             # 2 B per param; cast_bytes_per_s counts the 4 read).

@@ -179,6 +179,8 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
                         lambda numel, repeats: seen.append(numel) or Measurement(
                             key="host.adamw_throughput", value=1e9, how="stub"))
     monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
+    monkeypatch.setattr(host, "compact_adamw_throughput", lambda *a: [Measurement(
+        key="host.adamw_bf16_throughput", value=3e9, how="stub")])
     monkeypatch.setattr(host, "memory_bandwidth", lambda *a: Measurement(
         key="host.memory_bandwidth", value=1e10, how="stub"))
     monkeypatch.setattr(host, "cast_throughput", lambda *a: Measurement(
@@ -200,6 +202,8 @@ def _stub_host_steps(monkeypatch, adamw_rates):
     monkeypatch.setattr(host, "adamw_throughput", lambda numel, repeats: Measurement(
         key="host.adamw_throughput", value=next(rates), how="4 arrays in turn"))
     monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
+    monkeypatch.setattr(host, "compact_adamw_throughput", lambda *a: [Measurement(
+        key="host.adamw_bf16_throughput", value=3e9, how="stub")])
     monkeypatch.setattr(host, "memory_bandwidth", lambda *a: Measurement(
         key="host.memory_bandwidth", value=1e10, how="stub"))
     monkeypatch.setattr(host, "cast_throughput", lambda *a: Measurement(
@@ -223,8 +227,10 @@ def test_the_adamw_rate_is_the_median_of_samples_spread_over_the_calibration(mon
     assert "9.00, 1.00, 4.00, 2.00, 5.00 Gparam/s" in adamw.how
     # the later steps (cast, disk) lie between the samples, the last sample at the end
     assert steps == ["sizes", "host memory bandwidth", "CPU AdamW", "CPU AdamW again (2 of 5)",
-                     "fp32->bf16 cast", "CPU AdamW again (3 of 5)", "CPU AdamW again (4 of 5)",
-                     "disk", "CPU AdamW again (5 of 5)"]
+                     "CPU AdamW with compact moments", "CPU AdamW again (3 of 5)",
+                     "fp32->bf16 cast", "CPU AdamW again (4 of 5)", "disk",
+                     "CPU AdamW again (5 of 5)"]
+    assert next(m for m in found if m.key == "host.adamw_bf16_throughput").value == 3e9
     # the host bandwidth without a GPU is the largest CPU traffic: AdamW's at the median
     bandwidth = next(m for m in found if m.key == "host.memory_bandwidth")
     assert bandwidth.value == 4e9 * 28

@@ -24,6 +24,28 @@ def test_cpu_floor_is_the_sum_of_one_steps_cpu_work_by_hand(tiny_model):
     assert floors["lane:h2d"] == pytest.approx(h2d / 1e9, rel=1e-12)
 
 
+def test_compact_moments_cost_their_bytes_or_their_measured_rate_whichever_is_slower(
+        tiny_model):
+    m = tiny_model
+    params = [m.embedding_params, m.layer_params, m.layer_params, m.head_params + m.hidden_size]
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    floors = {}
+    for precision in ("fp32", "bf16", "int8"):
+        # cast on the GPU: the CPU runs the optimizer steps only (no casts)
+        plan = build_plan(tiny_model, train, Policy.of(moment_precision=precision, cast="gpu"),
+                          num_steps=3)
+        assert {t.moment_precision for t in plan.tasks if t.kind == "optimizer_step"} == {
+            precision}
+        floors[precision] = step_floors(plan, CostModel(make_round_profile(
+            adamw_int8_params_per_s=0.25e6)))["lane:cpu"]
+    # round profile: 1e6 params/s at 28 B/param; the step reads bf16 grads (2 B less, never
+    # below the profile's 28) and writes no bf16 weights: fp32 28 B, bf16 8 B fewer, by their
+    # bytes; 8-bit at its measured 0.25e6 params/s
+    assert floors["fp32"] == pytest.approx(sum(p / 1e6 for p in params), rel=1e-12)
+    assert floors["bf16"] == pytest.approx(sum(p * 20 / 28 / 1e6 for p in params), rel=1e-12)
+    assert floors["int8"] == pytest.approx(sum(p / 0.25e6 for p in params), rel=1e-12)
+
+
 @pytest.mark.parametrize("micro_batch", [1, 8, 64])
 @pytest.mark.parametrize("cast", ["cpu_once", "gpu"])
 def test_the_step_is_never_faster_than_its_floor(micro_batch, cast):

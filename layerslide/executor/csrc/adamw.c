@@ -175,17 +175,20 @@ static inline int64_t block_chunk(int64_t n, int64_t chunk, int threads) {
     const int64_t decay_end = a->decay_end;                                                    \
     const int threads = a->num_threads > 0 ? (int)a->num_threads : omp_get_max_threads();
 
-/* bf16 m and v; index_base: the index of element 0 in its block (the noise's counter). */
+/* bf16 m and v; index_base: the index of element 0 in its block (the noise's counter). The loop
+ * runs on 32-bit offsets from the chunk's start: 64-bit ones double the SIMD work of the index
+ * arithmetic (the compare with decay_end, the noise's counter). */
 #define BF16_MOMENTS_LOOP(GRAD_EXPR, STORE_WEIGHTS)                                            \
     _Pragma("omp simd")                                                                        \
-    for (int64_t i = c * size; i < end; ++i) {                                                 \
+    for (int32_t j = 0; j < len; ++j) {                                                        \
+        const int64_t i = lo + j;                                                              \
         float g = (GRAD_EXPR) * gs;                                                            \
-        float p = param[i] * (i < decay_end ? decay : 1.0f);                                   \
+        float p = param[i] * (j < decayed ? decay : 1.0f);                                     \
         float m0 = bf16_to_f32(exp_avg[i]);                                                    \
         float m = m0 + one_minus_b1 * (g - m0);                                                \
         float v = b2 * bf16_to_f32(exp_avg_sq[i]) + one_minus_b2 * g * g;                      \
         p = p - step_size * m / (sqrtf(v) / bc2 + eps);                                        \
-        uint32_t noise = hash32(seed ^ (uint32_t)(index_base + i));                            \
+        uint32_t noise = hash32(seed ^ (counter + (uint32_t)j));                               \
         param[i] = p;                                                                          \
         exp_avg[i] = f32_to_bf16_stochastic(m, noise);                                         \
         exp_avg_sq[i] = f32_to_bf16_stochastic(v, noise >> 16);                                \
@@ -194,11 +197,16 @@ static inline int64_t block_chunk(int64_t n, int64_t chunk, int threads) {
 
 #define ADAMW_BF16_MOMENTS(GRAD_EXPR)                                                          \
     ADAMW_PREAMBLE                                                                             \
-    const int64_t size = chunk_size(n, a->chunk, threads);                                     \
+    const int64_t size = chunk_size(n, a->chunk, threads) < (1 << 30)                         \
+                             ? chunk_size(n, a->chunk, threads) : (1 << 30);                   \
     const int64_t chunks = (n + size - 1) / size;                                              \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                     \
-        const int64_t end = c * size + size < n ? c * size + size : n;                        \
+        const int64_t lo = c * size, end = lo + size < n ? lo + size : n;                     \
+        const int32_t len = (int32_t)(end - lo);                                               \
+        const int32_t decayed = (int32_t)(decay_end <= lo ? 0 : decay_end - lo < len          \
+                                                                 ? decay_end - lo : len);     \
+        const uint32_t counter = (uint32_t)(index_base + lo);                                  \
         if (weights_out) {                                                                     \
             BF16_MOMENTS_LOOP(GRAD_EXPR, weights_out[i] = f32_to_bf16(p))                      \
         } else {                                                                               \
