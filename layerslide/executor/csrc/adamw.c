@@ -226,6 +226,30 @@ void adamw_step_bf16_moments_f32_grads(float *param, uint16_t *exp_avg, uint16_t
     ADAMW_BF16_MOMENTS(grad[i])
 }
 
+/* A block's fp32 values, readable as their bits. */
+typedef union {
+    float value[MOMENT_BLOCK];
+    uint32_t bits[MOMENT_BLOCK];
+} moment_block;
+
+/* The bits of the largest |x| of a block: for non-negative floats the order of their bits is
+ * theirs, and an inf or NaN is above every finite value (integer max reductions vectorise). */
+static inline uint32_t largest_magnitude_bits(const moment_block *x, int32_t len) {
+    uint32_t top = 0;
+#pragma omp simd reduction(max : top)
+    for (int32_t j = 0; j < len; ++j) {
+        const uint32_t magnitude = x->bits[j] & 0x7fffffffu;
+        top = magnitude > top ? magnitude : top;
+    }
+    return top;
+}
+
+static inline float bits_to_f32(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 /* Codes of one block's new m and v (len elements) against its new largest |m| and v: the
  * values scaled into [0, 1] (a NaN to 1: its scale is NaN), then read back as bits to index
  * the bucket tables (gcc vectorises the gathers only so). */
@@ -256,9 +280,10 @@ static inline void int8_requantise(uint8_t *restrict exp_avg, uint8_t *restrict 
 }
 
 /* One block's dequantise-and-step pass (len elements from `start`), keeping the new m and v in
- * fp32 for the requantisation and their largest |m|, v and whether all are finite. */
+ * fp32 for the requantisation. No reductions here: gcc leaves a loop with float max reductions
+ * scalar (3x slower); largest_magnitude_bits finds the scales after it. */
 #define INT8_STEP_LOOP(GRAD_EXPR, STORE_WEIGHTS)                                               \
-    _Pragma("omp simd reduction(max : m_max, v_max) reduction(& : finite)")                    \
+    _Pragma("omp simd")                                                                        \
     for (int32_t j = 0; j < len; ++j) { /* 32-bit: cheaper SIMD compares */                 \
         const int64_t i = start + j;                                                           \
         float g = (GRAD_EXPR) * gs;                                                            \
@@ -269,11 +294,8 @@ static inline void int8_requantise(uint8_t *restrict exp_avg, uint8_t *restrict 
         p = p - step_size * m / (sqrtf(v) / bc2 + eps);                                        \
         param[i] = p;                                                                          \
         STORE_WEIGHTS;                                                                         \
-        m_new[j] = m;                                                                          \
-        v_new[j] = v;                                                                          \
-        m_max = fabsf(m) > m_max ? fabsf(m) : m_max; /* not fmaxf: a libm call, no SIMD */     \
-        v_max = v > v_max ? v : v_max;                                                         \
-        finite &= (fabsf(m) <= FLT_MAX) & (v <= FLT_MAX);                                      \
+        m_new.value[j] = m;                                                                    \
+        v_new.value[j] = v;                                                                    \
     }
 
 /* 8-bit m and v over n elements from a MOMENT_BLOCK boundary: scales hold one per block.
@@ -287,7 +309,7 @@ static inline void int8_requantise(uint8_t *restrict exp_avg, uint8_t *restrict 
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                     \
         const int64_t chunk_end = c * size + size < n ? c * size + size : n;                  \
-        float m_new[MOMENT_BLOCK], v_new[MOMENT_BLOCK];                                        \
+        moment_block m_new, v_new;                                                             \
         for (int64_t start = c * size; start < chunk_end; start += MOMENT_BLOCK) {             \
             const int32_t len = (int32_t)(chunk_end - start < MOMENT_BLOCK ? chunk_end - start \
                                                                            : MOMENT_BLOCK);   \
@@ -296,17 +318,19 @@ static inline void int8_requantise(uint8_t *restrict exp_avg, uint8_t *restrict 
             const int32_t decayed = (int32_t)(decay_end <= start ? 0                           \
                                               : decay_end - start < len ? decay_end - start   \
                                                                         : len);               \
-            float m_max = 0.0f, v_max = 0.0f;                                                  \
-            int finite = 1;                                                                    \
             if (weights_out) {                                                                 \
                 INT8_STEP_LOOP(GRAD_EXPR, weights_out[i] = f32_to_bf16(p))                     \
             } else {                                                                           \
                 INT8_STEP_LOOP(GRAD_EXPR, (void)0)                                             \
             }                                                                                  \
+            const uint32_t m_bits = largest_magnitude_bits(&m_new, len);                       \
+            const uint32_t v_bits = largest_magnitude_bits(&v_new, len);                       \
+            const int finite = m_bits < 0x7f800000u && v_bits < 0x7f800000u;                  \
+            const float m_max = bits_to_f32(m_bits), v_max = bits_to_f32(v_bits);              \
             m_scales[q] = finite ? m_max : NAN;                                                \
             v_scales[q] = finite ? v_max : NAN;                                                \
-            int8_requantise(exp_avg + start, exp_avg_sq + start, m_new, v_new, m_max, v_max,   \
-                            len, maps);                                                        \
+            int8_requantise(exp_avg + start, exp_avg_sq + start, m_new.value, v_new.value,     \
+                            m_max, v_max, len, maps);                                          \
         }                                                                                      \
     }
 
