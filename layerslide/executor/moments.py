@@ -20,9 +20,11 @@ import torch
 
 from layerslide.planner.settings import MOMENT_BLOCK_ELEMENTS, MomentPrecision
 
-# csrc/adamw.c's bucket table: the float bits of a value in [0, 1] shifted right by this many
-BUCKET_SHIFT = 15
-BUCKETS = (0x3F800000 >> BUCKET_SHIFT) + 1
+# csrc/adamw.c's bucket tables: a value in [2^-27, 1] (one below in the first bucket) by its
+# float bits above BUCKET_FLOOR_BITS shifted right by BUCKET_SHIFT
+BUCKET_SHIFT = 16
+BUCKET_FLOOR_BITS = 0x32000000  # 2^-27
+BUCKETS = (0x3F800000 >> BUCKET_SHIFT) - (BUCKET_FLOOR_BITS >> BUCKET_SHIFT) + 1
 # elements the torch step takes at a time: bounds its fp32 temporaries (GPU memory)
 TORCH_STEP_SLICE = 1 << 22
 
@@ -56,10 +58,13 @@ def _midpoints(values: np.ndarray) -> np.ndarray:
 
 
 def _buckets(mids: np.ndarray) -> np.ndarray:
-    starts = (np.arange(BUCKETS + 1, dtype=np.uint32) << BUCKET_SHIFT).view(np.float32)
+    starts = ((np.arange(BUCKETS + 1, dtype=np.uint32) << BUCKET_SHIFT)
+              + BUCKET_FLOOR_BITS).view(np.float32)
     first = np.searchsorted(mids, starts, side="left")  # mids below each bucket's start
     if np.any(first[1:] - first[:-1] > 1):  # the kernel compares with one midpoint only
         raise AssertionError("an 8-bit moment map is finer than its bucket table")
+    if mids[0] <= starts[0]:  # values below the floor share the first bucket
+        raise AssertionError("an 8-bit moment map reaches below its bucket table")
     return first[:-1].astype(np.int32)
 
 

@@ -25,7 +25,13 @@ from pathlib import Path
 
 import torch
 
-from layerslide.executor.moments import BUCKET_SHIFT, BUCKETS, Moments, moment_maps
+from layerslide.executor.moments import (
+    BUCKET_FLOOR_BITS,
+    BUCKET_SHIFT,
+    BUCKETS,
+    Moments,
+    moment_maps,
+)
 from layerslide.planner.settings import MOMENT_BLOCK_ELEMENTS
 
 SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
@@ -119,8 +125,10 @@ class NativeKernels:
         library.moment_block_elements.restype = _I
         library.moment_bucket_count.restype = _I
         library.moment_bucket_shift.restype = _I
+        library.moment_bucket_floor_bits.restype = _I
         if ((library.moment_block_elements(), library.moment_bucket_count(),
-             library.moment_bucket_shift()) != (MOMENT_BLOCK_ELEMENTS, BUCKETS, BUCKET_SHIFT)):
+             library.moment_bucket_shift(), library.moment_bucket_floor_bits())
+                != (MOMENT_BLOCK_ELEMENTS, BUCKETS, BUCKET_SHIFT, BUCKET_FLOOR_BITS)):
             raise RuntimeError("csrc/adamw.c and executor/moments.py disagree on the 8-bit "
                                "moments' block or bucket sizes")
         maps = moment_maps()
