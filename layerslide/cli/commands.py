@@ -285,6 +285,8 @@ def cmd_tune(args) -> int:
              "gpu_updated_order", "moments_on_nvme", "master_on_nvme", "weights_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
              "peak_host_bytes"]
+    if len(set(table["moment_precision"])) > 1:  # asked for: which one each row has
+        shown.insert(shown.index("step_s"), "moment_precision")
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
         print("best by accumulation: " + "; ".join(_by_accumulation(result)))

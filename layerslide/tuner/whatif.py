@@ -58,6 +58,8 @@ class WhatIfRow:
                          + (" (layers first)" if r["gpu_updated_order"] == "layers_first" else ""))
         parts.append(f"nvme(m={r['moments_on_nvme']:g},p={r['master_on_nvme']:g}"
                      + (f",w={r['weights_on_nvme']:g}" if r["weights_on_nvme"] else "") + ")")
+        if r["moment_precision"] != "fp32":
+            parts.append(f"moments={r['moment_precision']}")
         config = " ".join(parts)
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
                 "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
