@@ -6,12 +6,11 @@ a GPU cap or host RAM too small for the plan) is refused before any weight is al
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import threading
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from layerslide.cli.options import (
@@ -26,6 +25,7 @@ from layerslide.cli.options import (
     with_env_overrides,
 )
 from layerslide.cli.outputs import writable_file, writable_folder
+from layerslide.cli.step_logs import StepReporter, require_tensorboard
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
@@ -83,7 +83,11 @@ def add_train_command(sub, units: str) -> None:
                                       "there (--moments-on-nvme, ...), or several, comma-"
                                       "separated, one per drive: each file is striped over them")
     p.add_argument("--trace-out", help="write the measured trace (layerslide JSON) here")
-    p.add_argument("--log-jsonl", help="append one JSON line per step here")
+    p.add_argument("--log-jsonl", help="append one JSON line per step here (step: 1 for the "
+                                       "first, as on stdout)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write TensorBoard event files of each step's loss, lr, grad norm, "
+                        "speed and memory into DIR")
     p.add_argument("--profile", default="h200-bench",
                    help="hardware profile used to predict the plan's peak GPU memory")
     g = p.add_argument_group("checkpoints of the full training state (weights, AdamW moments, "
@@ -100,7 +104,8 @@ def add_train_command(sub, units: str) -> None:
                         "one; the run's settings come from the checkpoint, except that the "
                         "training settings and policy flags (but --seq-len and the NVMe "
                         "fractions), --plan and --gpu-memory may give it a new schedule, and "
-                        "--device, --serial, --trace-out, --log-jsonl and --resume-fallback "
+                        "--device, --serial, --trace-out, --log-jsonl, --tensorboard and "
+                        "--resume-fallback "
                         "apply; other flags are ignored")
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
@@ -171,7 +176,8 @@ def _check_fits(args, plan: Plan) -> None:
 
 
 # what a resumed run may change: how it runs, not what it computes
-RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "resume", "resume_fallback",
+RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
+                "resume_fallback",
                 "run", "command", "parser_defaults", "reschedulable")
 
 
@@ -321,14 +327,15 @@ def cmd_train(args) -> int:
                 raise UsageError(str(err)) from err
         else:
             trainer.init_random(args.seed)
-        log_file = open(args.log_jsonl, "a") if args.log_jsonl else None  # noqa: SIM115
         # the bar moves as steps finish; step logs come when their segment has drained
         bar = tqdm(total=args.steps, initial=trainer.step, unit="step", file=sys.stderr,
                    dynamic_ncols=True, disable=None)
+        reporter = StepReporter(args.steps, bar, jsonl_path=args.log_jsonl,
+                                tensorboard_dir=args.tensorboard)
         stop = GracefulStop(bar)
         try:
             trainer.fit(data, args.steps - trainer.step,
-                        on_step=_step_printer(args.steps, log_file, bar),
+                        on_step=reporter,
                         on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
                         on_checkpoint=lambda info, seconds: bar.write(
                             f"checkpoint of step {info.step} in {info.path}: "
@@ -345,8 +352,7 @@ def cmd_train(args) -> int:
         finally:
             stop.restore()
             bar.close()
-            if log_file is not None:
-                log_file.close()
+            reporter.close()
             if args.trace_out:
                 trainer.trace(f"{spec.name} measured").save(args.trace_out)
         if trainer.stopped:
@@ -417,6 +423,9 @@ def _check_outputs(args) -> None:
     writable_folder("--out", args.out, overwrite=args.overwrite)
     writable_file("--trace-out", args.trace_out)
     writable_file("--log-jsonl", args.log_jsonl)
+    writable_folder("--tensorboard", args.tensorboard)
+    if args.tensorboard:
+        require_tensorboard()
     writable_folder("--checkpoint-dir", args.checkpoint_dir)
 
 
@@ -504,19 +513,3 @@ def _checkpoint_schedule(args):
                                   meta={"args": _run_args(args)})
     except (ValueError, CheckpointError) as err:
         raise UsageError(str(err)) from err
-
-
-def _step_printer(total: int, log_file, bar):
-    def show(log) -> None:
-        status = " SKIPPED (non-finite grads)" if log.skipped else (
-            f" (skipped blocks {list(log.skipped_blocks)})" if log.skipped_blocks else "")
-        norm = "" if log.grad_norm is None else f" | grad norm {log.grad_norm:.3f}"
-        bar.write(f"step {log.step + 1}/{total} | loss {log.loss:.4f} | lr {log.lr:.2e}{norm} | "
-              f"{log.step_s:.3f} s | {log.tokens_per_s:,.0f} tok/s | "
-              f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB | "
-              f"host {gib(log.host_rss_bytes):.1f} GiB{status}", file=sys.stdout)
-        if log_file is not None:
-            log_file.write(json.dumps(asdict(log)) + "\n")
-            log_file.flush()
-
-    return show

@@ -38,7 +38,8 @@ def train_args(config_dir: Path, ckpt: Path, log: Path) -> list[str]:
 
 
 def losses(log: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, log.read_text().splitlines())}
+    """Loss by optimizer steps taken before it (the JSONL numbers the first step 1)."""
+    return {r["step"] - 1: r["loss"] for r in map(json.loads, log.read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")

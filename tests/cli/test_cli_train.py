@@ -52,13 +52,22 @@ def test_train_saves_a_model_transformers_loads(model_dir, data_file, tmp_path, 
     rc = main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
                "--steps", "3", "--micro-batch", "2", "--seq-len", "16", "--lr", "1e-3",
                "--out", str(out), "--log-jsonl", str(tmp_path / "log.jsonl"),
-               "--trace-out", str(tmp_path / "trace.json"), "--max-grad-norm", "1.0"])
+               "--trace-out", str(tmp_path / "trace.json"), "--max-grad-norm", "1.0",
+               "--tensorboard", str(tmp_path / "tb")])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "step 3/3" in printed and "saved the fine-tuned model" in printed
     logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [log["step"] for log in logs] == [0, 1, 2]
+    assert [log["step"] for log in logs] == [1, 2, 3]  # numbered as on stdout
     assert all(log["loss"] > 0 and log["grad_norm"] > 0 for log in logs)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert {"train/loss", "train/lr", "train/grad_norm", "speed/tokens_per_s",
+            "memory/host_rss_gib"} <= set(events.Tags()["scalars"])
+    losses = events.Scalars("train/loss")
+    assert [e.step for e in losses] == [1, 2, 3]
+    assert [e.value for e in losses] == pytest.approx([log["loss"] for log in logs])
     tuned = AutoModelForCausalLM.from_pretrained(out)
     original = AutoModelForCausalLM.from_pretrained(model_dir)
     changed = [n for n, p in tuned.named_parameters()
@@ -151,6 +160,7 @@ def nan_copy(model_dir, tmp_path):
     ("out is a file", "is a file: give a folder path"),
     ("trace under /proc", "--trace-out /proc/x/trace.json: folder /proc/x does not exist"),
     ("log under /proc", "--log-jsonl /proc/log.jsonl: cannot write in /proc"),
+    ("tensorboard is a file", "a_file is a file: give a folder path"),
     ("tpu", "--device tpu: not a device"),
     ("meta", "layerslide trains on cuda or cpu"),
     ("truncated weights", "is not a readable safetensors file"),
@@ -171,6 +181,8 @@ def test_train_refuses_what_would_fail_late_or_silently(model_dir, tmp_path, cap
         extra += ["--trace-out", "/proc/x/trace.json"]
     elif case == "log under /proc":
         extra += ["--log-jsonl", "/proc/log.jsonl"]
+    elif case == "tensorboard is a file":
+        extra += ["--tensorboard", str(a_file)]
     elif case in ("tpu", "meta"):
         extra += ["--device", case]
     elif case == "truncated weights":
