@@ -42,7 +42,7 @@ from layerslide.planner.plan import (
     NVME_WEIGHTS,
     Placement,
 )
-from layerslide.planner.settings import Policy, TrainSpec, moments_nbytes, sums_grads_on_host
+from layerslide.planner.settings import Policy, TrainSpec, sums_grads_on_host
 
 
 class HostState:
@@ -346,7 +346,7 @@ class HostState:
                 HOST_GRAD_ACCUM: nbytes(self.grad32.values()),
                 # the files' contents; each file is padded to the disk's O_DIRECT alignment
                 NVME_MASTER: 4 * sum(self.disk_master.values()),
-                NVME_MOMENTS: sum(moments_nbytes(k, self.moment_precision)
+                NVME_MOMENTS: sum(Moments.nbytes_of(self.moment_precision, k)
                                   for k in self.disk_moments.values()),
                 NVME_WEIGHTS: 2 * sum(self.disk_weights.values())}
         return {k: v for k, v in held.items() if v}

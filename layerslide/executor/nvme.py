@@ -33,7 +33,7 @@ import torch
 
 from layerslide.executor.moments import Moments
 from layerslide.executor.stripes import ALIGN, StripedFile, padded, stripe_ranges
-from layerslide.planner.settings import MomentPrecision, moments_nbytes
+from layerslide.planner.settings import MomentPrecision
 
 
 class NvmeSpaceError(OSError):
@@ -78,8 +78,8 @@ class NvmeState:
         self.disk_blocks = sorted(set(self.master_numel) | set(self.moments_numel)
                                   | set(self.weights_numel))
         # where a block's bf16 weights part starts in its file: after its state, aligned
-        self.state_bytes = {b: padded(4 * self.master_numel.get(b, 0) + moments_nbytes(
-                                       self.moments_numel.get(b, 0), moment_precision))
+        self.state_bytes = {b: padded(4 * self.master_numel.get(b, 0) + Moments.nbytes_of(
+                                       moment_precision, self.moments_numel.get(b, 0)))
                             for b in self.disk_blocks}
         self.file_bytes = {b: self.state_bytes[b] + padded(2 * self.weights_numel.get(b, 0))
                            for b in self.disk_blocks}
@@ -134,7 +134,7 @@ class NvmeState:
         km, kv = self.master_numel.get(block, 0), self.moments_numel.get(block, 0)
         buffer = self.staging[slot]
         master = buffer[:4 * km].view(torch.float32)
-        moments_bytes = moments_nbytes(kv, self.moment_precision)
+        moments_bytes = Moments.nbytes_of(self.moment_precision, kv)
         return master, Moments.in_buffer(self.moment_precision, kv,
                                          buffer[4 * km:4 * km + moments_bytes])
 

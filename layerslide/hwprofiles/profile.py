@@ -111,8 +111,8 @@ class HostSpec:
     dma_share: float
     # The native AdamW's rate with compact moments (executor/moments.py), measured as
     # adamw_params_per_s is: their rounding and 8-bit codes cost compute, so on some CPUs the
-    # step does not speed up by its bytes (H200 machine: bf16 1.14x, 8-bit 0.58x of fp32's
-    # rate, benchmarks/results/moments_2026-12-02). None: bound by its bytes alone.
+    # step does not speed up by its bytes (benchmarks/results/moments_2026-12-02). None: bound
+    # by its bytes alone.
     adamw_bf16_params_per_s: float | None = None
     adamw_int8_params_per_s: float | None = None
     dma_write_share: float | None = None
