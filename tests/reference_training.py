@@ -10,6 +10,7 @@ schedule. A step whose gradients are not finite is skipped.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 from torch import nn
@@ -46,9 +47,10 @@ class ReferenceTrainer:
                 p.copy_(self.params[n])
         sums = {n: torch.zeros_like(p) for n, p in self.params.items()}
         total_loss = 0.0
-        for ids, labels in batches:
+        for ids, labels, *positions in batches:
             self.model.zero_grad(set_to_none=True)
-            logits = self.model(input_ids=ids).logits.float()
+            logits = (self._logits_by_document(ids, positions[0]) if positions
+                      else self.model(input_ids=ids).logits.float())
             loss = nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                labels.view(-1), ignore_index=-100)
             (loss / self.grad_accum).backward()
@@ -56,6 +58,16 @@ class ReferenceTrainer:
             for n, p in self.model.named_parameters():
                 sums[n] += p.grad.float()
         return sums, total_loss
+
+    def _logits_by_document(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Packed rows (positions restart at each document): every document run alone, as a
+        sequence of its own, and the logits put back in the row's order."""
+        rows = []
+        for row_ids, row_positions in zip(ids, positions, strict=True):
+            starts = [*(row_positions == 0).nonzero().flatten().tolist(), len(row_ids)]
+            rows.append(torch.cat([self.model(input_ids=row_ids[None, a:b]).logits[0].float()
+                                   for a, b in pairwise(starts)]))
+        return torch.stack(rows)
 
     def step(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, bool]:
         """One optimizer step over grad_accum micro-batches: (loss, skipped)."""

@@ -54,9 +54,12 @@ def add_train_command(sub, units: str) -> None:
                         "prompt_completion (default: from the records' fields)")
     p.add_argument("--text-field", default="text", help="the field text records hold")
     p.add_argument("--packing", choices=("auto", "on", "off"), default="auto",
-                   help="pack examples into full rows (on; attention crosses their "
-                        "boundaries) or one example a row, padded (off); auto: on for text, "
-                        "off for chat-like data")
+                   help="pack examples into full rows, each attending only to itself (on), "
+                        "or one example a row, padded (off); auto: on for text, off for "
+                        "chat-like data")
+    p.add_argument("--attend-across-documents", action="store_true",
+                   help="packed rows: let attention cross example boundaries (plain causal "
+                        "attention, the fastest kernel) instead of a document mask")
     p.add_argument("--train-on-prompt", action="store_true",
                    help="train on every token of chat-like data, not only the replies")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model folder)")
@@ -216,7 +219,8 @@ def _resumed_args(args):
     if ignored:
         print("note: resuming with the checkpointed run's settings: "
               f"{', '.join(map(_flag, ignored))} ignored", file=sys.stderr)
-    merged = {**saved, **{k: getattr(args, k) for k in rescheduled},
+    # defaults first: options added since the checkpoint was written take them
+    merged = {**defaults, **saved, **{k: getattr(args, k) for k in rescheduled},
               **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
     merged["checkpoint_dir"] = args.resume
     return argparse.Namespace(**merged)
@@ -294,7 +298,8 @@ def cmd_train(args) -> int:
             vocab_size=spec.vocab_size, seq_len=train.seq_len, seed=args.seed,
             data_format=args.data_format, text_field=args.text_field,
             packing={"auto": None, "on": True, "off": False}[args.packing],
-            train_on_prompt=args.train_on_prompt)
+            train_on_prompt=args.train_on_prompt,
+            document_mask=not args.attend_across_documents)
     except ValueError as err:
         raise UsageError(_in_flags(str(err))) from err
     if hasattr(data, "describe"):

@@ -11,13 +11,14 @@ from torch import nn
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 from layerslide.planner.settings import LAYER_KERNEL_MODES
 
-LayerCall = Callable[[nn.Module, torch.Tensor, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
+LayerCall = Callable[..., torch.Tensor]
 
 
-def call_layer(module: nn.Module, x: torch.Tensor,
-               rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """One HF decoder layer on [batch, seq, hidden]: causal SDPA attention (no mask tensor)."""
-    out = module(x, attention_mask=None, position_embeddings=rope)
+def call_layer(module: nn.Module, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One HF decoder layer on [batch, seq, hidden]: causal SDPA attention (no mask tensor),
+    or SDPA under `mask` ([batch, 1, seq, seq] bool, True where a token may attend)."""
+    out = module(x, attention_mask=mask, position_embeddings=rope)
     return out[0] if isinstance(out, tuple) else out  # transformers < 4.54 returns a tuple
 
 

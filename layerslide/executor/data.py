@@ -29,12 +29,15 @@ _MASK64 = (1 << 64) - 1
 
 @runtime_checkable
 class TokenSource(Protocol):
-    """An endless stream of (input_ids, labels) batches that can be checkpointed and resumed."""
+    """An endless stream of (input_ids, labels) batches that can be checkpointed and resumed;
+    packed rows with document masks come as (input_ids, labels, position_ids), where each
+    document's positions count from 0 and attention stays inside a document (the runner makes
+    the mask from where positions restart)."""
 
     @property
     def vocab_size(self) -> int: ...
 
-    def next_batch(self, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def next_batch(self, micro_batch: int) -> tuple[torch.Tensor, ...]: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -135,14 +138,17 @@ class DatasetTokens:
 
     Packed: an epoch's examples are concatenated and cut into windows that overlap by one token,
     so every token but the first is a label once an epoch (the last partial window is dropped);
-    attention crosses example boundaries inside a window. Unpacked: one example a row, truncated
+    with document_mask each example's part of a window gets positions from 0 and attends only
+    to itself (next_batch adds position_ids); without it attention crosses example
+    boundaries. Unpacked: one example a row, truncated
     to seq_len + 1 tokens and padded at the end (labels IGNORE_INDEX), so that causal attention
     never lets a real token see a pad. Examples with no trained label are skipped."""
 
     def __init__(self, corpus: Corpus, *, vocab_size: int, seq_len: int, seed: int, packing: bool,
                  pad_id: int | None, data_format: str, train_on_prompt: bool,
-                 files: list[str]) -> None:
+                 files: list[str], document_mask: bool = True) -> None:
         self.seq_len, self.seed, self.packing = seq_len, seed, packing
+        self.document_mask = packing and document_mask
         self.format, self.train_on_prompt, self.files = data_format, train_on_prompt, files
         self._vocab_size, self._corpus, self._pad_id = vocab_size, corpus, pad_id
         row = seq_len + 1
@@ -213,8 +219,10 @@ class DatasetTokens:
         """One line on what the data is: format, examples, tokens, packing, what was dropped."""
         files = self.files[0] if len(self.files) == 1 else f"{len(self.files)} files"
         skipped = f" ({self.num_skipped} skipped: nothing to train on)" if self.num_skipped else ""
+        masked = ", attention within each document" if self.document_mask else (
+            ", attention across documents")
         rows = (f"packed into {self.rows_per_epoch} windows of {self.seq_len} tokens an epoch"
-                if self.packing else f"unpacked: one example a row, {self.num_truncated} "
+                f"{masked}" if self.packing else f"unpacked: one example a row, {self.num_truncated} "
                 f"truncated to {self.seq_len + 1} tokens")
         return (f"{self.format} data from {files}: {self.num_examples} examples{skipped}, "
                 f"{self.num_tokens} tokens, {self.num_trained} trained on; {rows}")
@@ -225,8 +233,9 @@ class DatasetTokens:
         generator.manual_seed(_splitmix64(_splitmix64(self.seed) ^ epoch))
         return self._examples[torch.randperm(self.num_examples, generator=generator)]
 
-    def _next_row(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next row's seq_len + 1 tokens and their trained mask, wrapping to a new epoch."""
+    def _next_row(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next row's seq_len + 1 tokens, their trained mask and their positions in their
+        documents (from 0 where a row starts or cuts a document), wrapping to a new epoch."""
         if self._row_index == self.rows_per_epoch:
             self.epoch, self._row_index = self.epoch + 1, 0
         if self._order_epoch != self.epoch:
@@ -243,33 +252,39 @@ class DatasetTokens:
         start = index * self.seq_len
         position = int(torch.searchsorted(self._ends, start, right=True))
         offset = start - (int(self._ends[position - 1]) if position else 0)
-        ids, trained, needed = [], [], self.seq_len + 1
+        ids, trained, positions, needed = [], [], [], self.seq_len + 1
         while needed:  # cannot run out: rows_per_epoch counted the stream's tokens
             example = int(self._order[position])
             begin = int(self._corpus.starts[example]) + offset
             end = min(begin + needed, int(self._corpus.starts[example + 1]))
             ids.append(self._corpus.ids[begin:end])
             trained.append(self._corpus.trained[begin:end])
+            positions.append(torch.arange(end - begin))
             needed, position, offset = needed - (end - begin), position + 1, 0
-        return torch.cat(ids), torch.cat(trained)
+        return torch.cat(ids), torch.cat(trained), torch.cat(positions)
 
-    def _padded(self, example: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _padded(self, example: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """An example's first seq_len + 1 tokens, padded at the end; pads are not trained on."""
         begin, length = int(self._corpus.starts[example]), int(self._lengths[example])
         ids = torch.full((self.seq_len + 1,), self._pad_id, dtype=torch.int32)
         trained = torch.zeros(self.seq_len + 1, dtype=torch.bool)
         ids[:length] = self._corpus.ids[begin:begin + length]
         trained[:length] = self._corpus.trained[begin:begin + length]
-        return ids, trained
+        return ids, trained, torch.arange(self.seq_len + 1)
 
-    def next_batch(self, micro_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the next micro_batch rows as (input_ids, labels)."""
+    def next_batch(self, micro_batch: int) -> tuple[torch.Tensor, ...]:
+        """Return the next micro_batch rows as (input_ids, labels), with their position_ids
+        after them where documents are masked."""
         _check_int("micro_batch", micro_batch)
-        ids, trained = (torch.stack(parts) for parts in
-                        zip(*(self._next_row() for _ in range(micro_batch)), strict=True))
+        ids, trained, positions = (torch.stack(parts) for parts in
+                                   zip(*(self._next_row() for _ in range(micro_batch)),
+                                       strict=True))
         tokens = ids.to(torch.int64)
         labels = torch.where(trained[:, 1:], tokens[:, 1:], IGNORE_INDEX)
-        return tokens[:, :-1].contiguous(), labels.contiguous()
+        batch = tokens[:, :-1].contiguous(), labels.contiguous()
+        if self.document_mask:
+            return *batch, positions[:, :-1].contiguous()
+        return batch
 
     def _identity(self) -> dict[str, Any]:
         return {"kind": "dataset", "format": self.format, "packing": self.packing,
@@ -292,13 +307,15 @@ class DatasetTokens:
 def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | None,
                       vocab_size: int | None, seq_len: int, seed: int = 0,
                       data_format: str = "auto", text_field: str = "text",
-                      packing: bool | None = None, train_on_prompt: bool = False) -> TokenSource:
+                      packing: bool | None = None, train_on_prompt: bool = False,
+                      document_mask: bool = True) -> TokenSource:
     """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
     (see DatasetTokens), tokenised up front so that bad data fails here, before training.
 
     data_format: "auto" (from the records' fields) or one of data_formats.DATA_FORMATS; text_field:
     the field text records keep their text in; packing: None packs text and not chat-like data;
-    train_on_prompt: train on prompts and templates too, not only on completions and replies."""
+    train_on_prompt: train on prompts and templates too, not only on completions and replies;
+    document_mask: packed examples attend only within themselves."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
     _check_int("seq_len", seq_len)
@@ -306,6 +323,7 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
     _check_choice("data_format", data_format, DATA_FORMATS)
     _check_choice("packing", packing, (None, True, False))
     _check_choice("train_on_prompt", train_on_prompt, (True, False))
+    _check_choice("document_mask", document_mask, (True, False))
     tables = read_tables(Path(spec), text_field)
     tokenizer = _load_tokenizer(tokenizer_dir)
     formats = {table.path.name: detect_format(table, data_format, text_field) for table in tables}
@@ -323,7 +341,7 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
     source = DatasetTokens(tokenize_tables(tables, encoder), vocab_size=len(tokenizer),
                            seq_len=seq_len, seed=seed, packing=packing, pad_id=pad_id,
                            data_format=found, train_on_prompt=train_on_prompt,
-                           files=list(formats))
+                           files=list(formats), document_mask=document_mask)
     if vocab_size is not None and source.max_token_id >= vocab_size:
         msg = (f"the tokenizer at {tokenizer_dir} produces token id {source.max_token_id} but the "
                f"model's vocab_size is {vocab_size}; use the model's own tokenizer")

@@ -186,7 +186,12 @@ class TaskRunner:
         self.handoff = Handoff()
         self._made: dict[tuple[str, str], Buffer] = {}  # (task id, name) -> what it makes
         self._read: dict[tuple[str, str], Buffer] = {}  # and what it reads (releases)
-        self.batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # (step, micro-batch) -> (input_ids, labels[, position_ids]) on the host
+        self.batches: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+        # packed documents: each micro-batch's rope and document mask, from its embedding's
+        # forward to its backward
+        self.attention: dict[tuple[int, int], tuple[tuple[torch.Tensor, torch.Tensor],
+                                                    torch.Tensor]] = {}
         # cast=cpu_per_load: a load's bf16 staging copy, by (block, step, micro-batch, for_kind)
         self.staging: dict[tuple, torch.Tensor] = {}
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
@@ -199,14 +204,14 @@ class TaskRunner:
         self.step_offset = 0
 
     # --- a segment: one plan, run once ---------------------------------------------------------
-    def prepare(self, plan: Plan, batches: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]],
+    def prepare(self, plan: Plan, batches: dict[tuple[int, int], tuple[torch.Tensor, ...]],
                 step_offset: int) -> None:
         """Check the plan's bindings against the units here and stage the segment's batches."""
         self._reset_segment()
         self.step_offset = step_offset
         pin = self.device.is_cuda
-        self.batches = {k: (ids.pin_memory() if pin else ids, lab.pin_memory() if pin else lab)
-                        for k, (ids, lab) in batches.items()}
+        self.batches = {k: tuple(t.pin_memory() if pin else t for t in batch)
+                        for k, batch in batches.items()}
         for task in plan.tasks:  # raise where the plan names a unit or slot that is not here
             if task.kind in (*COMPUTE_KINDS, TaskKind.LOAD_WEIGHTS) and task.block >= 0:
                 self._weight_unit(task)
@@ -295,6 +300,24 @@ class TaskRunner:
             self._position_embeddings[seq_len] = self._rotary(probe, positions)
         return self._position_embeddings[seq_len]
 
+    def _attend(self, s: int, m: int, positions_host: torch.Tensor) -> None:
+        """Micro-batch m's rope at its documents' positions and its document mask: a token sees
+        the earlier tokens of its own document (a new one starts where positions restart)."""
+        positions = positions_host.to(self.device.device, non_blocking=True)
+        probe = torch.empty(1, dtype=torch.bfloat16, device=self.device.device)
+        documents = torch.cumsum(positions == 0, dim=1)
+        seq = positions.shape[1]
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=positions.device).tril_()
+        mask = (documents[:, :, None] == documents[:, None, :]) & causal
+        self.attention[(s, m)] = self._rotary(probe, positions), mask[:, None]
+
+    def _layer(self, module: nn.Module, x: torch.Tensor, s: int, m: int) -> torch.Tensor:
+        """A decoder layer on micro-batch m's hidden states (causal, or within documents)."""
+        if (s, m) in self.attention:
+            rope, mask = self.attention[(s, m)]
+            return self._call_layer(module, x, rope, mask)
+        return self._call_layer(module, x, self._rope(x.shape[1]))
+
     # A compute or checkpoint task runs its micro-batches (Task.micro_batches, a layer-major
     # sweep's group) in turn: what it hands on is a list of their tensors, in that order.
     def _do_forward(self, task: Task) -> None:
@@ -303,15 +326,18 @@ class TaskRunner:
         if i == EMBEDDING:
             hidden = []
             for m in _micro_batches(task):
-                ids_host, _ = self.batches[(s, m)]
+                ids_host, _, *positions = self.batches[(s, m)]
+                if positions:
+                    self._attend(s, m, positions[0])
                 ids = ids_host.to(self.device.device, non_blocking=True)
                 self.handoff.put(("ids", s, m), ids, readers=1)
                 hidden.append(nn.functional.embedding(ids,
                                                       unit.flat.view(self.spec.vocab_size, -1)))
         else:
             with torch.no_grad():
-                hidden = [self._call_layer(unit.module, x, self._rope(x.shape[1]))
-                          for x in self._receive(task, "checkpoint")]
+                hidden = [self._layer(unit.module, x, s, m) for m, x in
+                          zip(_micro_batches(task), self._receive(task, "checkpoint"),
+                              strict=True)]
         # the next layer's checkpointed input, or the final hidden state for the head
         self._hand_on(task, "final_hidden" if i + 1 == self.L else "checkpoint", hidden)
 
@@ -368,7 +394,7 @@ class TaskRunner:
         """The head's forward and backward of micro-batch m: its grads kept, its dgrad back."""
         norm = unit.module["norm"]
         x = hidden.detach().requires_grad_(True)
-        _, labels_host = self.batches[(s, m)]
+        labels_host = self.batches[(s, m)][1]
         labels = labels_host.to(self.device.device, non_blocking=True).view(-1)
         with torch.enable_grad():
             normed = norm(x)
@@ -419,7 +445,7 @@ class TaskRunner:
         if into_sum:
             attach_sums(unit.module, self.blocks, i, self._grad_sum(s, i))
         with torch.enable_grad():
-            y = self._call_layer(unit.module, x, self._rope(x.shape[1]))
+            y = self._layer(unit.module, x, s, m)
         y.backward(dgrad)
         if into_sum:
             detach_sums(unit.module)
@@ -430,6 +456,7 @@ class TaskRunner:
         return x.grad
 
     def _embedding_backward(self, s: int, m: int, dgrad: torch.Tensor) -> None:
+        self.attention.pop((s, m), None)  # its last layer has run
         ids = self.handoff.take(("ids", s, m))
         if self.blocks.tied and self.sums_on_gpu:  # into the sum the heads started
             vocab = self.spec.vocab_size

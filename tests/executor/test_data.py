@@ -59,7 +59,7 @@ def windows(source: TokenSource, count: int, micro_batch: int = 1) -> list[list[
     every token of text is trained on, so labels are the inputs shifted by one."""
     out = []
     for _ in range(count // micro_batch):
-        x, y = source.next_batch(micro_batch)
+        x, y, *_ = source.next_batch(micro_batch)
         assert x.dtype == y.dtype == torch.int64
         assert x.shape == y.shape == (micro_batch, source.seq_len)
         assert x.is_contiguous() and y.is_contiguous()
@@ -101,7 +101,26 @@ def test_jsonl_folder_packs_shuffled_docs_with_eos_across_files(tok_dir, tmp_pat
     assert got == cut(stream, 4, len(got))
     assert source.describe() == (f"text data from 2 files: 5 examples, {len(stream)} tokens, "
                                  f"{len(stream)} trained on; packed into "
-                                 f"{source.rows_per_epoch} windows of 4 tokens an epoch")
+                                 f"{source.rows_per_epoch} windows of 4 tokens an epoch, "
+                                 "attention within each document")
+
+
+def test_packed_positions_restart_at_each_document(tok_dir, tmp_path):
+    """Each document's part of a window counts its positions from 0 (a token after EOS, id 1,
+    starts a document), so the runner's mask keeps attention inside documents."""
+    source = text_source(write_jsonl(tmp_path / "d.jsonl", DOCS), tok_dir, seq_len=5)
+    for _ in range(source.rows_per_epoch // 2):
+        ids, _, positions = source.next_batch(2)
+        for row_ids, row_positions in zip(ids.tolist(), positions.tolist(), strict=True):
+            expected, position = [], 0
+            for k, token in enumerate(row_ids):
+                expected.append(position)
+                position = 0 if token == 1 else position + 1
+                assert k or expected == [0]
+            assert row_positions == expected
+    crossing = text_source(tmp_path / "d.jsonl", tok_dir, seq_len=5, document_mask=False)
+    assert len(crossing.next_batch(2)) == 2
+    assert crossing.describe().endswith("attention across documents")
 
 
 def test_plain_text_paragraphs_are_documents(tok_dir, tmp_path):

@@ -96,7 +96,7 @@ def epoch_rows(source: DatasetTokens) -> list[tuple[list[int], list[int]]]:
     """One epoch's (input_ids, labels) rows, checking the batch contract."""
     rows = []
     for _ in range(source.rows_per_epoch):
-        x, y = source.next_batch(1)
+        x, y, *_ = source.next_batch(1)
         assert x.dtype == y.dtype == torch.int64 and x.shape == y.shape == (1, source.seq_len)
         rows.append((x[0].tolist(), y[0].tolist()))
     return rows
@@ -483,7 +483,7 @@ def test_refuses_records_and_tokenizers_that_do_not_fit(toks, tmp_path, case):
 def test_an_inconsistent_template_still_trains_on_whole_conversations(toks, tmp_path):
     path = chat_file(tmp_path, TWO_CHATS[1])
     source = source_of(path, toks["forgetful"], seq_len=16, train_on_prompt=True)
-    inputs, labels = source.next_batch(1)
+    inputs, labels, *_ = source.next_batch(1)
     assert inputs[0].tolist() == ids("<s> <|system|> sat <|end|> <|user|> dog <|end|> "
                                      "<|assistant|> far <|end|> <|user|> a <|end|> <|assistant|> "
                                      "the <|end|>")

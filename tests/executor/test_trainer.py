@@ -424,3 +424,59 @@ def test_a_plan_file_naming_a_landing_slot_that_is_not_there_is_refused(tmp_path
         trainer.init_random(0)
         with pytest.raises(ValueError, match="slot 2 is not one of the plan's 2 landing"):
             trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)
+
+
+class PackedDocuments:
+    """Rows of random documents packed end to end (lengths 1-13 tokens), with position_ids
+    that restart at each document, as DatasetTokens makes them with document masks."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    vocab_size = VOCAB
+
+    def next_batch(self, micro_batch):
+        ids = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
+        labels = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
+        positions = torch.empty(micro_batch, SEQ, dtype=torch.int64)
+        for row in positions:
+            start = 0
+            while start < SEQ:
+                length = int(torch.randint(1, 14, (1,), generator=self.generator))
+                row[start:start + length] = torch.arange(min(length, SEQ - start))
+                start += length
+        return ids, labels, positions
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@pytest.mark.parametrize("device", ["cpu", GPU])
+@pytest.mark.parametrize("policy", [Policy.of(), Policy.of(accumulation="layer_major",
+                                                           activations="gpu")])
+def test_packed_documents_attend_only_within_themselves(tmp_path, device, policy):
+    """Rows with position_ids train as if each document were a sequence of its own: the losses
+    are the reference's that runs every document alone, and not those of whole rows."""
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    optim = OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=3)
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=optim,
+                 device=device, segment_steps=2) as trainer:
+        trainer.init_random(0)
+        initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        logs = trainer.fit(PackedDocuments(seed=3), 3)
+    data = PackedDocuments(seed=3)
+    batches = [[data.next_batch(2) for _ in range(2)] for _ in range(3)]
+    by_document = ReferenceTrainer(config, initial, lr_at=optim.lr_at, grad_accum=2)
+    whole_rows = ReferenceTrainer(config, initial, lr_at=optim.lr_at, grad_accum=2)
+    expected = [by_document.step(step)[0] for step in batches]
+    crossing = [whole_rows.step([b[:2] for b in step])[0] for step in batches]
+    losses = torch.tensor([log.loss for log in logs], dtype=torch.float64)
+    assert losses.tolist() == pytest.approx(expected, rel=1e-3)
+    # random weights and labels: every loss is near ln(vocab); the masks' mark is the gap
+    miss = (losses - torch.tensor(expected)).abs().max()
+    assert (losses - torch.tensor(crossing)).abs().max() > 5 * miss
