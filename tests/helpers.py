@@ -57,3 +57,35 @@ def spec_of(config, tmp_path):
     """The planner's ModelSpec of an HF config, through a config.json as users give it."""
     config.save_pretrained(tmp_path / "cfg")
     return model_from_hf_config(tmp_path / "cfg")
+
+
+class PackedDocuments:
+    """Rows of random documents packed end to end (lengths 1-13 tokens), with position_ids
+    that restart at each document, as DatasetTokens makes them with document masks."""
+
+    def __init__(self, seed: int):
+        import torch
+
+        self.generator = torch.Generator().manual_seed(seed)
+
+    vocab_size = VOCAB
+
+    def next_batch(self, micro_batch):
+        import torch
+
+        ids = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
+        labels = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
+        positions = torch.empty(micro_batch, SEQ, dtype=torch.int64)
+        for row in positions:
+            start = 0
+            while start < SEQ:
+                length = int(torch.randint(1, 14, (1,), generator=self.generator))
+                row[start:start + length] = torch.arange(min(length, SEQ - start))
+                start += length
+        return ids, labels, positions
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass

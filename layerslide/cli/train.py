@@ -63,6 +63,15 @@ def add_train_command(sub, units: str) -> None:
     p.add_argument("--train-on-prompt", action="store_true",
                    help="train on every token of chat-like data, not only the replies")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the model folder)")
+    p.add_argument("--eval-data", help="held-out data (as --data, in the same format) to score "
+                                       "the model on: eval loss and next-token accuracy")
+    p.add_argument("--eval-fraction", type=float, default=None, metavar="F",
+                   help="hold out this fraction (0-1) of --data's examples as the eval data")
+    p.add_argument("--eval-every", type=int, default=None, metavar="STEPS",
+                   help="score the eval data every this many steps (and after the last; "
+                        "default: after the last only)")
+    p.add_argument("--eval-rows", type=int, default=256, metavar="N",
+                   help="rows of the eval data scored each time (its first N)")
     p.add_argument("--out", help="folder to save the fine-tuned model in (HF format)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
@@ -235,7 +244,8 @@ def _run_args(args) -> dict:
     another working directory finds the same files."""
     kept = {k: v for k, v in vars(args).items()
             if k != "run" and isinstance(v, str | int | float | bool | type(None))}
-    for key in ("model", "data", "tokenizer", "plan", "profile", "out", "checkpoint_dir"):
+    for key in ("model", "data", "eval_data", "tokenizer", "plan", "profile", "out",
+                "checkpoint_dir"):
         value = kept.get(key)
         made_here = key in ("out", "checkpoint_dir")  # may not exist yet
         if value and (made_here or Path(value).expanduser().exists()):
@@ -259,7 +269,6 @@ def cmd_train(args) -> int:
 
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.executor.checkpoint_store import CheckpointError
-    from layerslide.executor.data import open_token_source
     from layerslide.executor.engine import TaskFailedError
     from layerslide.executor.hf_io import checkpoint_tensor_index, read_hf_config
     from layerslide.executor.nvme import NvmeSpaceError
@@ -282,6 +291,7 @@ def cmd_train(args) -> int:
         config = hf_config_from_spec(spec)
     _check_schedule_flags(args)
     args.data = _data_of(args, from_folder and not args.random_init)
+    _check_eval_flags(args)
     schedule = _checkpoint_schedule(args)
     plan = _plan(args, spec)
     train, policy = plan.train, plan.policy
@@ -292,18 +302,7 @@ def cmd_train(args) -> int:
                         warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
                         decay_steps=max(1, args.steps - args.warmup_steps))
     tokenizer = args.tokenizer or (folder if from_folder else None)
-    try:
-        data = open_token_source(
-            None if args.data == "synthetic" else args.data, tokenizer_dir=tokenizer,
-            vocab_size=spec.vocab_size, seq_len=train.seq_len, seed=args.seed,
-            data_format=args.data_format, text_field=args.text_field,
-            packing={"auto": None, "on": True, "off": False}[args.packing],
-            train_on_prompt=args.train_on_prompt,
-            document_mask=not args.attend_across_documents)
-    except ValueError as err:
-        raise UsageError(_in_flags(str(err))) from err
-    if hasattr(data, "describe"):
-        print(data.describe(), flush=True)
+    data, evals = _data_sources(args, spec, train, tokenizer)
 
     try:
         trainer = Trainer(config=config, plan=plan, optim=optim, device=device,
@@ -337,6 +336,8 @@ def cmd_train(args) -> int:
                    dynamic_ncols=True, disable=None)
         reporter = StepReporter(args.steps, bar, jsonl_path=args.log_jsonl,
                                 tensorboard_dir=args.tensorboard)
+        if evals is not None and trainer.step == 0:  # the score training starts from
+            reporter.report_eval(trainer.evaluate(evals.batches))
         stop = GracefulStop(bar)
         try:
             trainer.fit(data, args.steps - trainer.step,
@@ -345,7 +346,8 @@ def cmd_train(args) -> int:
                         on_checkpoint=lambda info, seconds: bar.write(
                             f"checkpoint of step {info.step} in {info.path}: "
                             f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
-                            file=sys.stdout), stop=stop.event)
+                            file=sys.stdout), stop=stop.event,
+                        evals=evals, on_eval=reporter.report_eval)
         except (TaskFailedError, CheckpointError) as err:
             bar.close()
             print(f"layerslide train: training stopped: {err}", file=sys.stderr)
@@ -421,6 +423,54 @@ def _in_flags(message: str) -> str:
     for keyword, flag in _DATA_FLAGS:
         message = message.replace(keyword, flag)
     return message
+
+
+def _check_eval_flags(args) -> None:
+    if args.eval_data and args.eval_fraction is not None:
+        raise UsageError("--eval-data and --eval-fraction both name eval data: give one")
+    if args.eval_fraction is not None:
+        if not 0 < args.eval_fraction < 1:
+            raise UsageError(f"--eval-fraction {args.eval_fraction}: give a fraction between 0 "
+                             "and 1, e.g. 0.05")
+        if args.data == "synthetic":
+            raise UsageError("--eval-fraction holds out part of --data: give a data file")
+    if args.eval_every is not None and not (args.eval_data or args.eval_fraction):
+        raise UsageError("--eval-every needs eval data: --eval-data FILE or --eval-fraction F")
+    if args.eval_every is not None and args.eval_every < 1:
+        raise UsageError(f"--eval-every {args.eval_every}: score at least every step (>= 1)")
+    if args.eval_rows < 1:
+        raise UsageError(f"--eval-rows {args.eval_rows}: score at least one row")
+
+
+def _data_sources(args, spec: ModelSpec, train, tokenizer):
+    """The training data and the eval schedule (None without eval data), tokenised and
+    checked before any weight is allocated."""
+    from layerslide.executor.data import eval_batches, open_token_source, split_token_sources
+    from layerslide.executor.trainer import EvalSchedule
+
+    options = {"tokenizer_dir": tokenizer, "vocab_size": spec.vocab_size,
+               "seq_len": train.seq_len, "seed": args.seed, "data_format": args.data_format,
+               "text_field": args.text_field,
+               "packing": {"auto": None, "on": True, "off": False}[args.packing],
+               "train_on_prompt": args.train_on_prompt,
+               "document_mask": not args.attend_across_documents}
+    try:
+        if args.eval_fraction is not None:
+            data, held_out = split_token_sources(args.data, eval_fraction=args.eval_fraction,
+                                                 **options)
+        else:
+            data = open_token_source(None if args.data == "synthetic" else args.data, **options)
+            held_out = open_token_source(args.eval_data, **options) if args.eval_data else None
+        if held_out is not None:
+            batches = eval_batches(held_out, train.micro_batch, args.eval_rows)
+    except ValueError as err:
+        raise UsageError(_in_flags(str(err))) from err
+    for name, source in (("data", data), ("eval data", held_out)):
+        if hasattr(source, "describe"):
+            print(f"{name}: {source.describe()}", flush=True)
+    if held_out is None:
+        return data, None
+    return data, EvalSchedule(batches=batches, every_steps=args.eval_every)
 
 
 def _check_outputs(args) -> None:

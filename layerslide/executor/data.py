@@ -146,7 +146,8 @@ class DatasetTokens:
 
     def __init__(self, corpus: Corpus, *, vocab_size: int, seq_len: int, seed: int, packing: bool,
                  pad_id: int | None, data_format: str, train_on_prompt: bool,
-                 files: list[str], document_mask: bool = True) -> None:
+                 files: list[str], document_mask: bool = True,
+                 examples: torch.Tensor | None = None) -> None:
         self.seq_len, self.seed, self.packing = seq_len, seed, packing
         self.document_mask = packing and document_mask
         self.format, self.train_on_prompt, self.files = data_format, train_on_prompt, files
@@ -159,9 +160,14 @@ class DatasetTokens:
         else:
             kept = (corpus.first_label >= 1) & (corpus.first_label < row)
             self._lengths = lengths.clamp(max=row)
+        if examples is not None:  # this part of a split: only these examples
+            only = torch.zeros_like(kept)
+            only[examples] = True
+            kept = kept & only
         self._examples = kept.nonzero().flatten()
         self.num_examples = len(self._examples)
-        self.num_skipped = len(lengths) - self.num_examples
+        self.num_skipped = (len(lengths) if examples is None else len(examples)) - (
+            self.num_examples)
         self.num_tokens = int(self._lengths[self._examples].sum())
         truncated = self._examples[lengths[self._examples] > self._lengths[self._examples]]
         self.num_truncated = len(truncated)
@@ -318,6 +324,32 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
     document_mask: packed examples attend only within themselves."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
+    return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
+                         seq_len=seq_len, seed=seed, data_format=data_format,
+                         text_field=text_field, packing=packing,
+                         train_on_prompt=train_on_prompt, document_mask=document_mask)[0]
+
+
+def split_token_sources(spec: str | Path, *, eval_fraction: float, tokenizer_dir: str | Path | None,
+                        vocab_size: int | None, seq_len: int, seed: int = 0,
+                        **options: Any) -> tuple[DatasetTokens, DatasetTokens]:
+    """The examples of a data file or folder split in two, tokenised once: (train, eval), the
+    eval part `eval_fraction` of the examples drawn at random by `seed` (at least one, and at
+    least one left to train on). options: those of open_token_source."""
+    if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, int | float) or not (
+            0 < eval_fraction < 1):
+        msg = f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction!r}"
+        raise ValueError(msg)
+    return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
+                         seq_len=seq_len, seed=seed, eval_fraction=eval_fraction, **options)
+
+
+def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_size: int | None,
+                  seq_len: int, seed: int = 0, data_format: str = "auto",
+                  text_field: str = "text", packing: bool | None = None,
+                  train_on_prompt: bool = False, document_mask: bool = True,
+                  eval_fraction: float = 0.0) -> tuple[DatasetTokens, ...]:
+    """The dataset's source, or its (train, eval) sources where eval_fraction > 0."""
     _check_int("seq_len", seq_len)
     _check_int("seed", seed, 0)
     _check_choice("data_format", data_format, DATA_FORMATS)
@@ -334,20 +366,48 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
     found = next(iter(formats.values()))
     encoder = Encoder(tokenizer, found, text_field, train_on_prompt)
     if packing is None:
-        # chat-like examples are short and stand alone: packed, a reply would attend to other
-        # conversations; text is long running prose, where padding would waste compute
+        # text is long running prose, where padding would waste compute; chat-like examples are
+        # short and stand alone: one a row keeps each reply's context its own conversation
         packing = found not in CHAT_FORMATS
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    source = DatasetTokens(tokenize_tables(tables, encoder), vocab_size=len(tokenizer),
-                           seq_len=seq_len, seed=seed, packing=packing, pad_id=pad_id,
-                           data_format=found, train_on_prompt=train_on_prompt,
-                           files=list(formats), document_mask=document_mask)
-    if vocab_size is not None and source.max_token_id >= vocab_size:
-        msg = (f"the tokenizer at {tokenizer_dir} produces token id {source.max_token_id} but the "
-               f"model's vocab_size is {vocab_size}; use the model's own tokenizer")
+    corpus = tokenize_tables(tables, encoder)
+    parts: tuple[torch.Tensor | None, ...] = (None,)
+    if eval_fraction:
+        count = len(corpus.lengths)
+        if count < 2:
+            msg = (f"eval_fraction needs at least 2 examples to split, the data has {count}; "
+                   "give eval data of its own")
+            raise ValueError(msg)
+        held = min(count - 1, max(1, round(eval_fraction * count)))
+        generator = torch.Generator().manual_seed(_splitmix64(seed ^ 0x5EED_E7A1))
+        order = torch.randperm(count, generator=generator)
+        parts = (order[held:], order[:held])
+    sources = tuple(DatasetTokens(corpus, vocab_size=len(tokenizer), seq_len=seq_len, seed=seed,
+                                  packing=packing, pad_id=pad_id, data_format=found,
+                                  train_on_prompt=train_on_prompt, files=list(formats),
+                                  document_mask=document_mask, examples=part)
+                    for part in parts)
+    if vocab_size is not None and sources[0].max_token_id >= vocab_size:
+        msg = (f"the tokenizer at {tokenizer_dir} produces token id {sources[0].max_token_id} but "
+               f"the model's vocab_size is {vocab_size}; use the model's own tokenizer")
         raise ValueError(msg)
-    return source
+    return sources
 
+
+def eval_batches(source: DatasetTokens, micro_batch: int, max_rows: int) -> list[tuple]:
+    """The first min(an epoch's rows, max_rows) rows of `source`, as micro-batches; the rows
+    that fill the last micro-batch have no labels (not scored)."""
+    _check_int("micro_batch", micro_batch)
+    _check_int("max_rows", max_rows)
+    rows = min(source.rows_per_epoch, max_rows)
+    batches = []
+    for start in range(0, rows, micro_batch):
+        batch = source.next_batch(micro_batch)
+        extra = start + micro_batch - rows
+        if extra > 0:
+            batch[1][-extra:] = IGNORE_INDEX
+        batches.append(batch)
+    return batches
 
 def _check_choice(name: str, value: Any, choices: tuple[Any, ...]) -> None:
     """Raise a ValueError naming the choices if value is not one of them (True is not 1)."""

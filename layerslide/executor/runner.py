@@ -300,23 +300,30 @@ class TaskRunner:
             self._position_embeddings[seq_len] = self._rotary(probe, positions)
         return self._position_embeddings[seq_len]
 
-    def _attend(self, s: int, m: int, positions_host: torch.Tensor) -> None:
-        """Micro-batch m's rope at its documents' positions and its document mask: a token sees
-        the earlier tokens of its own document (a new one starts where positions restart)."""
+    def document_attention(self, positions_host: torch.Tensor):
+        """The rope at packed documents' positions and their mask: a token sees the earlier
+        tokens of its own document (a new one starts where positions restart)."""
         positions = positions_host.to(self.device.device, non_blocking=True)
         probe = torch.empty(1, dtype=torch.bfloat16, device=self.device.device)
         documents = torch.cumsum(positions == 0, dim=1)
         seq = positions.shape[1]
         causal = torch.ones(seq, seq, dtype=torch.bool, device=positions.device).tril_()
         mask = (documents[:, :, None] == documents[:, None, :]) & causal
-        self.attention[(s, m)] = self._rotary(probe, positions), mask[:, None]
+        return self._rotary(probe, positions), mask[:, None]
 
-    def _layer(self, module: nn.Module, x: torch.Tensor, s: int, m: int) -> torch.Tensor:
-        """A decoder layer on micro-batch m's hidden states (causal, or within documents)."""
-        if (s, m) in self.attention:
-            rope, mask = self.attention[(s, m)]
+    def _attend(self, s: int, m: int, positions_host: torch.Tensor) -> None:
+        self.attention[(s, m)] = self.document_attention(positions_host)
+
+    def call_layer(self, module: nn.Module, x: torch.Tensor, attention=None) -> torch.Tensor:
+        """A decoder layer on hidden states x: causal, or within documents (`attention`, from
+        document_attention)."""
+        if attention is not None:
+            rope, mask = attention
             return self._call_layer(module, x, rope, mask)
         return self._call_layer(module, x, self._rope(x.shape[1]))
+
+    def _layer(self, module: nn.Module, x: torch.Tensor, s: int, m: int) -> torch.Tensor:
+        return self.call_layer(module, x, self.attention.get((s, m)))
 
     # A compute or checkpoint task runs its micro-batches (Task.micro_batches, a layer-major
     # sweep's group) in turn: what it hands on is a list of their tensors, in that order.

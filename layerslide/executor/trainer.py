@@ -28,6 +28,7 @@ from layerslide.executor.checkpoint_store import CheckpointInfo, CheckpointStore
 from layerslide.executor.data import TokenSource
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
+from layerslide.executor.evaluation import EvalResult, evaluate
 from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.moments import Moments
@@ -57,6 +58,21 @@ class CheckpointSchedule:
             raise ValueError(f"checkpoint every_steps={self.every_steps}: must be >= 1")
         if self.every_minutes is not None and not self.every_minutes > 0:
             raise ValueError(f"checkpoint every_minutes={self.every_minutes}: must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSchedule:
+    """When fit() scores the held-out `batches` (each as TokenSource.next_batch gives it):
+    every `every_steps` steps (where segments then end) and after the last step."""
+
+    batches: list[tuple[torch.Tensor, ...]]
+    every_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.batches:
+            raise ValueError("an eval needs at least one batch")
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ValueError(f"eval every_steps={self.every_steps}: must be >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -288,13 +304,16 @@ class Trainer:
             checkpoints: CheckpointSchedule | None = None,
             on_checkpoint: Callable[[CheckpointInfo, float], None] | None = None,
             stop: threading.Event | None = None,
+            evals: EvalSchedule | None = None,
+            on_eval: Callable[[EvalResult], None] | None = None,
             ) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
         comes as soon as a step has run; `on_step(log)` once its segment has drained. With
         `checkpoints`, segments end on checkpoint steps and the state is saved there;
         `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall).
         Once `stop` is set (e.g. by a signal handler) training ends after the step in flight,
-        the state is saved if `checkpoints` is given, and `stopped` is True."""
+        the state is saved if `checkpoints` is given, and `stopped` is True. With `evals`, the
+        held-out batches are scored on their schedule and `on_eval(result)` gets each score."""
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
         self.stopped = False
@@ -303,8 +322,10 @@ class Trainer:
                 self.stopped = True
                 break
             count = min(self.segment_steps, num_steps - len(logs))
-            if checkpoints is not None and checkpoints.every_steps is not None:
-                count = min(count, checkpoints.every_steps - self.step % checkpoints.every_steps)
+            for every in (None if checkpoints is None else checkpoints.every_steps,
+                          None if evals is None else evals.every_steps):
+                if every is not None:
+                    count = min(count, every - self.step % every)
             try:
                 segment = self._segment(data, count, on_step_done, stop)
             except BaseException:
@@ -315,6 +336,12 @@ class Trainer:
                 if on_step is not None:
                     on_step(log)
             self.stopped = len(segment) < count
+            if evals is not None and not self.stopped and (
+                    len(logs) == num_steps or (evals.every_steps is not None
+                                               and self.step % evals.every_steps == 0)):
+                result = self.evaluate(evals.batches)
+                if on_eval is not None:
+                    on_eval(result)
             if checkpoints is None:
                 continue
             due = self.stopped or len(logs) == num_steps or (
@@ -335,6 +362,11 @@ class Trainer:
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs
+
+    def evaluate(self, batches: list[tuple[torch.Tensor, ...]]) -> EvalResult:
+        """The loss and next-token accuracy of the current weights on `batches` (a forward
+        pass; call where the pipeline is drained, as fit() does)."""
+        return evaluate(self.runner, self.state, batches, self.step)
 
     def _segment(self, data: TokenSource, count: int,
                  on_step_done: Callable[[int], None] | None,

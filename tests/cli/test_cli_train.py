@@ -261,3 +261,47 @@ def test_train_names_its_own_flags_in_data_errors(model_dir, tmp_path, capsys):
     rc = main(["train", "--model", str(model_dir), "--data", str(data), "--device", "cpu",
                "--steps", "1", "--seq-len", "16", "--data-format", "poems"])
     assert rc == 2 and "--data-format must be one of" in capsys.readouterr().err
+
+
+def test_train_scores_held_out_data_beside_the_training_loss(model_dir, data_file, tmp_path,
+                                                             capsys):
+    rc = main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+               "--steps", "4", "--micro-batch", "2", "--seq-len", "16", "--lr", "3e-3",
+               "--eval-fraction", "0.25", "--eval-every", "2", "--log-jsonl",
+               str(tmp_path / "log.jsonl"), "--tensorboard", str(tmp_path / "tb")])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "data: text data from data.jsonl: 30 examples" in printed
+    assert "eval data: text data from data.jsonl: 10 examples" in printed
+    lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    evals = [line for line in lines if "eval_loss" in line]
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3, 4]
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # it learns the held-out text too
+    assert all(0 <= e["eval_accuracy"] <= 1 and e["eval_tokens"] > 0 for e in evals)
+    assert "eval after step 4 | loss" in printed
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/loss")] == [0, 2, 4]
+    assert [e.value for e in events.Scalars("eval/accuracy")] == pytest.approx(
+        [e["eval_accuracy"] for e in evals])
+    rc = main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+               "--steps", "1", "--micro-batch", "2", "--seq-len", "16",
+               "--eval-data", str(data_file), "--eval-rows", "3"])
+    assert rc == 0
+    assert "eval after step 1 | loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--eval-fraction", "1.5"], "between 0 and 1"),
+    (["--eval-fraction", "0.1", "--eval-data", "x.jsonl"], "give one"),
+    (["--eval-every", "2"], "--eval-every needs eval data"),
+    (["--eval-fraction", "0.2", "--eval-every", "0"], "at least every step"),
+    (["--eval-data", "/no/such.jsonl"], "does not exist"),
+])
+def test_train_refuses_bad_eval_flags(model_dir, data_file, flags, words, capsys):
+    rc = main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+               "--steps", "1", "--micro-batch", "2", "--seq-len", "16", *flags])
+    assert rc == 2
+    assert words in capsys.readouterr().err

@@ -13,7 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerslide.executor.data import DatasetTokens, SyntheticTokens, TokenSource, open_token_source
+from layerslide.executor.data import (
+    DatasetTokens,
+    SyntheticTokens,
+    TokenSource,
+    eval_batches,
+    open_token_source,
+    split_token_sources,
+)
+from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
 EOS = "</s>"
@@ -374,3 +382,26 @@ def test_refuses_bad_micro_batch(tok_dir, tmp_path):
         for bad in (0, -2, True, 1.0):
             with pytest.raises(ValueError, match="micro_batch must be an integer >= 1"):
                 source.next_batch(bad)
+
+
+def test_an_eval_fraction_holds_out_whole_examples_by_seed(tok_dir, tmp_path):
+    docs = [" ".join(WORDS[i % 7:i % 7 + 3]) + f" {WORDS[i % 10]}" for i in range(20)]
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+
+    def split(seed):
+        return split_token_sources(path, eval_fraction=0.25, tokenizer_dir=tok_dir,
+                                   vocab_size=12, seq_len=4, seed=seed, packing=False)
+
+    train, held = split(0)
+    assert (train.num_examples, held.num_examples) == (15, 5)
+    train_set, held_set = set(train.epoch_order(0).tolist()), set(held.epoch_order(0).tolist())
+    assert not train_set & held_set and len(train_set | held_set) == 20
+    assert set(split(0)[1].epoch_order(0).tolist()) == held_set
+    assert set(split(7)[1].epoch_order(0).tolist()) != held_set
+    batches = eval_batches(held, micro_batch=2, max_rows=5)
+    assert len(batches) == 3
+    assert (batches[-1][1][1] == IGNORE_INDEX).all() and (batches[-1][1][0] != IGNORE_INDEX).any()
+    for fraction in (0, 1, True):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            split_token_sources(path, eval_fraction=fraction, tokenizer_dir=tok_dir,
+                                vocab_size=12, seq_len=4)

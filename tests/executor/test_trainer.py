@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import SEQ, VOCAB, spec_of, tiny_config
+from helpers import SEQ, VOCAB, PackedDocuments, spec_of, tiny_config
 from reference_training import ReferenceTrainer
 from transformers import AutoModelForCausalLM
 
@@ -424,34 +424,6 @@ def test_a_plan_file_naming_a_landing_slot_that_is_not_there_is_refused(tmp_path
         trainer.init_random(0)
         with pytest.raises(ValueError, match="slot 2 is not one of the plan's 2 landing"):
             trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)
-
-
-class PackedDocuments:
-    """Rows of random documents packed end to end (lengths 1-13 tokens), with position_ids
-    that restart at each document, as DatasetTokens makes them with document masks."""
-
-    def __init__(self, seed: int):
-        self.generator = torch.Generator().manual_seed(seed)
-
-    vocab_size = VOCAB
-
-    def next_batch(self, micro_batch):
-        ids = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
-        labels = torch.randint(0, VOCAB, (micro_batch, SEQ), generator=self.generator)
-        positions = torch.empty(micro_batch, SEQ, dtype=torch.int64)
-        for row in positions:
-            start = 0
-            while start < SEQ:
-                length = int(torch.randint(1, 14, (1,), generator=self.generator))
-                row[start:start + length] = torch.arange(min(length, SEQ - start))
-                start += length
-        return ids, labels, positions
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
 
 
 @pytest.mark.parametrize("device", ["cpu", GPU])
