@@ -6,7 +6,7 @@ import argparse
 import sys
 from types import SimpleNamespace
 
-from layerslide.hwprofiles import HardwareProfile, load_profile, parse_bytes
+from layerslide.hwprofiles import HardwareProfile, parse_bytes, resolve_profile
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
@@ -176,8 +176,9 @@ def model_of(args) -> ModelSpec:
 
 
 def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
-    """A profile by name or path, with --nvme-drives applied where given."""
-    profile = load_profile(name)
+    """A profile by name or path, or a variant BASE[+CARD][,ram=SIZE][,drives=N][,nvme=SIZE]
+    (hwprofiles.variants), with --nvme-drives applied where given."""
+    profile = resolve_profile(name)
     if nvme_drives is None:
         return profile
     if nvme_drives < 1:

@@ -8,10 +8,28 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .profile import GPUSpec, HardwareProfile, HostSpec, LinkSpec, StorageSpec
+from .profile import (
+    PRICE_BASES,
+    PRICE_COMPONENTS,
+    GPUSpec,
+    HardwareProfile,
+    HostSpec,
+    LinkSpec,
+    Price,
+    Prices,
+    StorageSpec,
+)
 from .units import UNIT_KIND, UNITS_BY_KIND, to_si
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+# GPU cards a profile (or --profile BASE+CARD) can put in: each file a [gpu] and the [link] its
+# PCIe generation gives, and optionally [price.gpu].
+CARDS_DIR = BUILTIN_DIR / "gpus"
+# What a source says it is, its first word: a vendor's datasheet or spec page, a measurement on
+# a named machine, a figure derived from others (the source says how), an assumption (no public
+# figure found: said so), an older estimate, or a what-if override. Built-in profiles must start
+# every source with one of these (user files are not held to it).
+SOURCE_KINDS = ("datasheet", "measured", "derived", "assumption", "estimate", "override")
 
 # TOML field -> (dataclass attribute, unit kind). "text" is a plain string, "efficiency" the
 # GEMM table; every other kind is a {value, unit, source} table converted to SI.
@@ -56,6 +74,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "dma_write_cost": ("dma_write_cost", "ratio"),
             "dispatch_cores": ("dispatch_cores", "ratio"),
             "reserve": ("reserve_bytes", "bytes"),
+            "ram_max": ("ram_max_bytes", "bytes"),
         },
     ),
     "storage": (
@@ -67,6 +86,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "duplex": ("duplex_bytes_per_s", "bytes/s"),
             "duplex_read_share": ("duplex_read_share", "ratio"),
             "drives": ("drives", "count"),
+            "drives_max": ("drives_max", "count"),
         },
     ),
 }
@@ -75,14 +95,16 @@ OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drive
                    "gpu.busy_speedup",
                    "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
                    "host.dispatch_cores", "host.reserve", "host.adamw_bf16_throughput",
-                   "host.adamw_int8_throughput"}
+                   "host.adamw_int8_throughput", "host.ram_max", "storage.drives_max"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}
-_TOP_LEVEL = ("name", "description", *PROFILE_FIELDS)
+_TOP_LEVEL = ("name", "description", *PROFILE_FIELDS, "price")
+_CARD_TOP_LEVEL = ("description", "gpu", "link", "price")
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores", "drives",
-                 "reserve_bytes"}
+                 "reserve_bytes", "ram_max_bytes", "drives_max"}
+_PRICE_KEYS = ("value", "unit", "basis", "date", "source")
 
 
 class ProfileError(ValueError):
@@ -99,41 +121,116 @@ def builtin_profile_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 
 
+def builtin_card_names() -> list[str]:
+    """Names of the GPU cards in builtin/gpus/, sorted (for `base+card` and `gpu = "card"`)."""
+    return sorted(p.stem for p in CARDS_DIR.glob("*.toml"))
+
+
 def builtin_profiles() -> list[HardwareProfile]:
     """All shipped profiles, loaded and validated, sorted by name."""
     return [load_profile(name) for name in builtin_profile_names()]
 
 
-def load_profile(name_or_path: str | os.PathLike[str]) -> HardwareProfile:
-    """Load a built-in profile by name, or any profile by path to a .toml file."""
+def load_profile(name_or_path: str | os.PathLike[str], *,
+                 gpu: str | None = None) -> HardwareProfile:
+    """Load a built-in profile by name, or any profile by path to a .toml file. A profile may
+    build on another (`base = "name or path"`, its own tables replacing the base's fields) and
+    take a card from builtin/gpus/ (`gpu = "card"`); `gpu` here swaps the card in as well (the
+    profile is then named `name+card`)."""
     text = os.fspath(name_or_path)
-    names = builtin_profile_names()
-    if not isinstance(name_or_path, os.PathLike) and text in names:
-        return _load_file(BUILTIN_DIR / f"{text}.toml", shown=f"{text}.toml")
+    found = _find(text, pathlike=isinstance(name_or_path, os.PathLike))
+    if found is None:
+        raise ProfileError(
+            text,
+            "",
+            f"unknown hardware profile: not a built-in name and no such file; "
+            f"built-ins: {', '.join(builtin_profile_names())}",
+        )
+    path, shown = found
+    data = _resolve(_read(path, shown=shown), file=shown, path=path, seen=())
+    if gpu is not None:
+        data = _with_card(data, gpu, file=shown, field="gpu")
+        data["name"] = f"{_text(data.get('name'), file=shown, field='name')}+{gpu}"
+    return _build(data, file=shown, path=str(path), strict=path.parent == BUILTIN_DIR)
+
+
+def _find(text: str, *, pathlike: bool = False,
+          relative_to: Path | None = None) -> tuple[Path, str] | None:
+    """(path, name shown in messages) of a built-in name or a file, or None."""
+    if not pathlike and text in builtin_profile_names():
+        return BUILTIN_DIR / f"{text}.toml", f"{text}.toml"
     path = Path(text)
-    if path.is_file():
-        return _load_file(path, shown=text)
-    raise ProfileError(
-        text,
-        "",
-        f"unknown hardware profile: not a built-in name and no such file; "
-        f"built-ins: {', '.join(names)}",
-    )
+    if relative_to is not None and not path.is_absolute():
+        path = relative_to / path
+    return (path, text) if path.is_file() else None
 
 
-def _load_file(path: Path, *, shown: str) -> HardwareProfile:
+def _read(path: Path, *, shown: str) -> dict[str, Any]:
     try:
         with path.open("rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(shown, "", f"malformed TOML: {e}") from e
     except OSError as e:
         raise ProfileError(shown, "", f"cannot read: {e}") from e
-    return _build(data, file=shown, path=str(path))
 
 
-def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
-    _check_keys(data, _TOP_LEVEL, file=file, prefix="")
+def _resolve(data: dict[str, Any], *, file: str, path: Path,
+             seen: tuple[str, ...]) -> dict[str, Any]:
+    """The file's tables over its base's (field by field), with its card (`gpu = "card"`)
+    put in first; bases may build on bases, never in a circle."""
+    data = dict(data)
+    merged: dict[str, Any] = {}
+    if "base" in data:
+        name = _text(data.pop("base"), file=file, field="base")
+        found = _find(name, relative_to=path.parent)
+        if found is None:
+            raise ProfileError(file, "base", f"unknown base profile {name!r}: not a built-in "
+                                             f"name and no such file; built-ins: "
+                                             f"{', '.join(builtin_profile_names())}")
+        base_path, base_shown = found
+        key = str(base_path.resolve())
+        if key in seen or key == str(path.resolve()):
+            raise ProfileError(file, "base", f"{name!r} builds on itself (a circle of bases)")
+        merged = _resolve(_read(base_path, shown=base_shown), file=base_shown, path=base_path,
+                          seen=(*seen, str(path.resolve())))
+        if "name" not in data:
+            raise ProfileError(file, "name", "missing: a profile built on a base names itself")
+    if isinstance(data.get("gpu"), str):
+        merged = _with_card(merged, data.pop("gpu"), file=file, field="gpu")
+    for key, value in data.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}  # this file's fields over the base's
+        else:
+            merged[key] = value
+    return merged
+
+
+def _with_card(data: dict[str, Any], card: Any, *, file: str, field: str) -> dict[str, Any]:
+    """The data with the card's [gpu], [link] and GPU price in place of its own."""
+    name = _text(card, file=file, field=field)
+    cards = builtin_card_names()
+    if name not in cards:
+        raise ProfileError(file, field, f"unknown GPU card {name!r}; cards: {', '.join(cards)}")
+    shown = f"gpus/{name}.toml"
+    card_data = _read(CARDS_DIR / f"{name}.toml", shown=shown)
+    _check_keys(card_data, _CARD_TOP_LEVEL, file=shown, prefix="",
+                optional={"price", "description"})
+    out = {**data, "gpu": card_data["gpu"], "link": card_data["link"]}
+    price = dict(out.get("price") or {})
+    price.pop("gpu", None)
+    card_price = card_data.get("price", {})
+    if not isinstance(card_price, dict) or set(card_price) - {"gpu"}:
+        raise ProfileError(shown, "price", "a card gives only [price.gpu]")
+    if "gpu" in card_price:
+        price["gpu"] = card_price["gpu"]
+    out["price"] = price
+    return out
+
+
+def _build(data: dict[str, Any], *, file: str, path: str,
+           strict: bool = False) -> HardwareProfile:
+    _check_keys(data, _TOP_LEVEL, file=file, prefix="", optional={"price"})
     sources: dict[str, str] = {}
     parts: dict[str, Any] = {}
     for section, (cls, fields) in PROFILE_FIELDS.items():
@@ -168,13 +265,65 @@ def _build(data: dict[str, Any], *, file: str, path: str) -> HardwareProfile:
             parts[section] = cls(**kwargs)
         except ValueError as e:  # the dataclass's own checks: name the file
             raise ProfileError(file, section, str(e)) from e
+    if strict:
+        for dotted, source in sources.items():
+            kind = source.replace(":", " ").split(" ", 1)[0]
+            if kind not in SOURCE_KINDS:
+                raise ProfileError(file, f"{dotted}.source",
+                                   f"must start with what it is, one of {', '.join(SOURCE_KINDS)}"
+                                   f" (got {source[:40]!r})")
     return HardwareProfile(
         name=_text(data["name"], file=file, field="name"),
         description=_text(data["description"], file=file, field="description"),
         sources=sources,
         path=path,
+        prices=_prices(data.get("price", {}), file=file),
         **parts,
     )
+
+
+def _prices(table: Any, *, file: str) -> Prices:
+    """Read [price]: each component { value, unit = "USD", basis = "list" | "user", date,
+    source }; a list price needs its date."""
+    if not isinstance(table, dict):
+        raise ProfileError(file, "price", f"must be a table ([price]), got {_type(table)}")
+    _check_keys(table, PRICE_COMPONENTS, file=file, prefix="price.",
+                optional=set(PRICE_COMPONENTS))
+    out: dict[str, Price] = {}
+    for key, entry in table.items():
+        field = f"price.{key}"
+        if not isinstance(entry, dict):
+            raise ProfileError(file, field, 'must be a table like { value = 1999, unit = "USD", '
+                                            'basis = "list", date = "2025-01", source = "..." }, '
+                                            f"got {_type(entry)}")
+        _check_keys(entry, _PRICE_KEYS, file=file, prefix=f"{field}.", optional={"date"})
+        value, unit, basis = entry["value"], entry["unit"], entry["basis"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(file, f"{field}.value", f"must be a number, got {_type(value)}")
+        if not value >= 0:
+            raise ProfileError(file, f"{field}.value", f"a price must be >= 0, got {value}")
+        if not (isinstance(unit, str) and len(unit) == 3 and unit.isalpha() and unit.isupper()):
+            raise ProfileError(file, f"{field}.unit",
+                               f'must be a currency code such as "USD" or "EUR", got {unit!r}')
+        if basis not in PRICE_BASES:
+            raise ProfileError(file, f"{field}.basis",
+                               f"must be one of {', '.join(PRICE_BASES)} (a dated list price or "
+                               f"the user's own figure), got {basis!r}")
+        date = entry.get("date")
+        if basis == "list" and date is None:
+            raise ProfileError(file, f"{field}.date", "missing: a list price says when it was "
+                                                      'listed, e.g. date = "2025-01"')
+        if date is not None:
+            date = _text(str(date), file=file, field=f"{field}.date")
+        try:
+            out[key] = Price(value=float(value), currency=unit, basis=basis, date=date,
+                             source=_text(entry["source"], file=file, field=f"{field}.source"))
+        except ValueError as e:
+            raise ProfileError(file, field, str(e)) from e
+    try:
+        return Prices(**out)
+    except ValueError as e:
+        raise ProfileError(file, "price", str(e)) from e
 
 
 def _check_keys(table: dict[str, Any], known: Any, *, file: str, prefix: str,

@@ -128,12 +128,18 @@ class HostSpec:
     # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
     # torch.compile's worker processes. Plans must fit ram_bytes less this.
     reserve_bytes: int = 0
+    # The most RAM the platform takes (its slots times the largest module at the rated speed);
+    # None: no limit known. A variant with more RAM than this is refused.
+    ram_max_bytes: int | None = None
 
     @property
     def usable_ram_bytes(self) -> int:
         return self.ram_bytes - self.reserve_bytes
 
     def __post_init__(self) -> None:
+        if self.ram_max_bytes is not None and self.ram_bytes > self.ram_max_bytes:
+            raise ValueError(f"host ram {self.ram_bytes / 2**30:g} GiB is more than this platform "
+                             f"takes (ram_max {self.ram_max_bytes / 2**30:g} GiB)")
         if not 0 < self.dispatch_cores <= self.cores:
             raise ValueError(f"host dispatch_cores must lie in (0, cores={self.cores}], got "
                              f"{self.dispatch_cores}: the cores a thread launching kernels "
@@ -166,10 +172,16 @@ class StorageSpec:
     # tier's reads took ~60% beside its writes (benchmarks/results/sharing_2026-11-30)
     duplex_read_share: float | None = None
     drives: int = 1
+    # The most drives the platform attaches at their full rate (CPU-attached M.2 slots or lanes
+    # for them); None: no limit known. A variant with more drives than this is refused.
+    drives_max: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.drives, bool) or not isinstance(self.drives, int) or self.drives < 1:
             raise ValueError(f"storage drives must be a whole number >= 1, got {self.drives!r}")
+        if self.drives_max is not None and self.drives > self.drives_max:
+            raise ValueError(f"{self.drives} NVMe drives are more than this platform attaches at "
+                             f"full rate (drives_max {self.drives_max})")
         share = self.duplex_read_share
         if share is not None and not 0 < share < 1:
             raise ValueError(f"storage duplex_read_share must lie in (0, 1), got {share}: "
@@ -194,6 +206,56 @@ class StorageSpec:
                                 else n * self.duplex_bytes_per_s), drives=1)
 
 
+
+PRICE_COMPONENTS = ("gpu", "platform", "ram_per_gb", "drive")
+PRICE_BASES = ("list", "user")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    """One component's price: a dated list price with its source, or the user's own figure."""
+
+    value: float
+    currency: str
+    basis: str  # "list": a published list price on `date`; "user": the user's own figure
+    source: str
+    date: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, (int, float)) \
+                or not math.isfinite(self.value) or self.value < 0:
+            raise ValueError(f"a price must be a number >= 0, got {self.value!r}")
+        if self.basis not in PRICE_BASES:
+            raise ValueError(f"price basis must be one of {', '.join(PRICE_BASES)}, got "
+                             f"{self.basis!r}")
+        if self.basis == "list" and not self.date:
+            raise ValueError("a list price needs the date it was listed (date = \"YYYY-MM\")")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prices:
+    """What the machine's parts cost: the GPU, the platform (CPU, board, PSU, case), RAM per GB
+    of DIMM capacity (a DIMM's "GB" is a GiB, 2^30 bytes) and one NVMe drive. Any may be
+    missing; the total then is unknown."""
+
+    gpu: Price | None = None
+    platform: Price | None = None
+    ram_per_gb: Price | None = None
+    drive: Price | None = None
+
+    def __post_init__(self) -> None:
+        currencies = {p.currency for p in self.given().values()}
+        if len(currencies) > 1:
+            raise ValueError(f"prices mix currencies {sorted(currencies)}: give them all in one")
+
+    def given(self) -> dict[str, Price]:
+        return {k: getattr(self, k) for k in PRICE_COMPONENTS if getattr(self, k) is not None}
+
+    @property
+    def currency(self) -> str | None:
+        return next((p.currency for p in self.given().values()), None)
+
+
 @dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     """A whole machine as data, with a source for every number; built by loader.load_profile."""
@@ -207,6 +269,7 @@ class HardwareProfile:
     # hash=False: a read-only mapping is not hashable, and the numbers already identify the machine.
     sources: Mapping[str, str] = field(hash=False)
     path: str | None = None
+    prices: Prices = field(default_factory=Prices)
 
     def __post_init__(self) -> None:
         # Freeze the mapping so a shared profile cannot be edited behind its users' backs.
@@ -251,6 +314,21 @@ class HardwareProfile:
             sources[key] = "override"
         return dataclasses.replace(self, **parts, sources=sources)
 
+    def cost_breakdown(self) -> dict[str, float] | None:
+        """What each part of this machine costs (GPU, platform, its RAM at the price per GB, its
+        drives at the price per drive), or None where a price is missing."""
+        pr = self.prices
+        if None in (pr.gpu, pr.platform, pr.ram_per_gb, pr.drive):
+            return None
+        return {"gpu": pr.gpu.value, "platform": pr.platform.value,
+                "ram": pr.ram_per_gb.value * self.host.ram_bytes / 2**30,
+                "drives": pr.drive.value * self.storage.drives}
+
+    def cost(self) -> float | None:
+        """The machine's total price in prices.currency, or None where a price is missing."""
+        parts = self.cost_breakdown()
+        return None if parts is None else sum(parts.values())
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict in SI units (bytes, seconds, bytes/s, FLOP/s, params/s)."""
         gpu = dataclasses.asdict(self.gpu)
@@ -264,6 +342,8 @@ class HardwareProfile:
             "host": dataclasses.asdict(self.host),
             "storage": dataclasses.asdict(self.storage),
             "sources": dict(self.sources),
+            "prices": {k: dataclasses.asdict(v) for k, v in self.prices.given().items()},
+            "cost": self.cost(),
         }
 
 
