@@ -27,12 +27,23 @@ from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.reports import (
     format_table,
     plot_memory,
+    plot_purchase,
     plot_timeline,
     write_chrome_trace,
 )
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
+from layerslide.tuner.purchase import (
+    DEFAULT_CARDS,
+    DEFAULT_DRIVE_COUNTS,
+    DEFAULT_PLATFORMS,
+    DEFAULT_RAM_SIZES,
+    PURCHASE_SPACE,
+    purchase_search,
+)
+from layerslide.tuner.purchase import summary as purchase_summary
+from layerslide.tuner.purchase import variants as purchase_variants
 from layerslide.tuner.whatif import (
     STATE_BYTES_PER_PARAM,
     WHATIF_SPACE,
@@ -330,6 +341,13 @@ def _whatif_space(args) -> SearchSpace:
 
 
 def cmd_whatif(args) -> int:
+    if args.target_tokens_per_s is not None:
+        return _whatif_purchase(args)
+    buying = {"--platforms": args.platforms, "--gpus": args.gpus, "--drives": args.drives,
+              "--workers": args.workers, "--csv": args.csv, "--out": args.out}
+    given = [flag for flag, value in buying.items() if value is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} go with --target-tokens-per-s T (what to buy)")
     progress = progress_printer("whatif")
     if args.profile_axis:
         if args.model or args.profiles:
@@ -377,3 +395,110 @@ def cmd_whatif(args) -> int:
         print("  all in RAM by moment precision: " + ", ".join(
             f"{k} {v / 1e9:.1f}B" for k, v in entry["all_in_ram_params_by_moments"].items()))
     return 0
+
+
+def _purchase_progress():
+    """The terminal's redrawn counter, or (a log, a pipe) a line at every tenth of the work."""
+    shown = progress_printer("whatif: variants tuned")
+    if shown is not None:
+        return shown
+    import sys
+    import time
+
+    start = time.monotonic()
+    last = [0]
+
+    def line(done: int, total: int) -> None:
+        if done == total or done * 10 // total > last[0]:
+            last[0] = done * 10 // total
+            elapsed = time.monotonic() - start
+            eta = elapsed / done * (total - done)
+            print(f"whatif: {done}/{total} variants tuned ({elapsed:.0f} s, about {eta:.0f} s "
+                  "left)", file=sys.stderr, flush=True)
+
+    return line
+
+
+def _whatif_purchase(args) -> int:
+    """whatif --target-tokens-per-s T --model M: every variant in the ranges, cheapest first."""
+    target = args.target_tokens_per_s
+    if not (target > 0 and target != float("inf")):
+        raise UsageError(f"--target-tokens-per-s {target:g}: give a throughput more than 0")
+    if not args.model:
+        raise UsageError("--target-tokens-per-s needs --model M: the model to buy for")
+    clashes = {"--profiles": args.profiles, "--on-profile": args.profile_axis,
+               "--models": args.models, "--nvme": args.nvme, "--gpu-memory": args.gpu_memory,
+               "--nvme-drives": args.nvme_drives}
+    given = [flag for flag, value in clashes.items() if value is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} do not go with --target-tokens-per-s: the "
+                         "variants come from --platforms, --gpus, --ram and --drives")
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers {args.workers}: give 1 or more")
+    writable_file("--csv", args.csv)
+    if args.out:
+        writable_folder("--out", args.out)
+    model = model_of(args)
+    candidates, skipped = purchase_variants(
+        args.platforms or DEFAULT_PLATFORMS, args.gpus or DEFAULT_CARDS,
+        args.ram or DEFAULT_RAM_SIZES, args.drives or DEFAULT_DRIVE_COUNTS)
+    if not candidates:
+        raise UsageError("no variant to try: every combination was refused by its platform ("
+                         + "; ".join(f"{s}: {why}" for s, why in skipped[:3]) + ")")
+    space = replace(PURCHASE_SPACE, moment_precisions=(args.moment_precision,))
+    if not args.json:
+        tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
+        print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
+              f"variants, each tuned over {tried} candidates", flush=True)
+    rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
+                           workers=args.workers, progress=_purchase_progress())
+    lines = purchase_summary(rows, target)
+    table = pd.DataFrame(rows)
+    data = {"model": model.name, "target_tokens_per_s": target, "seq_len": args.seq_len,
+            "moment_precision": args.moment_precision, "rows": _records(table),
+            "skipped": [{"profile": s, "why": why} for s, why in skipped], "summary": lines}
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        table.to_csv(out / "purchase.csv", index=False)
+        (out / "purchase.json").write_text(json.dumps(data, indent=2, default=str,
+                                                      allow_nan=False) + "\n")
+        plot_purchase(table, out / "purchase.png", target=target,
+                      title=f"{model.name}: simulated tokens/s against machine cost")
+    text = _purchase_text(table, lines, skipped, target)
+    if args.out:
+        (Path(args.out) / "summary.txt").write_text(text + "\n")
+    if args.json:
+        _print_json(data)
+    else:
+        print(text)
+    return 0
+
+
+def _purchase_text(table: pd.DataFrame, lines: list[str], skipped, target: float) -> str:
+    view = pd.DataFrame({
+        "profile": table["profile"],
+        "cost": table["cost"],
+        "tokens_per_s": table["tokens_per_s"],
+        "meets": table["meets_target"],
+        "tok/s_per_1k": table["tokens_per_s_per_1k_cost"],
+        "bound": [f"{b} ({s:.0%})" if isinstance(b, str) else "" for b, s in
+                  zip(table["bound"], table["bound_share_of_step"])],
+        "next_cheaper_short": [f"{v:.0%}" if pd.notna(v) else "" for v in
+                               table["next_cheaper_short_of_target"]],
+        "config": table["config"],
+        "reason": table["reason"],
+    })
+    currency = next((c for c in table["currency"] if isinstance(c, str)), "")
+    legend = (f"cost: the profiles' prices in {currency or '(none)'} (price_basis in "
+              "--csv/--json says which are list prices and which the user's figures); bound: "
+              "the resource whose per-step floor is the largest, as a share of the step; "
+              f"next_cheaper_short: how far the next cheaper variant falls short of {target:g} "
+              "tokens/s")
+    out = [format_table(view), "", legend, *lines]
+    if skipped:
+        out.append(f"not offered ({len(skipped)}): " + "; ".join(
+            f"{s} ({why})" for s, why in skipped[:6]) + (" ..." if len(skipped) > 6 else ""))
+    return "\n".join(out)

@@ -25,11 +25,23 @@ from layerslide.cli.options import (
 )
 from layerslide.cli.outputs import writable_folder
 from layerslide.cli.train import add_train_command
+from layerslide.hwprofiles import builtin_card_names
+from layerslide.hwprofiles.variants import SPEC_SYNTAX
 from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.tuner import SearchSpace
+from layerslide.tuner.purchase import DEFAULT_CARDS, DEFAULT_DRIVE_COUNTS, DEFAULT_PLATFORMS
 
 UNITS = ("Units: sizes in bytes with a unit (24GiB = 24*2^30 B, 24GB = 24e9 B); times in seconds; "
          "rates per second; tables print GiB (2^30 B) and GB/s (1e9 B/s).")
+
+
+WHATIF_EPILOG = (
+    "Profiles: a name (`layerslide profiles`), a TOML file, or a variant "
+    f"{SPEC_SYNTAX}, e.g. workstation-8ch+rtx5090,ram=512GiB,drives=4 (any command's --profile "
+    "takes these). What to buy: whatif --model llama-3.1-70b --target-tokens-per-s 300 "
+    "[--platforms ...] [--gpus ...] [--ram 128GiB,256GiB,512GiB] [--drives 1,2,4] [--out DIR]; "
+    "costs add the profiles' [price] parts (GPU, platform, RAM per GB, drive), each a dated "
+    "list price or the user's figure (edit a copy of a built-in profile to use yours).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,10 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_json(p)
     p.set_defaults(run=commands.cmd_tune)
 
-    p = command("whatif", "what fits and how fast: one model across profiles, or one profile "
-                          "across models and RAM/NVMe sizes")
+    p = command("whatif", "what fits and how fast: one model across profiles, one profile "
+                          "across models and RAM/NVMe sizes, or what to buy for a target "
+                          "throughput (--target-tokens-per-s)")
+    p.epilog = WHATIF_EPILOG + " " + UNITS
     add_model(p, required=False)
-    p.add_argument("--profiles", type=str_list, help="profiles to compare (default: all built-in)")
+    p.add_argument("--profiles", type=str_list,
+                   help="profiles to compare (default: all built-in); each a name, a file or a "
+                        f"variant {SPEC_SYNTAX}")
     p.add_argument("--on-profile", dest="profile_axis",
                    help="instead: this profile across --models (default: all presets)")
     p.add_argument("--models", type=str_list, help="models to compare with --on-profile")
@@ -131,6 +147,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default="fp32",
                    help="how AdamW's moments are stored in the configurations tried (fp32, "
                         "bf16 or int8); --on-profile also bounds the largest model by each")
+    g = p.add_argument_group(
+        "what to buy (--target-tokens-per-s with --model)",
+        "every variant PLATFORM+CARD,ram=SIZE,drives=N in the ranges below, tuned for the "
+        "model in a coarse search space; --ram gives the RAM sizes to try")
+    g.add_argument("--target-tokens-per-s", type=float, default=None, metavar="T",
+                   help="the throughput to reach: list the variants that reach it, cheapest "
+                        "first, with what bounds each and how far the next cheaper falls short")
+    g.add_argument("--platforms", type=str_list, default=None,
+                   help=f"base profiles to try (default: {','.join(DEFAULT_PLATFORMS)})")
+    g.add_argument("--gpus", type=str_list, default=None,
+                   help=f"GPU cards of hwprofiles/builtin/gpus to try (default: "
+                        f"{','.join(DEFAULT_CARDS)}; all: {','.join(builtin_card_names())})")
+    g.add_argument("--drives", type=int_list, default=None,
+                   help="NVMe drive counts to try (default: "
+                        f"{','.join(str(n) for n in DEFAULT_DRIVE_COUNTS)})")
+    g.add_argument("--workers", type=int, default=None,
+                   help="variants tuned at once, each in its own process (default: the CPUs)")
+    g.add_argument("--csv", default=None, metavar="FILE", help="also write the rows as CSV")
+    g.add_argument("--out", default=None, metavar="DIR",
+                   help="write purchase.png (tokens/s against cost), purchase.csv, "
+                        "purchase.json and summary.txt here")
     add_json(p)
     p.set_defaults(run=commands.cmd_whatif)
 

@@ -1,6 +1,7 @@
 """Write a hardware profile back as TOML that the loader reads to the same profile: every
 number in its SI unit, with its source (the calibrate command's measurements, or the base
-profile's own sources for what was not measured)."""
+profile's own sources for what was not measured), and its prices. The file stands alone: a
+base's and a card's figures are written out."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def to_toml(profile: HardwareProfile) -> str:
                 lines.append(f"{key} = {{ value = {value!r}, unit = {_string(SI_UNIT[kind])}, "
                              f"source = {source} }}")
         lines += tables
+    for key, price in profile.prices.given().items():
+        lines += ["", f"[price.{key}]", f"value = {price.value!r}",
+                  f"unit = {_string(price.currency)}", f"basis = {_string(price.basis)}"]
+        if price.date is not None:
+            lines.append(f"date = {_string(price.date)}")
+        lines.append(f"source = {_string(price.source)}")
     return "\n".join(lines) + "\n"
 
 

@@ -3,7 +3,13 @@
 Reads Traces and pandas DataFrames only; never imports the planner, simulator or torch.
 """
 
-from layerslide.reports.figures import plot_memory, plot_timeline, plot_tuning_heatmap, plot_whatif
+from layerslide.reports.figures import (
+    plot_memory,
+    plot_purchase,
+    plot_timeline,
+    plot_tuning_heatmap,
+    plot_whatif,
+)
 from layerslide.reports.perfetto import (
     trace_to_chrome_json,
     traces_to_chrome_json,
@@ -22,6 +28,7 @@ __all__ = [
     "format_table",
     "lane_summary",
     "plot_memory",
+    "plot_purchase",
     "plot_timeline",
     "plot_tuning_heatmap",
     "plot_whatif",

@@ -1,4 +1,4 @@
-"""Figures as PNG files: timelines, memory, tuning heat maps and what-if bars.
+"""Figures as PNG files: timelines, memory, tuning heat maps, what-if bars and purchase scatter.
 
 Each function builds a matplotlib Figure directly (rendered by Agg when saved), writes one PNG and
 returns its path. It never touches pyplot, so it neither switches the caller's backend nor leaves
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
 from layerslide.reports._common import (
@@ -275,5 +276,74 @@ def plot_whatif(
     ax.set_ylim(0, top * 1.12)
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(title or f"best {value} per {label}")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def plot_purchase(
+    df: pd.DataFrame,
+    path: str | Path,
+    *,
+    target: float | None = None,
+    title: str | None = None,
+) -> Path:
+    """Tokens/s against cost, one point per machine variant: colour by `card`, marker by
+    `platform`, size by `drives`; the target as a dashed line and the cheapest variant that
+    reaches it circled. Without costs (no prices) the x axis is RAM (`ram_bytes`, GiB).
+    Variants where the model does not fit sit at 0 tokens/s, hollow."""
+    missing = [c for c in ("tokens_per_s", "card", "platform", "ram_bytes") if c not in df.columns]
+    if missing:
+        raise ValueError(f"plot_purchase: columns {missing} not in {list(df.columns)}")
+    tps = pd.to_numeric(df["tokens_per_s"], errors="coerce").fillna(0.0)
+    cost = pd.to_numeric(df["cost"], errors="coerce") if "cost" in df.columns else None
+    by_cost = cost is not None and cost.notna().any()
+    x = cost if by_cost else df["ram_bytes"] / GIB
+    drives = df["drives"] if "drives" in df.columns else pd.Series(1, index=df.index)
+    cards = list(dict.fromkeys(df["card"].astype(str)))
+    platforms = list(dict.fromkeys(df["platform"].astype(str)))
+    colours = _kind_colours(cards)
+    fig = _new_figure((9.0, 5.5))
+    ax = fig.subplots()
+    for card in cards:
+        for i, platform in enumerate(platforms):
+            sel = (df["card"].astype(str) == card) & (df["platform"].astype(str) == platform)
+            sel &= x.notna()
+            if not sel.any():
+                continue
+            fits = sel & (tps > 0)
+            for mask, face in ((fits, colours[card]), (sel & ~fits, "none")):
+                if mask.any():
+                    ax.scatter(x[mask], tps[mask], s=30 + 25 * drives[mask].astype(float),
+                               marker=_MARKERS[i % len(_MARKERS)], facecolors=face,
+                               edgecolors=colours[card], linewidths=1.2, alpha=0.85)
+    handles = [Line2D([], [], color=colours[c], marker="o", linestyle="",
+                                       label=c) for c in cards]
+    handles += [Line2D([], [], color="grey", marker=_MARKERS[i % len(_MARKERS)],
+                                        linestyle="", markerfacecolor="none", label=p)
+                for i, p in enumerate(platforms)]
+    if target is not None:
+        ax.axhline(target, color="tab:red", linestyle="--", linewidth=1)
+        handles.append(Line2D([], [], color="tab:red", linestyle="--",
+                                               label=f"target {_fmt(target)} tokens/s"))
+        meets = (tps >= target) & x.notna()
+        if meets.any():
+            cheapest = x[meets].idxmin()
+            ax.scatter([x[cheapest]], [tps[cheapest]], s=400, facecolors="none",
+                       edgecolors="black", linewidths=1.5)
+            label = str(df.loc[cheapest, "profile"]) if "profile" in df.columns else ""
+            ax.annotate(f"cheapest reaching the target\n{label}", (x[cheapest], tps[cheapest]),
+                        xytext=(10, -30), textcoords="offset points", fontsize=7)
+    currency = ""
+    if by_cost and "currency" in df.columns:
+        currency = next((c for c in df["currency"] if isinstance(c, str)), "")
+    ax.set_xlabel(f"machine cost ({currency})" if by_cost else "host RAM (GiB)")
+    ax.set_ylabel("best tokens/s (simulated)")
+    ax.grid(alpha=0.3)
+    ax.legend(handles=handles, fontsize=7, loc="best", title="card / platform (size: drives)",
+              title_fontsize=7)
+    ax.set_title(title or "tokens/s against cost, per machine variant")
     fig.tight_layout()
     return _save(fig, path)
