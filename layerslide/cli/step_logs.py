@@ -69,11 +69,13 @@ class StepReporter:
     def report_eval(self, result) -> None:
         """An EvalResult, numbered by the steps before it (0: before training)."""
         self.bar.write(f"eval after step {result.step} | loss {result.loss:.4f} | accuracy "
-                       f"{result.accuracy:.2%} of {result.tokens:,} tokens", file=sys.stdout)
+                       f"{result.accuracy:.2%} of {result.tokens:,} tokens | {result.seconds:.1f} s",
+                       file=sys.stdout)
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"step": result.step, "eval_loss": result.loss,
                                          "eval_accuracy": result.accuracy,
-                                         "eval_tokens": result.tokens}) + "\n")
+                                         "eval_tokens": result.tokens,
+                                         "eval_s": result.seconds}) + "\n")
             self.jsonl.flush()
         if self.tensorboard is not None:
             self.tensorboard.add_scalar("eval/loss", result.loss, global_step=result.step)

@@ -9,6 +9,7 @@ every segment loads the weights it computes with, so nothing the next step needs
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ class EvalResult:
     loss: float
     accuracy: float
     tokens: int
+    seconds: float  # wall time of the eval
 
 
 def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
@@ -35,6 +37,7 @@ def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
     `batches`, each (input_ids, labels[, position_ids]) as a TokenSource gives them."""
     dev = runner.device.device
     runner.device.synchronize()  # nothing of the last segment in flight
+    start_s = time.perf_counter()
     with torch.no_grad(), torch.cuda.device(dev) if dev.type == "cuda" else nullcontext():
         attention = [runner.document_attention(b[2]) if len(b) > 2 else None for b in batches]
         embedding = _weights(runner, state, EMBEDDING)
@@ -68,7 +71,7 @@ def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
     if count == 0:
         raise ValueError("the eval batches have no label to score")
     return EvalResult(step=step, loss=float(loss) / count, accuracy=int(correct) / count,
-                      tokens=count)
+                      tokens=count, seconds=time.perf_counter() - start_s)
 
 
 def _token_scores(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
