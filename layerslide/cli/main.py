@@ -190,6 +190,7 @@ def run_demo_command(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # (train --config re-parses them)
     try:
         return args.run(args)
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)
