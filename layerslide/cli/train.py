@@ -25,6 +25,7 @@ from layerslide.cli.options import (
     with_env_overrides,
 )
 from layerslide.cli.outputs import writable_file, writable_folder
+from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
 from layerslide.cli.step_logs import StepReporter, require_tensorboard
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
@@ -39,6 +40,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 def add_train_command(sub, units: str) -> None:
     help = "fine-tune a Hugging Face model (or a preset with random weights) on this machine"
     p = sub.add_parser("train", help=help, description=help, epilog=units)
+    p.add_argument("--config", metavar="FILE",
+                   help="a TOML file of train options (named as the flags, without dashes: "
+                        "micro-batch = 8); flags given here override it; the options a run "
+                        f"used are written to --out as {RESOLVED_NAME}")
     p.add_argument("--model",
                    help="a Hugging Face model folder (config.json + safetensors), or a preset "
                         "name for random weights (benchmarks); required unless --resume")
@@ -125,7 +130,7 @@ def add_train_command(sub, units: str) -> None:
     add_train(p)
     add_policy(p, plan_steps=False)
     p.set_defaults(run=cmd_train, parser_defaults=_defaults_of(p),
-                   reschedulable=_reschedulable(p))
+                   reschedulable=_reschedulable(p), train_parser=p)
 
 
 def _defaults_of(parser) -> dict:
@@ -190,7 +195,7 @@ def _check_fits(args, plan: Plan) -> None:
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
                 "resume_fallback",
-                "run", "command", "parser_defaults", "reschedulable")
+                "run", "command", "parser_defaults", "reschedulable", "train_parser", "argv")
 
 
 def _resumed_args(args):
@@ -262,6 +267,11 @@ def cmd_train(args) -> int:
     import torch
     from tqdm import tqdm
 
+    if args.config:
+        if args.resume:
+            raise UsageError("--config starts a run; --resume continues one with the settings "
+                             "its checkpoint keeps: give one of them")
+        args = with_run_config(args, args.train_parser, args.argv[1:])
     if args.resume:
         args = _resumed_args(args)
     elif not args.model:
@@ -368,6 +378,8 @@ def cmd_train(args) -> int:
             extra = {name: folder / name for name in TOKENIZER_FILES
                      if from_folder and (folder / name).is_file()}
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
+            if getattr(args, "train_parser", None) is not None:
+                write_resolved(saved, args, args.train_parser)
             print(f"saved the fine-tuned model to {saved}")
     return 0
 

@@ -305,3 +305,46 @@ def test_train_refuses_bad_eval_flags(model_dir, data_file, flags, words, capsys
                "--steps", "1", "--micro-batch", "2", "--seq-len", "16", *flags])
     assert rc == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, data_file,
+                                                                   tmp_path, capsys):
+    from layerslide.cli.main import build_parser
+    from layerslide.cli.run_config import RESOLVED_NAME, load_run_config
+
+    config = tmp_path / "run.toml"
+    config.write_text(f'model = "{model_dir}"\ndata = "{data_file}"\ndevice = "cpu"\n'
+                      'steps = 5\nmicro-batch = 2\nseq_len = 16\nlr = 2e-3\n'
+                      'max-grad-norm = 1.0\ngpu-memory = "2GiB"\nactivations = "gpu"\n'
+                      f'out = "{tmp_path / "out"}"\n')
+    rc = main(["train", "--config", str(config), "--steps", "2",
+               "--log-jsonl", str(tmp_path / "log.jsonl")])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "step 2/2" in printed and "micro-batch 2 x 16 tokens" in printed
+    assert "activations on gpu" in printed
+    logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert logs[0]["lr"] == pytest.approx(2e-3)
+    resolved = tmp_path / "out" / RESOLVED_NAME
+    train_parser = build_parser()._subparsers._group_actions[0].choices["train"]
+    values = load_run_config(str(resolved), train_parser)
+    assert (values["steps"], values["micro_batch"], values["lr"]) == (2, 2, 2e-3)
+    assert values["gpu_memory"] == 2 * 2**30 and values["max_grad_norm"] == 1.0
+    assert values["out"] == str(tmp_path / "out") and "config" not in values
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("micro-bach = 2", "did you mean micro-batch?"),
+    ('steps = "many"', "steps = 'many'"),
+    ('activations = "disk"', "choose one of gpu, host, nvme"),
+    ("serial = 1", "give true or false"),
+    ("steps = [1, 2]", "give one value"),
+    ("steps = ", "not a readable TOML file"),
+])
+def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(text + "\n")
+    assert main(["train", "--config", str(config)]) == 2
+    assert words in capsys.readouterr().err
+    assert main(["train", "--config", str(tmp_path / "none.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""`layerslide train --config run.toml`: every train option in a TOML file (named as the flags
+are, without the leading dashes: `micro-batch = 8` or `micro_batch = 8`); flags on the command
+line override it. The resolved options are written beside the trained model."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import tomllib
+from pathlib import Path
+
+from layerslide.cli.options import UsageError
+
+RESOLVED_NAME = "layerslide-train.toml"
+# options that are not run settings: how the file itself is found, or how a run is resumed
+NOT_IN_FILE = ("config", "resume", "help")
+
+
+def file_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The options a run config file may set, by their argparse dest."""
+    return {a.dest: a for a in parser._actions
+            if a.option_strings and a.dest not in NOT_IN_FILE}
+
+
+def load_run_config(path: str, parser: argparse.ArgumentParser) -> dict:
+    """The file's options as argparse would have parsed them, or a UsageError that says which
+    entry is wrong and what it may be."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except FileNotFoundError as err:
+        raise UsageError(f"--config {path}: no such file") from err
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise UsageError(f"--config {path}: not a readable TOML file ({err})") from err
+    options, values = file_options(parser), {}
+    for key, value in table.items():
+        dest = key.replace("-", "_")
+        if dest not in options:
+            close = difflib.get_close_matches(dest, options, n=1)
+            hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""
+            raise UsageError(f"--config {path}: {key!r} is not a train option{hint}; the file "
+                             "takes the flags of `layerslide train --help`, without dashes")
+        values[dest] = _converted(path, key, value, options[dest])
+    return values
+
+
+def _converted(path: str, key: str, value, action: argparse.Action):
+    """A TOML value checked and converted as the flag's own parser would."""
+    where = f"--config {path}: {key} = {value!r}"
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise UsageError(f"{where}: give true or false")
+        return value
+    if isinstance(value, dict | list):
+        raise UsageError(f"{where}: give one value (a string, number or boolean)")
+    if isinstance(value, bool):
+        raise UsageError(f"{where}: a flag with a value, not a switch")
+    try:
+        converted = action.type(value if isinstance(value, str) else str(value)) \
+            if action.type is not None else (value if isinstance(value, str) else str(value))
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+        raise UsageError(f"{where}: {err}") from err
+    if action.choices is not None and converted not in action.choices:
+        raise UsageError(f"{where}: choose one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
+def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
+    """args re-parsed with the --config file's options as defaults: the command line wins."""
+    values = load_run_config(args.config, parser)
+    defaults = {a.dest: a.default for a in parser._actions}
+    parser.set_defaults(**values)
+    try:
+        resolved = parser.parse_args(argv)
+    finally:
+        parser.set_defaults(**{k: defaults[k] for k in values})
+    resolved.parser_defaults = args.parser_defaults  # flags given tell from defaults, as before
+    return resolved
+
+
+def write_resolved(folder: str | Path, args, parser: argparse.ArgumentParser) -> Path:
+    """The run's options as a config file (those left unset are left out), into folder."""
+    lines = ["# the options `layerslide train` ran with; rerun with --config this-file"]
+    for dest in file_options(parser):
+        value = getattr(args, dest, None)
+        if value is None or dest in ("parser_defaults",):
+            continue
+        lines.append(f"{dest.replace('_', '-')} = {_toml_value(value)}")
+    path = Path(folder) / RESOLVED_NAME
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
