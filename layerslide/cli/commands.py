@@ -365,7 +365,8 @@ def cmd_whatif(args) -> int:
             raise UsageError("give --model M (across profiles) or --on-profile P "
                              "(across models)")
         if args.models or args.ram or args.nvme:
-            raise UsageError("--models, --ram and --nvme go with --on-profile")
+            raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
+                             "--target-tokens-per-s)")
         model = model_of(args)
         profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
                     [p.name for p in builtin_profiles()]]
