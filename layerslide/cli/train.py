@@ -79,6 +79,10 @@ def add_train_command(sub, units: str) -> None:
                    help="rows of the eval data scored each time (its first N)")
     p.add_argument("--out", help="folder to save the fine-tuned model in (HF format)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--save-every", type=int, default=None, metavar="STEPS",
+                   help="also save the model every this many steps, as OUT-step-N beside --out")
+    p.add_argument("--keep-saves", type=int, default=2, metavar="K",
+                   help="keep the newest K of the --save-every folders")
     p.add_argument("--steps", type=int, default=10, help="optimizer steps to train")
     p.add_argument("--lr", type=float, default=1e-5, help="peak learning rate")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled decay")
@@ -286,6 +290,7 @@ def cmd_train(args) -> int:
     from layerslide.executor.trainer import Trainer
 
     _check_outputs(args)
+    saves = _model_saves(args)
     device = _device_of(args.device, torch)
     folder = Path(args.model).expanduser()
     _refuse_config_file_of_weights(args, folder)
@@ -349,6 +354,14 @@ def cmd_train(args) -> int:
         if evals is not None and trainer.step == 0:  # the score training starts from
             reporter.report_eval(trainer.evaluate(evals.batches))
         stop = GracefulStop(bar)
+        extra = {name: folder / name for name in TOKENIZER_FILES
+                 if from_folder and (folder / name).is_file()}
+
+        def save_model(step: int) -> None:
+            path = saves.save(trainer, step, extra, after_write=lambda saved: write_resolved(
+                saved, args, args.train_parser))
+            bar.write(f"saved the model after step {step} to {path}", file=sys.stdout)
+
         try:
             trainer.fit(data, args.steps - trainer.step,
                         on_step=reporter,
@@ -357,7 +370,9 @@ def cmd_train(args) -> int:
                             f"checkpoint of step {info.step} in {info.path}: "
                             f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
                             file=sys.stdout), stop=stop.event,
-                        evals=evals, on_eval=reporter.report_eval)
+                        evals=evals, on_eval=reporter.report_eval,
+                        save_every=None if saves is None else saves.every_steps,
+                        on_save=save_model)
         except (TaskFailedError, CheckpointError) as err:
             bar.close()
             print(f"layerslide train: training stopped: {err}", file=sys.stderr)
@@ -375,8 +390,6 @@ def cmd_train(args) -> int:
         if trainer.stopped:
             return _stopped(trainer, schedule, stop.signum)
         if args.out:
-            extra = {name: folder / name for name in TOKENIZER_FILES
-                     if from_folder and (folder / name).is_file()}
             saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
             if getattr(args, "train_parser", None) is not None:
                 write_resolved(saved, args, args.train_parser)
@@ -435,6 +448,20 @@ def _in_flags(message: str) -> str:
     for keyword, flag in _DATA_FLAGS:
         message = message.replace(keyword, flag)
     return message
+
+
+def _model_saves(args):
+    """The --save-every schedule (None without it), its folders checked before work."""
+    from layerslide.cli.model_saves import ModelSaves
+
+    if args.save_every is None:
+        return None
+    if not args.out:
+        raise UsageError("--save-every saves beside --out: give --out")
+    saves = ModelSaves(args.out, args.save_every, args.keep_saves)
+    if not args.resume:  # a resumed run's earlier saves are its own
+        saves.check_free(args.steps, args.overwrite)
+    return saves
 
 
 def _check_eval_flags(args) -> None:

@@ -306,6 +306,8 @@ class Trainer:
             stop: threading.Event | None = None,
             evals: EvalSchedule | None = None,
             on_eval: Callable[[EvalResult], None] | None = None,
+            save_every: int | None = None,
+            on_save: Callable[[int], None] | None = None,
             ) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
         comes as soon as a step has run; `on_step(log)` once its segment has drained. With
@@ -313,7 +315,11 @@ class Trainer:
         `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall).
         Once `stop` is set (e.g. by a signal handler) training ends after the step in flight,
         the state is saved if `checkpoints` is given, and `stopped` is True. With `evals`, the
-        held-out batches are scored on their schedule and `on_eval(result)` gets each score."""
+        held-out batches are scored on their schedule and `on_eval(result)` gets each score.
+        With `save_every`, `on_save(step)` is called every that many steps but the last, where
+        the pipeline is drained and the host's master weights are whole (to save the model)."""
+        if save_every is not None and save_every < 1:
+            raise ValueError(f"save_every={save_every}: must be >= 1")
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
         self.stopped = False
@@ -323,7 +329,7 @@ class Trainer:
                 break
             count = min(self.segment_steps, num_steps - len(logs))
             for every in (None if checkpoints is None else checkpoints.every_steps,
-                          None if evals is None else evals.every_steps):
+                          None if evals is None else evals.every_steps, save_every):
                 if every is not None:
                     count = min(count, every - self.step % every)
             try:
@@ -342,6 +348,11 @@ class Trainer:
                 result = self.evaluate(evals.batches)
                 if on_eval is not None:
                     on_eval(result)
+            if (save_every is not None and on_save is not None and not self.stopped
+                    and len(logs) < num_steps and self.step % save_every == 0):
+                self.runner.store_gpu_state()
+                self.device.synchronize()
+                on_save(self.step)
             if checkpoints is None:
                 continue
             due = self.stopped or len(logs) == num_steps or (

@@ -348,3 +348,30 @@ def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, 
     assert words in capsys.readouterr().err
     assert main(["train", "--config", str(tmp_path / "none.toml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file, tmp_path,
+                                                            capsys):
+    from layerslide.cli.run_config import RESOLVED_NAME
+
+    out = tmp_path / "tuned"
+    argv = ["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+            "--steps", "5", "--micro-batch", "2", "--seq-len", "16", "--lr", "1e-3",
+            "--out", str(out), "--save-every", "2", "--keep-saves", "1"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"saved the model after step 2 to {tmp_path / 'tuned-step-2'}" in printed
+    assert "saved the model after step 4" in printed
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("tuned")) == [
+        "tuned", "tuned-step-4"]
+    step4 = tmp_path / "tuned-step-4"
+    assert (step4 / "tokenizer.json").is_file() and (step4 / RESOLVED_NAME).is_file()
+    final, middle = (AutoModelForCausalLM.from_pretrained(p) for p in (out, step4))
+    assert any(not torch.equal(a, b) for a, b in zip(final.parameters(), middle.parameters(),
+                                                     strict=True))
+    out.rename(tmp_path / "other")
+    assert main(argv) == 2  # tuned-step-4 is there
+    assert "tuned-step-4, which exists" in capsys.readouterr().err
+    without_out = argv[:-6] + ["--save-every", "2"]  # argv ends --out OUT --save-every ...
+    assert main(without_out) == 2
+    assert "--save-every saves beside --out" in capsys.readouterr().err
