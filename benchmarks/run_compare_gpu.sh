@@ -4,12 +4,12 @@
 # then DeepSpeed at a larger model, each run in a fresh process.
 # A quick calibrate first (about 40 s) bounds each layerslide row by this machine's host memory.
 # usage (device): bash benchmarks/run_compare_gpu.sh [compare_offload.py args]
-#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy, DeepSpeed and its small dependencies)
+#   (wheels in $LAYERSLIDE_WHEELS, default .whl/: simpy, DeepSpeed and its small dependencies)
 set -uo pipefail
 source benchmarks/device_env.sh
 # DeepSpeed is a source archive: it builds against the torch already there
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
-    --target /tmp/site .whl/deepspeed-*.tar.gz
+    --target /tmp/site "${LAYERSLIDE_WHEELS:-.whl}"/deepspeed-*.tar.gz
 free -g | head -2
 python3 -c "import deepspeed, torch; print('deepspeed', deepspeed.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
 # this machine's host rates (machines differ by 10-20%): the report bounds each layerslide row

@@ -28,7 +28,7 @@ if [ "${1:-}" = "--tests" ]; then
         | grep -v "Warning: " | tail -20 | tee "$out/gpu_tests.txt"
 fi
 source benchmarks/train_runs.sh
-nvme=/tmp/layerslide-nvme
+nvme="${LAYERSLIDE_NVME_DIR:-/tmp}/layerslide-nvme"
 mkdir -p "$nvme"
 
 pair_3b() {  # layer-major 4 x 16 against micro-batch 64, in the order LM, 64, 64, LM

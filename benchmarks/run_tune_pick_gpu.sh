@@ -11,7 +11,7 @@ source benchmarks/device_env.sh
 model=$1 steps=$2 limit=$3
 shift 3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/machine.txt"
-nvme=/tmp/layerslide-nvme
+nvme="${LAYERSLIDE_NVME_DIR:-/tmp}/layerslide-nvme"
 rm -rf "$nvme"; mkdir -p "$nvme"
 df -h "$nvme" | tee -a "$out/machine.txt"
 grep -E "MemTotal|MemAvailable" /proc/meminfo | tee -a "$out/machine.txt"

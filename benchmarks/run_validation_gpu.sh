@@ -4,7 +4,7 @@
 # differ by up to ~20%: a profile from another lease does not describe this one).
 # usage (device): bash benchmarks/run_validation_gpu.sh [validate_sim.py args, e.g. --configs
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
-#   (.whl from ../shared/tools/gpu-wheels.sh carried: simpy). --deadline counts the validation
+#   (wheels in $LAYERSLIDE_WHEELS, default .whl/: simpy). --deadline counts the validation
 #   only: the thorough calibration before it takes ~60 s (4 GiB disk files included).
 # Writes 7 files under $OUT (the device tool brings back 8 at most).
 # A suite split over two calls on one warm machine shares one calibration: the first call
@@ -14,19 +14,19 @@ set -uo pipefail
 source benchmarks/device_env.sh
 CALIBRATE_CODE=$(cat layerslide/calibrate/*.py layerslide/hwprofiles/*.py | md5sum | cut -c1-12)
 PROFILE_KEPT=/tmp/layerslide-validation-profile-$CALIBRATE_CODE.toml
-rm -rf /tmp/nvme /tmp/traces  # traces.tar.gz holds this call's rows alone
+rm -rf "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" /tmp/traces  # traces.tar.gz holds this call's rows alone
 if [ -s "$PROFILE_KEPT" ]; then
     echo "this machine's calibration from an earlier call: $PROFILE_KEPT"
     cp "$PROFILE_KEPT" "$out/h200-calibrated.toml"
 else
     python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
-        --out "$out/h200-calibrated.toml" --overwrite --disk-dir /tmp/nvme --ram 128GiB 2>&1 \
+        --out "$out/h200-calibrated.toml" --overwrite --disk-dir "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" --ram 128GiB 2>&1 \
         | tail -30
     [ -s "$out/h200-calibrated.toml" ] || { echo "calibration failed: no validation"; exit 1; }
     cp "$out/h200-calibrated.toml" "$PROFILE_KEPT"
 fi
-rm -rf /tmp/nvme
-python3 benchmarks/validate_sim.py --profile "$out/h200-calibrated.toml" --nvme-dir /tmp/nvme \
+rm -rf "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"
+python3 benchmarks/validate_sim.py --profile "$out/h200-calibrated.toml" --nvme-dir "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" \
     --traces /tmp/traces --out "$out" "$@" 2>&1 | grep -v -i warn | tee "$out/validate.log"
-rm -rf /tmp/nvme
+rm -rf "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"
 tar czf "$out/traces.tar.gz" -C /tmp traces  # each configuration's measured and predicted trace

@@ -3,8 +3,8 @@
 Meant to be run once per checkout (PYTHONPATH picks the package) to see what a change to the
 host buffers does to the real process, e.g. grads landing in the upload copies:
 
-    PYTHONPATH=. python benchmarks/host_rss_bench.py --device cpu --model CONFIG_DIR
-    PYTHONPATH=/tmp/before python benchmarks/host_rss_bench.py --device cpu --model CONFIG_DIR
+    PYTHONPATH=. python benchmarks/probes/host_rss_bench.py --device cpu --model CONFIG_DIR
+    PYTHONPATH=/tmp/before python benchmarks/probes/host_rss_bench.py --device cpu --model CONFIG_DIR
 """
 
 from __future__ import annotations

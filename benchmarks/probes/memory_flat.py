@@ -1,7 +1,7 @@
 """Does memory stay flat over a long run? `layerslide train` on a small Llama-shaped model with
 checkpoints, then host RSS and GPU peak per window of steps from its step log.
 
-    python benchmarks/memory_flat.py --device cpu --steps 1000 --out results/memory_flat_cpu
+    python benchmarks/probes/memory_flat.py --device cpu --steps 1000 --out results/memory_flat_cpu
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ alone the way `layerslide calibrate` does (best of N over one array) and sustain
 block-sized arrays with both copy directions streaming. That answers two questions at once:
 which split the executor should use, and which probe predicts the executor's rate.
 
-    python benchmarks/cpu_split_bench.py --out results/cpu_split [--batches 1,8]
+    python benchmarks/probes/cpu_split_bench.py --out results/cpu_split [--batches 1,8]
         [--splits 0:0,0:1048576,15:0,15:1048576,14:1048576]
 """
 

@@ -9,7 +9,7 @@ back) and as the executor issues them (one layer's sequence per burst), with idl
 the GPU busy 100%, 50% and 25% of the time, and samples the SM clock and power (nvidia-smi).
 
 Run on the GPU machine (writes JSON and prints a table):
-    python3 benchmarks/gpu_duty_probe.py --out /tmp/traces/duty_probe.json
+    python3 benchmarks/probes/gpu_duty_probe.py --out /tmp/traces/duty_probe.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `--skip`, the GPU lane's busy seconds by task kind and its idle seconds (gaps between tasks),
 averaged over those steps. Reads layerslide trace JSON (plain or gzipped).
 
-usage: python benchmarks/trace_gpu_kinds.py TRACE [TRACE ...] [--skip 2]
+usage: python benchmarks/probes/trace_gpu_kinds.py TRACE [TRACE ...] [--skip 2]
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 state on NVMe, rtx4090-256gb), mean of N runs. Run it under two versions of the package to
 compare them side by side:
 
-    python benchmarks/plan_build_speed.py 5
-    PYTHONPATH=OLD_TREE python benchmarks/plan_build_speed.py 5
+    python benchmarks/probes/plan_build_speed.py 5
+    PYTHONPATH=OLD_TREE python benchmarks/probes/plan_build_speed.py 5
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ ran 4.0-5.4 on the same machine, and calibrate's figure (blocks of 64 Mi) was 4.
 
 Per size: the median call time, its rate, and t = t0 + n / r fitted over the sizes.
 Writes JSON to --out; prints a table.
-    python benchmarks/adamw_block_probe.py --out R/adamw_blocks.json
+    python benchmarks/probes/adamw_block_probe.py --out R/adamw_blocks.json
 """
 
 from __future__ import annotations

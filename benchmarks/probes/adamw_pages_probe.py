@@ -8,7 +8,7 @@ size `calibrate --quick` uses (16 Mi params) understate it? One run, side by sid
 - the machine's THP settings and how many huge pages each variant got (AnonHugePages).
 
 Writes JSON to --out. Runs on the CPU alone too (the DMA rows are skipped without CUDA).
-    python benchmarks/adamw_pages_probe.py --out R/adamw_pages.json
+    python benchmarks/probes/adamw_pages_probe.py --out R/adamw_pages.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the real one: replays the requests an allocator history recorded (`validate_sim.py
 --allocator-history`) and compares the reserve the model ends with to the pages the run mapped,
 per stream. Run anywhere (no GPU):
-    python benchmarks/allocator_replay.py R/traces/*.allocator.pickle.gz
+    python benchmarks/probes/allocator_replay.py R/traces/*.allocator.pickle.gz
 A history that gave pages back mid-run (empty_cache after a warm-up) is compared up to that point:
 the holes it leaves in the address range are not modelled (training never empties its cache).
 """

@@ -6,7 +6,7 @@ Runs calibrate.gpu.host_sharing_rates at a 3B decoder layer's block size (100 Mi
 blocks) for longer and more rounds than calibrate does: AdamW alone; each copy direction alone;
 AdamW beside H2D, beside D2H, beside both.
 
-    python benchmarks/host_sharing_probe.py --out R/host_sharing.json
+    python benchmarks/probes/host_sharing_probe.py --out R/host_sharing.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The disk as the NVMe tier meets it, beside what `calibrate` measures, in one run.
 
 In training the tier's reads ran alone at 1.6-2.1 GB/s where calibrate read its 4 GiB file,
-just written, at 1.0-1.1 (benchmarks/nvme_overlap.py). This probe measures, in order:
+just written, at 1.0-1.1 (benchmarks/probes/nvme_overlap.py). This probe measures, in order:
 
 1. calibrate's own disk test (`calibrate.host.disk`, one 4 GiB file);
 2. through the tier's own code (executor.nvme.NvmeState: a new file per write that replaces the
@@ -15,7 +15,7 @@ just written, at 1.0-1.1 (benchmarks/nvme_overlap.py). This probe measures, in o
 Every read and write is kept (start, end, bytes) in the JSON; the table gives the rates of
 reads and writes alone and of each direction while the other ran throughout.
 
-    python benchmarks/nvme_tier_probe.py --dir /tmp/nvme --out R/nvme_tier.json
+    python benchmarks/probes/nvme_tier_probe.py --dir /tmp/nvme --out R/nvme_tier.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Per stream: the peak of allocated bytes, the reserve at the end, and each growth of the reserve
 (a new segment, or pages mapped onto an expandable one) with the step it happened in, the
 request that caused it and what that stream had allocated then. Run anywhere (no GPU):
-    python benchmarks/allocator_history.py R/traces/3b-mb8-w2-host.allocator.pickle.gz
+    python benchmarks/probes/allocator_history.py R/traces/3b-mb8-w2-host.allocator.pickle.gz
 """
 
 from __future__ import annotations

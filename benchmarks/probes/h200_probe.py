@@ -4,7 +4,7 @@ Llama-3.2-3B and Llama-3.1-8B layers, SDPA attention throughput, device copy ban
 time of one Hugging Face LlamaDecoderLayer forward (no grad) and recompute + backward.
 
 Run there (writes $OUT/probe.json and prints a summary):
-    python3 benchmarks/h200_probe.py --out "$OUT/probe.json"
+    python3 benchmarks/probes/h200_probe.py --out "$OUT/probe.json"
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How fast the NVMe tier's reads and writes ran in training, alone and while the other
 direction ran, from measured traces (`validate_sim.py --traces`). Run anywhere (no GPU):
-    python benchmarks/nvme_overlap.py R/traces/1b-mb8-w2-nvme0.5.measured.json.gz [...]
+    python benchmarks/probes/nvme_overlap.py R/traces/1b-mb8-w2-nvme0.5.measured.json.gz [...]
 Steps 0 and 1 are left out (first touches, no steady overlap).
 """
 

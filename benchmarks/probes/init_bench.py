@@ -1,7 +1,7 @@
 """Random initialisation, one block after another against a block per thread (what
 Trainer.init_random does for blocks kept in RAM), side by side in one run.
 
-    python benchmarks/init_bench.py --model llama-3.2-1b --blocks 8
+    python benchmarks/probes/init_bench.py --model llama-3.2-1b --blocks 8
 
 torch draws normals with an explicit generator on one thread, so a model's init was bound to
 one core (a 3B model: ~10-16 s of a run's start); each block has its own generator, so the

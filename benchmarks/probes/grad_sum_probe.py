@@ -4,17 +4,20 @@ executor does today), against one GEMM that accumulates into the fp32 sum itself
 (aten addmm.dtype_out, beta 1). Prints the median ms of each, the bytes each moves, and each
 sum's error against an fp64 reference after `--adds` micro-batches.
 
-usage: python benchmarks/grad_sum_probe.py --model llama-3.2-3b --tokens 4096 --out DIR
+usage: python benchmarks/probes/grad_sum_probe.py --model llama-3.2-3b --tokens 4096 --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
-from layer_kernels_bench import time_ms  # beside this script (sys.path[0])
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the bench
+from layer_kernels_bench import time_ms
 
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.planner.model import resolve_model

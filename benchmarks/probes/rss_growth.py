@@ -1,7 +1,7 @@
 """Host RSS after each block of steps, against the RSS after a 200-step warm-up: does it keep
 growing, or level off? A tiny Llama on the CPU, no trace kept.
 
-    .venv/bin/python benchmarks/rss_growth.py --segment-steps 16 --steps 2000
+    .venv/bin/python benchmarks/probes/rss_growth.py --segment-steps 16 --steps 2000
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 
 from layerslide.executor.data import SyntheticTokens

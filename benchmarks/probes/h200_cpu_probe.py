@@ -3,7 +3,7 @@ cast at several thread counts, alone and running at once in two processes (the o
 worker and a cast worker), to see what splitting the cores between them buys.
 
 Run there (writes $OUT/cpu_probe.json and prints a summary):
-    python3 benchmarks/h200_cpu_probe.py --out "$OUT/cpu_probe.json"
+    python3 benchmarks/probes/h200_cpu_probe.py --out "$OUT/cpu_probe.json"
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Plan.unroll against build_plan over random policies and tiny models: the planner's repeatable
 plan (build_repeatable_plan) unrolled to n steps must be the plan built for n steps.
 
-    python benchmarks/unroll_fuzz.py [COUNT] [SEED]   # each policy that differs, then a count
+    python benchmarks/probes/unroll_fuzz.py [COUNT] [SEED]   # each policy that differs, then a count
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from helpers import make_tiny_model
 
 from layerslide.planner import TrainSpec, build_plan
