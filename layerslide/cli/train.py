@@ -118,6 +118,9 @@ def add_train_command(sub, units: str) -> None:
                    help="checkpoint every this many steps (and at the end)")
     g.add_argument("--checkpoint-minutes", type=float, default=None, metavar="MIN",
                    help="checkpoint once this many minutes have passed since the last one")
+    g.add_argument("--checkpoint-sync", action="store_true",
+                   help="pause training while a checkpoint is written (default: written "
+                        "beside the next steps, each block's part before its next update)")
     g.add_argument("--keep-checkpoints", type=int, default=2, metavar="K",
                    help="keep the newest K complete checkpoints")
     g.add_argument("--resume", metavar="DIR",
@@ -368,8 +371,8 @@ def cmd_train(args) -> int:
                         on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
                         on_checkpoint=lambda info, seconds: bar.write(
                             f"checkpoint of step {info.step} in {info.path}: "
-                            f"{info.total_bytes / 1e9:.2f} GB in {seconds:.1f} s",
-                            file=sys.stdout), stop=stop.event,
+                            f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s "
+                            "for it", file=sys.stdout), stop=stop.event,
                         evals=evals, on_eval=reporter.report_eval,
                         save_every=None if saves is None else saves.every_steps,
                         on_save=save_model)
@@ -604,6 +607,7 @@ def _checkpoint_schedule(args):
         store = CheckpointStore(args.checkpoint_dir, keep_last=args.keep_checkpoints)
         return CheckpointSchedule(store=store, every_steps=args.checkpoint_every,
                                   every_minutes=args.checkpoint_minutes,
-                                  meta={"args": _run_args(args)})
+                                  meta={"args": _run_args(args)},
+                                  background=not args.checkpoint_sync)
     except (ValueError, CheckpointError) as err:
         raise UsageError(str(err)) from err

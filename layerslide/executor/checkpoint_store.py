@@ -61,6 +61,19 @@ Progress = Callable[[int, int], None]
 Groups = Mapping[str, Mapping[str, torch.Tensor]]
 
 
+class GroupAccess:
+    """How a save reaches its groups' tensors while the caller may go on changing them:
+    claim(group) right before a group is written returns the tensors to write (the live ones
+    or a copy), release(group) once its file is written. The default passes the live ones."""
+
+    def claim(self, group: str, tensors: Mapping[str, torch.Tensor]
+              ) -> Mapping[str, torch.Tensor]:
+        return tensors
+
+    def release(self, group: str) -> None:
+        pass
+
+
 class CheckpointError(Exception):
     """A checkpoint could not be written, found or read."""
 
@@ -150,10 +163,12 @@ def _scratch() -> memoryview:
     return _bytes_of(torch.empty(SCRATCH, dtype=torch.uint8))
 
 
-def _write_group(path: Path, tensors: Mapping[str, torch.Tensor], run: _Run) -> dict:
-    entries, offset = [], 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def _write_group(path: Path, group: str, live: Mapping[str, torch.Tensor], run: _Run,
+                 access: GroupAccess) -> dict:
+    entries, offset, fd = [], 0, None
     try:
+        tensors = access.claim(group, live)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         for name, t in tensors.items():
             if pad := -offset % ALIGN:
                 _write_all(fd, memoryview(bytes(pad)))
@@ -172,7 +187,9 @@ def _write_group(path: Path, tensors: Mapping[str, torch.Tensor], run: _Run) -> 
         e.filename = e.filename or str(path)  # os.write's errors do not name the file
         raise
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
+        access.release(group)
     return {"file": path.name, "size": offset, "tensors": entries}
 
 
@@ -296,9 +313,11 @@ class CheckpointStore:
 
     def save(self, step: int, groups: Groups, meta: dict, *,
              link_files: Mapping[str, Path] | None = None,
-             progress: Progress | None = None) -> CheckpointInfo:
+             progress: Progress | None = None,
+             access: GroupAccess | None = None) -> CheckpointInfo:
         """Writes a complete checkpoint of `groups` (contiguous CPU tensors, left unchanged
-        until this returns), then rotates. Raises before writing on bad input or too little
+        until this returns, or until `access` releases them), then rotates; groups are
+        written in their order, writer_threads at a time. Raises before writing on bad input or too little
         space; on a failed write deletes the partial one (earlier checkpoints stay intact).
 
         `link_files` {name: source} are hard-linked where possible: the checkpoint then shares
@@ -332,7 +351,9 @@ class CheckpointStore:
         run = _Run(total + sum(p.stat().st_size for p in links.values()), progress)
         try:
             tmp.mkdir()
-            jobs = [partial(_write_group, tmp / f"{g}.bin", ts, run) for g, ts in groups.items()]
+            access = access or GroupAccess()
+            jobs = [partial(_write_group, tmp / f"{g}.bin", g, ts, run, access)
+                    for g, ts in groups.items()]
             jobs += [partial(_link, src, tmp / name, run) for name, src in links.items()]
             done = self._parallel(jobs, run)
             manifest = {"format": FORMAT, "version": VERSION, "step": step, "meta": meta,

@@ -130,6 +130,9 @@ class HostState:
         self.moment_precision = where.moment_precision
         self.moments: dict[int, Moments] = {}  # each block's RAM part
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
+        # a checkpoint being written beside training (checkpoint_snapshot.SnapshotGuard):
+        # each update first lets it take the block's state
+        self.update_guard = None
         for b in cpu_blocks:
             ram = blocks.numel(b) - self.disk_moments[b]
             self.moments[b] = Moments.zeros(self.moment_precision, ram)
@@ -258,6 +261,8 @@ class HostState:
         """One AdamW step of the block with its grads (the fp32 sum, or the landed bf16 grads
         when not accumulating) scaled by clip_coef; with policy.optimizer_casts the bf16 upload
         copy is refreshed in the same pass."""
+        if self.update_guard is not None:
+            self.update_guard.before_update(block)
         grads = self.grad32[block] if self.sums_on_host else landed
         self.steps_taken[block] += 1
         if self.native is not None:

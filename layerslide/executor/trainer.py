@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -24,6 +25,12 @@ from transformers import PretrainedConfig
 
 from layerslide.executor import hf_io
 from layerslide.executor.blocks import ModelBlocks, check_supported
+from layerslide.executor.checkpoint_snapshot import (
+    RAM_RESERVE_BYTES,
+    CheckpointSnapshot,
+    SnapshotGuard,
+    available_ram_bytes,
+)
 from layerslide.executor.checkpoint_store import CheckpointInfo, CheckpointStore
 from layerslide.executor.data import TokenSource
 from layerslide.executor.device import LaneDevice
@@ -46,12 +53,14 @@ STATE_FORMAT = "layerslide-train-state/1"
 class CheckpointSchedule:
     """When fit() writes the full training state: every `every_steps` steps and/or once
     `every_minutes` have passed since the last one (checked where segments end), and at the end.
-    `meta` is stored with it (the CLI keeps its arguments there to resume from)."""
+    `meta` is stored with it (the CLI keeps its arguments there to resume from). background:
+    written while the next steps run (checkpoint_snapshot); else the pipeline waits for it."""
 
     store: CheckpointStore
     every_steps: int | None = None
     every_minutes: float | None = None
     meta: dict = field(default_factory=dict)
+    background: bool = True
 
     def __post_init__(self) -> None:
         if self.every_steps is not None and self.every_steps < 1:
@@ -145,6 +154,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken (or skipped) so far
         self.failed = False  # training or a save raised: close() keeps the NVMe files
         self.stopped = False  # fit() ended early on its stop event
+        self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, so its memory stays flat
         self.keep_trace = keep_trace
@@ -214,14 +224,17 @@ class Trainer:
     def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor of the training state by block, on the host: fp32 master weights and
         AdamW moments (their tensors named as moments.Moments.layout names them). GPU-updated
-        blocks' moments get host staging buffers (for the time of a save or restore)."""
+        blocks get host staging buffers of their own (for the time of a save or restore).
+        In the order the blocks' updates come in a step (head first): a checkpoint written
+        beside training writes each before its next update wants it."""
         gpu, groups = self.runner.gpu_blocks, {}
-        for b in self.blocks.blocks:
+        for b in reversed(self.blocks.blocks):
             if b in gpu:
                 moments = Moments.zeros(self.state.moment_precision, self.blocks.numel(b))
+                master = torch.empty_like(self.state.master[b])
             else:
-                moments = self.state.moments[b]
-            groups[f"block_{b}"] = {"master": self.state.master[b], **moments.tensors}
+                moments, master = self.state.moments[b], self.state.master[b]
+            groups[f"block_{b}"] = {"master": master, **moments.tensors}
         return groups
 
     def _gpu_moments_staging(self, groups: dict, block: int) -> Moments:
@@ -251,10 +264,42 @@ class Trainer:
                    meta: dict | None = None) -> CheckpointInfo:
         """Write the full training state (weights, moments, step counts, data position) as one
         checkpoint; call where the pipeline is drained (between fit() calls or segments)."""
-        self.runner.store_gpu_state()
+        self.wait_for_checkpoint()
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        return store.save(step, groups, state_meta, link_files=links)
+
+    def start_save_state(self, store: CheckpointStore, data: TokenSource, *,
+                         meta: dict | None = None) -> CheckpointSnapshot:
+        """save_state's checkpoint, written while training goes on: call where the pipeline
+        is drained; the next updates of each block wait for (or copy) its part, within the RAM
+        the machine has free beyond RAM_RESERVE_BYTES. wait_for_checkpoint() gives its info."""
+        self.wait_for_checkpoint()
+        start_s = time.monotonic()
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        cpu_groups = {b: f"block_{b}" for b in self.state.steps_taken}
+        guard = SnapshotGuard(groups, cpu_groups, available_ram_bytes() - RAM_RESERVE_BYTES)
+        self.state.update_guard = guard
+        self._snapshot = CheckpointSnapshot(store, step, groups, state_meta, link_files=links,
+                                            guard=guard, stall_s=time.monotonic() - start_s)
+        return self._snapshot
+
+    def wait_for_checkpoint(self) -> tuple[CheckpointInfo, CheckpointSnapshot] | None:
+        """Wait for the checkpoint start_save_state began (None if none is in flight); raises
+        what its write raised."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
+            return None
+        try:
+            return snapshot.wait(), snapshot
+        finally:
+            self.state.update_guard = None
+
+    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None):
+        """What CheckpointStore.save takes, for the state as it is now."""
         groups = self._state_groups()
         gpu = self.runner.gpu_blocks
         for b in gpu.ids:
+            gpu.store(b, groups[f"block_{b}"]["master"])
             self._gpu_moments_staging(groups, b).copy_(gpu.moments[b])
         self.device.synchronize()
         steps_taken = {str(b): n for b, n in self.state.steps_taken.items()}
@@ -267,7 +312,7 @@ class Trainer:
         links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
                                          for path in nvme.paths(b)}
         store.check_space(groups, link_files=links)
-        return store.save(self.step, groups, state_meta, link_files=links)
+        return self.step, groups, state_meta, links
 
     def restore_state(self, store: CheckpointStore, data: TokenSource, *,
                       fallback: bool = False) -> CheckpointInfo:
@@ -284,6 +329,7 @@ class Trainer:
         for b in self.blocks.blocks:
             taken = meta["steps_taken"][str(b)]
             if b in gpu:
+                self.state.master[b].copy_(groups[f"block_{b}"]["master"])
                 gpu.moments[b].copy_(self._gpu_moments_staging(groups, b))
                 gpu.steps[b].fill_(taken)
             else:
@@ -360,19 +406,44 @@ class Trainer:
                 and self.step % checkpoints.every_steps == 0) or (
                 checkpoints.every_minutes is not None
                 and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
+            if self._snapshot is not None and self._snapshot.done():
+                self._checkpoint_written(on_checkpoint)
             if due:
                 start_s = time.monotonic()
                 try:
-                    info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                    waited_s = self._checkpoint_written(on_checkpoint)
+                    last = self.stopped or len(logs) == num_steps  # nothing to write beside
+                    if checkpoints.background and not last:
+                        snapshot = self.start_save_state(checkpoints.store, data,
+                                                         meta=checkpoints.meta)
+                        snapshot.waited_s = waited_s
+                    else:
+                        info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                        if on_checkpoint is not None:
+                            on_checkpoint(info, time.monotonic() - start_s)
                 except BaseException:
                     self.failed = True  # keep the NVMe files: the checkpoint may be incomplete
                     raise
                 last_save_s = time.monotonic()
-                if on_checkpoint is not None:
-                    on_checkpoint(info, last_save_s - start_s)
+        try:
+            self._checkpoint_written(on_checkpoint)
+        except BaseException:
+            self.failed = True
+            raise
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs
+
+    def _checkpoint_written(self, on_checkpoint) -> float:
+        """Wait for a checkpoint being written beside training and report it with the time
+        training stalled for it; returns the seconds this wait took."""
+        start_s = time.monotonic()
+        written = self.wait_for_checkpoint()
+        waited_s = time.monotonic() - start_s
+        if written is not None and on_checkpoint is not None:
+            info, snapshot = written
+            on_checkpoint(info, snapshot.stall_s + snapshot.waited_s + waited_s)
+        return waited_s
 
     def evaluate(self, batches: list[tuple[torch.Tensor, ...]]) -> EvalResult:
         """The loss and next-token accuracy of the current weights on `batches` (a forward
@@ -455,6 +526,12 @@ class Trainer:
         """Unpin host memory and delete the NVMe tier's files, state and activation checkpoints:
         scratch once the run is over, and what a checkpoint hard-linked stays. A run that failed
         keeps them, as they were at its last good step."""
+        if self._snapshot is not None:  # a checkpoint of a step before a failure is good
+            try:
+                self.wait_for_checkpoint()
+            except Exception as err:  # noqa: BLE001 (the failure that ended the run comes first)
+                warnings.warn(f"the checkpoint being written failed too: {err}", RuntimeWarning,
+                              stacklevel=2)
         self.device.close()
         if self.failed:
             return

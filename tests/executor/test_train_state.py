@@ -195,3 +195,52 @@ def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defau
     train = TrainSpec(micro_batch=1, seq_len=SEQ).to_dict()
     assert _with_defaults("train", train) == train
     assert _with_defaults("policy", {"no_such_field": 1}) == {"no_such_field": 1}
+
+
+def checkpoint_bytes(path) -> dict[str, bytes]:
+    """Every data file of a checkpoint (not its manifest, whose group order may differ)."""
+    return {f.name: f.read_bytes() for f in sorted(path.iterdir()) if f.name != "manifest.json"}
+
+
+@pytest.mark.parametrize("policy", [
+    Policy.of(), Policy.of(gpu_updated_blocks=2, accumulation="layer_major"),
+    Policy.of(cpu_optimizer="torch", moment_precision="fp32"),
+    Policy.of(moment_precision="int8", moments_on_nvme=0.5, master_on_nvme=0.5)])
+def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, policy):
+    """Written while the next steps run, a checkpoint holds the same bytes as one the pipeline
+    waited for, and resumes to the same losses and state as an uninterrupted run."""
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
+    runs = {}
+    for background in (False, True):
+        store = CheckpointStore(tmp_path / f"ckpt-{background}", keep_last=5)
+        stalls = []
+        with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM,
+                     device="cpu", segment_steps=4,
+                     nvme_dir=tmp_path / f"nvme-{background}") as trainer:
+            trainer.init_random(0)
+            logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6,
+                               checkpoints=CheckpointSchedule(store=store, every_steps=2,
+                                                              background=background),
+                               on_checkpoint=lambda info, stall_s, seen=stalls: seen.append(
+                                   (info.step, stall_s)))
+            runs[background] = store, logs, final_state(trainer)
+        assert [step for step, _ in stalls] == [2, 4, 6] and all(s >= 0 for _, s in stalls)
+    (sync_store, sync_logs, _), (store, logs, state) = runs[False], runs[True]
+    assert [log.loss for log in logs] == [log.loss for log in sync_logs]
+    for ours, theirs in zip(store.list(), sync_store.list(), strict=True):
+        assert checkpoint_bytes(ours.path) == checkpoint_bytes(theirs.path), ours.step
+    newest = store.latest().path
+    newest.rename(tmp_path / "set-aside")  # resume from the one of step 4, written beside
+    with Trainer(config=config, plan=build_plan(spec, train, policy), optim=OPTIM, device="cpu",
+                 segment_steps=2, nvme_dir=tmp_path / "nvme-resumed") as resumed:
+        resumed.init_random(5)
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        assert resumed.restore_state(store, data).step == 4
+        tail = resumed.fit(data, 2)
+        got = final_state(resumed)
+    assert [log.loss for log in tail] == [log.loss for log in logs[4:]]
+    for name, value in state[0].items():
+        assert torch.equal(got[0][name], value), name
+    assert_same_moments(got[1], state[1])

@@ -1,0 +1,68 @@
+"""The copy-on-write guard between a checkpoint's writer and the updates that go on meanwhile."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from layerslide.executor.checkpoint_snapshot import CheckpointSnapshot, SnapshotGuard
+from layerslide.executor.checkpoint_store import CheckpointStore
+
+
+def two_groups():
+    return {"block_1": {"master": torch.arange(4.0)}, "block_0": {"master": torch.ones(4)}}
+
+
+def test_an_update_copies_a_pending_block_within_the_budget_and_waits_beyond_it():
+    groups = two_groups()
+    guard = SnapshotGuard(groups, {1: "block_1", 0: "block_0"}, copy_budget_bytes=16)
+    guard.before_update(1)  # pending, 16 bytes fit: copied
+    groups["block_1"]["master"].add_(100)  # the update changes the live tensor
+    assert guard.copied_bytes == 16
+    assert torch.equal(guard.claim("block_1", groups["block_1"])["master"], torch.arange(4.0))
+    waiting = threading.Thread(target=guard.before_update, args=(0,))
+    waiting.start()  # block_0 does not fit the budget (block_1's copy holds it): waits
+    waiting.join(0.2)
+    assert waiting.is_alive()
+    assert guard.claim("block_0", groups["block_0"]) is groups["block_0"]  # its live tensors
+    waiting.join(0.2)
+    assert waiting.is_alive()  # still being written
+    guard.release("block_0")
+    waiting.join(5)
+    assert not waiting.is_alive() and guard.stall_s >= 0.2
+    guard.release("block_1")
+    guard.before_update(1)  # written: nothing to wait for
+    guard.before_update(7)  # not a block of this checkpoint (e.g. updated on the GPU)
+
+
+def test_a_failed_write_lets_every_waiting_update_go():
+    groups = two_groups()
+    guard = SnapshotGuard(groups, {0: "block_0"}, copy_budget_bytes=0)
+    waiting = threading.Thread(target=guard.before_update, args=(0,))
+    waiting.start()
+    waiting.join(0.1)
+    assert waiting.is_alive()
+    guard.release_all()
+    waiting.join(5)
+    assert not waiting.is_alive()
+
+
+def test_a_snapshot_writes_a_loadable_checkpoint_and_raises_what_its_write_raised(tmp_path):
+    groups = two_groups()
+    store = CheckpointStore(tmp_path / "ckpt")
+    guard = SnapshotGuard(groups, {1: "block_1", 0: "block_0"}, copy_budget_bytes=1 << 20)
+    snapshot = CheckpointSnapshot(store, 3, groups, {"note": 1}, link_files={}, guard=guard)
+    guard.before_update(0)  # copied or already written: the checkpoint keeps the old values
+    groups["block_0"]["master"].zero_()
+    info = snapshot.wait()
+    into = {g: {n: torch.empty_like(t) for n, t in ts.items()} for g, ts in groups.items()}
+    assert store.load(info, into) == {"note": 1}
+    assert torch.equal(into["block_0"]["master"], torch.ones(4)) and snapshot.done()
+
+    failing = CheckpointSnapshot(store, 4, groups, {"bad": object()}, link_files={},
+                                 guard=SnapshotGuard(groups, {0: "block_0"}, 0))
+    with pytest.raises(ValueError, match="JSON"):
+        failing.wait()
+    failing.guard.before_update(0)  # released: does not hang
