@@ -1,8 +1,9 @@
 """The README's table of current results, generated from the result files (never typed).
 
     python scripts/results_table.py            print the table
-    python scripts/results_table.py --write    put it into README.md between its markers
-    python scripts/results_table.py --check    exit 1 if README.md's table is not this one
+    python scripts/results_table.py --write    put it into README.md and benchmarks/results/README.md
+                                               between their markers
+    python scripts/results_table.py --check    exit 1 if either file's table is not this one
 
 Each row reads one result file under benchmarks/results/ and names it with the commit that
 last changed it (`git log -1 -- FILE`). A newer result replaces a row by changing its file
@@ -92,6 +93,15 @@ def moments(path: str) -> str:
                      for name, run in runs.items())
 
 
+def nvme(path: str) -> str:
+    data = _json(path)
+    row = max(data["rows"], key=lambda r: r["moments_on_nvme"])
+    return (f"{data['model']}, micro-batch {data['micro_batch']}, {row['moments_on_nvme']:.0%} of "
+            f"the moments on the drive: {row['step_s']:.2f} s/step measured, "
+            f"{row['predicted_step_s']:.2f} predicted (bound: {row['predicted_bottleneck']}); "
+            f"disk {data['disk_read_bytes_per_s'] / 1e9:.2f} GB/s read")
+
+
 def sim_speed(path: str) -> str:
     text = (RESULTS / path).read_text()
     step = re.search(r"per simulated training step: ([\d.]+) s", text).group(1)
@@ -113,6 +123,8 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
      "2-4)"), largest, "tune_pick_2026-12-02/call2/train.jsonl"),
     ("moments", "held-out loss of a 30M Llama on real text by AdamW moment precision",
      moments, "moments_2026-12-02/quality/results.json"),
+    ("nvme", "AdamW moments on the H200 machine's (slow, virtio) disk", nvme,
+     "nvme_2026-11-29/1b_6steps/nvme_bench.json"),
     ("sim-speed", "planner + simulator speed", sim_speed, "sim_speed.md"),
 ]
 
@@ -123,18 +135,23 @@ def commit_of(path: Path) -> str:
     return done.stdout.strip() or "uncommitted"
 
 
-def table() -> str:
-    lines = ["| benchmark | measured | result | file | commit (last change) |", "| --- | --- | --- | --- | --- |"]
+# the files that hold the table, and where their links start from
+TARGETS = (REPO / "README.md", RESULTS / "README.md")
+
+
+def table(base: Path = REPO) -> str:
+    lines = ["| benchmark | measured | result | file | commit (last change) |",
+             "| --- | --- | --- | --- | --- |"]
     for suite, what, read, path in ROWS:
         file = RESULTS / path
-        rel = file.relative_to(REPO).as_posix()
+        rel = file.relative_to(base).as_posix()
         lines.append(f"| {suite} | {what} | {read(path)} | [{path}]({rel}) | "
                      f"{commit_of(file)} |")
     return "\n".join(lines)
 
 
-def block() -> str:
-    return f"{BEGIN}\n{table()}\n{END}"
+def block(base: Path = REPO) -> str:
+    return f"{BEGIN}\n{table(base)}\n{END}"
 
 
 def readme_block(text: str) -> str:
@@ -144,20 +161,20 @@ def readme_block(text: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="update README.md's table")
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs")
-    ap.add_argument("--readme", default=str(REPO / "README.md"))
+    ap.add_argument("--write", action="store_true", help="update the tables in their files")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a file's table differs")
     args = ap.parse_args()
-    readme = Path(args.readme)
     if args.write:
-        text = readme.read_text()
-        readme.write_text(text.replace(readme_block(text), block()))
+        for target in TARGETS:
+            text = target.read_text()
+            target.write_text(text.replace(readme_block(text), block(target.parent)))
         return 0
     if args.check:
-        same = readme_block(readme.read_text()) == block()
-        if not same:
-            print("README.md's results table is stale: python scripts/results_table.py --write")
-        return 0 if same else 1
+        stale = [t for t in TARGETS if readme_block(t.read_text()) != block(t.parent)]
+        for target in stale:
+            print(f"{target.relative_to(REPO)}'s results table is stale: "
+                  "python scripts/results_table.py --write")
+        return 1 if stale else 0
     print(table())
     return 0
 
