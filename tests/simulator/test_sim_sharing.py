@@ -151,7 +151,7 @@ def test_a_dispatching_thread_takes_its_core_from_adamw(costs):
 
 def _adamw_beside_copies(costs, copy):
     """AdamW over 256 M params while 1 GiB copies of one direction run back to back, as in
-    benchmarks/host_sharing_probe.py: (AdamW's, the first copy's) share of its solo rate."""
+    benchmarks/probes/host_sharing_probe.py: (AdamW's, the first copy's) share of its solo rate."""
     adamw = costs.cost(_task("optimizer_step", "cpu", params=256_000_000))
     env = simpy.Environment()
     shared = SharedResources(env, costs.capacities())
