@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                              "offline into a temporary folder on the cases' PYTHONPATH "
                              "($LAYERSLIDE_WHEELS)")
     parser.add_argument("--nvme-dir", default=os.environ.get("LAYERSLIDE_NVME_DIR"),
-                        help="scratch folder on the drive under test ($LAYERSLIDE_NVME_DIR; "
-                             "default a temporary folder)")
+                        help="a folder on the drive under test ($LAYERSLIDE_NVME_DIR; default a "
+                             "temporary folder): each case gets a new subfolder there as "
+                             "{nvme_dir}, removed when the case ends")
     args = parser.parse_args(argv)
 
     suites = discover()
@@ -165,10 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     started = record.now()
     results = []
     for case in ([suite.case(c) for c in args.cases] if args.cases else suite.cases):
-        values = {"python": sys.executable, "out": str(out / case.name), "nvme_dir": nvme_dir,
-                  "profile": args.profile or case.profile
+        scratch_dir = Path(nvme_dir) / f"layerslide-{suite.name}-{case.name}"
+        if scratch_dir.exists():
+            parser.error(f"{scratch_dir} exists: remove it, or give another --nvme-dir")
+        scratch_dir.mkdir(parents=True)
+        values = {"python": sys.executable, "out": str(out / case.name),
+                  "nvme_dir": str(scratch_dir), "profile": args.profile or case.profile
                   or str(out / case.name / "calibrated.toml")}
-        results.append({**run_case(case, values, env), "profile": values["profile"]})
+        try:
+            results.append({**run_case(case, values, env), "profile": values["profile"]})
+        finally:
+            shutil.rmtree(scratch_dir, ignore_errors=True)  # made above, for this case alone
     data = {"suite": suite.name, "what": suite.what, "started": started, "ended": record.now(),
             "date": date, "commit": head, "dirty": dirty,
             "command": shlex.join(["python", "-m", "benchmarks", *(argv or sys.argv[1:])]),

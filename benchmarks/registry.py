@@ -7,7 +7,8 @@ repository root. An argv may hold placeholders, filled in when the case runs:
 
   {python}    the interpreter running `python -m benchmarks`
   {out}       this case's output folder (benchmarks/results/<suite>/<date>-<commit>/<case>/)
-  {nvme_dir}  a scratch folder on the drive under test ($LAYERSLIDE_NVME_DIR, else a temp dir)
+  {nvme_dir}  a new, empty folder on the drive under test, removed after the case
+              (under --nvme-dir / $LAYERSLIDE_NVME_DIR, else a temporary folder)
   {profile}   the hardware profile the case runs on (--profile, else the case's default)
 
 `--dry-run` checks every step without running it: the script or module is in the repository,

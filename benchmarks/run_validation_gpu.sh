@@ -19,6 +19,7 @@ if [ -s "$PROFILE_KEPT" ]; then
     echo "this machine's calibration from an earlier call: $PROFILE_KEPT"
     cp "$PROFILE_KEPT" "$out/h200-calibrated.toml"
 else
+    mkdir -p "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"  # calibrate measures only a folder that exists
     python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
         --out "$out/h200-calibrated.toml" --overwrite --disk-dir "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" --ram 128GiB 2>&1 \
         | tail -30

@@ -89,8 +89,9 @@ def test_a_dropped_module_is_a_suite_and_a_run_records_itself(dropped_suite, tmp
     assert main(["--list"]) == 0
     assert "tiny: a suite added by one module" in capsys.readouterr().out
     assert main(["tiny", "--dry-run"]) == 0
-    out = tmp_path / "run"
-    assert main(["tiny", "--out", str(out)]) == 0
+    out, scratch = tmp_path / "run", tmp_path / "nvme"
+    assert main(["tiny", "--out", str(out), "--nvme-dir", str(scratch)]) == 0
+    assert scratch.is_dir() and not any(scratch.iterdir())  # the case's folder is gone
     record = json.loads(out.with_suffix(".json").read_text())
     assert record["suite"] == "tiny" and record["cases"][0]["ok"]
     assert record["cases"][0]["steps"][0]["rc"] == 0

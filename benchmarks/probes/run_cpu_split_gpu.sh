@@ -9,7 +9,7 @@ source benchmarks/device_env.sh
     > "$out/machine.txt" 2>&1
 python3 benchmarks/probes/cpu_split_bench.py --out "$out" "$@" 2>&1 | grep -v -i warn \
     | tee "$out/cpu_split.log"
-rm -rf "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"
+rm -rf "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"; mkdir -p "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"
 python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
     --out "$out/h200-calibrated.toml" --disk-dir "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" --ram 128GiB 2>&1 \
     | tee "$out/calibrate.log"

@@ -13,7 +13,7 @@ SUITE = Suite(
     cases=(
         Case("moments", "moments_on_nvme 0 and 1, Llama-3.2-1B, micro-batch 8",
              (step("{python} benchmarks/nvme_bench.py --model llama-3.2-1b --fractions 0,1 "
-                   "--nvme-dir {nvme_dir}/tier --out {out}", timeout_s=600),)),
+                   "--nvme-dir {nvme_dir} --out {out}", timeout_s=600),)),
         Case("gpu-tests", "the NVMe tier's `-m gpu` tests (bit-identical to RAM)",
              (step("{python} -m pytest -q -m gpu -p no:cacheprovider tests/executor/test_nvme.py",
                    timeout_s=330),)),
