@@ -71,6 +71,8 @@ def install_wheels(folder: Path, target: Path) -> None:
 def run_case(case: Case, values: dict[str, str], env: dict[str, str]) -> dict:
     out = Path(values["out"])
     out.mkdir(parents=True, exist_ok=True)
+    # device scripts write to $OUT and keep scratch under $LAYERSLIDE_NVME_DIR
+    env = {**env, "OUT": str(out), "LAYERSLIDE_NVME_DIR": values["nvme_dir"]}
     steps = []
     for s in case.steps:
         argv = s.filled(values)
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{record_path} exists: give --out, or move it")
     scratch = Path(tempfile.mkdtemp(prefix="layerslide-bench-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LAYERSLIDE_COMMIT": head}
+    if args.wheels:  # device scripts (bash steps) install them through device_env.sh too
+        env["LAYERSLIDE_WHEELS"] = str(Path(args.wheels).resolve())
     paths = [str(REPO)]
     if args.wheels:
         install_wheels(Path(args.wheels), scratch / "site")

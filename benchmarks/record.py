@@ -1,6 +1,6 @@
 """What a run records about itself: the result JSON every `python -m benchmarks SUITE` writes.
 
-    benchmarks/results/<suite>/<date>-<commit>.json     the record (this module's `result`)
+    benchmarks/results/<suite>/<date>-<commit>.json     the record (benchmarks/__main__.py writes it)
     benchmarks/results/<suite>/<date>-<commit>/<case>/  what each case's steps wrote
 
 The commit comes from git, or from $LAYERSLIDE_COMMIT where the copy has no git history (a
