@@ -17,7 +17,7 @@ LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)
 # design docs for users must not send them outside the repository, even in prose
 SELF_CONTAINED = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "docs" / "architecture.md",
                   REPO / "docs" / "data.md", REPO / "docs" / "profiles.md",
-                  REPO / "docs" / "benchmarks.md"]
+                  REPO / "docs" / "benchmarks.md", REPO / "docs" / "training.md"]
 
 
 def prose(text: str) -> str:
