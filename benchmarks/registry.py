@@ -183,6 +183,13 @@ def check_case(suite: Suite, case: Case) -> list[str]:
         problems.append(f"needs={case.needs!r} is not one of {NEEDS}")
     if not case.steps:
         problems.append("no steps")
+    if case.profile is not None:
+        from layerslide.hwprofiles import load_profile
+
+        try:
+            load_profile(case.profile)
+        except (ValueError, OSError) as error:
+            problems.append(f"profile {case.profile!r}: {error}")
     for s in case.steps:
         names = {m.group(1) for a in s.argv for m in re.finditer(r"\{(\w+)\}", a)}
         unknown = names - set(PLACEHOLDERS)

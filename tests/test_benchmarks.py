@@ -68,6 +68,11 @@ def test_dry_run_finds_what_would_fail():
     case = registry.Case("bad", "a typo", (registry.step("{pyhton} benchmarks/sim_speed.py"),))
     problems = registry.check_case(registry.Suite("s", "", (case,)), case)
     assert problems and "unknown placeholder" in problems[0]
+    case = registry.Case("p", "a profile that is not there",
+                         (registry.step("{python} benchmarks/sim_speed.py"),),
+                         profile="no-such-profile")
+    problems = registry.check_case(registry.Suite("s", "", (case,)), case)
+    assert problems and "profile 'no-such-profile'" in problems[0]
 
 
 @pytest.fixture
