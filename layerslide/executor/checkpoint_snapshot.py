@@ -4,15 +4,19 @@ A checkpoint is the state of every block after one step. Its groups (one per blo
 by CheckpointStore.save on a thread of its own, in the order the blocks' next updates come,
 while the next steps run. An update of a block whose group is not written yet first waits for
 it or, within a RAM budget, copies the group (copy on write) and lets the writer take the copy:
-the checkpoint holds exactly the state after its step, the same bytes as a synchronous one. The
-time updates spend waiting or copying is the training's stall (CheckpointSnapshot.stall_s).
+the checkpoint holds exactly the state after its step, the same bytes as a synchronous one. A
+copier runs ahead of the updates from the start, copying the groups in that order on several
+threads while the GPU computes; the time updates spend waiting or copying is the training's
+stall (CheckpointSnapshot.stall_s).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -25,6 +29,7 @@ from layerslide.executor.checkpoint_store import (
 )
 
 RAM_RESERVE_BYTES = 8 << 30  # left to the OS and the CUDA driver (as host.reserve in profiles)
+COPY_CHUNK = 16 << 20  # elements a copy thread takes at a time
 _PENDING, _COPYING, _WRITING, _DONE = "pending", "copying", "writing", "done"
 
 
@@ -49,9 +54,39 @@ class SnapshotGuard(GroupAccess):
         self._state = dict.fromkeys(groups, _PENDING)
         self._copies: dict[str, dict[str, torch.Tensor]] = {}
         self._budget_left = max(0, copy_budget_bytes)
+        self._guarded = set(self._group_of_block.values())
         self._cond = threading.Condition()
+        self._closed = False
         self.stall_s = 0.0  # time updates waited or copied
         self.copied_bytes = 0
+
+    # --- the copier's side -------------------------------------------------------------------
+    def start_copying(self, threads: int | None = None) -> threading.Thread:
+        """Copy the guarded groups in their order, within the budget, on `threads` threads
+        (default: half the cores, at most 8), ahead of the updates that would wait for them."""
+        threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+        copier = threading.Thread(target=self._copy_ahead, args=(threads,), daemon=True,
+                                  name="checkpoint-copier")
+        copier.start()
+        return copier
+
+    def _copy_ahead(self, threads: int) -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            for group in self._groups:
+                with self._cond:
+                    if self._closed:
+                        return
+                    nbytes = sum(t.nbytes for t in self._groups[group].values())
+                    if (group not in self._guarded or self._state[group] != _PENDING
+                            or group in self._copies):
+                        continue
+                    if nbytes > self._budget_left:
+                        return  # the rest wait for the writer
+                    self._state[group] = _COPYING
+                    self._budget_left -= nbytes
+                copies = {name: _parallel_clone(t, pool)
+                          for name, t in self._groups[group].items()}
+                self._copied(group, copies, nbytes)
 
     # --- the writer's side -------------------------------------------------------------------
     def claim(self, group: str, tensors: Mapping[str, torch.Tensor]
@@ -73,10 +108,19 @@ class SnapshotGuard(GroupAccess):
     def release_all(self) -> None:
         """The save ended (whole or failed): no update waits for it any more."""
         with self._cond:
+            self._closed = True
             for group in self._state:
-                if self._state[group] != _COPYING:
-                    self._state[group] = _DONE
+                self._state[group] = _DONE
             self._copies.clear()
+            self._cond.notify_all()
+
+    def _copied(self, group: str, copies: dict[str, torch.Tensor], nbytes: int) -> None:
+        with self._cond:
+            if self._state[group] != _COPYING:  # the save ended meanwhile
+                return
+            self._copies[group] = copies
+            self._state[group] = _PENDING
+            self.copied_bytes += nbytes
             self._cond.notify_all()
 
     # --- the updates' side -------------------------------------------------------------------
@@ -97,18 +141,24 @@ class SnapshotGuard(GroupAccess):
                 self._state[group] = _COPYING
                 self._budget_left -= nbytes
         if copy:  # outside the lock: the writer goes on with the other groups meanwhile
-            copies = {name: t.clone() for name, t in self._groups[group].items()}
-            with self._cond:
-                self._copies[group] = copies
-                self._state[group] = _PENDING
-                self.copied_bytes += nbytes
-                self._cond.notify_all()
+            self._copied(group, {name: t.clone() for name, t in self._groups[group].items()},
+                         nbytes)
         else:
             with self._cond:
                 while self._state[group] != _DONE and group not in self._copies:
                     self._cond.wait()
         with self._cond:
             self.stall_s += time.perf_counter() - start_s
+
+
+def _parallel_clone(tensor: torch.Tensor, pool: ThreadPoolExecutor) -> torch.Tensor:
+    """A copy of a contiguous CPU tensor, its chunks copied on the pool's threads (torch's
+    copy releases the GIL)."""
+    out = torch.empty_like(tensor)
+    src, dst = tensor.reshape(-1), out.reshape(-1)
+    list(pool.map(lambda start: dst[start:start + COPY_CHUNK].copy_(
+        src[start:start + COPY_CHUNK]), range(0, src.numel(), COPY_CHUNK)))
+    return out
 
 
 class CheckpointSnapshot:
@@ -127,6 +177,7 @@ class CheckpointSnapshot:
         self.started_s = time.monotonic()
         self.write_s: float | None = None
         self._thread.start()
+        guard.start_copying()
 
     def _write(self, store, step, groups, meta, link_files) -> None:
         try:

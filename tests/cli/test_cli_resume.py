@@ -69,10 +69,10 @@ KILL_MID_STEP_5 = signal_at(5, "SIGKILL")
 KILL_WRITING_CHECKPOINT_4 = """
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
-    def dying_write(path, tensors, run):
+    def dying_write(path, *args):
         if "step-000000004" in str(path) and "block_0" in str(path):
             os.kill(os.getpid(), signal.SIGKILL)
-        return write(path, tensors, run)
+        return write(path, *args)
     checkpoint_store._write_group = dying_write
 """
 
@@ -179,11 +179,11 @@ AGAIN_WRITING_CHECKPOINT_4 = """
     import time
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
-    def interrupted_write(path, tensors, run):
+    def interrupted_write(path, *args):
         if "step-000000004" in str(path) and "block_0" in str(path):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(2)  # the main thread's handler runs meanwhile
-        return write(path, tensors, run)
+        return write(path, *args)
     checkpoint_store._write_group = interrupted_write
 """
 

@@ -24,7 +24,7 @@ def docstrings(limit: int):
             continue
         try:
             module = importlib.import_module(info.name)
-        except Exception:
+        except (ImportError, OSError, RuntimeError):  # platform-only or side-effect modules
             continue
         members = []
         for name, obj in inspect.getmembers(module):
@@ -58,8 +58,7 @@ def main():
                              {"role": "assistant", "content": doc}]}
                for name, doc in docstrings(args.limit)]
     with open(out / "chat.jsonl", "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -26,7 +26,8 @@ def train(out: Path, data: Path, model: Path, tokenizer: Path, extra: list[str],
            "--keep-saves", "1000", "--log-jsonl", str(run / "log.jsonl"), *extra]
     run.mkdir(parents=True, exist_ok=True)
     print(" ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=open(run / "stdout.txt", "w"), stderr=subprocess.STDOUT)
+    with open(run / "stdout.txt", "w") as stdout:
+        subprocess.run(cmd, check=True, stdout=stdout, stderr=subprocess.STDOUT)
     return run
 
 
