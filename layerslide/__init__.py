@@ -21,8 +21,10 @@ _EXPORTS = {
     "simulate": "layerslide.simulator",
     "SearchSpace": "layerslide.tuner", "tune": "layerslide.tuner",
     "open_token_source": "layerslide.executor.data",
+    "split_token_sources": "layerslide.executor.data", "eval_batches": "layerslide.executor.data",
     "OptimConfig": "layerslide.executor.optim",
     "CheckpointSchedule": "layerslide.executor.trainer", "Trainer": "layerslide.executor.trainer",
+    "EvalSchedule": "layerslide.executor.trainer",
 }
 __all__ = list(_EXPORTS)
 

@@ -32,7 +32,7 @@ def test_every_exported_name_resolves_and_import_needs_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_the_readme_example_trains_a_folder(tmp_path, monkeypatch):
+def test_the_readme_example_trains_a_folder(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "tiny-llama"
     vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
@@ -45,9 +45,11 @@ def test_the_readme_example_trains_a_folder(tmp_path, monkeypatch):
                                  max_position_embeddings=64)).save_pretrained(folder)
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps({"text": " ".join(WORDS[i % 5:i % 5 + 6])})
-                              for i in range(60)) + "\n")
+                              for i in range(200)) + "\n")
     code = readme_example().replace('"path/to/llama-folder"', repr(str(folder))).replace(
         '"train.jsonl"', repr(str(data)))
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})  # noqa: S102
     assert (tmp_path / "tuned-model" / "model.safetensors").is_file()
+    printed = capsys.readouterr().out
+    assert re.search(r"eval loss \d+\.\d{3}", printed), printed
