@@ -40,8 +40,9 @@ class StepReporter:
     """Reports each StepLog as its segment drains; close() flushes the files."""
 
     def __init__(self, total_steps: int, bar, *, jsonl_path: str | None = None,
-                 tensorboard_dir: str | None = None):
+                 tensorboard_dir: str | None = None, predicted_step_s: float | None = None):
         self.total, self.bar = total_steps, bar
+        self.predicted_step_s = predicted_step_s  # the simulator's, shown beside each step
         self.jsonl = open(jsonl_path, "a") if jsonl_path else None  # noqa: SIM115
         self.tensorboard = tensorboard_writer(tensorboard_dir)
 
@@ -50,12 +51,15 @@ class StepReporter:
         status = " SKIPPED (non-finite grads)" if log.skipped else (
             f" (skipped blocks {list(log.skipped_blocks)})" if log.skipped_blocks else "")
         norm = "" if log.grad_norm is None else f" | grad norm {log.grad_norm:.3f}"
+        predicted = ("" if self.predicted_step_s is None
+                     else f" (predicted {self.predicted_step_s:.3f})")
         self.bar.write(f"step {number}/{self.total} | loss {log.loss:.4f} | lr {log.lr:.2e}"
-                       f"{norm} | {log.step_s:.3f} s | {log.tokens_per_s:,.0f} tok/s | "
+                       f"{norm} | {log.step_s:.3f} s{predicted} | {log.tokens_per_s:,.0f} tok/s | "
                        f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB"
                        f" | host {gib(log.host_rss_bytes):.1f} GiB{status}", file=sys.stdout)
         if self.jsonl is not None:
-            self.jsonl.write(json.dumps({**asdict(log), "step": number}) + "\n")
+            self.jsonl.write(json.dumps({**asdict(log), "step": number,
+                                         "predicted_step_s": self.predicted_step_s}) + "\n")
             self.jsonl.flush()
         if self.tensorboard is not None:
             for tag, field in TENSORBOARD_SCALARS.items():
@@ -65,6 +69,9 @@ class StepReporter:
                 if field.endswith("_bytes"):
                     value = gib(value)
                 self.tensorboard.add_scalar(tag, value, global_step=number)
+            if self.predicted_step_s is not None:
+                self.tensorboard.add_scalar("speed/predicted_step_s", self.predicted_step_s,
+                                            global_step=number)
 
     def report_eval(self, result) -> None:
         """An EvalResult, numbered by the steps before it (0: before training)."""

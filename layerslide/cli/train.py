@@ -169,8 +169,9 @@ def _plan(args, spec: ModelSpec) -> Plan:
     return replace(plan, policy=with_env_overrides(plan.policy))
 
 
-def _check_fits(args, plan: Plan) -> None:
-    """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM."""
+def _check_fits(args, plan: Plan):
+    """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM; the
+    prediction (on --profile) that says it fits."""
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
@@ -197,6 +198,7 @@ def _check_fits(args, plan: Plan) -> None:
                          f"this machine has {gib(ram):.1f} GiB: keep part of the state on NVMe "
                          "(--moments-on-nvme/--master-on-nvme with --nvme-dir; `layerslide "
                          "tune` picks the fractions), or a smaller model")
+    return prediction
 
 
 # what a resumed run may change: how it runs, not what it computes
@@ -313,7 +315,7 @@ def cmd_train(args) -> int:
     schedule = _checkpoint_schedule(args)
     plan = _plan(args, spec)
     train, policy = plan.train, plan.policy
-    _check_fits(args, plan)
+    prediction = _check_fits(args, plan)
     if not args.out:
         print("note: no --out: the trained model will not be saved", file=sys.stderr)
     optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,
@@ -325,7 +327,8 @@ def cmd_train(args) -> int:
     try:
         trainer = Trainer(config=config, plan=plan, optim=optim, device=device,
                           serial=args.serial, segment_steps=args.segment_steps,
-                          gpu_memory_bytes=args.gpu_memory, keep_trace=bool(args.trace_out),
+                          gpu_memory_bytes=args.gpu_memory,
+                          keep_trace=bool(args.trace_out),
                           nvme_dir=args.nvme_dir,
                           nvme_checkpoint_copies=_checkpoints_beside(args, schedule))
     except (ValueError, NvmeSpaceError) as err:
@@ -353,7 +356,12 @@ def cmd_train(args) -> int:
         bar = tqdm(total=args.steps, initial=trainer.step, unit="step", file=sys.stderr,
                    dynamic_ncols=True, disable=None)
         reporter = StepReporter(args.steps, bar, jsonl_path=args.log_jsonl,
-                                tensorboard_dir=args.tensorboard)
+                                tensorboard_dir=args.tensorboard,
+                                predicted_step_s=prediction.step_s)
+        first_step = trainer.step + 1
+        if not args.trace_out:  # the steps the prediction's timeline shows
+            from layerslide.reports.run_check import WARMUP_STEPS
+            trainer.trace_steps = trainer.step + WARMUP_STEPS + 1
         if evals is not None and trainer.step == 0:  # the score training starts from
             reporter.report_eval(trainer.evaluate(evals.batches))
         stop = GracefulStop(bar)
@@ -366,7 +374,7 @@ def cmd_train(args) -> int:
             bar.write(f"saved the model after step {step} to {path}", file=sys.stdout)
 
         try:
-            trainer.fit(data, args.steps - trainer.step,
+            logs = trainer.fit(data, args.steps - trainer.step,
                         on_step=reporter,
                         on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
                         on_checkpoint=lambda info, seconds: bar.write(
@@ -397,7 +405,29 @@ def cmd_train(args) -> int:
             if getattr(args, "train_parser", None) is not None:
                 write_resolved(saved, args, args.train_parser)
             print(f"saved the fine-tuned model to {saved}")
+        _report_prediction(args, prediction, trainer, logs, first_step)
     return 0
+
+
+def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None:
+    """The plan's predicted step and peaks against the run's, as a line and (with --out) as
+    prediction-check.json and prediction-timeline.png in the model's folder."""
+    from layerslide.reports.run_check import check_run, write_run_check
+
+    if not logs or prediction.step_s is None:
+        return
+    check = check_run(profile=args.profile, predicted_step_s=prediction.step_s,
+                      predicted_gpu_allocated_bytes=prediction.gpu_allocated_peak_bytes,
+                      predicted_host_bytes=prediction.peak_bytes.get("host", 0),
+                      step_s=[log.step_s for log in logs],
+                      gpu_peak_bytes=[log.gpu_peak_bytes for log in logs],
+                      host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step)
+    where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
+    print(check.line() + where)
+    if args.out:
+        written = write_run_check(check, args.out, predicted=prediction.trace,
+                                  measured=trainer.trace(f"{trainer.spec.name} measured"))
+        print(f"the prediction's check: {', '.join(str(p) for p in written)}")
 
 
 class GracefulStop:

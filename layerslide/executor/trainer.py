@@ -125,7 +125,7 @@ class Trainer:
     def __init__(self, *, config: PretrainedConfig, plan: Plan, optim: OptimConfig,
                  device: str | torch.device = "cuda", serial: bool = False,
                  segment_steps: int = 16, gpu_memory_bytes: int | None = None,
-                 keep_trace: bool = True, nvme_dir: str | Path | None = None,
+                 keep_trace: bool | int = True, nvme_dir: str | Path | None = None,
                  nvme_checkpoint_copies: int = 0):
         spec, train, policy = plan.model, plan.train, plan.policy
         check_supported(config, train.seq_len)
@@ -156,8 +156,11 @@ class Trainer:
         self.stopped = False  # fit() ended early on its stop event
         self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
         # the measured trace grows by every task of every step: a long run that does not ask for
-        # it (keep_trace=False) keeps none, so its memory stays flat
-        self.keep_trace = keep_trace
+        # it (keep_trace=False) keeps none, or the segments that start within keep_trace=N steps
+        if not isinstance(keep_trace, bool) and keep_trace < 0:
+            raise ValueError(f"keep_trace={keep_trace!r}: True, False or a number of steps >= 0")
+        # the trace keeps the segments that start before step trace_steps (None: every step)
+        self.trace_steps = None if keep_trace is True else int(keep_trace)
         self.trace_events: list[TraceEvent] = []
         self.memory: list[MemorySample] = []
         self._clock_s = 0.0  # trace time of the end of the last segment
@@ -485,7 +488,7 @@ class Trainer:
     def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: MemorySampler,
               count: int) -> list[StepLog]:
         end_of = {t.task.id: t.end_s for t in timings}
-        if self.keep_trace:
+        if self.trace_steps is None or self.step < self.trace_steps:
             self.trace_events.extend(TraceEvent(
                 task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, block=t.task.block,
                 step=self.step + t.task.step, start_s=self._clock_s + t.start_s,

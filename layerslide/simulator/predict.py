@@ -123,6 +123,9 @@ class Prediction:
             "floor_s": self.floor_s,
             **{f"peak_{t}_bytes": self.peak_bytes.get(t, 0) for t in TIERS},
             **{f"limit_{t}_bytes": self.limits_bytes[t] for t in TIERS},
+            # as torch.cuda.max_memory_allocated counts it: the plan's buffers, no runtime
+            "gpu_allocated_peak_bytes": self.gpu_allocated_peak_bytes,
+            "gpu_runtime_bytes": self.gpu_runtime_bytes,
             "gpu_reserved_bytes": self.gpu_reserved_bytes if self.simulated else None,
             "gpu_need_bytes": self.gpu_need_bytes if self.simulated else None,
         }

@@ -375,3 +375,31 @@ def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file
     without_out = argv[:-6] + ["--save-every", "2"]  # argv ends --out OUT --save-every ...
     assert main(without_out) == 2
     assert "--save-every saves beside --out" in capsys.readouterr().err
+
+
+def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
+        model_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "tuned"
+    args = ["--model", str(model_dir), "--micro-batch", "2", "--seq-len", "16"]
+    assert main(["simulate", *args, "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)
+    assert main(["train", *args, "--data", str(data_file), "--device", "cpu", "--steps", "5",
+                 "--out", str(out), "--log-jsonl", str(tmp_path / "log.jsonl")]) == 0
+    printed = capsys.readouterr().out
+    shown = f"(predicted {predicted['step_s']:.3f})"
+    assert sum(shown in line for line in printed.splitlines() if line.startswith("step ")) == 5
+    logs = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert {log["predicted_step_s"] for log in logs} == {predicted["step_s"]}
+    check = json.loads((out / "prediction-check.json").read_text())
+    assert check["predicted_step_s"] == predicted["step_s"]
+    assert check["predicted_gpu_allocated_bytes"] == predicted["gpu_allocated_peak_bytes"]
+    assert check["predicted_host_bytes"] == predicted["peak_host_bytes"]
+    assert (check["first_step"], check["last_step"]) == (3, 5)  # after the warm-up steps
+    steady = sorted(log["step_s"] for log in logs[2:])
+    assert check["measured_step_s"] == steady[1]  # their median
+    assert check["errors"]["step_s"] == pytest.approx(
+        predicted["step_s"] / check["measured_step_s"] - 1)
+    assert check["errors"]["gpu_allocated_bytes"] is None  # a CPU run has no GPU peak
+    assert "prediction on h200-bench" in printed and "median of steps 3-5" in printed
+    assert "this run is on the CPU" in printed
+    assert (out / "prediction-timeline.png").stat().st_size > 10_000

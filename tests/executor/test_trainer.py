@@ -266,6 +266,25 @@ def test_trace_uses_the_plan_task_ids(tmp_path):
     assert trace.source == "measured" and trace.peak_bytes("host") > 0
 
 
+@pytest.mark.parametrize(("keep_trace", "traced_steps"), [
+    (False, set()), (2, {0, 1}), (3, {0, 1, 2, 3}), (True, {0, 1, 2, 3, 4, 5})])
+def test_a_trace_kept_for_n_steps_holds_the_segments_that_start_before_them(
+        tmp_path, keep_trace, traced_steps):
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    with Trainer(config=config,
+                 plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),
+                 optim=OptimConfig(), device="cpu", segment_steps=2,
+                 keep_trace=keep_trace) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 6)
+        assert {e.step for e in trainer.trace().events} == traced_steps
+    with pytest.raises(ValueError, match="keep_trace=-1"):
+        Trainer(config=config, plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ),
+                                               Policy.of()),
+                optim=OptimConfig(), device="cpu", keep_trace=-1)
+
+
 def test_without_a_c_compiler_the_torch_kernels_stand_in(tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERSLIDE_NATIVE", "0")  # as if no compiler were found
     config = tiny_config("llama")

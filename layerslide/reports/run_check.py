@@ -1,0 +1,110 @@
+"""How far a run's prediction held: the simulator's step time and peaks for the plan next to
+what `layerslide train` measured, as one line, a JSON record and a timeline of one step each."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from layerslide.trace import Trace
+
+WARMUP_STEPS = 2  # the first steps carry compilation and first touches of memory
+QUANTITIES = {"step_s": "step", "gpu_allocated_bytes": "GPU allocated peak",
+              "host_bytes": "host peak"}
+CHECK_FILE, TIMELINE_FILE = "prediction-check.json", "prediction-timeline.png"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCheck:
+    """One run's predicted and measured figures; measured step: the median of steps
+    `first_step`..`last_step` (1-based, as train's lines count)."""
+
+    profile: str
+    first_step: int
+    last_step: int
+    predicted_step_s: float
+    measured_step_s: float
+    predicted_gpu_allocated_bytes: int
+    measured_gpu_allocated_bytes: int
+    predicted_host_bytes: int
+    measured_host_bytes: int
+
+    def error(self, quantity: str) -> float | None:
+        """(predicted - measured) / measured; None where nothing was measured (a CPU run has no
+        GPU peak)."""
+        measured = getattr(self, f"measured_{quantity}")
+        if not measured:
+            return None
+        return getattr(self, f"predicted_{quantity}") / measured - 1
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "errors": {q: self.error(q) for q in QUANTITIES}}
+
+    def line(self) -> str:
+        """The summary a user reads at the end of a run."""
+        steps = (f"step {self.first_step}" if self.first_step == self.last_step
+                 else f"steps {self.first_step}-{self.last_step}")
+        parts = [(f"prediction on {self.profile}: {self.predicted_step_s:.3f} s/step against "
+                  f"{self.measured_step_s:.3f} s measured (median of {steps}), "
+                  f"{_signed(self.error('step_s'))}")]
+        for quantity, unit in (("gpu_allocated_bytes", "GPU allocated peak"),
+                               ("host_bytes", "host peak")):
+            error = self.error(quantity)
+            if error is not None:
+                parts.append(f"{unit} {getattr(self, f'predicted_{quantity}') / 2**30:.2f} "
+                             f"against {getattr(self, f'measured_{quantity}') / 2**30:.2f} GiB, "
+                             f"{_signed(error)}")
+        return "; ".join(parts)
+
+
+def _signed(error: float) -> str:
+    return f"{error:+.1%}"
+
+
+def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_bytes: int,
+              predicted_host_bytes: int, step_s: Sequence[float], gpu_peak_bytes: Sequence[int],
+              host_peak_bytes: Sequence[int], first_step: int = 1) -> RunCheck:
+    """The check of a run whose steps (numbered from `first_step`) took `step_s` with those
+    peaks: the steps after the warm-up ones, or the last where the run had no more."""
+    if not step_s:
+        raise ValueError("a run check needs at least one measured step")
+    skip = WARMUP_STEPS if len(step_s) > WARMUP_STEPS else len(step_s) - 1
+    steady = step_s[skip:]
+    return RunCheck(profile=profile, first_step=first_step + skip,
+                    last_step=first_step + len(step_s) - 1, predicted_step_s=predicted_step_s,
+                    measured_step_s=statistics.median(steady),
+                    predicted_gpu_allocated_bytes=predicted_gpu_allocated_bytes,
+                    measured_gpu_allocated_bytes=max(gpu_peak_bytes, default=0),
+                    predicted_host_bytes=predicted_host_bytes,
+                    measured_host_bytes=max(host_peak_bytes, default=0))
+
+
+def one_step(trace: Trace, step: int, label: str) -> Trace:
+    """The events of one step (0-based, as traces number them), moved to start at 0."""
+    events = [e for e in trace.events if e.step == step]
+    start_s = min((e.start_s for e in events), default=0.0)
+    moved = tuple(replace(e, start_s=e.start_s - start_s, end_s=e.end_s - start_s)
+                  for e in events)
+    return Trace(source=trace.source, label=label, events=moved)
+
+
+def write_run_check(check: RunCheck, folder: str | Path, *, predicted: Trace | None = None,
+                    measured: Trace | None = None) -> list[Path]:
+    """prediction-check.json in folder and, given both traces, prediction-timeline.png: the
+    plan's last predicted step above the last measured step whose events were kept."""
+    folder = Path(folder)
+    written = [folder / CHECK_FILE]
+    written[0].write_text(json.dumps(check.to_dict(), indent=1) + "\n")
+    if predicted is not None and measured is not None and measured.events:
+        from layerslide.reports.figures import plot_timeline
+
+        predicted_step = max(e.step for e in predicted.events)
+        measured_step = max(e.step for e in measured.events)
+        traces = [one_step(predicted, predicted_step, f"{check.profile}, a steady step"),
+                  one_step(measured, measured_step, f"step {measured_step + 1}")]
+        written.append(plot_timeline(traces, folder / TIMELINE_FILE,
+                                     title=check.line().split("; ")[0]))
+    return written

@@ -1,0 +1,62 @@
+"""reports.run_check: a run's measured steps and peaks against its prediction."""
+
+import json
+
+import pytest
+
+from layerslide.reports.run_check import check_run, one_step, write_run_check
+from layerslide.trace import Trace, TraceEvent
+
+
+def check(step_s, gpu=(0,), host=(2 << 30,), first_step=1):
+    return check_run(profile="box", predicted_step_s=1.1, predicted_gpu_allocated_bytes=3 << 30,
+                     predicted_host_bytes=3 << 30, step_s=step_s, gpu_peak_bytes=gpu,
+                     host_peak_bytes=host, first_step=first_step)
+
+
+def test_the_measured_step_is_the_median_after_the_warm_up_steps():
+    found = check([9.0, 5.0, 1.2, 0.8, 1.0], gpu=[2 << 30, 4 << 30], first_step=11)
+    assert (found.first_step, found.last_step) == (13, 15)
+    assert found.measured_step_s == 1.0
+    assert found.error("step_s") == pytest.approx(0.1)
+    assert found.measured_gpu_allocated_bytes == 4 << 30  # the highest of the run
+    assert found.error("gpu_allocated_bytes") == pytest.approx(-0.25)
+    assert found.error("host_bytes") == pytest.approx(0.5)
+    assert found.line() == ("prediction on box: 1.100 s/step against 1.000 s measured (median "
+                            "of steps 13-15), +10.0%; GPU allocated peak 3.00 against 4.00 GiB, "
+                            "-25.0%; host peak 3.00 against 2.00 GiB, +50.0%")
+
+
+def test_a_short_run_is_checked_on_its_last_step_and_an_empty_one_refused():
+    found = check([3.0, 2.0])
+    assert (found.first_step, found.last_step, found.measured_step_s) == (2, 2, 2.0)
+    assert "median of step 2)" in found.line()
+    assert found.error("gpu_allocated_bytes") is None and "GPU" not in found.line()
+    with pytest.raises(ValueError, match="at least one measured step"):
+        check([])
+
+
+def events(step, start_s, lanes=("gpu", "cpu")):
+    return [TraceEvent(task_id=f"{lane}{step}", lane=lane, kind="forward", block=0, step=step,
+                       start_s=start_s + i, end_s=start_s + i + 0.5)
+            for i, lane in enumerate(lanes)]
+
+
+def test_one_step_keeps_that_step_from_zero():
+    trace = Trace(source="measured", label="run", events=(*events(0, 0.0), *events(1, 7.0)))
+    step = one_step(trace, 1, "step 2")
+    assert [(e.step, e.start_s, e.end_s) for e in step.events] == [(1, 0.0, 0.5), (1, 1.0, 1.5)]
+    assert (step.source, step.label) == ("measured", "step 2")
+
+
+def test_the_check_is_written_with_a_timeline_of_both_traces(tmp_path):
+    found = check([1.0, 1.0, 1.0])
+    predicted = Trace(source="simulated", label="p", events=(*events(0, 0), *events(2, 3)))
+    measured = Trace(source="measured", label="m", events=tuple(events(1, 4.0)))
+    written = write_run_check(found, tmp_path, predicted=predicted, measured=measured)
+    assert [p.name for p in written] == ["prediction-check.json", "prediction-timeline.png"]
+    record = json.loads(written[0].read_text())
+    assert record["errors"]["step_s"] == pytest.approx(0.1)
+    assert record["measured_step_s"] == 1.0
+    assert written[1].stat().st_size > 10_000
+    assert len(write_run_check(found, tmp_path, measured=None)) == 1  # no traces: the JSON alone
