@@ -210,13 +210,20 @@ def _parse_line(path: Path, line_number: int, line: str) -> Any:
 
 
 def _check_objects(path: Path, records: Iterator[tuple[str, Any]]) -> None:
-    """Raise a ValueError naming the first (where, record) pair whose record is not an object."""
+    """Raise a ValueError naming the first (where, record) pair whose record is not an object,
+    or saying that no record has a field."""
+    fields = False
     for where, record in records:
         if not isinstance(record, dict):
             kind = type(record).__name__
             msg = (f"{path} {where} is a JSON {kind}, not an object; each record must be an "
                    'object of fields such as {"text": ...}')
             raise ValueError(msg)  # noqa: TRY004 (bad input: ValueError, house style)
+        fields = fields or bool(record)
+    if not fields:  # datasets reads no columns and says the split has no data
+        msg = (f"{path} holds only empty records ({{}}); each record needs fields such as "
+               '{"text": ...}')
+        raise ValueError(msg)
 
 
 def _text_table(path: Path, text_field: str) -> RecordTable:

@@ -338,6 +338,8 @@ BAD_INPUTS = {
                        r"j\.json line 2 column 8 is not valid JSON"),
     "not an object": (lambda t: {"spec": put(t / "o.jsonl", b'{"text": "cat"}\n["cat"]\n')},
                       r"o\.jsonl line 2 is a JSON list, not an object"),
+    "empty records": (lambda t: {"spec": put(t / "e.jsonl", b'{}\n{}\n')},
+                      r"e\.jsonl holds only empty records.*needs fields"),
     "no text field": (lambda t: {"spec": str(write_jsonl(t / "f.jsonl", DOCS, "body")),
                                  "data_format": "text"},
                       r"f\.jsonl line 1 has no string field 'text'.*text_field"),
