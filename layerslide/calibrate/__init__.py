@@ -44,32 +44,82 @@ ADAMW_SAMPLES_QUICK = 2
 ADAMW_SPACING_S = 3.0
 
 
+# AdamW's second block size, for the fixed time of a call: 1/SMALL_BLOCK_SHARE of the first
+SMALL_BLOCK_SHARE = 8
+ADAMW_ARRAYS = 4  # blocks an AdamW test steps in turn (host.adamw_throughput's arrays)
+ADAMW_BYTES_PER_PARAM = 28  # the host bytes the sharing runs count per AdamW param
+
+
 class AdamwSamples:
-    """calibrate's AdamW rate taken at several points of the calibration, and their median."""
+    """calibrate's AdamW rate taken at several points of the calibration, each at two block
+    sizes, and from their medians the profile's two figures: a call's fixed time and the rate
+    of the rest (a block of n params takes call + n / rate)."""
 
     def __init__(self, *, numel: int, repeats: int, wanted: int, spacing_s: float = 0.0):
         if wanted < 1:
             raise ValueError(f"wanted={wanted}: take at least one AdamW sample")
         self.numel, self.repeats, self.wanted = numel, repeats, wanted
         self.spacing_s = spacing_s
-        self.taken: list[Measurement] = []
+        self.taken: list[Measurement] = []  # at blocks of numel / ADAMW_ARRAYS
+        self.taken_small: list[Measurement] = []  # SMALL_BLOCK_SHARE times smaller
         self._last_end_s: float | None = None
 
     def sample(self) -> list[Measurement]:
         if self._last_end_s is not None:  # back to back, runs of the test drifted more
             time.sleep(max(0.0, self._last_end_s + self.spacing_s - time.monotonic()))
-        self.taken.append(host.adamw_throughput(self.numel, self.repeats))
+        self.taken.append(host.adamw_throughput(self.numel, self.repeats, ADAMW_ARRAYS))
+        self.taken_small.append(host.adamw_throughput(self.numel // SMALL_BLOCK_SHARE,
+                                                      self.repeats, ADAMW_ARRAYS))
         self._last_end_s = time.monotonic()
         return []
 
-    def measurement(self) -> Measurement:
+    @property
+    def block_params(self) -> tuple[int, int]:
+        """The two block sizes, large then small."""
+        large = max(self.numel // ADAMW_ARRAYS, 1)
+        return large, max(large // SMALL_BLOCK_SHARE, 1)
+
+    def call_s(self) -> float:
+        """The fixed time of one call: where t = call + n / rate meets both sizes' medians."""
         if not self.taken:
             raise RuntimeError("no AdamW sample was taken")
+        return adamw_call_s(self.block_params, (statistics.median(m.value for m in self.taken),
+                                                statistics.median(m.value for m in
+                                                                  self.taken_small)))
+
+    def measurements(self) -> list[Measurement]:
+        large, small = self.block_params
+        call = self.call_s()
         rates = [m.value for m in self.taken]
+        median = statistics.median(rates)
         spread = ", ".join(f"{rate / 1e9:.2f}" for rate in rates)
-        return Measurement(key="host.adamw_throughput", value=statistics.median(rates),
-                           how=f"{self.taken[0].how}; the median of {len(rates)} such runs "
-                               f"spread over the calibration ({spread} Gparam/s)")
+        small_rates = ", ".join(f"{m.value / 1e9:.2f}" for m in self.taken_small)
+        return [
+            Measurement(key="host.adamw_throughput", value=without_call(median, large, call),
+                        how=f"{self.taken[0].how}; the median of {len(rates)} such runs spread "
+                            f"over the calibration ({spread} Gparam/s), less "
+                            f"{call * 1e3:.2f} ms a call"),
+            Measurement(key="host.adamw_call_overhead", value=call,
+                        how=f"fixed time of a call where t = call + n / rate meets the medians "
+                            f"at {large / 2**20:.0f} Mi params a block (above) and at "
+                            f"{small / 2**20:.0f} Mi ({small_rates} Gparam/s)")]
+
+
+def adamw_call_s(block_params: tuple[int, int], rates: tuple[float, float]) -> float:
+    """The fixed time of a call from two block sizes' params/s: 0 where the smaller ran as fast
+    (noise), at most the smaller's whole time."""
+    (large, small), (large_rate, small_rate) = block_params, rates
+    if large <= small:  # blocks too small to tell apart (a test's): no fixed time measured
+        return 0.0
+    large_s, small_s = large / large_rate, small / small_rate
+    call = (small_s * large - large_s * small) / (large - small)
+    return min(max(call, 0.0), small_s)
+
+
+def without_call(rate: float, block_params: int, call_s: float) -> float:
+    """A rate measured on blocks of block_params with the fixed time of each call taken out."""
+    block_s = block_params / rate
+    return block_params / (block_s - call_s) if block_s > call_s else rate
 
 
 def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
@@ -87,6 +137,7 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
     adamw = AdamwSamples(numel=adamw_numel, repeats=repeats,
                          wanted=ADAMW_SAMPLES_QUICK if quick else ADAMW_SAMPLES_THOROUGH,
                          spacing_s=0.0 if quick else ADAMW_SPACING_S)
+    sharing: dict[str, dict[str, float]] = {}  # fitted once AdamW's call time is known
     steps: list[tuple[str, Callable[[], list[Measurement]]]] = [
         ("sizes", lambda: host.machine_sizes(ram_bytes)),
         ("host memory bandwidth", lambda: [host.memory_bandwidth(numel, repeats)]),
@@ -111,17 +162,36 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
             ("GPU clocks by busy fraction", lambda: [device.busy_speedup(
                 model, BUSY_PROBE_TOKENS, 0.8 if quick else 2.5)]),
             ("host<->GPU copies", lambda: device.link(GIB // (4 if quick else 1), repeats)),
-            ("host memory shared by AdamW and the copies", lambda: fit_host_sharing(
-                device.host_sharing_rates(adamw_numel // 4, GIB // 4,
+            ("host memory shared by AdamW and the copies", lambda: _keep(sharing, (
+                device.host_sharing_rates(adamw_numel // ADAMW_ARRAYS, GIB // 4,
                                           seconds=0.6 if quick else 1.5,
-                                          rounds=1 if quick else 3))),
+                                          rounds=1 if quick else 3)))),
         ]
     steps = _spread(steps, adamw)
     found: list[Measurement] = []
     for name, run in steps:
         progress(name)
         found += run()
-    return _shared_host_bandwidth([*found, adamw.measurement()])
+    if sharing:
+        found += fit_host_sharing(without_call_in_sharing(
+            sharing, adamw_numel // ADAMW_ARRAYS, adamw.call_s()))
+    return _shared_host_bandwidth([*found, *adamw.measurements()])
+
+
+def _keep(into: dict, rates: dict) -> list[Measurement]:
+    into.update(rates)
+    return []
+
+
+def without_call_in_sharing(rates: dict[str, dict[str, float]], block_params: int,
+                            call_s: float) -> dict[str, dict[str, float]]:
+    """The sharing runs' AdamW bytes/s with each call's fixed time taken out: the capacity and
+    the copies' costs are then those of the bytes part of a call, as the simulator costs it."""
+    per_param = ADAMW_BYTES_PER_PARAM
+    return {mode: {**run, **({"adamw": without_call(run["adamw"] / per_param, block_params,
+                                                    call_s) * per_param}
+                             if "adamw" in run else {})}
+            for mode, run in rates.items()}
 
 
 def _spread(steps: list[tuple[str, Callable[[], list[Measurement]]]],

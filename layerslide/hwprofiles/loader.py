@@ -67,6 +67,7 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "adamw_bytes_per_param": ("adamw_bytes_per_param", "bytes/param"),
             "adamw_bf16_throughput": ("adamw_bf16_params_per_s", "params/s"),
             "adamw_int8_throughput": ("adamw_int8_params_per_s", "params/s"),
+            "adamw_call_overhead": ("adamw_call_s", "seconds"),
             "cast_throughput": ("cast_bytes_per_s", "bytes/s"),
             "dma_share": ("dma_share", "ratio"),
             "dma_write_share": ("dma_write_share", "ratio"),
@@ -95,10 +96,11 @@ OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drive
                    "gpu.busy_speedup",
                    "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
                    "host.dispatch_cores", "host.reserve", "host.adamw_bf16_throughput",
-                   "host.adamw_int8_throughput", "host.ram_max", "storage.drives_max"}
+                   "host.adamw_int8_throughput", "host.adamw_call_overhead", "host.ram_max",
+                   "storage.drives_max"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
-ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost"}
+ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost", "host.adamw_call_overhead"}
 _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS, "price")
 _CARD_TOP_LEVEL = ("description", "gpu", "link", "price")
 # Byte counts and core counts are whole numbers inside; everything else stays a float.

@@ -115,6 +115,11 @@ class HostSpec:
     # by its bytes alone.
     adamw_bf16_params_per_s: float | None = None
     adamw_int8_params_per_s: float | None = None
+    # The fixed part of one AdamW call on a block (starting its threads, the last chunks'
+    # tail): a block of n params takes adamw_call_s + n / adamw_params_per_s, so larger blocks
+    # run faster (H200 machine: 2.28 ms and 5.10 Gparam/s fit blocks of 17-394 M params,
+    # benchmarks/results/adamw_blocks_2026-11-30). 0: every size at adamw_params_per_s.
+    adamw_call_s: float = 0.0
     dma_write_share: float | None = None
     dma_read_cost: float = 1.0
     dma_write_cost: float = 1.0

@@ -144,10 +144,12 @@ class CostModel:
         host = self.profile.host
         if t.kind == "optimizer_step":
             # t.bytes: beyond fp32 AdamW's (a grad upcast; fewer with compact moments)
+            # a call's fixed part, then its bytes at the large-block rate
             traffic = t.params * host.adamw_bytes_per_param + t.bytes
-            solo = traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param)
+            solo = ((host.adamw_call_s if t.params else 0.0)
+                    + traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param))
             measured = host.compact_adamw_params_per_s(t.moment_precision)
-            if measured:  # its compute may bound it before its bytes do
+            if measured:  # its compute may bound it before its bytes do (a rate per call)
                 solo = max(solo, t.params / measured)
         elif t.kind in ("cast", "accumulate_grads"):
             # Both stream over host memory at the cast's traffic rate (it reads 4 B and writes

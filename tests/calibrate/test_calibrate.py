@@ -176,7 +176,7 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
     from layerslide.calibrate import host
     seen = []
     monkeypatch.setattr(host, "adamw_throughput",
-                        lambda numel, repeats: seen.append(numel) or Measurement(
+                        lambda numel, repeats, arrays: seen.append(numel) or Measurement(
                             key="host.adamw_throughput", value=1e9, how="stub"))
     monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
     monkeypatch.setattr(host, "compact_adamw_throughput", lambda *a: [Measurement(
@@ -190,17 +190,21 @@ def test_adamw_blocks_take_at_most_a_quarter_of_the_ram(monkeypatch):
     # 4 blocks of 14 B/param within a quarter of 3.5 GiB (--ram): 16 Mi params each
     measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
             ram_bytes=224 * 16 * 2**20)
-    assert seen == [4 * 16 * 2**20] * calibrate.ADAMW_SAMPLES_QUICK
+    # each sample at blocks of 16 Mi, then of 2 Mi (the call's fixed time)
+    assert seen == [4 * 16 * 2**20, 4 * 2 * 2**20] * calibrate.ADAMW_SAMPLES_QUICK
     measure(quick=True, model=model, peak_flops=989e12, disk_dir=None, gpu=False,
             ram_bytes=2**40)  # plenty: the full 64 Mi
-    assert seen[-1] == 4 * 64 * 2**20
+    assert seen[-2] == 4 * 64 * 2**20
 
 
 def _stub_host_steps(monkeypatch, adamw_rates):
     from layerslide.calibrate import host
-    rates = iter(adamw_rates)
-    monkeypatch.setattr(host, "adamw_throughput", lambda numel, repeats: Measurement(
-        key="host.adamw_throughput", value=next(rates), how="4 arrays in turn"))
+    rates, calls = iter(adamw_rates), []
+
+    def adamw(numel, repeats, arrays):  # a sample's large blocks, then its small ones alike
+        calls.append(next(rates) if len(calls) % 2 == 0 else calls[-1])
+        return Measurement(key="host.adamw_throughput", value=calls[-1], how="4 arrays in turn")
+    monkeypatch.setattr(host, "adamw_throughput", adamw)
     monkeypatch.setattr(host, "machine_sizes", lambda *a: [])
     monkeypatch.setattr(host, "compact_adamw_throughput", lambda *a: [Measurement(
         key="host.adamw_bf16_throughput", value=3e9, how="stub")])
@@ -222,8 +226,11 @@ def test_the_adamw_rate_is_the_median_of_samples_spread_over_the_calibration(mon
     found = measure(quick=False, model=resolve_model("llama-3.2-1b"), peak_flops=989e12,
                     disk_dir=tmp_path, gpu=False, progress=steps.append)
     adamw = next(m for m in found if m.key == "host.adamw_throughput")
-    assert adamw.value == 4e9
+    assert adamw.value == pytest.approx(4e9)
     assert adamw.how.startswith("4 arrays in turn; the median of 5 such runs")
+    # both sizes ran at one rate: no fixed time a call
+    call = next(m for m in found if m.key == "host.adamw_call_overhead")
+    assert call.value == pytest.approx(0.0, abs=1e-12)
     assert "9.00, 1.00, 4.00, 2.00, 5.00 Gparam/s" in adamw.how
     # the later steps (cast, disk) lie between the samples, the last sample at the end
     assert steps == ["sizes", "host memory bandwidth", "CPU AdamW", "CPU AdamW again (2 of 5)",
@@ -233,7 +240,7 @@ def test_the_adamw_rate_is_the_median_of_samples_spread_over_the_calibration(mon
     assert next(m for m in found if m.key == "host.adamw_bf16_throughput").value == 3e9
     # the host bandwidth without a GPU is the largest CPU traffic: AdamW's at the median
     bandwidth = next(m for m in found if m.key == "host.memory_bandwidth")
-    assert bandwidth.value == 4e9 * 28
+    assert bandwidth.value == pytest.approx(4e9 * 28)
 
 
 def test_adamw_samples_back_to_back_wait_their_spacing(monkeypatch):
@@ -249,7 +256,7 @@ def test_adamw_samples_back_to_back_wait_their_spacing(monkeypatch):
     samples.sample()
     samples.sample()  # right after the last
     assert slept == [2.0, 3.0]
-    assert samples.measurement().value == 2e9
+    assert samples.measurements()[0].value == pytest.approx(2e9)
     with pytest.raises(ValueError, match="at least one AdamW sample"):
         calibrate.AdamwSamples(numel=4, repeats=1, wanted=0)
 
@@ -300,3 +307,44 @@ def test_several_disk_folders_record_the_slowest_drive_and_their_count(tmp_path,
     one = calibrate._disk([tmp_path / "a"], 2**30)
     assert [m.key for m in one] == ["storage.write", "storage.read", "storage.capacity",
                                     "storage.drives"]
+
+
+def test_a_calls_fixed_time_comes_from_two_block_sizes_and_leaves_the_rate_of_the_rest():
+    from layerslide import calibrate
+    # blocks of 64 Mi and 8 Mi params at call 2 ms + n / 5e9
+    large, small = 64 * 2**20, 8 * 2**20
+    rate = {n: n / (2e-3 + n / 5e9) for n in (large, small)}
+    call = calibrate.adamw_call_s((large, small), (rate[large], rate[small]))
+    assert call == pytest.approx(2e-3)
+    assert calibrate.without_call(rate[large], large, call) == pytest.approx(5e9)
+    # noise: the small blocks ran faster, so no fixed time; nor more than a small call's time
+    assert calibrate.adamw_call_s((large, small), (4e9, 4.4e9)) == 0.0
+    assert calibrate.adamw_call_s((large, small), (4e9, 1e6)) == pytest.approx(small / 1e6)
+    assert calibrate.without_call(4e9, large, 1.0) == 4e9  # a call longer than its block
+
+
+def test_adamw_samples_give_the_rate_without_the_call_and_the_call(monkeypatch):
+    from layerslide import calibrate
+    from layerslide.calibrate import host
+    numel = 4 * 64 * 2**20
+    monkeypatch.setattr(host, "adamw_throughput", lambda n, repeats, arrays: Measurement(
+        key="host.adamw_throughput", value=(n / arrays) / (2e-3 + n / arrays / 5e9), how="x"))
+    samples = calibrate.AdamwSamples(numel=numel, repeats=1, wanted=1)
+    samples.sample()
+    rate, call = samples.measurements()
+    assert (rate.key, call.key) == ("host.adamw_throughput", "host.adamw_call_overhead")
+    assert rate.value == pytest.approx(5e9) and call.value == pytest.approx(2e-3)
+    assert "less 2.00 ms a call" in rate.how and "at 64 Mi params a block" in call.how
+
+
+def test_the_sharing_runs_are_fitted_on_adamws_bytes_without_its_calls():
+    from layerslide import calibrate
+    block = 100 * 2**20
+    runs = {"adamw": {"adamw": 120e9}, "h2d": {"h2d": 55e9}, "adamw+h2d": {"adamw": 100e9,
+                                                                           "h2d": 38e9}}
+    out = calibrate.without_call_in_sharing(runs, block, 2e-3)
+    for mode in ("adamw", "adamw+h2d"):
+        block_s = block * 28 / runs[mode]["adamw"]
+        assert out[mode]["adamw"] == pytest.approx(block * 28 / (block_s - 2e-3))
+    assert out["h2d"] == runs["h2d"] and out["adamw+h2d"]["h2d"] == 38e9
+    assert calibrate.without_call_in_sharing(runs, block, 0.0) == runs

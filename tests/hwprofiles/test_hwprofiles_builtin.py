@@ -1,5 +1,7 @@
 """Tests that every built-in profile loads, is sourced, and that h200-bench matches DESIGN.md."""
 
+from pathlib import Path
+
 import pytest
 
 from layerslide.hwprofiles import (
@@ -9,6 +11,8 @@ from layerslide.hwprofiles import (
     load_profile,
 )
 from layerslide.hwprofiles.loader import BUILTIN_DIR, CARDS_DIR, OPTIONAL_FIELDS, SOURCE_KINDS
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 # The profiles a buyer chooses between (issue 28): every figure datasheet, derived (saying from
 # what) or a stated assumption, none an unexplained "estimate".
@@ -143,11 +147,9 @@ def test_h200_bench_matches_design_md_and_the_probe():
     assert p.link.h2d_pageable_bytes_per_s == pytest.approx(17.2 * GB)
     assert p.host.cores == 16
     assert p.host.ram_bytes == 128 * GiB
-    assert p.host.memory_bytes_per_s == pytest.approx(121.1 * GB)  # host_sharing_probe
-    assert p.host.adamw_params_per_s == pytest.approx(4.31e9)  # host_sharing_probe
+    # host memory and AdamW: see the next test
     assert p.host.adamw_bytes_per_param == pytest.approx(28)
     assert p.host.cast_bytes_per_s == pytest.approx(48.9 * GB)  # h200_cpu_probe
-    assert p.host.dma_share == pytest.approx(0.8)
     # the disk as the NVMe tier uses it (O_DIRECT, 64 MiB calls), benchmarks/nvme_bench.py;
     # DESIGN.md's 1.6 / 0.53 GB/s are buffered reads and writes
     assert p.storage.read_bytes_per_s == pytest.approx(1.8 * GB)
@@ -156,14 +158,28 @@ def test_h200_bench_matches_design_md_and_the_probe():
 
 
 def test_h200_host_sharing_is_the_one_measured():
-    # AdamW alone moved 120.6 GB/s where the capacity it shares with DMA fitted 121.1: on this
-    # machine AdamW alone nearly fills host memory (benchmarks/results/sharing_2026-11-30)
+    # A call's fixed time from the block-size sweep (adamw_blocks_2026-11-30); the AdamW rate,
+    # the capacity it shares with DMA and the copies' costs and weights are the sharing runs'
+    # (sharing_2026-11-30) with that time taken out of each AdamW call, fitted as calibrate does
+    import json
+
+    from layerslide.calibrate import without_call, without_call_in_sharing
+    from layerslide.calibrate.sharing import fit_host_sharing
+
     host = load_profile("h200-bench").host
-    alone = host.adamw_params_per_s * host.adamw_bytes_per_param
-    assert host.memory_bytes_per_s == pytest.approx(121.1e9)
-    assert alone == pytest.approx(120.7e9, rel=0.01) and alone <= host.memory_bytes_per_s
-    assert (host.dma_read_cost, host.dma_write_cost) == (0.42, 0.64)
-    assert (host.dma_share, host.d2h_share) == (0.80, 1.40)
+    assert host.adamw_call_s == pytest.approx(2.28e-3)
+    probe = json.loads((RESULTS / "sharing_2026-11-30" / "host_sharing.json").read_text())
+    rates = {mode: {key.removesuffix("_gb_s"): value * 1e9 for key, value in run.items()
+                    if key.endswith("_gb_s")} for mode, run in probe["median"].items()}
+    fitted = {m.key: m.value for m in fit_host_sharing(
+        without_call_in_sharing(rates, probe["block_params"], host.adamw_call_s))}
+    adamw = without_call(probe["median"]["adamw"]["adamw_gparam_s"] * 1e9,
+                         probe["block_params"], host.adamw_call_s)
+    assert host.adamw_params_per_s == pytest.approx(adamw, rel=1e-3)
+    assert host.memory_bytes_per_s == pytest.approx(
+        fitted["shared_capacity_per_adamw"] * adamw * 28, rel=1e-3)
+    for attr in ("dma_read_cost", "dma_write_cost", "dma_share", "dma_write_share"):
+        assert getattr(host, attr) == pytest.approx(fitted[f"host.{attr}"], abs=1e-3), attr
 
 
 def test_datasheet_gpu_numbers():

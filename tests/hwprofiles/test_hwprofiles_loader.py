@@ -93,9 +93,9 @@ def test_non_positive_value(tmp_path, value):
 
 def test_a_copy_may_cost_host_memory_nothing_but_not_less(tmp_path):
     line = _line("dma_read_cost =")
-    zero = _sub(line, line.replace("value = 0.42", "value = 0"))
+    zero = _sub(line, line.replace("value = 0.483", "value = 0"))
     assert load_profile(_write(tmp_path, zero)).host.dma_read_cost == 0.0
-    _rejects(tmp_path, _sub(line, line.replace("value = 0.42", "value = -0.1")),
+    _rejects(tmp_path, _sub(line, line.replace("value = 0.483", "value = -0.1")),
              "host.dma_read_cost.value", ">= 0")
 
 

@@ -115,7 +115,8 @@ def test_to_dict_is_json_and_si():
     assert d["name"] == "h200-bench"
     assert d["gpu"]["memory_bytes"] == 139 * 2**30
     assert d["link"]["h2d_bytes_per_s"] == pytest.approx(55.4e9)
-    assert d["host"]["adamw_params_per_s"] == pytest.approx(4.31e9)
+    assert d["host"]["adamw_params_per_s"] == pytest.approx(4.751e9)
+    assert d["host"]["adamw_call_s"] == pytest.approx(2.28e-3)
     assert d["gpu"]["matmul_efficiency"][0] == [512, 0.31]
     assert d["sources"]["link.h2d"].startswith("measured")
     assert d["path"].endswith("h200-bench.toml")
