@@ -7,7 +7,7 @@ from benchmarks.registry import Case, Suite, step
 SUITE = Suite(
     name="equivalence",
     what="27 fixed configurations' step, peaks and trace digests against the stored run (CPU)",
-    current="benchmarks/results/plan_equivalence/after_session15.json",
+    current="benchmarks/results/plan_equivalence/after_session19.json",
     reproduce="any machine; ~2 min. Compare two runs with "
               "`python benchmarks/plan_equivalence.py --compare A.json B.json`",
     cases=(
