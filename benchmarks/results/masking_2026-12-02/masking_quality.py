@@ -2,7 +2,9 @@
 standard library's docstrings (make_chat_data.py), a small Llama trained from the same random
 weights twice, with the loss on the replies (the default) and with --train-on-prompt. Every
 --save-every folder of both runs is scored on the held-out conversations' replies with
-transformers itself, so both curves measure the same thing."""
+transformers itself, so both curves measure the same thing. With --pretrain-steps N both start
+instead from a base trained N steps on other text of the same language (the Python reference
+topics the stdlib ships in pydoc_data.topics), as fine-tuning starts from a pretrained model."""
 
 import argparse
 import json
@@ -15,12 +17,13 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def train(out: Path, data: Path, model: Path, tokenizer: Path, extra: list[str], args) -> Path:
-    run = out / ("all_tokens" if extra else "replies")
+def train(out: Path, data: Path, model: Path, tokenizer: Path, extra: list[str], args,
+          name: str | None = None, steps: int | None = None) -> Path:
+    run = out / (name or ("all_tokens" if extra else "replies"))
     cmd = [sys.executable, "-m", "layerslide.cli.main", "train", "--model", str(model),
            "--tokenizer", str(tokenizer), "--data", str(data), "--device", "cpu",
-           "--steps", str(args.steps), "--micro-batch", "8", "--seq-len", "256",
-           "--packing", "on", "--lr", "2e-3", "--warmup-steps", "10",
+           "--steps", str(steps or args.steps), "--micro-batch", "8", "--seq-len", "256",
+           "--packing", "on", "--lr", str(args.lr), "--warmup-steps", "10",
            "--eval-fraction", "0.05", "--eval-every", str(args.every), "--seed", "0",
            "--out", str(run / "final"), "--save-every", str(args.every),
            "--keep-saves", "1000", "--log-jsonl", str(run / "log.jsonl"), *extra]
@@ -29,6 +32,18 @@ def train(out: Path, data: Path, model: Path, tokenizer: Path, extra: list[str],
     with open(run / "stdout.txt", "w") as stdout:
         subprocess.run(cmd, check=True, stdout=stdout, stderr=subprocess.STDOUT)
     return run
+
+
+def pretrain(args, init: Path, tokenizer: Path) -> Path:
+    """The base both runs start from: init trained on the stdlib's reference topics (English
+    about Python, none of it the docstrings the chat records hold)."""
+    from pydoc_data.topics import topics
+    corpus = args.out / "pretrain.jsonl"
+    with open(corpus, "w") as f:
+        f.writelines(json.dumps({"text": text}) + "\n" for text in topics.values())
+    run = train(args.out, corpus, init, tokenizer, [], args, name="pretrain",
+                steps=args.pretrain_steps)
+    return run / "final"
 
 
 def held_out_reply_loss(folder: Path, batches) -> float:
@@ -50,6 +65,9 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--pretrain-steps", type=int, default=0,
+                        help="first train the base this many steps on the reference topics")
     args = parser.parse_args()
     data_dir = args.out / "data"
     subprocess.run([sys.executable, str(HERE / "make_chat_data.py"), "--out", str(data_dir)],
@@ -62,6 +80,8 @@ def main():
                                  vocab_size=8192, max_position_embeddings=512,
                                  tie_word_embeddings=True)).save_pretrained(model)
     data, tokenizer = data_dir / "chat.jsonl", data_dir / "tokenizer"
+    if args.pretrain_steps:
+        model = pretrain(args, model, tokenizer)
     runs = {"replies": train(args.out, data, model, tokenizer, [], args),
             "all_tokens": train(args.out, data, model, tokenizer, ["--train-on-prompt"], args)}
     from layerslide.executor.data import eval_batches, split_token_sources
