@@ -81,11 +81,15 @@ class SnapshotGuard(GroupAccess):
                             or group in self._copies):
                         continue
                     if nbytes > self._budget_left:
-                        return  # the rest wait for the writer
+                        continue  # the writer takes it from the live tensors; a smaller may fit
                     self._state[group] = _COPYING
                     self._budget_left -= nbytes
-                copies = {name: _parallel_clone(t, pool)
-                          for name, t in self._groups[group].items()}
+                try:
+                    copies = {name: _parallel_clone(t, pool)
+                              for name, t in self._groups[group].items()}
+                except (MemoryError, RuntimeError):  # a copy is an optimisation: go on without
+                    self._abandon(group, nbytes)
+                    return
                 self._copied(group, copies, nbytes)
 
     # --- the writer's side -------------------------------------------------------------------
@@ -112,6 +116,14 @@ class SnapshotGuard(GroupAccess):
             for group in self._state:
                 self._state[group] = _DONE
             self._copies.clear()
+            self._cond.notify_all()
+
+    def _abandon(self, group: str, nbytes: int) -> None:
+        """A copy that failed: the group is the writer's to take from the live tensors again."""
+        with self._cond:
+            if self._state[group] == _COPYING:
+                self._state[group] = _PENDING
+            self._budget_left += nbytes
             self._cond.notify_all()
 
     def _copied(self, group: str, copies: dict[str, torch.Tensor], nbytes: int) -> None:
@@ -141,8 +153,12 @@ class SnapshotGuard(GroupAccess):
                 self._state[group] = _COPYING
                 self._budget_left -= nbytes
         if copy:  # outside the lock: the writer goes on with the other groups meanwhile
-            self._copied(group, {name: t.clone() for name, t in self._groups[group].items()},
-                         nbytes)
+            try:
+                copies = {name: t.clone() for name, t in self._groups[group].items()}
+            except BaseException:
+                self._abandon(group, nbytes)
+                raise  # the update fails, and training with it, with this error
+            self._copied(group, copies, nbytes)
         else:
             with self._cond:
                 while self._state[group] != _DONE and group not in self._copies:
@@ -152,10 +168,10 @@ class SnapshotGuard(GroupAccess):
 
 
 def _parallel_clone(tensor: torch.Tensor, pool: ThreadPoolExecutor) -> torch.Tensor:
-    """A copy of a contiguous CPU tensor, its chunks copied on the pool's threads (torch's
+    """A contiguous copy of a CPU tensor, its chunks copied on the pool's threads (torch's
     copy releases the GIL)."""
-    out = torch.empty_like(tensor)
-    src, dst = tensor.reshape(-1), out.reshape(-1)
+    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    src, dst = tensor.reshape(-1), out.view(-1)  # view: dst must be out's own memory
     list(pool.map(lambda start: dst[start:start + COPY_CHUNK].copy_(
         src[start:start + COPY_CHUNK]), range(0, src.numel(), COPY_CHUNK)))
     return out

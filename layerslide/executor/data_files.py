@@ -212,7 +212,7 @@ def _parse_line(path: Path, line_number: int, line: str) -> Any:
 def _check_objects(path: Path, records: Iterator[tuple[str, Any]]) -> None:
     """Raise a ValueError naming the first (where, record) pair whose record is not an object,
     or saying that no record has a field."""
-    fields = False
+    fields = seen = False
     for where, record in records:
         if not isinstance(record, dict):
             kind = type(record).__name__
@@ -220,6 +220,10 @@ def _check_objects(path: Path, records: Iterator[tuple[str, Any]]) -> None:
                    'object of fields such as {"text": ...}')
             raise ValueError(msg)  # noqa: TRY004 (bad input: ValueError, house style)
         fields = fields or bool(record)
+        seen = True
+    if not seen:
+        msg = f"{path} holds no records; remove it from the data or add records to it"
+        raise ValueError(msg)
     if not fields:  # datasets reads no columns and says the split has no data
         msg = (f"{path} holds only empty records ({{}}); each record needs fields such as "
                '{"text": ...}')

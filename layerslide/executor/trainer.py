@@ -157,7 +157,8 @@ class Trainer:
         self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, or the segments that start within keep_trace=N steps
-        if not isinstance(keep_trace, bool) and keep_trace < 0:
+        if not isinstance(keep_trace, bool) and (not isinstance(keep_trace, int)
+                                                 or keep_trace < 0):
             raise ValueError(f"keep_trace={keep_trace!r}: True, False or a number of steps >= 0")
         # the trace keeps the segments that start before step trace_steps (None: every step)
         self.trace_steps = None if keep_trace is True else int(keep_trace)

@@ -49,6 +49,53 @@ def test_a_failed_write_lets_every_waiting_update_go():
     assert not waiting.is_alive()
 
 
+def test_the_copier_copies_ahead_in_order_what_fits_and_skips_what_does_not():
+    groups = {"block_2": {"master": torch.arange(8.0)}, "block_1": {"master": torch.zeros(64)},
+              "block_0": {"master": torch.ones(4)}}
+    guard = SnapshotGuard(groups, {2: "block_2", 1: "block_1", 0: "block_0"},
+                          copy_budget_bytes=48)  # block_2 (32 B) and block_0 (16 B) fit
+    guard.start_copying(threads=2).join(5)
+    assert guard.copied_bytes == 48
+    groups["block_2"]["master"].add_(1)
+    assert torch.equal(guard.claim("block_2", groups["block_2"])["master"], torch.arange(8.0))
+    assert guard.claim("block_1", groups["block_1"]) is groups["block_1"]  # live: too big
+    guard.before_update(0)  # copied ahead: no wait
+    assert guard.stall_s < 0.5
+
+
+def test_a_copy_that_fails_leaves_the_group_to_the_writer_and_the_update_raises(monkeypatch):
+    from layerslide.executor import checkpoint_snapshot
+
+    def broken(tensor, pool):
+        raise MemoryError("no room")
+    monkeypatch.setattr(checkpoint_snapshot, "_parallel_clone", broken)
+    groups = two_groups()
+    guard = SnapshotGuard(groups, {1: "block_1", 0: "block_0"}, copy_budget_bytes=64)
+    guard.start_copying(threads=1).join(5)  # the copier stops at its first failure
+    claimed = []
+    writer = threading.Thread(target=lambda: claimed.append(guard.claim("block_1",
+                                                                        groups["block_1"])))
+    writer.start()
+    writer.join(5)
+    assert not writer.is_alive() and claimed[0] is groups["block_1"]  # not hung: live tensors
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self: (_ for _ in ()).throw(
+        MemoryError("no room")))
+    with pytest.raises(MemoryError):
+        guard.before_update(0)  # its own copy fails: the update says so
+    guard.release("block_1")
+    assert guard.claim("block_0", groups["block_0"]) is groups["block_0"]  # budget given back
+
+
+def test_a_parallel_clone_of_a_strided_tensor_holds_its_values():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from layerslide.executor import checkpoint_snapshot
+    tensor = torch.arange(12.0).reshape(3, 4).t()
+    with ThreadPoolExecutor(2) as pool:
+        copy = checkpoint_snapshot._parallel_clone(tensor, pool)
+    assert copy.is_contiguous() and torch.equal(copy, tensor)
+
+
 def test_a_snapshot_writes_a_loadable_checkpoint_and_raises_what_its_write_raised(tmp_path):
     groups = two_groups()
     store = CheckpointStore(tmp_path / "ckpt")

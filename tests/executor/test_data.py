@@ -340,6 +340,7 @@ BAD_INPUTS = {
                       r"o\.jsonl line 2 is a JSON list, not an object"),
     "empty records": (lambda t: {"spec": put(t / "e.jsonl", b'{}\n{}\n')},
                       r"e\.jsonl holds only empty records.*needs fields"),
+    "empty array": (lambda t: {"spec": put(t / "a.json", b'[]')}, r"a\.json holds no records"),
     "no text field": (lambda t: {"spec": str(write_jsonl(t / "f.jsonl", DOCS, "body")),
                                  "data_format": "text"},
                       r"f\.jsonl line 1 has no string field 'text'.*text_field"),

@@ -279,10 +279,11 @@ def test_a_trace_kept_for_n_steps_holds_the_segments_that_start_before_them(
         trainer.init_random(0)
         trainer.fit(SyntheticTokens(VOCAB, SEQ), 6)
         assert {e.step for e in trainer.trace().events} == traced_steps
-    with pytest.raises(ValueError, match="keep_trace=-1"):
-        Trainer(config=config, plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ),
-                                               Policy.of()),
-                optim=OptimConfig(), device="cpu", keep_trace=-1)
+    for bad in (-1, 2.5, None):
+        with pytest.raises(ValueError, match=f"keep_trace={bad!r}"):
+            Trainer(config=config, plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ),
+                                                   Policy.of()),
+                    optim=OptimConfig(), device="cpu", keep_trace=bad)
 
 
 def test_without_a_c_compiler_the_torch_kernels_stand_in(tmp_path, monkeypatch):
