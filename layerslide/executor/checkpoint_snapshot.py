@@ -2,12 +2,16 @@
 
 A checkpoint is the state of every block after one step. Its groups (one per block) are written
 by CheckpointStore.save on a thread of its own, in the order the blocks' next updates come,
-while the next steps run. An update of a block whose group is not written yet first waits for
-it or, within a RAM budget, copies the group (copy on write) and lets the writer take the copy:
-the checkpoint holds exactly the state after its step, the same bytes as a synchronous one. A
-copier runs ahead of the updates from the start, copying the groups in that order on several
-threads while the GPU computes; the time updates spend waiting or copying is the training's
-stall (CheckpointSnapshot.stall_s).
+while the next steps run. Within a RAM budget every group is copied first (copy on write) and
+written from its copy: by a copier that runs ahead of the updates from the start, by the writer
+before it writes a group, or by the group's next update, whichever comes first. Beyond the
+budget the writer takes the live tensors and the update waits for the write. Either way the
+checkpoint holds exactly the state after its step, the same bytes as a synchronous one; the
+time updates spend waiting or copying is the training's stall (CheckpointSnapshot.stall_s).
+
+Copy buffers are kept from one checkpoint to the next (keep_copy_buffers makes them ahead of
+the first): a copy into fresh memory faults its pages in, and runs at about 2.5x below memory
+speed (benchmarks/results/checkpoint_stall_2026-12-02).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,54 +51,111 @@ def available_ram_bytes() -> int:
 
 class SnapshotGuard(GroupAccess):
     """Between the writer and the updates of the blocks in `group_of_block`: a group is
-    pending, being copied, being written or done; see the module docstring."""
+    pending, being copied, being written or done; see the module docstring. `kept` holds
+    copy buffers by group, kept from an earlier checkpoint (reused: their memory is already
+    faulted in) and given this checkpoint's copies to keep; fresh ones come out of the budget."""
 
-    def __init__(self, groups: Groups, group_of_block: Mapping[int, str], copy_budget_bytes: int):
+    def __init__(self, groups: Groups, group_of_block: Mapping[int, str], copy_budget_bytes: int,
+                 *, kept: dict[str, dict[str, torch.Tensor]] | None = None,
+                 threads: int | None = None):
         self._groups, self._group_of_block = groups, dict(group_of_block)
         self._state = dict.fromkeys(groups, _PENDING)
         self._copies: dict[str, dict[str, torch.Tensor]] = {}
+        self._fresh: set[str] = set()  # groups whose copy came out of the budget
+        self._kept = {} if kept is None else kept
         self._budget_left = max(0, copy_budget_bytes)
         self._guarded = set(self._group_of_block.values())
+        self._threads = threads or default_copy_threads()
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="checkpoint-copy")
         self._cond = threading.Condition()
         self._closed = False
         self.stall_s = 0.0  # time updates waited or copied
         self.copied_bytes = 0
 
+    # --- copies ------------------------------------------------------------------------------
+    def _begin_copy(self, group: str) -> dict[str, torch.Tensor] | None:
+        """Under the lock: buffers to copy a pending guarded group into (kept ones, or fresh
+        within the budget), the group then being copied; None where it is not to be copied."""
+        if (self._closed or group not in self._guarded or self._state[group] != _PENDING
+                or group in self._copies):
+            return None
+        live = self._groups[group]
+        buffers = self._kept.get(group)
+        if buffers is None or not _fits(buffers, live):
+            nbytes = sum(t.nbytes for t in live.values())
+            if nbytes > self._budget_left:
+                return None  # the writer takes it from the live tensors; a smaller may fit
+            try:
+                buffers = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in live.items()}
+            except (MemoryError, RuntimeError):
+                return None
+            self._budget_left -= nbytes
+            self._fresh.add(group)
+        self._state[group] = _COPYING
+        return buffers
+
+    def _copy(self, group: str, buffers: dict[str, torch.Tensor]) -> None:
+        """Outside the lock: fill the buffers from the live tensors, on the copy threads."""
+        try:
+            for name, tensor in self._groups[group].items():
+                _parallel_copy(tensor, buffers[name], self._pool)
+        except Exception:
+            self._abandon(group)
+            if self._closed:  # the save ended (its pool with it): nothing needs this copy
+                return
+            raise
+        except BaseException:
+            self._abandon(group)
+            raise
+        with self._cond:
+            if self._state[group] == _COPYING:  # else the save ended meanwhile
+                self._copies[group] = buffers
+                self._state[group] = _PENDING
+                self.copied_bytes += sum(t.nbytes for t in buffers.values())
+            self._cond.notify_all()
+
+    def _abandon(self, group: str) -> None:
+        """A copy that failed: the group is the writer's to take from the live tensors again."""
+        with self._cond:
+            if self._state[group] == _COPYING:
+                self._state[group] = _PENDING
+            if group in self._fresh:
+                self._fresh.discard(group)
+                self._budget_left += sum(t.nbytes for t in self._groups[group].values())
+            self._cond.notify_all()
+
     # --- the copier's side -------------------------------------------------------------------
-    def start_copying(self, threads: int | None = None) -> threading.Thread:
-        """Copy the guarded groups in their order, within the budget, on `threads` threads
-        (default: half the cores, at most 8), ahead of the updates that would wait for them."""
-        threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
-        copier = threading.Thread(target=self._copy_ahead, args=(threads,), daemon=True,
-                                  name="checkpoint-copier")
+    def start_copying(self) -> threading.Thread:
+        """Copy the guarded groups in their order, ahead of the updates that would wait."""
+        copier = threading.Thread(target=self._copy_ahead, daemon=True, name="checkpoint-copier")
         copier.start()
         return copier
 
-    def _copy_ahead(self, threads: int) -> None:
-        with ThreadPoolExecutor(threads) as pool:
-            for group in self._groups:
-                with self._cond:
-                    if self._closed:
-                        return
-                    nbytes = sum(t.nbytes for t in self._groups[group].values())
-                    if (group not in self._guarded or self._state[group] != _PENDING
-                            or group in self._copies):
-                        continue
-                    if nbytes > self._budget_left:
-                        continue  # the writer takes it from the live tensors; a smaller may fit
-                    self._state[group] = _COPYING
-                    self._budget_left -= nbytes
-                try:
-                    copies = {name: _parallel_clone(t, pool)
-                              for name, t in self._groups[group].items()}
-                except (MemoryError, RuntimeError):  # a copy is an optimisation: go on without
-                    self._abandon(group, nbytes)
-                    return
-                self._copied(group, copies, nbytes)
+    def _copy_ahead(self) -> None:
+        for group in self._groups:
+            with self._cond:
+                buffers = self._begin_copy(group)
+            if buffers is None:
+                continue
+            try:
+                self._copy(group, buffers)
+            except (MemoryError, RuntimeError):  # a copy is an optimisation: go on without
+                return
 
     # --- the writer's side -------------------------------------------------------------------
     def claim(self, group: str, tensors: Mapping[str, torch.Tensor]
               ) -> Mapping[str, torch.Tensor]:
+        """The tensors to write: a copy, made first where it can be (a write from the live
+        tensors holds up the group's update for as long as the disk takes)."""
+        with self._cond:
+            while self._state[group] == _COPYING:
+                self._cond.wait()
+            buffers = self._begin_copy(group)
+        if buffers is not None:
+            try:
+                self._copy(group, buffers)
+            except (MemoryError, RuntimeError):
+                pass  # written from the live tensors instead
         with self._cond:
             while self._state[group] == _COPYING:
                 self._cond.wait()
@@ -106,7 +167,7 @@ class SnapshotGuard(GroupAccess):
             self._state[group] = _DONE
             copy = self._copies.pop(group, None)
             if copy is not None:
-                self._budget_left += sum(t.nbytes for t in copy.values())
+                self._kept[group] = copy  # for the next checkpoint
             self._cond.notify_all()
 
     def release_all(self) -> None:
@@ -115,25 +176,11 @@ class SnapshotGuard(GroupAccess):
             self._closed = True
             for group in self._state:
                 self._state[group] = _DONE
+            for group, copy in self._copies.items():
+                self._kept[group] = copy
             self._copies.clear()
             self._cond.notify_all()
-
-    def _abandon(self, group: str, nbytes: int) -> None:
-        """A copy that failed: the group is the writer's to take from the live tensors again."""
-        with self._cond:
-            if self._state[group] == _COPYING:
-                self._state[group] = _PENDING
-            self._budget_left += nbytes
-            self._cond.notify_all()
-
-    def _copied(self, group: str, copies: dict[str, torch.Tensor], nbytes: int) -> None:
-        with self._cond:
-            if self._state[group] != _COPYING:  # the save ended meanwhile
-                return
-            self._copies[group] = copies
-            self._state[group] = _PENDING
-            self.copied_bytes += nbytes
-            self._cond.notify_all()
+        self._pool.shutdown(wait=False)
 
     # --- the updates' side -------------------------------------------------------------------
     def before_update(self, block: int) -> None:
@@ -144,37 +191,58 @@ class SnapshotGuard(GroupAccess):
             return
         start_s = time.perf_counter()
         with self._cond:
-            state = self._state[group]
-            if state == _DONE or group in self._copies:
+            if self._state[group] == _DONE or group in self._copies:
                 return
-            nbytes = sum(t.nbytes for t in self._groups[group].values())
-            copy = state == _PENDING and nbytes <= self._budget_left
-            if copy:
-                self._state[group] = _COPYING
-                self._budget_left -= nbytes
-        if copy:  # outside the lock: the writer goes on with the other groups meanwhile
-            try:
-                copies = {name: t.clone() for name, t in self._groups[group].items()}
-            except BaseException:
-                self._abandon(group, nbytes)
-                raise  # the update fails, and training with it, with this error
-            self._copied(group, copies, nbytes)
-        else:
-            with self._cond:
-                while self._state[group] != _DONE and group not in self._copies:
-                    self._cond.wait()
+            buffers = self._begin_copy(group)
+        if buffers is not None:  # the update fails, and training with it, if its copy fails
+            self._copy(group, buffers)
         with self._cond:
+            while self._state[group] != _DONE and group not in self._copies:
+                self._cond.wait()
             self.stall_s += time.perf_counter() - start_s
 
 
-def _parallel_clone(tensor: torch.Tensor, pool: ThreadPoolExecutor) -> torch.Tensor:
-    """A contiguous copy of a CPU tensor, its chunks copied on the pool's threads (torch's
-    copy releases the GIL)."""
-    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    src, dst = tensor.reshape(-1), out.view(-1)  # view: dst must be out's own memory
-    list(pool.map(lambda start: dst[start:start + COPY_CHUNK].copy_(
-        src[start:start + COPY_CHUNK]), range(0, src.numel(), COPY_CHUNK)))
-    return out
+def default_copy_threads() -> int:
+    """Threads that copy a checkpoint's groups: half the cores, at most 8 (the rest go on with
+    the optimizer)."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def _fits(buffers: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> bool:
+    return buffers.keys() == live.keys() and all(
+        buffers[n].shape == t.shape and buffers[n].dtype == t.dtype for n, t in live.items())
+
+
+def _parallel_copy(src: torch.Tensor, dst: torch.Tensor, pool: ThreadPoolExecutor) -> None:
+    """src into the contiguous CPU tensor dst, in chunks on the pool's threads (torch's copy
+    releases the GIL)."""
+    flat_src, flat_dst = src.reshape(-1), dst.view(-1)  # view: dst must be its own memory
+    list(pool.map(lambda start: flat_dst[start:start + COPY_CHUNK].copy_(
+        flat_src[start:start + COPY_CHUNK]), range(0, flat_src.numel(), COPY_CHUNK)))
+
+
+def keep_copy_buffers(groups: Groups, group_names: Iterable[str], budget_bytes: int,
+                      kept: dict[str, dict[str, torch.Tensor]], *,
+                      threads: int | None = None) -> int:
+    """Allocate copy buffers for the named groups, in their order, within the budget, and
+    touch every page (zeroing them on the copy threads): a checkpoint then copies at memory
+    speed instead of faulting fresh pages in. Returns the bytes kept (in `kept`, all told)."""
+    with ThreadPoolExecutor(threads or default_copy_threads()) as pool:
+        for group in group_names:
+            live = groups[group]
+            if group in kept and _fits(kept[group], live):
+                continue
+            nbytes = sum(t.nbytes for t in live.values())
+            if nbytes > budget_bytes:
+                continue
+            buffers = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in live.items()}
+            for buffer in buffers.values():
+                flat = buffer.view(-1)
+                list(pool.map(lambda start, flat=flat: flat[start:start + COPY_CHUNK].zero_(),
+                              range(0, flat.numel(), COPY_CHUNK)))
+            kept[group] = buffers
+            budget_bytes -= nbytes
+    return sum(t.nbytes for buffers in kept.values() for t in buffers.values())
 
 
 class CheckpointSnapshot:

@@ -30,6 +30,7 @@ from layerslide.executor.checkpoint_snapshot import (
     CheckpointSnapshot,
     SnapshotGuard,
     available_ram_bytes,
+    keep_copy_buffers,
 )
 from layerslide.executor.checkpoint_store import CheckpointInfo, CheckpointStore
 from layerslide.executor.data import TokenSource
@@ -155,6 +156,7 @@ class Trainer:
         self.failed = False  # training or a save raised: close() keeps the NVMe files
         self.stopped = False  # fit() ended early on its stop event
         self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
+        self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, or the segments that start within keep_trace=N steps
         if not isinstance(keep_trace, bool) and (not isinstance(keep_trace, int)
@@ -281,11 +283,29 @@ class Trainer:
         start_s = time.monotonic()
         step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
         cpu_groups = {b: f"block_{b}" for b in self.state.steps_taken}
-        guard = SnapshotGuard(groups, cpu_groups, available_ram_bytes() - RAM_RESERVE_BYTES)
+        guard = SnapshotGuard(groups, cpu_groups, available_ram_bytes() - RAM_RESERVE_BYTES,
+                              kept=self._copy_buffers)
         self.state.update_guard = guard
         self._snapshot = CheckpointSnapshot(store, step, groups, state_meta, link_files=links,
                                             guard=guard, stall_s=time.monotonic() - start_s)
         return self._snapshot
+
+    def keep_checkpoint_copies(self) -> int:
+        """Before the first checkpoint written beside training: make the RAM its copies of the
+        state go into (within what the machine has free beyond RAM_RESERVE_BYTES, the blocks
+        updated first first) and touch every page, so that its copies run at memory speed.
+        Checkpoints keep these buffers from one to the next anyway; returns the bytes held."""
+        self.wait_for_checkpoint()
+        groups = {f"block_{b}": {"master": self.state.master[b], **self.state.moments[b].tensors}
+                  for b in reversed(self.blocks.blocks) if b in self.state.steps_taken}
+        return keep_copy_buffers(groups, groups, available_ram_bytes() - RAM_RESERVE_BYTES,
+                                 self._copy_buffers)
+
+    def drop_checkpoint_copies(self) -> None:
+        """Free the RAM kept for checkpoint copies (the next checkpoint beside training
+        allocates afresh)."""
+        self.wait_for_checkpoint()
+        self._copy_buffers.clear()
 
     def wait_for_checkpoint(self) -> tuple[CheckpointInfo, CheckpointSnapshot] | None:
         """Wait for the checkpoint start_save_state began (None if none is in flight); raises

@@ -220,6 +220,8 @@ def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, p
                      device="cpu", segment_steps=4,
                      nvme_dir=tmp_path / f"nvme-{background}") as trainer:
             trainer.init_random(0)
+            if background:  # the copies go into buffers made (and zeroed) ahead
+                assert trainer.keep_checkpoint_copies() > 0
             logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6,
                                checkpoints=CheckpointSchedule(store=store, every_steps=2,
                                                               background=background),
