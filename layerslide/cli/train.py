@@ -431,7 +431,8 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
                       predicted_host_bytes=prediction.peak_bytes.get("host", 0),
                       step_s=[log.step_s for log in logs],
                       gpu_peak_bytes=[log.gpu_peak_bytes for log in logs],
-                      host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step)
+                      host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step,
+                      host_copies_bytes=trainer.checkpoint_copy_bytes)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
     if args.out:

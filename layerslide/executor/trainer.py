@@ -301,6 +301,11 @@ class Trainer:
         return keep_copy_buffers(groups, groups, available_ram_bytes() - RAM_RESERVE_BYTES,
                                  self._copy_buffers)
 
+    @property
+    def checkpoint_copy_bytes(self) -> int:
+        """RAM held for checkpoint copies (outside the plan's buffers)."""
+        return sum(t.nbytes for buffers in self._copy_buffers.values() for t in buffers.values())
+
     def drop_checkpoint_copies(self) -> None:
         """Free the RAM kept for checkpoint copies (the next checkpoint beside training
         allocates afresh)."""

@@ -31,6 +31,7 @@ class RunCheck:
     measured_gpu_allocated_bytes: int
     predicted_host_bytes: int
     measured_host_bytes: int
+    host_copies_bytes: int = 0  # RAM kept for checkpoint copies, outside the plan (predicted)
 
     def error(self, quantity: str) -> float | None:
         """(predicted - measured) / measured; None where nothing was measured (a CPU run has no
@@ -54,7 +55,9 @@ class RunCheck:
                                ("host_bytes", "host peak")):
             error = self.error(quantity)
             if error is not None:
-                parts.append(f"{unit} {getattr(self, f'predicted_{quantity}') / 2**30:.2f} "
+                kept = (f" (with {self.host_copies_bytes / 2**30:.2f} GiB kept for checkpoint "
+                        "copies)" if quantity == "host_bytes" and self.host_copies_bytes else "")
+                parts.append(f"{unit} {getattr(self, f'predicted_{quantity}') / 2**30:.2f}{kept} "
                              f"against {getattr(self, f'measured_{quantity}') / 2**30:.2f} GiB, "
                              f"{_signed(error)}")
         return "; ".join(parts)
@@ -66,9 +69,11 @@ def _signed(error: float) -> str:
 
 def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_bytes: int,
               predicted_host_bytes: int, step_s: Sequence[float], gpu_peak_bytes: Sequence[int],
-              host_peak_bytes: Sequence[int], first_step: int = 1) -> RunCheck:
+              host_peak_bytes: Sequence[int], first_step: int = 1,
+              host_copies_bytes: int = 0) -> RunCheck:
     """The check of a run whose steps (numbered from `first_step`) took `step_s` with those
-    peaks: the steps after the warm-up ones, or the last where the run had no more."""
+    peaks: the steps after the warm-up ones, or the last where the run had no more. The plan's
+    host peak leaves out the RAM kept for checkpoint copies (`host_copies_bytes`): added here."""
     if not step_s:
         raise ValueError("a run check needs at least one measured step")
     skip = WARMUP_STEPS if len(step_s) > WARMUP_STEPS else len(step_s) - 1
@@ -78,8 +83,9 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
                     measured_step_s=statistics.median(steady),
                     predicted_gpu_allocated_bytes=predicted_gpu_allocated_bytes,
                     measured_gpu_allocated_bytes=max(gpu_peak_bytes, default=0),
-                    predicted_host_bytes=predicted_host_bytes,
-                    measured_host_bytes=max(host_peak_bytes, default=0))
+                    predicted_host_bytes=predicted_host_bytes + host_copies_bytes,
+                    measured_host_bytes=max(host_peak_bytes, default=0),
+                    host_copies_bytes=host_copies_bytes)
 
 
 def one_step(trace: Trace, step: int, label: str) -> Trace:

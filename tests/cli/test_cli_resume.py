@@ -4,6 +4,7 @@ must log the same losses, bit for bit on the CPU, as a run that was never interr
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import signal
@@ -47,6 +48,15 @@ def uninterrupted(config_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("whole")
     assert main(train_args(config_dir, tmp / "ckpt", tmp / "log.jsonl")) == 0
     return losses(tmp / "log.jsonl")
+
+
+def test_checkpoints_beside_training_say_what_ram_their_copies_keep(config_dir, tmp_path,
+                                                                    capsys):
+    assert main(train_args(config_dir, tmp_path / "ckpt", tmp_path / "log.jsonl")) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"checkpoints beside training: [0-9.]+ GB of RAM kept for copies of the "
+                     r"state", out), out
+    assert re.search(r"host peak [0-9.]+ \(with [0-9.]+ GiB kept for checkpoint copies\)", out)
 
 
 # run the CLI in a child that SIGKILLs itself at a chosen point

@@ -36,6 +36,15 @@ def test_a_short_run_is_checked_on_its_last_step_and_an_empty_one_refused():
         check([])
 
 
+def test_ram_kept_for_checkpoint_copies_joins_the_predicted_host_peak_and_is_named():
+    found = check_run(profile="box", predicted_step_s=1.0, predicted_gpu_allocated_bytes=0,
+                      predicted_host_bytes=3 << 30, step_s=[1.0], gpu_peak_bytes=[0],
+                      host_peak_bytes=[4 << 30], host_copies_bytes=1 << 30)
+    assert found.predicted_host_bytes == 4 << 30 and found.error("host_bytes") == 0
+    assert "host peak 4.00 (with 1.00 GiB kept for checkpoint copies) against 4.00 GiB" in (
+        found.line())
+
+
 def events(step, start_s, lanes=("gpu", "cpu")):
     return [TraceEvent(task_id=f"{lane}{step}", lane=lane, kind="forward", block=0, step=step,
                        start_s=start_s + i, end_s=start_s + i + 0.5)
