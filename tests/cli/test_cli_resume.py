@@ -4,8 +4,8 @@ must log the same losses, bit for bit on the CPU, as a run that was never interr
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
