@@ -435,6 +435,12 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
                       host_copies_bytes=trainer.checkpoint_copy_bytes)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
+    segment = min(every for every in (args.segment_steps, args.checkpoint_every,
+                                      args.eval_every, args.save_every) if every)
+    if segment <= 2:  # the simulator predicts a step in a pipeline that runs on
+        print(f"note: the run drained its pipeline every {segment} step(s) (--segment-steps, "
+              "--checkpoint-every, --eval-every, --save-every): each measured step holds a "
+              "fill and drain that the predicted steady step leaves out")
     if args.out:
         written = write_run_check(check, args.out, predicted=prediction.trace,
                                   measured=trainer.trace(f"{trainer.spec.name} measured"))

@@ -403,3 +403,13 @@ def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
     assert "prediction on h200-bench" in printed and "median of steps 3-5" in printed
     assert "this run is on the CPU" in printed
     assert (out / "prediction-timeline.png").stat().st_size > 10_000
+
+
+def test_train_says_when_short_segments_put_fills_into_every_measured_step(
+        model_dir, data_file, tmp_path, capsys):
+    args = ["train", "--model", str(model_dir), "--micro-batch", "2", "--seq-len", "16",
+            "--data", str(data_file), "--device", "cpu", "--steps", "3"]
+    assert main([*args, "--segment-steps", "1"]) == 0
+    assert "drained its pipeline every 1 step(s)" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "drained its pipeline" not in capsys.readouterr().out
