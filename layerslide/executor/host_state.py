@@ -248,7 +248,9 @@ class HostState:
 
     def accumulate(self, block: int, micro_batch: int, landed: torch.Tensor) -> None:
         """Add the landed bf16 grads of one micro-batch into the block's fp32 sum."""
-        if micro_batch == 0:
+        if self.native is not None and landed.dtype == torch.bfloat16 and landed.is_contiguous():
+            self.native.accumulate(self.grad32[block], landed, first=micro_batch == 0)
+        elif micro_batch == 0:
             self.grad32[block].copy_(landed)
         else:
             self.grad32[block].add_(landed)

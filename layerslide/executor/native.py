@@ -115,6 +115,8 @@ class NativeKernels:
         library.split_chunk_elements.argtypes = [_I, _I, _I]
         library.split_chunk_elements.restype = _I
         library.cast_f32_to_bf16.restype = None
+        library.accumulate_bf16_grads.argtypes = [_P, _P, _I, _I, _I, _I]
+        library.accumulate_bf16_grads.restype = None
         for grads in ("bf16", "f32"):
             bf16 = getattr(library, f"adamw_step_bf16_moments_{grads}_grads")
             bf16.argtypes = [_P, _P, _P, _P, _P, _I, _P, ctypes.c_uint32, _I]
@@ -199,6 +201,14 @@ class NativeKernels:
         assert src.is_contiguous() and dst.is_contiguous() and src.numel() == dst.numel()
         self._lib.cast_f32_to_bf16(src.data_ptr(), dst.data_ptr(), src.numel(), self.threads,
                                    self.chunk)
+
+
+    def accumulate(self, total: torch.Tensor, grads: torch.Tensor, *, first: bool) -> None:
+        """total = grads (first) or total += grads: bf16 grads into an fp32 sum."""
+        assert total.dtype == torch.float32 and grads.dtype == torch.bfloat16
+        assert total.is_contiguous() and grads.is_contiguous() and total.numel() == grads.numel()
+        self._lib.accumulate_bf16_grads(total.data_ptr(), grads.data_ptr(), total.numel(),
+                                        int(first), self.threads, self.chunk)
 
 
 def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK) -> NativeKernels | None:

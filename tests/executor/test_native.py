@@ -62,6 +62,23 @@ def test_cast_rounds_like_torch_including_specials():
     assert torch.equal(out[1:], expected[1:])
 
 
+@pytest.mark.parametrize(("threads", "chunk"), [(0, 0), (3, 7)])
+def test_accumulating_bf16_grads_gives_torchs_fp32_sum_bit_for_bit(threads, chunk):
+    from layerslide.executor.native import NativeKernels
+    kernels = NativeKernels(KERNELS._lib, threads=threads, chunk=chunk)
+    gen = torch.Generator().manual_seed(3)
+    micro = [(torch.randn(10_001, generator=gen) * 10 ** i).to(torch.bfloat16) for i in range(4)]
+    micro[1][:3] = torch.tensor([float("inf"), -0.0, 1e-40])  # specials and a subnormal
+    total, expected = torch.full((10_001,), 7.0), torch.empty(10_001)
+    for i, grads in enumerate(micro):
+        kernels.accumulate(total, grads, first=i == 0)
+        if i == 0:
+            expected.copy_(grads)
+        else:
+            expected.add_(grads)
+    assert torch.equal(total, expected)
+
+
 def one_step(kernels, start: torch.Tensor, grad: torch.Tensor, *, in_place: bool,
              decay_end: int) -> tuple[torch.Tensor, ...]:
     """(param, m, v, bf16 weights) after one AdamW step from `start`; in_place: the weights

@@ -110,6 +110,27 @@ void cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n, int64_t num_th
     }
 }
 
+/* A micro-batch's bf16 grads into the fp32 sum: sum = grads (first) or sum += grads, exactly as
+ * torch's copy_ / add_ (a bf16 widens to fp32 without rounding; one fp32 add). torch's
+ * mixed-dtype add_ ran ~5x below this on the H200 host (validation_2026-12-03a). */
+void accumulate_bf16_grads(float *sum, const uint16_t *grads, int64_t n, int64_t first,
+                           int64_t num_threads, int64_t chunk) {
+    const int threads = num_threads > 0 ? (int)num_threads : omp_get_max_threads();
+    const int64_t size = chunk_size(n, chunk, threads);
+    const int64_t chunks = (n + size - 1) / size;
+    _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")
+    for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t end = c * size + size < n ? c * size + size : n;
+        if (first) {
+            _Pragma("omp simd")
+            for (int64_t i = c * size; i < end; ++i) sum[i] = bf16_to_f32(grads[i]);
+        } else {
+            _Pragma("omp simd")
+            for (int64_t i = c * size; i < end; ++i) sum[i] += bf16_to_f32(grads[i]);
+        }
+    }
+}
+
 /* ---- Compact moments: the same AdamW with m and v kept in bf16 or 8-bit codes ------------------
  *
  * Host traffic per parameter falls from 28 B to 20 B (bf16: m and v read and written as 2 B each)
