@@ -16,6 +16,7 @@ speed (benchmarks/results/checkpoint_stall_2026-12-02).
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.checkpoint_store import (
+    ALIGN,
     CheckpointInfo,
     CheckpointStore,
     GroupAccess,
@@ -86,8 +88,8 @@ class SnapshotGuard(GroupAccess):
             if nbytes > self._budget_left:
                 return None  # the writer takes it from the live tensors; a smaller may fit
             try:
-                buffers = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in live.items()}
-            except (MemoryError, RuntimeError):
+                buffers = {name: page_aligned_like(t) for name, t in live.items()}
+            except (MemoryError, RuntimeError, OSError):  # OSError: mmap's
                 return None
             self._budget_left -= nbytes
             self._fresh.add(group)
@@ -208,6 +210,15 @@ def default_copy_threads() -> int:
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
+def page_aligned_like(tensor: torch.Tensor) -> torch.Tensor:
+    """An empty contiguous tensor of tensor's shape and dtype in page-aligned memory (an
+    anonymous mmap): the checkpoint's writer sends such tensors to the disk with O_DIRECT."""
+    nbytes = tensor.numel() * tensor.element_size()
+    region = mmap.mmap(-1, max(ALIGN, -(-nbytes // ALIGN) * ALIGN))
+    raw = torch.frombuffer(region, dtype=torch.uint8)[:nbytes]
+    return raw.view(tensor.dtype).reshape(tensor.shape)
+
+
 def _fits(buffers: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> bool:
     return buffers.keys() == live.keys() and all(
         buffers[n].shape == t.shape and buffers[n].dtype == t.dtype for n, t in live.items())
@@ -235,7 +246,7 @@ def keep_copy_buffers(groups: Groups, group_names: Iterable[str], budget_bytes: 
             nbytes = sum(t.nbytes for t in live.values())
             if nbytes > budget_bytes:
                 continue
-            buffers = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in live.items()}
+            buffers = {name: page_aligned_like(t) for name, t in live.items()}
             for buffer in buffers.values():
                 flat = buffer.view(-1)
                 list(pool.map(lambda start, flat=flat: flat[start:start + COPY_CHUNK].zero_(),

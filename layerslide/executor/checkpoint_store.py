@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import re
 import shutil
@@ -147,6 +148,27 @@ def _file_size(tensors: Mapping[str, torch.Tensor]) -> int:
     return size
 
 
+def _takes_direct(folder: Path) -> bool:
+    """Whether files in `folder` take O_DIRECT writes (tmpfs, for one, does not)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / ".direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+    except OSError:
+        return False
+    region = mmap.mmap(-1, ALIGN)  # page-aligned, as O_DIRECT needs
+    try:
+        os.pwrite(fd, memoryview(region), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+        region.close()
+        probe.unlink(missing_ok=True)
+
+
 def _write_all(fd: int, data: memoryview) -> None:
     while data:
         data = data[os.write(fd, data):]
@@ -164,33 +186,50 @@ def _scratch() -> memoryview:
 
 
 def _write_group(path: Path, group: str, live: Mapping[str, torch.Tensor], run: _Run,
-                 access: GroupAccess) -> dict:
-    entries, offset, fd = [], 0, None
+                 access: GroupAccess, direct: bool = False) -> dict:
+    """One group's file. With `direct`, the page-aligned whole pages of a page-aligned tensor
+    (a checkpoint copy's) go to the disk with O_DIRECT: through the page cache they cost a
+    second copy of the state in host memory bandwidth, beside training. Pads are left as
+    holes (they read as zeros)."""
+    entries, offset, fd, direct_fd = [], 0, None, None
     try:
         tensors = access.claim(group, live)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if direct and any(t.data_ptr() % ALIGN == 0 for t in tensors.values()):
+            direct_fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
         for name, t in tensors.items():
-            if pad := -offset % ALIGN:
-                _write_all(fd, memoryview(bytes(pad)))
-                offset += pad
+            offset += -offset % ALIGN
             view, crc = _bytes_of(t), 0
+            aligned = direct_fd is not None and t.data_ptr() % ALIGN == 0
             for i in range(0, len(view), CHUNK):
                 chunk = view[i:i + CHUNK]
-                _write_all(fd, chunk)
                 crc = zlib.crc32(chunk, crc)
+                whole = len(chunk) - len(chunk) % ALIGN if aligned else 0
+                if whole:
+                    _pwrite_all(direct_fd, chunk[:whole], offset + i)
+                if whole < len(chunk):
+                    _pwrite_all(fd, chunk[whole:], offset + i + whole)
                 run.tick(len(chunk))
             entries.append({"name": name, "dtype": _dtype(t.dtype), "shape": list(t.shape),
                             "offset": offset, "nbytes": len(view), "crc32": crc})
             offset += len(view)
+        os.ftruncate(fd, offset)  # a group ending in a pad (an empty tensor) keeps its size
         os.fsync(fd)
     except OSError as e:
         e.filename = e.filename or str(path)  # os.write's errors do not name the file
         raise
     finally:
-        if fd is not None:
-            os.close(fd)
+        for handle in (direct_fd, fd):
+            if handle is not None:
+                os.close(handle)
         access.release(group)
     return {"file": path.name, "size": offset, "tensors": entries}
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
 
 
 def _crc_file(path: Path, run: _Run) -> tuple[int, int]:
@@ -276,11 +315,13 @@ class CheckpointStore:
     (not assume the calling thread) and quick. An exception from one aborts the save or load.
     """
 
-    def __init__(self, root: str | Path, *, keep_last: int = 2, writer_threads: int = 4):
+    def __init__(self, root: str | Path, *, keep_last: int = 2, writer_threads: int = 4,
+                 direct_writes: bool = True):
         if keep_last < 1 or writer_threads < 1:
             raise ValueError(f"keep_last ({keep_last}) and writer_threads ({writer_threads}) "
                              "must be at least 1")
         self.root, self.keep_last, self.writer_threads = Path(root), keep_last, writer_threads
+        self.direct_writes = direct_writes  # page-aligned tensors skip the page cache
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.close((probe := tempfile.mkstemp(dir=self.root, prefix=".tmp-probe-"))[0])
@@ -352,7 +393,8 @@ class CheckpointStore:
         try:
             tmp.mkdir()
             access = access or GroupAccess()
-            jobs = [partial(_write_group, tmp / f"{g}.bin", g, ts, run, access)
+            direct = self.direct_writes and _takes_direct(tmp)
+            jobs = [partial(_write_group, tmp / f"{g}.bin", g, ts, run, access, direct)
                     for g, ts in groups.items()]
             jobs += [partial(_link, src, tmp / name, run) for name, src in links.items()]
             done = self._parallel(jobs, run)

@@ -120,21 +120,25 @@ cs.CHUNK = 1 << 16  # so the kill lands inside a tensor
 store = cs.CheckpointStore(root, keep_last=5, writer_threads=2)
 groups = lambda v: {f"block_{i}": {"w": torch.full((300_000,), float(v))} for i in range(3)}
 store.save(1, groups(1), {"step": 1})
-real_write, real_rename, written = os.write, os.rename, [0]
+real_write, real_pwrite, real_rename, written = os.write, os.pwrite, os.rename, [0]
 
-def write(fd, data):
-    written[0] += len(data)
-    if (mode == "data" and written[0] > 500_000
-            or mode == "manifest" and bytes(data[:10]) == b'{"format":'):
+def write(fd, data):  # the manifest's
+    if mode == "manifest" and bytes(data[:10]) == b'{"format":':
         os.kill(os.getpid(), signal.SIGKILL)
     return real_write(fd, data)
+
+def pwrite(fd, data, offset):  # the tensors'
+    written[0] += len(data)
+    if mode == "data" and written[0] > 500_000:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_pwrite(fd, data, offset)
 
 def rename(src, dst):
     if mode == "rename":
         os.kill(os.getpid(), signal.SIGKILL)
     return real_rename(src, dst)
 
-os.write, os.rename = write, rename
+os.write, os.pwrite, os.rename = write, pwrite, rename
 store.save(2, groups(2), {"step": 2})
 sys.exit(3)
 """
@@ -179,15 +183,15 @@ def test_failed_write_deletes_partial_and_keeps_earlier(tmp_path, monkeypatch, e
     store = CheckpointStore(tmp_path, writer_threads=2)
     store.save(1, make_groups(1), {"step": 1})
     monkeypatch.setattr(cs, "CHUNK", 1 << 10)
-    real_write, written = os.write, [0]
+    real_pwrite, written = os.pwrite, [0]
 
-    def write(fd, data):
+    def pwrite(fd, data, offset):
         written[0] += len(data)
         if written[0] > 6000:
             raise OSError(err, os.strerror(err))
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "pwrite", pwrite)
     with pytest.raises(CheckpointError, match=r"\.tmp-step-000000002-\d+/block_.*\.bin") as e:
         store.save(2, make_groups(2), {"step": 2})
     assert isinstance(e.value, CheckpointSpaceError) == (err == errno.ENOSPC)
@@ -355,3 +359,33 @@ def test_link_files(tmp_path, monkeypatch, hard_link):
             store.verify(info)
     else:
         store.verify(info)
+
+
+def test_page_aligned_tensors_go_to_the_disk_direct_with_the_same_bytes(tmp_path, monkeypatch):
+    from layerslide.executor.checkpoint_snapshot import page_aligned_like
+    if not cs._takes_direct(tmp_path):
+        pytest.skip("this filesystem takes no O_DIRECT writes")
+    values = {"w": torch.arange(5000.0), "b": torch.arange(7, dtype=torch.bfloat16),
+              "empty": torch.zeros(0)}  # a whole-page tail, a part page, and an empty last one
+    aligned = {}
+    for name, t in values.items():
+        aligned[name] = page_aligned_like(t)
+        aligned[name].copy_(t)
+    assert all(t.data_ptr() % cs.ALIGN == 0 for t in aligned.values())
+    real_open, direct_opens = os.open, []
+
+    def recording_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            direct_opens.append(Path(path).name)
+        return real_open(path, flags, *args)
+    monkeypatch.setattr(os, "open", recording_open)
+    direct = CheckpointStore(tmp_path / "direct").save(1, {"block_0": aligned}, {})
+    assert "block_0.bin" in direct_opens
+    buffered = CheckpointStore(tmp_path / "buffered", direct_writes=False).save(
+        1, {"block_0": dict(values)}, {})
+    assert direct_opens.count("block_0.bin") == 1  # not for the store told not to
+    read = lambda info: (info.path / "block_0.bin").read_bytes()
+    assert read(direct) == read(buffered)
+    into = {"block_0": {name: torch.empty_like(t) for name, t in values.items()}}
+    CheckpointStore(tmp_path / "direct").load(direct, into)
+    assert all(torch.equal(into["block_0"][n], values[n]) for n in values)
