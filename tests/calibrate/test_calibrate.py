@@ -4,6 +4,7 @@ with their sources, the rest stays the base's; the GPU part on the GPU machine."
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -348,3 +349,19 @@ def test_the_sharing_runs_are_fitted_on_adamws_bytes_without_its_calls():
         assert out[mode]["adamw"] == pytest.approx(block * 28 / (block_s - 2e-3))
     assert out["h2d"] == runs["h2d"] and out["adamw+h2d"]["h2d"] == 38e9
     assert calibrate.without_call_in_sharing(runs, block, 0.0) == runs
+
+
+def test_the_launch_time_is_the_median_round_after_a_warm_up(monkeypatch):
+    from layerslide.calibrate import gpu
+    durations = iter([50.0, 1.0, 2.0, 3.0, 4.0, 100.0])  # the warm-up round, then 5 rounds
+    clock = []
+
+    def perf_counter():  # start and end of each round
+        if len(clock) % 2 == 0:
+            clock.append(0.0)
+        else:
+            clock.append(next(durations))
+        return clock[-1]
+    monkeypatch.setattr(gpu, "time", types.SimpleNamespace(perf_counter=perf_counter))
+    monkeypatch.setattr(gpu.torch.cuda, "synchronize", lambda: None)
+    assert gpu.median_launch_s(torch.zeros(1), launches=10, rounds=5) == pytest.approx(0.3)
