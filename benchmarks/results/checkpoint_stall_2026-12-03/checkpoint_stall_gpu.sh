@@ -7,5 +7,5 @@ source benchmarks/device_env.sh
 here=benchmarks/results/checkpoint_stall_2026-12-03
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/machine.txt"
 df -h /tmp | tee -a "$out/machine.txt"
-timeout 360 python3 $here/checkpoint_stall.py --model llama-3.2-1b --micro-batch 8 \
-    --steps 40 --out "$out" 2>&1 | grep -v Warning | tail -8 | tee "$out/stall.txt"
+timeout 290 python3 $here/checkpoint_stall.py --model llama-3.2-1b --micro-batch 8 \
+    --steps 40 --out "$out" 2>&1 | grep --line-buffered -v Warning | tee "$out/stall.txt"
