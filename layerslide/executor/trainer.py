@@ -294,7 +294,8 @@ class Trainer:
         """Before the first checkpoint written beside training: make the RAM its copies of the
         state go into (within what the machine has free beyond RAM_RESERVE_BYTES, the blocks
         updated first first) and touch every page, so that its copies run at memory speed.
-        Checkpoints keep these buffers from one to the next anyway; returns the bytes held."""
+        fit() with background checkpoints calls this when none are kept; checkpoints keep
+        them from one to the next anyway. Returns the bytes held."""
         self.wait_for_checkpoint()
         groups = {f"block_{b}": {"master": self.state.master[b], **self.state.moments[b].tensors}
                   for b in reversed(self.blocks.blocks) if b in self.state.steps_taken}
@@ -395,6 +396,8 @@ class Trainer:
         the pipeline is drained and the host's master weights are whole (to save the model)."""
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every={save_every}: must be >= 1")
+        if checkpoints is not None and checkpoints.background and not self._copy_buffers:
+            self.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
         self.stopped = False

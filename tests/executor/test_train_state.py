@@ -220,13 +220,14 @@ def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, p
                      device="cpu", segment_steps=4,
                      nvme_dir=tmp_path / f"nvme-{background}") as trainer:
             trainer.init_random(0)
-            if background:  # the copies go into buffers made (and zeroed) ahead
-                assert trainer.keep_checkpoint_copies() > 0
+            assert trainer.checkpoint_copy_bytes == 0
             logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6,
                                checkpoints=CheckpointSchedule(store=store, every_steps=2,
                                                               background=background),
                                on_checkpoint=lambda info, stall_s, seen=stalls: seen.append(
                                    (info.step, stall_s)))
+            # fit made the copies' buffers ahead (and zeroed them) for checkpoints beside it
+            assert (trainer.checkpoint_copy_bytes > 0) == background
             runs[background] = store, logs, final_state(trainer)
         assert [step for step, _ in stalls] == [2, 4, 6] and all(s >= 0 for _, s in stalls)
     (sync_store, sync_logs, _), (store, logs, state) = runs[False], runs[True]
