@@ -353,13 +353,11 @@ def cmd_train(args) -> int:
         else:
             trainer.init_random(args.seed)
         if schedule is not None and schedule.background:  # RAM faulted in now, not mid-run
-            from layerslide.planner.plan import HOST_MASTER, HOST_MOMENTS
-            held = trainer.state.allocated_bytes()
-            state_gb = (held.get(HOST_MASTER, 0) + held.get(HOST_MOMENTS, 0)) / 1e9
             kept_gb = trainer.keep_checkpoint_copies() / 1e9
+            state_gb = trainer.host_updated_state_bytes / 1e9
             print(f"checkpoints beside training: {kept_gb:.1f} GB of RAM kept for copies of "
-                  f"the {state_gb:.1f} GB state in RAM (updates of blocks beyond it wait for "
-                  "their write)" if kept_gb < state_gb else
+                  f"the {state_gb:.1f} GB state the host updates (updates of blocks beyond it "
+                  "wait for their write)" if kept_gb < state_gb else
                   f"checkpoints beside training: {kept_gb:.1f} GB of RAM kept for copies of "
                   "the state", flush=True)
         # the bar moves as steps finish; step logs come when their segment has drained

@@ -20,7 +20,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -96,11 +96,16 @@ class SnapshotGuard(GroupAccess):
         self._state[group] = _COPYING
         return buffers
 
-    def _copy(self, group: str, buffers: dict[str, torch.Tensor]) -> None:
-        """Outside the lock: fill the buffers from the live tensors, on the copy threads."""
+    def _copy(self, group: str, buffers: dict[str, torch.Tensor], *,
+              own_thread: bool = False) -> None:
+        """Outside the lock: fill the buffers from the live tensors, on the copy threads (or,
+        for an update that waits on it, on its own: not queued behind other groups' chunks)."""
         try:
             for name, tensor in self._groups[group].items():
-                _parallel_copy(tensor, buffers[name], self._pool)
+                if own_thread:
+                    _copy_whole(tensor, buffers[name])
+                else:
+                    _parallel_copy(tensor, buffers[name], self._pool)
         except Exception:
             self._abandon(group)
             if self._closed:  # the save ended (its pool with it): nothing needs this copy
@@ -182,7 +187,9 @@ class SnapshotGuard(GroupAccess):
                 self._kept[group] = copy
             self._copies.clear()
             self._cond.notify_all()
-        self._pool.shutdown(wait=False)
+        # chunks already queued still run: wait for them, or a failed save's last copies could
+        # go on writing a kept buffer the next checkpoint copies into
+        self._pool.shutdown(wait=True)
 
     # --- the updates' side -------------------------------------------------------------------
     def before_update(self, block: int) -> None:
@@ -197,7 +204,7 @@ class SnapshotGuard(GroupAccess):
                 return
             buffers = self._begin_copy(group)
         if buffers is not None:  # the update fails, and training with it, if its copy fails
-            self._copy(group, buffers)
+            self._copy(group, buffers, own_thread=True)
         with self._cond:
             while self._state[group] != _DONE and group not in self._copies:
                 self._cond.wait()
@@ -214,7 +221,8 @@ def page_aligned_like(tensor: torch.Tensor) -> torch.Tensor:
     """An empty contiguous tensor of tensor's shape and dtype in page-aligned memory (an
     anonymous mmap): the checkpoint's writer sends such tensors to the disk with O_DIRECT."""
     nbytes = tensor.numel() * tensor.element_size()
-    region = mmap.mmap(-1, max(ALIGN, -(-nbytes // ALIGN) * ALIGN))
+    region = mmap.mmap(-1, max(ALIGN, -(-nbytes // ALIGN) * ALIGN),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: not Shmem
     raw = torch.frombuffer(region, dtype=torch.uint8)[:nbytes]
     return raw.view(tensor.dtype).reshape(tensor.shape)
 
@@ -222,6 +230,11 @@ def page_aligned_like(tensor: torch.Tensor) -> torch.Tensor:
 def _fits(buffers: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> bool:
     return buffers.keys() == live.keys() and all(
         buffers[n].shape == t.shape and buffers[n].dtype == t.dtype for n, t in live.items())
+
+
+def _copy_whole(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """src into the contiguous CPU tensor dst on the calling thread (torch's own threads)."""
+    dst.view(-1).copy_(src.reshape(-1))
 
 
 def _parallel_copy(src: torch.Tensor, dst: torch.Tensor, pool: ThreadPoolExecutor) -> None:
@@ -232,21 +245,23 @@ def _parallel_copy(src: torch.Tensor, dst: torch.Tensor, pool: ThreadPoolExecuto
         flat_src[start:start + COPY_CHUNK]), range(0, flat_src.numel(), COPY_CHUNK)))
 
 
-def keep_copy_buffers(groups: Groups, group_names: Iterable[str], budget_bytes: int,
+def keep_copy_buffers(groups: Groups, budget_bytes: int,
                       kept: dict[str, dict[str, torch.Tensor]], *,
                       threads: int | None = None) -> int:
-    """Allocate copy buffers for the named groups, in their order, within the budget, and
+    """Allocate copy buffers for the groups, in their order, within the budget, and
     touch every page (zeroing them on the copy threads): a checkpoint then copies at memory
     speed instead of faulting fresh pages in. Returns the bytes kept (in `kept`, all told)."""
     with ThreadPoolExecutor(threads or default_copy_threads()) as pool:
-        for group in group_names:
-            live = groups[group]
+        for group, live in groups.items():
             if group in kept and _fits(kept[group], live):
                 continue
             nbytes = sum(t.nbytes for t in live.values())
             if nbytes > budget_bytes:
                 continue
-            buffers = {name: page_aligned_like(t) for name, t in live.items()}
+            try:
+                buffers = {name: page_aligned_like(t) for name, t in live.items()}
+            except (MemoryError, OSError):  # an optimisation: the checkpoints copy afresh
+                break
             for buffer in buffers.values():
                 flat = buffer.view(-1)
                 list(pool.map(lambda start, flat=flat: flat[start:start + COPY_CHUNK].zero_(),

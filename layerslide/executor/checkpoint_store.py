@@ -5,7 +5,7 @@ block) of large flat CPU tensors (fp32 master weights, AdamW moments; ~36 GB for
 a small JSON-able `meta` (step, optimizer config, data position, RNG state, model identity). At
 that size a serialised copy in RAM is not affordable, so bytes go straight from each tensor's
 memory to its file and back, CRC32-checked on the same 64 MiB chunks, one group per thread
-(zlib.crc32 and os.write/readinto release the GIL).
+(zlib.crc32 and os.write, os.pwrite and readinto release the GIL).
 
 Format, one directory per checkpoint, `root/step-{step:09d}/`:
 - `{group}.bin`: the group's tensors' raw bytes back to back, each starting at a multiple of 4096;
@@ -149,7 +149,7 @@ def _file_size(tensors: Mapping[str, torch.Tensor]) -> int:
 
 
 def _takes_direct(folder: Path) -> bool:
-    """Whether files in `folder` take O_DIRECT writes (tmpfs, for one, does not)."""
+    """Whether files in `folder` take O_DIRECT writes (some filesystems refuse them)."""
     if not hasattr(os, "O_DIRECT"):
         return False
     probe = folder / ".direct-probe"
@@ -205,10 +205,11 @@ def _write_group(path: Path, group: str, live: Mapping[str, torch.Tensor], run: 
                 chunk = view[i:i + CHUNK]
                 crc = zlib.crc32(chunk, crc)
                 whole = len(chunk) - len(chunk) % ALIGN if aligned else 0
-                if whole:
-                    _pwrite_all(direct_fd, chunk[:whole], offset + i)
-                if whole < len(chunk):
-                    _pwrite_all(fd, chunk[whole:], offset + i + whole)
+                done = _pwrite_direct(direct_fd, chunk[:whole], offset + i) if whole else 0
+                if done < whole:  # the filesystem refused O_DIRECT here: buffered from now on
+                    aligned = False
+                if done < len(chunk):
+                    _pwrite_all(fd, chunk[done:], offset + i + done)
                 run.tick(len(chunk))
             entries.append({"name": name, "dtype": _dtype(t.dtype), "shape": list(t.shape),
                             "offset": offset, "nbytes": len(view), "crc32": crc})
@@ -216,7 +217,7 @@ def _write_group(path: Path, group: str, live: Mapping[str, torch.Tensor], run: 
         os.ftruncate(fd, offset)  # a group ending in a pad (an empty tensor) keeps its size
         os.fsync(fd)
     except OSError as e:
-        e.filename = e.filename or str(path)  # os.write's errors do not name the file
+        e.filename = e.filename or str(path)  # os.pwrite's errors do not name the file
         raise
     finally:
         for handle in (direct_fd, fd):
@@ -224,6 +225,24 @@ def _write_group(path: Path, group: str, live: Mapping[str, torch.Tensor], run: 
                 os.close(handle)
         access.release(group)
     return {"file": path.name, "size": offset, "tensors": entries}
+
+
+def _pwrite_direct(fd: int, data: memoryview, offset: int) -> int:
+    """Write what O_DIRECT takes of `data` (whole pages at a page-aligned offset); returns the
+    bytes written, short where a write came back short of a page or was refused (EINVAL: a
+    filesystem that took the probe but not this write) and the rest must go buffered."""
+    done = 0
+    while done < len(data):
+        try:
+            written = os.pwrite(fd, data[done:], offset + done)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                return done
+            raise
+        done += written
+        if written == 0 or written % ALIGN:
+            return done - written % ALIGN if written else done  # the next write must be aligned
+    return done
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

@@ -202,11 +202,15 @@ class NativeKernels:
         self._lib.cast_f32_to_bf16(src.data_ptr(), dst.data_ptr(), src.numel(), self.threads,
                                    self.chunk)
 
-
     def accumulate(self, total: torch.Tensor, grads: torch.Tensor, *, first: bool) -> None:
         """total = grads (first) or total += grads: bf16 grads into an fp32 sum."""
-        assert total.dtype == torch.float32 and grads.dtype == torch.bfloat16
-        assert total.is_contiguous() and grads.is_contiguous() and total.numel() == grads.numel()
+        if not (total.dtype == torch.float32 and grads.dtype == torch.bfloat16
+                and total.is_contiguous() and grads.is_contiguous()
+                and total.numel() == grads.numel() and total.device.type == grads.device.type
+                == "cpu"):  # the kernel reads raw pointers
+            raise ValueError(f"accumulate needs contiguous CPU tensors of one size, fp32 sum and "
+                             f"bf16 grads; got {total.dtype}{tuple(total.shape)} and "
+                             f"{grads.dtype}{tuple(grads.shape)}")
         self._lib.accumulate_bf16_grads(total.data_ptr(), grads.data_ptr(), total.numel(),
                                         int(first), self.threads, self.chunk)
 

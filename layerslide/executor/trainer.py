@@ -297,15 +297,26 @@ class Trainer:
         fit() with background checkpoints calls this when none are kept; checkpoints keep
         them from one to the next anyway. Returns the bytes held."""
         self.wait_for_checkpoint()
-        groups = {f"block_{b}": {"master": self.state.master[b], **self.state.moments[b].tensors}
-                  for b in reversed(self.blocks.blocks) if b in self.state.steps_taken}
-        return keep_copy_buffers(groups, groups, available_ram_bytes() - RAM_RESERVE_BYTES,
-                                 self._copy_buffers)
+        return keep_copy_buffers(self._host_updated_groups(),
+                                 available_ram_bytes() - RAM_RESERVE_BYTES, self._copy_buffers)
+
+    def _host_updated_groups(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The state's groups a checkpoint beside training copies: the blocks the host
+        updates, in update order."""
+        return {f"block_{b}": {"master": self.state.master[b], **self.state.moments[b].tensors}
+                for b in reversed(self.blocks.blocks) if b in self.state.steps_taken}
+
+    @property
+    def host_updated_state_bytes(self) -> int:
+        """Bytes of the state a checkpoint beside training copies (all of it kept: no waits)."""
+        return sum(t.nbytes for ts in self._host_updated_groups().values() for t in ts.values())
 
     @property
     def checkpoint_copy_bytes(self) -> int:
         """RAM held for checkpoint copies (outside the plan's buffers)."""
-        return sum(t.nbytes for buffers in self._copy_buffers.values() for t in buffers.values())
+        # a list: a checkpoint's writer threads may add to the dict meanwhile
+        return sum(t.nbytes for buffers in list(self._copy_buffers.values())
+                   for t in buffers.values())
 
     def drop_checkpoint_copies(self) -> None:
         """Free the RAM kept for checkpoint copies (the next checkpoint beside training
@@ -564,6 +575,7 @@ class Trainer:
             except Exception as err:  # noqa: BLE001 (the failure that ended the run comes first)
                 warnings.warn(f"the checkpoint being written failed too: {err}", RuntimeWarning,
                               stacklevel=2)
+        self._copy_buffers.clear()
         self.device.close()
         if self.failed:
             return

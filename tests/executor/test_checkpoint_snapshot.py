@@ -69,6 +69,7 @@ def test_a_copy_that_fails_leaves_the_group_to_the_writer_and_the_update_raises(
     def broken(src, dst, pool):
         raise MemoryError("no room")
     monkeypatch.setattr(checkpoint_snapshot, "_parallel_copy", broken)
+    monkeypatch.setattr(checkpoint_snapshot, "_copy_whole", lambda src, dst: broken(src, dst, None))
     groups = two_groups()
     guard = SnapshotGuard(groups, {1: "block_1", 0: "block_0"}, copy_budget_bytes=64)
     guard.start_copying().join(5)  # the copier stops at its first failure
@@ -129,11 +130,11 @@ def test_copy_buffers_are_made_ahead_in_order_within_the_budget_and_touched():
     groups = {"block_2": {"master": torch.ones(8), "exp_avg": torch.ones(8)},
               "block_1": {"master": torch.ones(64)}, "block_0": {"master": torch.ones(4)}}
     kept = {}
-    held = keep_copy_buffers(groups, groups, 80, kept, threads=2)  # block_1 (256 B) is over
+    held = keep_copy_buffers(groups, 80, kept, threads=2)  # block_1 (256 B) is over
     assert held == 80 and set(kept) == {"block_2", "block_0"}
     assert all(torch.count_nonzero(t) == 0 for ts in kept.values() for t in ts.values())
     assert kept["block_2"]["exp_avg"].shape == (8,)
-    assert keep_copy_buffers(groups, groups, 0, kept) == 80  # kept ones stay, none added
+    assert keep_copy_buffers(groups, 0, kept) == 80  # kept ones stay, none added
 
 
 def test_a_snapshot_writes_a_loadable_checkpoint_and_raises_what_its_write_raised(tmp_path):

@@ -389,3 +389,34 @@ def test_page_aligned_tensors_go_to_the_disk_direct_with_the_same_bytes(tmp_path
     into = {"block_0": {name: torch.empty_like(t) for name, t in values.items()}}
     CheckpointStore(tmp_path / "direct").load(direct, into)
     assert all(torch.equal(into["block_0"][n], values[n]) for n in values)
+
+
+@pytest.mark.parametrize("refusal", ["einval", "short"])
+def test_a_direct_write_refused_or_cut_short_goes_on_buffered(tmp_path, monkeypatch, refusal):
+    from layerslide.executor.checkpoint_snapshot import page_aligned_like
+    values = torch.arange(3 * cs.ALIGN + 5, dtype=torch.float32)
+    aligned = page_aligned_like(values)
+    aligned.copy_(values)
+    monkeypatch.setattr(cs, "_takes_direct", lambda folder: True)
+    real_open, real_pwrite, direct_fds = os.open, os.pwrite, set()
+
+    def recording_open(path, flags, *args):
+        fd = real_open(path, flags & ~os.O_DIRECT, *args)  # as if direct, on any filesystem
+        if flags & os.O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def pwrite(fd, data, offset):
+        if fd in direct_fds:
+            if refusal == "einval" or len(data) < 2 * cs.ALIGN:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_pwrite(fd, data[:cs.ALIGN + 100], offset)  # short, off a page
+        return real_pwrite(fd, data, offset)
+    monkeypatch.setattr(os, "open", recording_open)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    store = CheckpointStore(tmp_path / "ckpt")
+    info = store.save(1, {"block_0": {"w": aligned}}, {})
+    assert direct_fds  # the direct path was taken, then left
+    into = {"block_0": {"w": torch.empty_like(values)}}
+    store.load(info, into)
+    assert torch.equal(into["block_0"]["w"], values)

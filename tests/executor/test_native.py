@@ -77,6 +77,8 @@ def test_accumulating_bf16_grads_gives_torchs_fp32_sum_bit_for_bit(threads, chun
         else:
             expected.add_(grads)
     assert torch.equal(total, expected)
+    with pytest.raises(ValueError, match="fp32 sum and bf16 grads"):
+        kernels.accumulate(total, micro[0].float(), first=False)
 
 
 def one_step(kernels, start: torch.Tensor, grad: torch.Tensor, *, in_place: bool,
