@@ -121,6 +121,10 @@ def add_train_command(sub, units: str) -> None:
     g.add_argument("--checkpoint-sync", action="store_true",
                    help="pause training while a checkpoint is written (default: written "
                         "beside the next steps, each block's part before its next update)")
+    g.add_argument("--checkpoint-copy-ram", type=_ram_size, default=None, metavar="SIZE",
+                   help="at most this much RAM for the copies a checkpoint beside training "
+                        "makes of the state, kept for the run (default: what the machine has "
+                        "free beyond 8 GiB; 0: none, each update waits for its block's write)")
     g.add_argument("--keep-checkpoints", type=int, default=2, metavar="K",
                    help="keep the newest K complete checkpoints")
     g.add_argument("--resume", metavar="DIR",
@@ -203,7 +207,7 @@ def _check_fits(args, plan: Plan):
 
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
-                "resume_fallback",
+                "resume_fallback", "checkpoint_copy_ram",
                 "run", "command", "parser_defaults", "reschedulable", "train_parser", "argv")
 
 
@@ -331,6 +335,7 @@ def cmd_train(args) -> int:
                           keep_trace=bool(args.trace_out),
                           nvme_dir=args.nvme_dir,
                           nvme_checkpoint_copies=_checkpoints_beside(args, schedule))
+        trainer.checkpoint_copy_ram_bytes = args.checkpoint_copy_ram
     except (ValueError, NvmeSpaceError) as err:
         raise UsageError(str(err)) from err
     with trainer:
@@ -637,11 +642,29 @@ def _checkpoints_beside(args, schedule) -> int:
     return args.keep_checkpoints if same else 0
 
 
+def _ram_size(text: str) -> int:
+    """A size of 0 or more (byte_size refuses 0)."""
+    import argparse
+
+    from layerslide.hwprofiles.units import parse_bytes
+    try:
+        size = parse_bytes(text)
+    except (TypeError, ValueError) as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be 0 bytes or more")
+    return size
+
+
 def _checkpoint_schedule(args):
     """The CheckpointSchedule the flags ask for (None without --checkpoint-dir)."""
     from layerslide.executor.checkpoint_store import CheckpointError, CheckpointStore
     from layerslide.executor.trainer import CheckpointSchedule
 
+    if args.checkpoint_copy_ram is not None and (not args.checkpoint_dir
+                                                 or args.checkpoint_sync):
+        raise UsageError("--checkpoint-copy-ram sizes the copies of checkpoints written beside "
+                         "training: it needs --checkpoint-dir, and not --checkpoint-sync")
     if not args.checkpoint_dir:
         if args.checkpoint_every or args.checkpoint_minutes:
             raise UsageError("--checkpoint-every/--checkpoint-minutes need --checkpoint-dir")

@@ -157,6 +157,8 @@ class Trainer:
         self.stopped = False  # fit() ended early on its stop event
         self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
         self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
+        # at most this much RAM for checkpoint copies (None: what is free beyond the reserve)
+        self.checkpoint_copy_ram_bytes: int | None = None
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, or the segments that start within keep_trace=N steps
         if not isinstance(keep_trace, bool) and (not isinstance(keep_trace, int)
@@ -283,7 +285,7 @@ class Trainer:
         start_s = time.monotonic()
         step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
         cpu_groups = {b: f"block_{b}" for b in self.state.steps_taken}
-        guard = SnapshotGuard(groups, cpu_groups, available_ram_bytes() - RAM_RESERVE_BYTES,
+        guard = SnapshotGuard(groups, cpu_groups, self._copy_budget_bytes(),
                               kept=self._copy_buffers)
         self.state.update_guard = guard
         self._snapshot = CheckpointSnapshot(store, step, groups, state_meta, link_files=links,
@@ -297,8 +299,16 @@ class Trainer:
         fit() with background checkpoints calls this when none are kept; checkpoints keep
         them from one to the next anyway. Returns the bytes held."""
         self.wait_for_checkpoint()
-        return keep_copy_buffers(self._host_updated_groups(),
-                                 available_ram_bytes() - RAM_RESERVE_BYTES, self._copy_buffers)
+        return keep_copy_buffers(self._host_updated_groups(), self._copy_budget_bytes(),
+                                 self._copy_buffers)
+
+    def _copy_budget_bytes(self) -> int:
+        """RAM new checkpoint copies may take: what is free beyond the reserve, within
+        checkpoint_copy_ram_bytes less the copies kept already."""
+        free = available_ram_bytes() - RAM_RESERVE_BYTES
+        if self.checkpoint_copy_ram_bytes is None:
+            return free
+        return min(free, self.checkpoint_copy_ram_bytes - self.checkpoint_copy_bytes)
 
     def _host_updated_groups(self) -> dict[str, dict[str, torch.Tensor]]:
         """The state's groups a checkpoint beside training copies: the blocks the host

@@ -59,6 +59,20 @@ def test_checkpoints_beside_training_say_what_ram_their_copies_keep(config_dir, 
     assert re.search(r"host peak [0-9.]+ \(with [0-9.]+ GiB kept for checkpoint copies\)", out)
 
 
+def test_checkpoint_copy_ram_caps_the_copies_and_is_refused_where_nothing_is_copied(
+        config_dir, tmp_path, capsys):
+    args = train_args(config_dir, tmp_path / "ckpt", tmp_path / "log.jsonl")
+    assert main([*args, "--checkpoint-copy-ram", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "0.0 GB of RAM kept for copies of the" in out and "wait for their write" in out
+    assert len(CheckpointStore(tmp_path / "ckpt").list()) == 2  # written all the same
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--checkpoint-copy-ram", "-1"])
+    assert exit_.value.code == 2
+    assert main([*args, "--checkpoint-copy-ram", "1GiB", "--checkpoint-sync"]) == 2
+    assert "it needs --checkpoint-dir, and not --checkpoint-sync" in capsys.readouterr().err
+
+
 # run the CLI in a child that SIGKILLs itself at a chosen point
 def signal_at(step: int, sig: str = "SIGINT") -> str:
     """A child patch: the signal to itself as step `step`'s first backward begins."""
