@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import re
 import shutil
@@ -47,6 +46,7 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.hf_io import fsync_path
+from layerslide.executor.nvme import supports_direct
 
 FORMAT, VERSION = "layerslide-checkpoint", 1
 ALIGN = 4096  # tensor starts are page-aligned: a reader may mmap them or use O_DIRECT
@@ -146,27 +146,6 @@ def _file_size(tensors: Mapping[str, torch.Tensor]) -> int:
     for t in tensors.values():
         size += -size % ALIGN + t.nbytes
     return size
-
-
-def _takes_direct(folder: Path) -> bool:
-    """Whether files in `folder` take O_DIRECT writes (some filesystems refuse them)."""
-    if not hasattr(os, "O_DIRECT"):
-        return False
-    probe = folder / ".direct-probe"
-    try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
-    except OSError:
-        return False
-    region = mmap.mmap(-1, ALIGN)  # page-aligned, as O_DIRECT needs
-    try:
-        os.pwrite(fd, memoryview(region), 0)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-        region.close()
-        probe.unlink(missing_ok=True)
 
 
 def _write_all(fd: int, data: memoryview) -> None:
@@ -412,7 +391,7 @@ class CheckpointStore:
         try:
             tmp.mkdir()
             access = access or GroupAccess()
-            direct = self.direct_writes and _takes_direct(tmp)
+            direct = self.direct_writes and supports_direct(tmp)
             jobs = [partial(_write_group, tmp / f"{g}.bin", g, ts, run, access, direct)
                     for g, ts in groups.items()]
             jobs += [partial(_link, src, tmp / name, run) for name, src in links.items()]

@@ -363,7 +363,7 @@ def test_link_files(tmp_path, monkeypatch, hard_link):
 
 def test_page_aligned_tensors_go_to_the_disk_direct_with_the_same_bytes(tmp_path, monkeypatch):
     from layerslide.executor.checkpoint_snapshot import page_aligned_like
-    if not cs._takes_direct(tmp_path):
+    if not cs.supports_direct(tmp_path):
         pytest.skip("this filesystem takes no O_DIRECT writes")
     values = {"w": torch.arange(5000.0), "b": torch.arange(7, dtype=torch.bfloat16),
               "empty": torch.zeros(0)}  # a whole-page tail, a part page, and an empty last one
@@ -397,7 +397,7 @@ def test_a_direct_write_refused_or_cut_short_goes_on_buffered(tmp_path, monkeypa
     values = torch.arange(3 * cs.ALIGN + 5, dtype=torch.float32)
     aligned = page_aligned_like(values)
     aligned.copy_(values)
-    monkeypatch.setattr(cs, "_takes_direct", lambda folder: True)
+    monkeypatch.setattr(cs, "supports_direct", lambda folder: True)
     real_open, real_pwrite, direct_fds = os.open, os.pwrite, set()
 
     def recording_open(path, flags, *args):
