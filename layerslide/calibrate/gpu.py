@@ -166,9 +166,9 @@ def device_basics(repeats: int) -> list[Measurement]:
 
 
 def median_launch_s(tiny: torch.Tensor, launches: int, rounds: int) -> float:
-    """Seconds per launch of a tiny kernel: one round of one-off launches measured alone
-    varied 12-27 us between leases of the same machine (validation results' profiles), and a
-    layer's dispatch floor is priced from it."""
+    """Seconds per launch of a tiny kernel, the median round after a warm-up: a single cold
+    round varied twofold between leases of one machine (the validation results' profiles), and
+    a layer's dispatch floor is priced from it."""
     per_round = []
     for round_ in range(rounds + 1):
         torch.cuda.synchronize()

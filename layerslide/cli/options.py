@@ -51,12 +51,19 @@ def str_list(text: str) -> tuple[str, ...]:
 
 
 def byte_size(text: str) -> int:
+    size = byte_size_or_zero(text)
+    if size == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be more than 0 bytes")
+    return size
+
+
+def byte_size_or_zero(text: str) -> int:
     try:
         size = parse_bytes(text)
     except (TypeError, ValueError) as err:
-        raise argparse.ArgumentTypeError(str(err))
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be more than 0 bytes")
+        raise argparse.ArgumentTypeError(str(err)) from err
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be 0 bytes or more")
     return size
 
 

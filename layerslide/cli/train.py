@@ -18,6 +18,7 @@ from layerslide.cli.options import (
     add_policy,
     add_train,
     byte_size,
+    byte_size_or_zero,
     gib,
     policy_of,
     profile_of,
@@ -121,7 +122,7 @@ def add_train_command(sub, units: str) -> None:
     g.add_argument("--checkpoint-sync", action="store_true",
                    help="pause training while a checkpoint is written (default: written "
                         "beside the next steps, each block's part before its next update)")
-    g.add_argument("--checkpoint-copy-ram", type=_ram_size, default=None, metavar="SIZE",
+    g.add_argument("--checkpoint-copy-ram", type=byte_size_or_zero, default=None, metavar="SIZE",
                    help="at most this much RAM for the copies a checkpoint beside training "
                         "makes of the state, kept for the run (default: what the machine has "
                         "free beyond 8 GiB; 0: none, each update waits for its block's write)")
@@ -640,20 +641,6 @@ def _checkpoints_beside(args, schedule) -> int:
     same = any(device_of(folder) == device_of(schedule.store.root)
                for folder in nvme_folders(args.nvme_dir))
     return args.keep_checkpoints if same else 0
-
-
-def _ram_size(text: str) -> int:
-    """A size of 0 or more (byte_size refuses 0)."""
-    import argparse
-
-    from layerslide.hwprofiles.units import parse_bytes
-    try:
-        size = parse_bytes(text)
-    except (TypeError, ValueError) as err:
-        raise argparse.ArgumentTypeError(str(err)) from err
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a size must be 0 bytes or more")
-    return size
 
 
 def _checkpoint_schedule(args):

@@ -10,13 +10,12 @@ checkpoint holds exactly the state after its step, the same bytes as a synchrono
 time updates spend waiting or copying is the training's stall (CheckpointSnapshot.stall_s).
 
 Copy buffers are kept from one checkpoint to the next (keep_copy_buffers makes them ahead of
-the first): a copy into fresh memory faults its pages in, and runs at about 2.5x below memory
-speed (benchmarks/results/checkpoint_stall_2026-12-02).
+the first): a copy into fresh memory faults its pages in, well below memory speed
+(benchmarks/results/checkpoint_stall_2026-12-03).
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 import time
@@ -27,12 +26,12 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.checkpoint_store import (
-    ALIGN,
     CheckpointInfo,
     CheckpointStore,
     GroupAccess,
     Groups,
 )
+from layerslide.executor.nvme import aligned_buffer
 
 RAM_RESERVE_BYTES = 8 << 30  # left to the OS and the CUDA driver (as host.reserve in profiles)
 COPY_CHUNK = 16 << 20  # elements a copy thread takes at a time
@@ -221,10 +220,7 @@ def page_aligned_like(tensor: torch.Tensor) -> torch.Tensor:
     """An empty contiguous tensor of tensor's shape and dtype in page-aligned memory (an
     anonymous mmap): the checkpoint's writer sends such tensors to the disk with O_DIRECT."""
     nbytes = tensor.numel() * tensor.element_size()
-    region = mmap.mmap(-1, max(ALIGN, -(-nbytes // ALIGN) * ALIGN),
-                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: not Shmem
-    raw = torch.frombuffer(region, dtype=torch.uint8)[:nbytes]
-    return raw.view(tensor.dtype).reshape(tensor.shape)
+    return aligned_buffer(nbytes)[:nbytes].view(tensor.dtype).reshape(tensor.shape)
 
 
 def _fits(buffers: Mapping[str, torch.Tensor], live: Mapping[str, torch.Tensor]) -> bool:
@@ -241,8 +237,13 @@ def _parallel_copy(src: torch.Tensor, dst: torch.Tensor, pool: ThreadPoolExecuto
     """src into the contiguous CPU tensor dst, in chunks on the pool's threads (torch's copy
     releases the GIL)."""
     flat_src, flat_dst = src.reshape(-1), dst.view(-1)  # view: dst must be its own memory
-    list(pool.map(lambda start: flat_dst[start:start + COPY_CHUNK].copy_(
-        flat_src[start:start + COPY_CHUNK]), range(0, flat_src.numel(), COPY_CHUNK)))
+    _in_chunks(pool, flat_dst.numel(), lambda part: flat_dst[part].copy_(flat_src[part]))
+
+
+def _in_chunks(pool: ThreadPoolExecutor, numel: int, work) -> None:
+    """work(slice) over [0, numel) in COPY_CHUNK pieces on the pool's threads."""
+    list(pool.map(lambda start: work(slice(start, start + COPY_CHUNK)),
+                  range(0, numel, COPY_CHUNK)))
 
 
 def keep_copy_buffers(groups: Groups, budget_bytes: int,
@@ -264,8 +265,7 @@ def keep_copy_buffers(groups: Groups, budget_bytes: int,
                 break
             for buffer in buffers.values():
                 flat = buffer.view(-1)
-                list(pool.map(lambda start, flat=flat: flat[start:start + COPY_CHUNK].zero_(),
-                              range(0, flat.numel(), COPY_CHUNK)))
+                _in_chunks(pool, flat.numel(), lambda part, flat=flat: flat[part].zero_())
             kept[group] = buffers
             budget_bytes -= nbytes
     return sum(t.nbytes for buffers in kept.values() for t in buffers.values())

@@ -42,7 +42,8 @@ class NvmeSpaceError(OSError):
 
 def aligned_buffer(nbytes: int) -> torch.Tensor:
     """A page-aligned uint8 host tensor (anonymous mmap), as O_DIRECT needs."""
-    region = mmap.mmap(-1, max(padded(nbytes), ALIGN))
+    region = mmap.mmap(-1, max(padded(nbytes), ALIGN),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: not Shmem
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
