@@ -6,7 +6,8 @@ layer_call`, compiled on a GPU), forward without grad and recompute + backward, 
 count. Per pass and shape it records the GPU time (CUDA events, median), the host time to
 enqueue it from an idle queue (median), the number of GPU kernels it launches (one profiled
 call), and the tiny-kernel launch price calibrate measures, taken in the same process, so a
-floor can be read in launches as well as in seconds.
+floor can be read in launches as well as in seconds. With --beside-adamw each pass is timed
+again while the executor's CPU AdamW runs on every core in another thread of the process.
 
 usage: python benchmarks/probes/layer_dispatch_probe.py --models llama-3.2-3b qwen3-4b \
     --micro-batches 1 4 16 --out DIR   [--device cpu --kernels eager: the CPU test mode]
@@ -17,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from layerslide.calibrate.gpu import median_launch_s
+from layerslide.calibrate.host import adamw_blocks
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.compute import layer_call
 from layerslide.planner.model import resolve_model
@@ -99,6 +103,27 @@ def kernel_count(call, device: torch.device) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+@contextmanager
+def adamw_beside(block_params: int):
+    """The executor's CPU AdamW on every core in a thread of this process, called over two
+    block-sized arrays in turn until the block ends: what a dispatching thread runs beside."""
+    steps, _ = adamw_blocks(block_params, 2)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            for step in steps:
+                step()
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=["llama-3.2-3b", "qwen3-4b", "mistral-7b"])
@@ -109,6 +134,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--kernels", default="compiled", choices=("compiled", "eager"))
+    ap.add_argument("--beside-adamw", type=int, default=0, metavar="PARAMS",
+                    help="also time each pass beside the CPU AdamW on blocks of PARAMS")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -134,6 +161,13 @@ def main() -> None:
                 row[f"{name}_gpu_ms"] = round(gpu_ms(call, device, args.repeats), 4)
                 row[f"{name}_host_ms"] = round(host_ms(call, device, args.repeats), 4)
                 row[f"{name}_kernels"] = kernel_count(call, device)
+            if args.beside_adamw:
+                with adamw_beside(args.beside_adamw):
+                    for name, call in calls.items():
+                        row[f"{name}_gpu_ms_beside_adamw"] = round(
+                            gpu_ms(call, device, args.repeats), 4)
+                        row[f"{name}_host_ms_beside_adamw"] = round(
+                            host_ms(call, device, args.repeats), 4)
             results["rows"].append(row)
             print(json.dumps(row), flush=True)
             (args.out / "layer_dispatch.json").write_text(json.dumps(results, indent=1))
