@@ -388,7 +388,7 @@ def save_gz(trace, path: Path) -> None:
 def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
-    from layerslide.reports.validation import median_task_s
+    from layerslide.reports.validation import median_task_s, regime_of
     from layerslide.simulator.predict import simulate
 
     predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
@@ -400,6 +400,8 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
             # each stream's pool as the caching allocator's model reserves it
             "predicted_gpu_reserved_bytes": predicted.gpu_reserved_bytes,
             "predicted_host_bytes": predicted.peak_bytes["host"],
+            "predicted_regime": regime_of(predicted.trace, first_step=1) if predicted.trace
+            else None,
             **({"trace": predicted.trace} if keep_trace else {})}
 
 

@@ -5,7 +5,8 @@ A row is one configuration: a `label`, optionally a `group` (configurations that
 policy: the same model and micro-batch), and for each quantity in QUANTITIES `predicted_<q>` and
 `measured_<q>` (seconds or bytes; a predicted step of None: the plan overflows memory). Rows may
 also carry `measured_task_s` / `predicted_task_s` (median_task_s of each trace): where the two
-part ways, task kind by task kind.
+part ways, task kind by task kind, and `predicted_regime` (regime_of its predicted trace), by
+which `judge` holds each row to its regime's target.
 """
 
 from __future__ import annotations
@@ -40,6 +41,89 @@ def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, f
         if key in TASK_KINDS and e.step >= first_step and 0 <= e.block < num_layers:
             durations.setdefault(key, []).append(e.duration_s)
     return {k: statistics.median(v) for k, v in durations.items()}
+
+
+# What bounds a step, by the lanes that stay busy: the GPU stream, the CPU workers, the disk,
+# or the host<->GPU link (a lane not listed, e.g. a wait lane, bounds nothing)
+REGIME_LANES = {"GPU": ("gpu",), "CPU": ("cpu", "cpu_cast"), "disk": ("nvme_read", "nvme_write"),
+                "link": ("h2d", "d2h")}
+# issue 26's targets: GPU-bound rows within 3% on average; a CPU-, disk- or link-bound row
+# within its repeats' spread or 5% of their median, whichever is larger
+GPU_MEAN_TARGET = 0.03
+BOUND_ROW_TARGET = 0.05
+
+
+def busy_s(trace: Trace, lanes: Sequence[str], first_step: int) -> float:
+    """Seconds in which any of `lanes` runs a task of step first_step or later (the union of
+    their intervals: two lanes of one resource at once count once)."""
+    spans = sorted((e.start_s, e.end_s) for e in trace.events
+                   if e.lane in lanes and e.step >= first_step)
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def regime_of(trace: Trace, first_step: int) -> str:
+    """The REGIME_LANES group busiest from first_step on: what sets the step."""
+    return max(REGIME_LANES, key=lambda name: busy_s(trace, REGIME_LANES[name], first_step))
+
+
+def spread(row: dict) -> float | None:
+    """(max - min) / median of a row's repeated step times, None with fewer than two."""
+    runs = row.get("measured_step_s_runs") or ()
+    return (max(runs) - min(runs)) / statistics.median(runs) if len(runs) >= 2 else None
+
+
+def row_target(row: dict) -> float | None:
+    """The error a row of a bound regime may have (None for GPU rows: judged on their mean)."""
+    if row.get("predicted_regime") in (None, "GPU"):
+        return None
+    return max(spread(row) or 0.0, BOUND_ROW_TARGET)
+
+
+def judge(rows: Sequence[dict]) -> dict[str, dict]:
+    """Per regime of the rows' predictions: the rows, their step errors' mean absolute and
+    worst, and against issue 26's target: for the GPU the mean within GPU_MEAN_TARGET, for the
+    others how many rows lie within their row_target."""
+    found: dict[str, dict] = {}
+    for r in rows:
+        if r.get("predicted_step_s") is None or not r.get("measured_step_s") \
+                or r.get("predicted_regime") is None:
+            continue
+        entry = found.setdefault(r["predicted_regime"], {"rows": [], "errors": []})
+        entry["rows"].append(r["label"])
+        entry["errors"].append(relative_error(r, "step_s"))
+    for name, entry in found.items():
+        errors = entry["errors"]
+        entry["mean_abs_error"] = statistics.fmean(map(abs, errors))
+        entry["worst_error"] = max(errors, key=abs)
+        if name == "GPU":
+            entry["target"] = f"mean within {GPU_MEAN_TARGET:.0%}"
+            entry["met"] = entry["mean_abs_error"] <= GPU_MEAN_TARGET
+        else:
+            labels = set(entry["rows"])
+            within = [r["label"] for r in rows if r["label"] in labels
+                      and abs(relative_error(r, "step_s")) <= row_target(r)]
+            entry["target"] = f"each row within max(spread, {BOUND_ROW_TARGET:.0%})"
+            entry["within"] = len(within)
+            entry["met"] = len(within) == len(errors)
+    return found
+
+
+def regime_lines(rows: Sequence[dict]) -> list[str]:
+    """judge's verdicts, a line per regime."""
+    lines = []
+    for name, entry in sorted(judge(rows).items()):
+        count = len(entry["rows"])
+        verdict = ("met" if entry["met"] else "missed") + (
+            f", {entry['within']} of {count} rows within" if "within" in entry else "")
+        lines.append(f"- {name}-bound rows ({count}): step time mean absolute error "
+                     f"{entry['mean_abs_error']:.1%}, worst {entry['worst_error']:+.1%}; "
+                     f"target {entry['target']}: {verdict}")
+    return lines
 
 
 def relative_error(row: dict, quantity: str) -> float:
@@ -101,21 +185,24 @@ def summarize(rows: Sequence[dict]) -> dict:
               for g, rs in groups.items() if len(rs) >= 3}
     if within:
         summary["step_s"]["spearman_within_groups"] = within
+    regimes = judge(rows)
+    if regimes:
+        summary["step_s_by_regime"] = regimes
     return summary
 
 
 def markdown(rows: Sequence[dict]) -> str:
-    head = ["configuration", "step s measured", "predicted", "error"]
+    head = ["configuration", "regime", "step s measured", "predicted", "error"]
     for quantity in list(QUANTITIES)[1:]:
         head += [f"{QUANTITIES[quantity]} GiB", "predicted", "error"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         if r.get("predicted_step_s") is None:  # the plan overflows: nothing predicted to compare
-            lines.append(f"| {r['label']} | {r['measured_step_s']:.3f} | overflow |"
-                         + " - |" * (len(head) - 3))
+            lines.append(f"| {r['label']} | - | {r['measured_step_s']:.3f} | overflow |"
+                         + " - |" * (len(head) - 4))
             continue
-        cells = [r["label"], f"{r['measured_step_s']:.3f}", f"{r['predicted_step_s']:.3f}",
-                 f"{relative_error(r, 'step_s'):+.1%}"]
+        cells = [r["label"], r.get("predicted_regime", "-"), f"{r['measured_step_s']:.3f}",
+                 f"{r['predicted_step_s']:.3f}", f"{relative_error(r, 'step_s'):+.1%}"]
         for quantity in list(QUANTITIES)[1:]:
             if not r.get(f"measured_{quantity}"):  # not measured (e.g. no GPU)
                 cells += ["-", f"{r[f'predicted_{quantity}'] / GIB:.2f}", "-"]
@@ -136,6 +223,7 @@ def markdown(rows: Sequence[dict]) -> str:
                      f"{summary['step_s']['spearman']:.3f}")
     for group, rho in summary.get("step_s", {}).get("spearman_within_groups", {}).items():
         lines.append(f"- rank correlation among the policies of {group}: {rho:.3f}")
+    lines += regime_lines(rows)
     lines += task_table(rows)
     return "\n".join(lines) + "\n"
 

@@ -7,13 +7,18 @@ import pytest
 from layerslide.reports.validation import (
     GIB,
     allocator_table,
+    busy_s,
     figure,
+    judge,
     markdown,
     ranks,
+    regime_lines,
+    regime_of,
     relative_error,
     spearman,
     summarize,
 )
+from layerslide.trace import Trace, TraceEvent
 
 
 def row(label, step, predicted_step, gpu=1.0, host=10.0, error=0.0):
@@ -50,7 +55,7 @@ def test_summary_reports_mean_and_worst_errors_and_the_rank_agreement():
 def test_table_and_figure_are_written(tmp_path):
     rows = [row("1B mb1", 0.4, 0.41), row("3B mb64", 3.0, 2.9)]
     table = markdown(rows)
-    assert "| 1B mb1 | 0.400 | 0.410 | +2.5% |" in table
+    assert "| 1B mb1 | - | 0.400 | 0.410 | +2.5% |" in table
     assert "Spearman" in table and "mean absolute error" in table
     png = figure(rows, tmp_path / "fig" / "validation.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -60,7 +65,7 @@ def test_quantities_not_measured_show_as_dashes(tmp_path):
     rows = [row("cpu run", 0.4, 0.41, gpu=0.0)]
     rows[0]["predicted_gpu_allocated_bytes"] = GIB
     table = markdown(rows)
-    assert "| cpu run | 0.400 | 0.410 | +2.5% | - | 1.00 | - |" in table
+    assert "| cpu run | - | 0.400 | 0.410 | +2.5% | - | 1.00 | - |" in table
     assert "gpu_allocated_bytes" not in summarize(rows)
     figure(rows, tmp_path / "v.png")
 
@@ -73,7 +78,7 @@ def test_overflowing_plans_and_policy_groups(tmp_path):
     s = summarize(rows)
     assert s["step_s"]["spearman_within_groups"] == {"3B mb8": pytest.approx(0.5)}
     table = markdown(rows)
-    assert "| d | 4.000 | overflow |" in table and "among the policies of 3B mb8" in table
+    assert "| d | - | 4.000 | overflow |" in table and "among the policies of 3B mb8" in table
     figure(rows, tmp_path / "v.png")
 
 
@@ -117,3 +122,57 @@ def test_the_allocator_table_shows_active_and_reserved_bytes_per_lane():
     warmed = {**measured, "measured_gpu_reserved_warmup_bytes": 6 * GIB}
     assert allocator_table([warmed])[-1] == (
         "| 3b-mb8 | 1.000 | 24.00 | 3.00 | 4.50 | 5.00 | 6.00 | gpu 4.50, h2d 0.50 |")
+
+
+def event(lane, start, end, step=1):
+    return TraceEvent(task_id=f"{lane}{start}", lane=lane, kind="k", block=0, step=step,
+                      start_s=start, end_s=end)
+
+
+def test_busy_time_counts_overlapping_lanes_once_and_skips_the_warm_up_step():
+    trace = Trace(source="simulated", label="t", events=(
+        event("nvme_read", 0.0, 2.0), event("nvme_write", 1.0, 3.0),  # 3 s together
+        event("nvme_read", 5.0, 6.0), event("nvme_read", 10.0, 20.0, step=0)))
+    assert busy_s(trace, ("nvme_read", "nvme_write"), first_step=1) == pytest.approx(4.0)
+    assert busy_s(trace, ("gpu",), first_step=1) == 0.0
+
+
+def test_the_regime_is_the_busiest_lane_group():
+    events = (event("gpu", 0.0, 1.0), event("gpu", 1.5, 2.5), event("cpu", 0.0, 1.2),
+              event("h2d", 0.0, 0.5))
+    assert regime_of(Trace(source="simulated", label="t", events=events), 1) == "GPU"
+    # the cast's own worker adds to the CPU's time: 2.4 s against the GPU's 2.0
+    with_cast = (*events, event("cpu_cast", 1.2, 2.4))
+    assert regime_of(Trace(source="simulated", label="t", events=with_cast), 1) == "CPU"
+
+
+def judged(label, measured, predicted, regime, runs=None):
+    r = row(label, measured, predicted)
+    r["predicted_regime"] = regime
+    if runs:
+        r["measured_step_s_runs"] = runs
+    return r
+
+
+def test_gpu_rows_are_judged_on_their_mean_and_bound_rows_each_on_its_spread_or_5_percent():
+    rows = [judged("g1", 1.0, 1.02, "GPU"), judged("g2", 1.0, 0.95, "GPU"),
+            # 7% off, but its repeats lie 8% apart: within
+            judged("c1", 1.0, 1.07, "CPU", runs=[0.96, 1.0, 1.04]),
+            judged("c2", 1.0, 1.06, "CPU", runs=[0.99, 1.01]),  # 6% off, 2% apart: over 5%
+            judged("d1", 2.0, 2.08, "disk")]
+    verdicts = judge(rows)
+    assert verdicts["GPU"]["mean_abs_error"] == pytest.approx(0.035)
+    assert verdicts["GPU"]["met"] is False and verdicts["GPU"]["worst_error"] == \
+        pytest.approx(-0.05)
+    assert verdicts["CPU"]["within"] == 1 and verdicts["CPU"]["met"] is False
+    assert verdicts["disk"]["within"] == 1 and verdicts["disk"]["met"] is True
+    lines = regime_lines(rows)
+    assert lines[0].startswith("- CPU-bound rows (2)") and "1 of 2 rows within" in lines[0]
+    assert "GPU-bound rows (2)" in lines[1] and lines[1].endswith("missed")
+    assert summarize(rows)["step_s_by_regime"]["disk"]["rows"] == ["d1"]
+    assert "| c1 | CPU |" in markdown(rows)
+
+
+def test_rows_without_a_regime_or_a_prediction_are_left_out_of_the_verdicts():
+    overflow = judged("o", 1.0, None, "GPU")
+    assert judge([overflow, row("plain", 1.0, 1.0)]) == {}
