@@ -106,12 +106,13 @@ GPU_GRAD_SUM_BYTES_PER_PARAM = ACCUMULATE_BYTES_PER_PARAM
 GPU_GRAD_INTO_SUM_BYTES_PER_PARAM = 5
 GPU_GRAD_ROUND_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 
-# Host-side op dispatches (kernel launches plus Python module overhead) of one Hugging Face
-# decoder layer: at micro-batch 1-2 (1-2k tokens) a Llama-3.2-3B layer forward takes ~1.5 ms on
-# the H200 machine whatever the work (benchmarks/results/h200_probe_2026-11-29.json), which is
-# ~125 dispatches at its measured 12 us each; recompute + backward ~4.4 ms, ~3x.
-LAYER_FORWARD_OPS = 125
-LAYER_BACKWARD_OPS = 3 * LAYER_FORWARD_OPS  # recompute forward + backward
+# Host-side op dispatches of one compiled Hugging Face decoder layer, in tiny-kernel launches
+# (the profile's gpu.kernel_launch): the host time to enqueue a pass from an idle queue over
+# the launch price measured in the same process, on the H200 machine for Llama-3.2-3B, Qwen3-4B
+# and Mistral-7B at 64-4096 tokens, the median of 13 (benchmarks/results/
+# validation_2026-12-03b, layer_dispatch.json). Recompute + backward is ~5x the forward.
+LAYER_FORWARD_OPS = 75
+LAYER_BACKWARD_OPS = 375  # recompute forward + backward
 HEAD_OPS = 30
 
 
