@@ -7,7 +7,8 @@ count. Per pass and shape it records the GPU time (CUDA events, median), the hos
 enqueue it from an idle queue (median), the number of GPU kernels it launches (one profiled
 call), and the tiny-kernel launch price calibrate measures, taken in the same process, so a
 floor can be read in launches as well as in seconds. With --beside-adamw each pass is timed
-again while the executor's CPU AdamW runs on every core in another thread of the process.
+again while the executor's CPU AdamW runs on every core in another thread of the process; with
+--into-sum the projections' weight grads go into an fp32 sum as in a layer-major sweep.
 
 usage: python benchmarks/probes/layer_dispatch_probe.py --models llama-3.2-3b qwen3-4b \
     --micro-batches 1 4 16 --out DIR   [--device cpu --kernels eager: the CPU test mode]
@@ -29,6 +30,7 @@ from layerslide.calibrate.gpu import median_launch_s
 from layerslide.calibrate.host import adamw_blocks
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.compute import layer_call
+from layerslide.executor.grad_into_sum import attach_sums, route_linears
 from layerslide.planner.model import resolve_model
 
 
@@ -37,7 +39,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def build(model: str, device: torch.device, kernels: str):
+def build(model: str, device: torch.device, kernels: str, into_sum: bool):
     spec = resolve_model(model)
     blocks = ModelBlocks(hf_config_from_spec(spec))
     with torch.device(device):
@@ -46,6 +48,9 @@ def build(model: str, device: torch.device, kernels: str):
     for p in layer.parameters():
         if p.dim() == 1:
             p.data.fill_(1.0)  # norm weights
+    if into_sum:  # as a layer-major sweep runs it: projection grads straight into an fp32 sum
+        route_linears(layer)
+        attach_sums(layer, blocks, 0, torch.zeros(blocks.numel(0), device=device))
     return spec, layer, blocks.make_rotary(device), layer_call(kernels, device)
 
 
@@ -136,6 +141,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="compiled", choices=("compiled", "eager"))
     ap.add_argument("--beside-adamw", type=int, default=0, metavar="PARAMS",
                     help="also time each pass beside the CPU AdamW on blocks of PARAMS")
+    ap.add_argument("--into-sum", action="store_true",
+                    help="route the projections' weight grads into an fp32 sum (layer-major)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -143,12 +150,12 @@ def main() -> None:
     tiny = torch.zeros(1, device=device)
     launch = (median_launch_s(tiny, 2000, 5) * 1e6) if device.type == "cuda" else None
     results = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-               "kernels": args.kernels, "seq_len": args.seq_len, "tiny_launch_us": launch,
+               "kernels": args.kernels, "into_sum": args.into_sum, "seq_len": args.seq_len, "tiny_launch_us": launch,
                "rows": []}
     shapes = [(1, args.tiny_tokens)] + [(mb, args.seq_len) for mb in args.micro_batches]
     for model in args.models:
         torch._dynamo.reset()  # each model compiles its own graphs
-        spec, layer, rotary, fn = build(model, device, args.kernels)
+        spec, layer, rotary, fn = build(model, device, args.kernels, args.into_sum)
         for mb, seq in shapes:
             x = torch.randn(mb, seq, spec.hidden_size, device=device, dtype=torch.bfloat16)
             rope = rotary(x[:1, :1], torch.arange(seq, device=device)[None])
