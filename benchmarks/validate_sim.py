@@ -547,9 +547,9 @@ def merged(found: list[dict]) -> dict:
 
 def spread_line(rows: list[dict]) -> str | None:
     """How far repeated runs of one configuration lie apart: (max - min) / median step."""
-    spreads = {r["label"]: (max(r["measured_step_s_runs"]) - min(r["measured_step_s_runs"]))
-               / statistics.median(r["measured_step_s_runs"])
-               for r in rows if len(r.get("measured_step_s_runs", ())) >= 2}
+    from layerslide.reports.validation import spread
+
+    spreads = {r["label"]: spread(r) for r in rows if spread(r) is not None}
     if not spreads:
         return None
     worst = max(spreads, key=spreads.get)

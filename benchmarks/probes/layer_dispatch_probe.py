@@ -19,12 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the bench
+from layer_kernels_bench import layer_calls, time_ms
 
 from layerslide.calibrate.gpu import median_launch_s
 from layerslide.calibrate.host import adamw_blocks
@@ -54,23 +58,6 @@ def build(model: str, device: torch.device, kernels: str, into_sum: bool):
     return spec, layer, blocks.make_rotary(device), layer_call(kernels, device)
 
 
-def passes(fn, layer, x, dy, rope):
-    """The executor's two calls of a layer: forward without grad; recompute then backward."""
-    def forward():
-        with torch.no_grad():
-            fn(layer, x, rope)
-
-    def backward():
-        xi = x.detach().requires_grad_(True)
-        with torch.enable_grad():
-            y = fn(layer, xi, rope)
-        y.backward(dy)
-        for p in layer.parameters():
-            p.grad = None
-
-    return {"forward": forward, "backward": backward}
-
-
 def host_ms(call, device: torch.device, repeats: int) -> float:
     """Median host time to enqueue `call` from an idle queue."""
     times = []
@@ -85,17 +72,7 @@ def host_ms(call, device: torch.device, repeats: int) -> float:
 
 def gpu_ms(call, device: torch.device, repeats: int) -> float:
     """Median time of `call` from its first kernel to its last (host time on the CPU device)."""
-    if device.type != "cuda":
-        return host_ms(call, device, repeats)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(repeats):
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(call, repeats) if device.type == "cuda" else host_ms(call, device, repeats)
 
 
 def kernel_count(call, device: torch.device) -> int | None:
@@ -159,7 +136,8 @@ def main() -> None:
         for mb, seq in shapes:
             x = torch.randn(mb, seq, spec.hidden_size, device=device, dtype=torch.bfloat16)
             rope = rotary(x[:1, :1], torch.arange(seq, device=device)[None])
-            calls = passes(fn, layer, x, torch.randn_like(x) * 1e-3, rope)
+            forward, backward = layer_calls(fn, layer, x, torch.randn_like(x) * 1e-3, rope)
+            calls = {"forward": forward, "backward": backward}
             for _ in range(3):  # warm-up and compile
                 calls["forward"]()
                 calls["backward"]()

@@ -93,23 +93,22 @@ def judge(rows: Sequence[dict]) -> dict[str, dict]:
         if r.get("predicted_step_s") is None or not r.get("measured_step_s") \
                 or r.get("predicted_regime") is None:
             continue
-        entry = found.setdefault(r["predicted_regime"], {"rows": [], "errors": []})
+        found.setdefault(r["predicted_regime"], {"rows": [], "errors": [], "targets": []})
+        entry = found[r["predicted_regime"]]
         entry["rows"].append(r["label"])
         entry["errors"].append(relative_error(r, "step_s"))
+        entry["targets"].append(row_target(r))
     for name, entry in found.items():
-        errors = entry["errors"]
+        errors, targets = entry["errors"], entry.pop("targets")
         entry["mean_abs_error"] = statistics.fmean(map(abs, errors))
         entry["worst_error"] = max(errors, key=abs)
         if name == "GPU":
             entry["target"] = f"mean within {GPU_MEAN_TARGET:.0%}"
             entry["met"] = entry["mean_abs_error"] <= GPU_MEAN_TARGET
         else:
-            labels = set(entry["rows"])
-            within = [r["label"] for r in rows if r["label"] in labels
-                      and abs(relative_error(r, "step_s")) <= row_target(r)]
             entry["target"] = f"each row within max(spread, {BOUND_ROW_TARGET:.0%})"
-            entry["within"] = len(within)
-            entry["met"] = len(within) == len(errors)
+            entry["within"] = sum(abs(e) <= t for e, t in zip(errors, targets, strict=True))
+            entry["met"] = entry["within"] == len(errors)
     return found
 
 
