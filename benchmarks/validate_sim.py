@@ -5,9 +5,10 @@ simulated on a (calibrated) profile; a table, a figure and the summary of errors
     python benchmarks/validate_sim.py --profile results/h200.toml --nvme-dir /tmp/nvme \
         --out results/validation
 
-Configurations (CONFIGS): two model shapes, micro-batches from CPU-bound (1) to compute-bound
-(64), windows 1-4, checkpoints on the GPU and on the host, one with moments on NVMe, and tune's
-pick at 3B micro-batch 8 (to see whether it is within 3% of the best measured there).
+Configurations (CONFIGS): Llama-3.2-1B/3B, Llama-3.1-8B, Mistral-7B and Qwen3-4B/8B/14B, at
+micro-batches from CPU-bound (1) to compute-bound (64), windows 1-4, checkpoints on the GPU, the
+host and NVMe, step- and layer-major accumulation, moments on NVMe or in 8 bits, and tune's pick
+at 3B micro-batch 8 (to see whether it is within 3% of the best measured there).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ CONFIGS = {
     "qwen8b-mb8-w2-host": {"model": "qwen3-8b", "micro_batch": 8, "window": 2},
     "qwen8b-mb8x4-w2-host-lm": {"model": "qwen3-8b", "micro_batch": 8, "grad_accum": 4,
                                 "window": 2, "policy": {"accumulation": "layer_major"}},
+    # 14B's fp32 moments do not fit the H200 machine's 128 GiB beside its master weights (tune's
+    # pick spills 55% to a 0.6 GB/s disk: 95 s a step, tune_pick_2026-12-02); 8-bit ones do
+    "qwen14b-mb8-w2-host-int8": {"model": "qwen3-14b", "micro_batch": 8, "window": 2,
+                                 "policy": {"moment_precision": "int8"}},
     # executor variants: the same plan run another way, side by side with it in the same call
     # and reported apart from the validation. Capped at the predicted allocated peak + 3%: does
     # the plan run (as fast) in the memory the simulator says it allocates? (Unpressed, the

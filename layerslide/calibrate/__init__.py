@@ -30,7 +30,11 @@ THOROUGH_TOKENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
 # A layer's GEMMs at micro-batch 8 x 1024: bursts of a few ms to tens of ms, as a layer's
 # forward and backward run in training.
 BUSY_PROBE_TOKENS = 8192
-ADAMW_BLOCK_PARAMS = 64 * 2**20  # a decoder layer's order: 1B's is 58 Mi params, 3B's 96 Mi
+# AdamW's large block, and its small one 1/SMALL_BLOCK_SHARE of it, span the decoder layers the
+# profile prices (1B's 58 Mi params, 3B's 96 Mi, 8B's 208 Mi, Qwen3-14B's 315 Mi): the rate rose
+# 2.5-7% from 64 to 256 Mi blocks on the H200 machine (adamw_blocks_2026-11-30), so a fit on
+# 8 and 64 Mi priced 7-8B layers slow (validation_2026-12-03b)
+ADAMW_BLOCK_PARAMS = 256 * 2**20
 # the 4 blocks' state (14 B/param) takes at most a quarter of the RAM: 4 * 14 * 4 B per param
 ADAMW_RAM_SHARE = 4 * 14 * 4
 # AdamW's test, run this many times spread over the calibration; the profile keeps the median.
@@ -129,9 +133,9 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
     """Every measurement this machine allows; `progress` hears of each before it runs."""
     numel = (64 if quick else 256) * 2**20
     repeats = 3 if quick else 10
-    # AdamW over 4 blocks of 64 Mi params even when quick: blocks of 16 Mi ran 3.8-3.95 Gparam/s
-    # where 64 Mi ran 4.3-4.5 on the H200 machine (benchmarks/results/adamw_pages_2026-11-30),
-    # and a quick profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
+    # AdamW over 4 blocks of ADAMW_BLOCK_PARAMS even when quick: blocks of 16 Mi ran 3.8-3.95
+    # Gparam/s where 64 Mi ran 4.3-4.5 on the H200 machine (adamw_pages_2026-11-30), and a quick
+    # profile put the 3B step 16-19% over the executor's (compare_2026-11-30f)
     ram = ram_bytes or host.physical_ram_bytes()
     adamw_numel = 4 * min(ADAMW_BLOCK_PARAMS, ram // ADAMW_RAM_SHARE)
     adamw = AdamwSamples(numel=adamw_numel, repeats=repeats,

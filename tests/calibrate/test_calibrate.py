@@ -27,7 +27,7 @@ def test_written_profiles_read_back_equal(tmp_path, name):
 
 @pytest.fixture(autouse=True)
 def small_adamw_blocks(monkeypatch):
-    """The CLI runs here measure AdamW over 4 Mi-param blocks: the real 64 Mi take seconds."""
+    """The CLI runs here measure AdamW over 4 Mi-param blocks: the real 256 Mi take seconds."""
     monkeypatch.setattr("layerslide.calibrate.ADAMW_BLOCK_PARAMS", 4 * 2**20)
 
 
