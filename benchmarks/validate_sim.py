@@ -238,12 +238,18 @@ def run_one(label: str, cfg: dict, args) -> dict:
 
 
 def at_adamw_rate(profile, rate: float):
-    """The profile with AdamW at `rate`, and the host memory's capacity with it (calibrate
-    keeps that capacity as a ratio to AdamW's rate: calibrate.sharing)."""
+    """The profile with AdamW at `rate`, and with it the host memory's capacity (calibrate
+    keeps that capacity as a ratio to AdamW's rate: calibrate.sharing) and the compact
+    moments' rates (the same memory-bound kernel)."""
     host = profile.host
     scale = rate / host.adamw_params_per_s
+
+    def scaled(value: float | None) -> float | None:
+        return None if value is None else value * scale
     return dataclasses.replace(profile, host=dataclasses.replace(
-        host, adamw_params_per_s=rate, memory_bytes_per_s=host.memory_bytes_per_s * scale))
+        host, adamw_params_per_s=rate, memory_bytes_per_s=host.memory_bytes_per_s * scale,
+        adamw_bf16_params_per_s=scaled(host.adamw_bf16_params_per_s),
+        adamw_int8_params_per_s=scaled(host.adamw_int8_params_per_s)))
 
 
 def profile_adamw_rate(name: str) -> float:
