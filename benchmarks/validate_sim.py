@@ -131,7 +131,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
     from layerslide.planner.build import build_plan
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
-    from layerslide.reports.validation import median_task_s
+    from layerslide.reports.validation import adamw_rates_by_company, median_task_s
     from layerslide.tuner import SearchSpace, tune
 
     spec = resolve_model(args.model_override or cfg["model"])
@@ -202,8 +202,11 @@ def run_one(label: str, cfg: dict, args) -> dict:
         reserved = torch.cuda.max_memory_reserved() if cuda else 0
         gpu_detail = gpu_memory_detail(trainer.device) if cuda else {}
         trace = trainer.trace(label)
-        task_s = median_task_s(trace, spec.num_layers,
-                               first_step=len(warmup) + min(2, steps - 1))
+        first_steady = len(warmup) + min(2, steps - 1)
+        task_s = median_task_s(trace, spec.num_layers, first_step=first_steady)
+        adamw_company = adamw_rates_by_company(trace, layer_params=spec.layer_params,
+                                               num_layers=spec.num_layers,
+                                               first_step=first_steady)
         land_in_upload = trainer.state.land_in_upload
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -231,6 +234,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "warmup_step_times_s": [log.step_s for log in warmup],
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
+        "measured_adamw_by_company": adamw_company,
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
         "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
         **at_measured_adamw(spec, train, policy, profile, cap, task_s),
@@ -399,14 +403,18 @@ def save_gz(trace, path: Path) -> None:
 def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
-    from layerslide.reports.validation import median_task_s, regime_of
+    from layerslide.reports.validation import adamw_rates_by_company, median_task_s, regime_of
     from layerslide.simulator.predict import simulate
 
     predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
                          gpu_memory_bytes=cap)
     task_s = (median_task_s(predicted.trace, spec.num_layers, first_step=1)
               if predicted.trace else {})
+    company = (adamw_rates_by_company(predicted.trace, layer_params=spec.layer_params,
+                                      num_layers=spec.num_layers, first_step=1)
+               if predicted.trace else {})
     return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
+            "predicted_adamw_by_company": company,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
             # each stream's pool as the caching allocator's model reserves it
             "predicted_gpu_reserved_bytes": predicted.gpu_reserved_bytes,
@@ -416,9 +424,11 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
             **({"trace": predicted.trace} if keep_trace else {})}
 
 
-def repredict(paths: list[Path], profile_name: str) -> list[dict]:
+def repredict(paths: list[Path], profile_name: str, traces: Path | None = None) -> list[dict]:
     """Rows measured earlier (validation.json files), predicted again with this code and
-    profile: the measurements stay, only the model's side changes."""
+    profile: the measurements stay, only the model's side changes. A row measured before it
+    kept its AdamW rates by company takes them from its measured trace in `traces`, if there
+    (the trace of the call's last round)."""
     from layerslide.hwprofiles import load_profile
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
@@ -441,6 +451,10 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
             if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
                 policy = policy.with_(stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
+            if "measured_adamw_by_company" not in row and traces is not None:
+                first_steady = (len(row.get("warmup_step_times_s") or [])
+                                + min(2, len(row.get("step_times_s", [])) - 1))
+                row.update(company_from_trace(traces, row["label"], spec, first_steady))
             for key in ("adamw_in_situ_params_per_s", "predicted_step_s_at_measured_adamw"):
                 row.pop(key, None)  # from an earlier profile
             row.update(at_measured_adamw(spec, train, policy, profile, cap,
@@ -463,6 +477,24 @@ def repredict(paths: list[Path], profile_name: str) -> list[dict]:
                     row[key] = None
             rows.append(row)
     return rows
+
+
+def company_from_trace(folder: Path, label: str, spec, first_step: int) -> dict:
+    """measured_adamw_by_company from a row's measured trace in folder, if there, over its
+    steps from first_step on (the steady ones, as run_one takes them)."""
+    import gzip
+
+    from layerslide.reports.validation import adamw_rates_by_company
+    from layerslide.trace import Trace
+
+    path = folder / f"{label}.measured.json.gz"
+    if not path.exists():
+        return {}
+    with gzip.open(path, "rt") as f:
+        trace = Trace.from_dict(json.load(f))
+    return {"measured_adamw_by_company": adamw_rates_by_company(
+        trace, layer_params=spec.layer_params, num_layers=spec.num_layers,
+        first_step=max(first_step, 0))}
 
 
 def main() -> None:
@@ -493,7 +525,8 @@ def main() -> None:
                          "with --profile and write the report of them to --out")
     ap.add_argument("--traces", type=Path,
                     help="a folder for each configuration's measured and predicted trace "
-                         "(gzipped JSON, layerslide.trace.Trace)")
+                         "(gzipped JSON, layerslide.trace.Trace); with --repredict, where "
+                         "rows measured earlier find theirs")
     ap.add_argument("--allocator-history", default="", metavar="LABELS",
                     help="with --traces: record the caching allocator's every event for these "
                          "comma-separated labels (LABEL.allocator.pickle.gz)")
@@ -509,7 +542,7 @@ def main() -> None:
         ap.error("--out is required")
     if args.repredict:
         args.out.mkdir(parents=True, exist_ok=True)
-        rows = repredict(args.repredict, args.profile)
+        rows = repredict(args.repredict, args.profile, args.traces)
         (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
         report(rows, args.out, profile_adamw_rate(args.profile))
         return
@@ -588,7 +621,13 @@ def in_situ_lines(rows: list[dict], profile_rate: float | None) -> list[str]:
 
 
 def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> None:
-    from layerslide.reports.validation import allocator_table, figure, markdown, summarize
+    from layerslide.reports.validation import (
+        allocator_table,
+        company_table,
+        figure,
+        markdown,
+        summarize,
+    )
 
     every = rows
     # executor variants (other settings, the same plan) are shown apart, not validated; as the
@@ -614,6 +653,7 @@ def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> No
     if spread is not None:
         table += spread + "\n"
     table += "".join(line + "\n" for line in in_situ)
+    table += "".join(line + "\n" for line in company_table(rows))
     table += "\n".join(allocator_table(every)) + "\n"
     (out / "validation.md").write_text(table)
     figure(rows, out / "validation.png")

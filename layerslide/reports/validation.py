@@ -18,7 +18,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from layerslide.trace import Trace
+from layerslide.trace import Trace, TraceEvent
 
 GIB = 2**30
 # quantity -> how it is shown; targets of issue 5: step within 3% on average (8% at worst),
@@ -41,6 +41,45 @@ def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, f
         if key in TASK_KINDS and e.step >= first_step and 0 <= e.block < num_layers:
             durations.setdefault(key, []).append(e.duration_s)
     return {k: statistics.median(v) for k, v in durations.items()}
+
+
+# The CPU AdamW's company: the copy lanes that share the host memory with it (calibrate.sharing).
+# A task with a lane beside it for under ALONE_SHARE of its time counts as without it, one with
+# a lane beside it for BESIDE_SHARE or more as with it; tasks between are left out.
+COPY_LANES = ("h2d", "d2h")
+ALONE_SHARE = 0.05
+BESIDE_SHARE = 0.5
+COMPANY = ("alone", "one copy", "both copies")
+
+
+def share_beside(event: TraceEvent, others: Sequence[TraceEvent]) -> float:
+    """The share of event's time in which one of `others` runs (they run one at a time: one
+    lane's tasks)."""
+    if event.duration_s <= 0:
+        return 0.0
+    inside = sum(max(0.0, min(event.end_s, o.end_s) - max(event.start_s, o.start_s))
+                 for o in others)
+    return min(inside / event.duration_s, 1.0)
+
+
+def adamw_rates_by_company(trace: Trace, *, layer_params: int, num_layers: int,
+                           first_step: int) -> dict[str, dict[str, float]]:
+    """The decoder layers' CPU AdamW rate by the copies beside it: for each of COMPANY that
+    occurs, the median params/s and the task count. Set side by side for the measured and the
+    predicted trace, it separates AdamW's own rate from what sharing the memory costs it."""
+    by_lane = {lane: [e for e in trace.events if e.lane == lane] for lane in COPY_LANES}
+    rates: dict[str, list[float]] = {}
+    for e in trace.events:
+        if (f"{e.kind}@{e.lane}" != "optimizer_step@cpu" or e.step < first_step
+                or not 0 <= e.block < num_layers or e.duration_s <= 0):
+            continue
+        shares = [share_beside(e, by_lane[lane]) for lane in COPY_LANES]
+        if any(ALONE_SHARE <= share < BESIDE_SHARE for share in shares):
+            continue
+        company = COMPANY[sum(share >= BESIDE_SHARE for share in shares)]
+        rates.setdefault(company, []).append(layer_params / e.duration_s)
+    return {c: {"params_per_s": statistics.median(rates[c]), "tasks": len(rates[c])}
+            for c in COMPANY if c in rates}
 
 
 # What bounds a step, by the lanes that stay busy: the GPU stream, the CPU workers, the disk,
@@ -267,6 +306,30 @@ def task_table(rows: Sequence[dict]) -> list[str]:
             m, p = r["measured_task_s"].get(kind), r["predicted_task_s"].get(kind)
             cells.append(f"{m * 1e3:.1f} / {p * 1e3:.1f}" if m is not None and p is not None
                          else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def company_table(rows: Sequence[dict]) -> list[str]:
+    """The decoder layers' AdamW rate by the copies beside it (adamw_rates_by_company),
+    measured / predicted in Gparam/s with the measured task count, where rows have both."""
+    rows = [r for r in rows if r.get("measured_adamw_by_company")
+            and r.get("predicted_adamw_by_company")]
+    if not rows:
+        return []
+    title = ("The decoder layers' CPU AdamW by the copies beside it, measured / predicted "
+             "(Gparam/s; measured tasks):")
+    lines = ["", title, "", "| configuration | " + " | ".join(COMPANY) + " |",
+             "|" + " --- |" * (len(COMPANY) + 1)]
+    for r in rows:
+        cells = [r["label"]]
+        for company in COMPANY:
+            m = r["measured_adamw_by_company"].get(company)
+            p = r["predicted_adamw_by_company"].get(company)
+            cells.append("-" if m is None else
+                         f"{m['params_per_s'] / 1e9:.2f} / "
+                         f"{'-' if p is None else format(p['params_per_s'] / 1e9, '.2f')} "
+                         f"({m['tasks']})")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

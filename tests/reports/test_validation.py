@@ -6,8 +6,10 @@ import pytest
 
 from layerslide.reports.validation import (
     GIB,
+    adamw_rates_by_company,
     allocator_table,
     busy_s,
+    company_table,
     figure,
     judge,
     markdown,
@@ -15,6 +17,7 @@ from layerslide.reports.validation import (
     regime_lines,
     regime_of,
     relative_error,
+    share_beside,
     spearman,
     summarize,
 )
@@ -176,3 +179,41 @@ def test_gpu_rows_are_judged_on_their_mean_and_bound_rows_each_on_its_spread_or_
 def test_rows_without_a_regime_or_a_prediction_are_left_out_of_the_verdicts():
     overflow = judged("o", 1.0, None, "GPU")
     assert judge([overflow, row("plain", 1.0, 1.0)]) == {}
+
+
+def adamw(start, end, block=0, step=1):
+    return TraceEvent(task_id=f"adamw{block}.{start}", lane="cpu", kind="optimizer_step",
+                      block=block, step=step, start_s=start, end_s=end)
+
+
+def copy(lane, start, end):
+    return TraceEvent(task_id=f"{lane}.{start}", lane=lane, kind="load_weights", block=0,
+                      step=1, start_s=start, end_s=end)
+
+
+def test_adamw_rates_are_grouped_by_the_copy_lanes_beside_each_task():
+    events = (
+        adamw(0.0, 1.0), adamw(1.0, 2.0), adamw(2.0, 2.5),  # alone: 100, 100, 200 params/s
+        adamw(3.0, 4.0), copy("h2d", 3.0, 3.6),  # h2d 60% of it: one copy, 100 params/s
+        adamw(5.0, 6.0), copy("h2d", 5.0, 5.2),  # 20%: neither alone nor beside, left out
+        adamw(7.0, 8.0), copy("h2d", 7.0, 7.5), copy("h2d", 7.5, 8.0),  # h2d all of it
+        copy("d2h", 7.0, 7.9),  # and d2h 90%: both copies, 100 params/s
+        adamw(9.0, 10.0, block=2),  # the head's block: not a decoder layer
+        adamw(11.0, 12.0, step=0))  # the warm-up step
+    trace = Trace(source="measured", label="t", events=events)
+    got = adamw_rates_by_company(trace, layer_params=100, num_layers=2, first_step=1)
+    assert got == {"alone": {"params_per_s": pytest.approx(100.0), "tasks": 3},
+                   "one copy": {"params_per_s": pytest.approx(100.0), "tasks": 1},
+                   "both copies": {"params_per_s": pytest.approx(100.0), "tasks": 1}}
+    assert share_beside(adamw(7.0, 8.0), [copy("d2h", 7.0, 7.9)]) == pytest.approx(0.9)
+
+
+def test_the_company_table_sets_measured_beside_predicted_rates():
+    r = {"label": "8b", "measured_adamw_by_company": {
+             "alone": {"params_per_s": 6e9, "tasks": 7},
+             "both copies": {"params_per_s": 4.5e9, "tasks": 2}},
+         "predicted_adamw_by_company": {"alone": {"params_per_s": 5e9, "tasks": 10}}}
+    lines = company_table([r, {"label": "old row"}])
+    assert lines[-1] == "| 8b | 6.00 / 5.00 (7) | - | 4.50 / - (2) |"
+    assert not any("old row" in line for line in lines)
+    assert company_table([{"label": "old row"}]) == []
