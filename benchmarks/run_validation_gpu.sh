@@ -5,7 +5,9 @@
 # usage (device): bash benchmarks/run_validation_gpu.sh [validate_sim.py args, e.g. --configs
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
 #   (wheels in $LAYERSLIDE_WHEELS, default .whl/: simpy). --deadline counts the validation
-#   only: the thorough calibration before it takes ~60 s (4 GiB disk files included).
+#   only: the thorough calibration before it took 124 s on the H200 machine at 64 Mi AdamW
+#   blocks (validation_2026-12-03a) and 269 s at 256 Mi with randn-filled test arrays (12-03c;
+#   filled by a repeated pattern since, not timed there yet).
 # Writes 7 files under $OUT (the device tool brings back 8 at most).
 # A suite split over two calls on one warm machine shares one calibration: the first call
 # keeps its profile in $PROFILE_KEPT, which a call finding it there uses instead of calibrating
