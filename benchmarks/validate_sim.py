@@ -262,7 +262,6 @@ def profile_adamw_rate(name: str) -> float:
     return load_profile(name).host.adamw_params_per_s
 
 
-LAYER_ADAMW = "optimizer_step@cpu"  # the decoder layers' CPU AdamW (median_task_s's key)
 # rounds of rescaling the rate by measured / simulated median: the copies beside AdamW could
 # slow it differently at the new rate; on call o's rows one rescale already matched to 0.01%
 AT_MEASURED_ROUNDS = 3
@@ -277,6 +276,8 @@ def at_measured_adamw(spec, train, policy, profile, cap: int, measured_task_s: d
     The lent machine's rate moves by more than the step-time target (benchmarks/results,
     session 11: calibrate's own AdamW test read 4.40, 5.13 and 5.47 Gparam/s within one
     process and a minute)."""
+    from layerslide.reports.validation import LAYER_ADAMW
+
     measured = measured_task_s.get(LAYER_ADAMW)
     if not measured:
         return {}
@@ -400,6 +401,15 @@ def save_gz(trace, path: Path) -> None:
         json.dump(trace.to_dict(), f)
 
 
+def load_gz(path: Path):
+    import gzip
+
+    from layerslide.trace import Trace
+
+    with gzip.open(path, "rt") as f:
+        return Trace.from_dict(json.load(f))
+
+
 def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
@@ -452,9 +462,7 @@ def repredict(paths: list[Path], profile_name: str, traces: Path | None = None) 
                 policy = policy.with_(stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
             if "measured_adamw_by_company" not in row and traces is not None:
-                first_steady = (len(row.get("warmup_step_times_s") or [])
-                                + min(2, len(row.get("step_times_s", [])) - 1))
-                row.update(company_from_trace(traces, row["label"], spec, first_steady))
+                row.update(company_from_trace(traces, row, spec))
             for key in ("adamw_in_situ_params_per_s", "predicted_step_s_at_measured_adamw"):
                 row.pop(key, None)  # from an earlier profile
             row.update(at_measured_adamw(spec, train, policy, profile, cap,
@@ -479,22 +487,25 @@ def repredict(paths: list[Path], profile_name: str, traces: Path | None = None) 
     return rows
 
 
-def company_from_trace(folder: Path, label: str, spec, first_step: int) -> dict:
-    """measured_adamw_by_company from a row's measured trace in folder, if there, over its
-    steps from first_step on (the steady ones, as run_one takes them)."""
-    import gzip
-
+def company_from_trace(folder: Path, row: dict, spec) -> dict:
+    """measured_adamw_by_company from the row's measured trace in folder, over its steady steps
+    (as run_one takes them), where the trace is there and is of this row: its policy and step
+    count. A call keeps one trace per row, its last round's."""
     from layerslide.reports.validation import adamw_rates_by_company
-    from layerslide.trace import Trace
 
-    path = folder / f"{label}.measured.json.gz"
-    if not path.exists():
+    path = folder / f"{row['label']}.measured.json.gz"
+    warmup, steps = len(row.get("warmup_step_times_s") or []), len(row.get("step_times_s") or [])
+    if not path.exists() or not steps:
         return {}
-    with gzip.open(path, "rt") as f:
-        trace = Trace.from_dict(json.load(f))
+    trace = load_gz(path)
+    if (trace.meta.get("policy") != row["policy"]
+            or 1 + max(e.step for e in trace.events) != warmup + steps):
+        print(f"{row['label']}: {path} is of another run; no AdamW rates by company",
+              file=sys.stderr)
+        return {}
     return {"measured_adamw_by_company": adamw_rates_by_company(
         trace, layer_params=spec.layer_params, num_layers=spec.num_layers,
-        first_step=max(first_step, 0))}
+        first_step=warmup + min(2, steps - 1))}
 
 
 def main() -> None:
@@ -608,7 +619,10 @@ def in_situ_lines(rows: list[dict], profile_rate: float | None) -> list[str]:
     have = [r for r in rows if r.get("predicted_step_s_at_measured_adamw")]
     if not have:
         return []
-    rates = [r["adamw_in_situ_params_per_s"] for r in have]
+    # a compact-moments row's in-situ figure is the fp32 rate its kernel's scaled one matched
+    rates = [r["adamw_in_situ_params_per_s"] for r in have
+             if r.get("policy", {}).get("residency", {}).get("moment_precision", "fp32") == "fp32"]
+    rates = rates or [r["adamw_in_situ_params_per_s"] for r in have]
     errors = {r["label"]: r["predicted_step_s_at_measured_adamw"] / r["measured_step_s"] - 1
               for r in have}
     worst = max(errors, key=lambda label: abs(errors[label]))

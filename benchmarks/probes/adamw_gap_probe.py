@@ -2,16 +2,21 @@
 (validation_2026-12-03c) the training rows' AdamW tasks that overlapped no copy and no GPU work
 ran 5.6-6.0 Gparam/s (8B embedding, 525 M params; 8B layers, 218 M), where calibrate's test in
 the same lease read 4.89 at 256 Mi blocks and adamw_block_probe 5.0 at 262-394 M. One process,
-the variants taking turns round by round (the machine drifts), each on ARRAYS blocks of --params:
+the variants taking turns round by round (the machine drifts), on blocks of --params:
 
-- calibrate: calibrate.host.executor_adamw_block as calibrate runs it (the new weights overwrite
-  the grads, so from the second call on the "grads" are weights of magnitude ~1);
+- calibrate: the executor's call as calibrate.host.executor_adamw_block makes it, on
+  ADAMW_ARRAYS blocks (the new weights overwrite the grads, so from the second call on the
+  "grads" are weights of magnitude ~1);
 - fresh_grads: the same with grads of training's magnitude copied in before each call (untimed);
+- fresh_weights: its control, values of the weights' magnitude copied in alike (the copy
+  leaves part of the buffer in the caches either way);
 - landed_by_dma: the grads land from the GPU into a page-locked buffer before each call, as
   the executor's offload does (untimed; CUDA only);
 - model_sized: MODEL_BLOCKS blocks stepped in turn, as a 7-8B model's state spans ~25 GB.
 
-Per variant the median call, its rate and the ratio to calibrate's. Writes JSON to --out.
+Per variant the median call, its rate and the ratio to calibrate's. The kernel's threads and
+chunk are calibrate's (the LAYERSLIDE_* knobs). All variants are held at once: at the default
+--params about 60 GB of RAM. Writes JSON to --out.
     python benchmarks/probes/adamw_gap_probe.py --out R/adamw_gap.json
 """
 
@@ -25,13 +30,14 @@ from pathlib import Path
 
 import torch
 
-from layerslide.calibrate.host import load_kernels, random_like_values
+from layerslide.calibrate import ADAMW_ARRAYS
+from layerslide.calibrate.host import _kernel_knobs, random_like_values
 from layerslide.executor.moments import Moments
+from layerslide.executor.native import load_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from adamw_block_probe import timed_calls
 
-ARRAYS = 2
 MODEL_BLOCKS = 8
 CALLS_PER_ROUND = 4
 
@@ -46,8 +52,12 @@ class Block:
         self.grads = None
         if landing == "fresh_grads":
             self.grads = random_like_values(numel, 1e-3, torch.bfloat16)
+        elif landing == "fresh_weights":
+            self.grads = random_like_values(numel, 1.0, torch.bfloat16)
         elif landing == "landed_by_dma":
-            torch.cuda.cudart().cudaHostRegister(self.landed.data_ptr(), 2 * numel, 0)
+            err = torch.cuda.cudart().cudaHostRegister(self.landed.data_ptr(), 2 * numel, 0)
+            if int(err) != 0:  # unregistered, the copy would go through staging instead
+                raise RuntimeError(f"cudaHostRegister failed ({err}): raise ulimit -l")
             self.grads = random_like_values(numel, 1e-3, torch.bfloat16).cuda()
 
     def prepare(self) -> None:
@@ -83,17 +93,15 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=218_112_000, help="a block (8B's layer)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    native = load_kernels()
+    native = load_kernels(**_kernel_knobs())
     if native is None:
         parser.error("no native kernels here (no C compiler, or LAYERSLIDE_NATIVE=0)")
-    variants = {"calibrate": [Block(native, args.params, "calibrate") for _ in range(ARRAYS)],
-                "fresh_grads": [Block(native, args.params, "fresh_grads")
-                                for _ in range(ARRAYS)],
-                "model_sized": [Block(native, args.params, "calibrate")
-                                for _ in range(MODEL_BLOCKS)]}
-    if torch.cuda.is_available():
-        variants["landed_by_dma"] = [Block(native, args.params, "landed_by_dma")
-                                     for _ in range(ARRAYS)]
+    kinds = ["calibrate", "fresh_grads", "fresh_weights"]
+    kinds += ["landed_by_dma"] if torch.cuda.is_available() else []
+    variants = {kind: [Block(native, args.params, kind) for _ in range(ADAMW_ARRAYS)]
+                for kind in kinds}
+    variants["model_sized"] = [Block(native, args.params, "calibrate")
+                               for _ in range(MODEL_BLOCKS)]
     for blocks in variants.values():  # first touch
         prepared_calls(blocks, len(blocks))
     times: dict[str, list[float]] = {name: [] for name in variants}

@@ -32,52 +32,72 @@ TASK_KINDS = ("optimizer_step@cpu", "load_weights@h2d", "offload_grads@d2h", "fo
               "backward@gpu")
 
 
+def decoder_layer_tasks(trace: Trace, key: str, num_layers: int,
+                        first_step: int) -> list[TraceEvent]:
+    """The events of one kind@lane key on the decoder layers (0..num_layers-1) from first_step
+    on: the embedding's and the head's blocks differ in size."""
+    return [e for e in trace.events if f"{e.kind}@{e.lane}" == key and e.step >= first_step
+            and 0 <= e.block < num_layers]
+
+
 def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, float]:
-    """Median seconds of each TASK_KINDS kind over the decoder layers' tasks (0..num_layers-1)
-    from first_step on: the embedding's and the head's blocks differ in size."""
-    durations: dict[str, list[float]] = {}
-    for e in trace.events:
-        key = f"{e.kind}@{e.lane}"
-        if key in TASK_KINDS and e.step >= first_step and 0 <= e.block < num_layers:
-            durations.setdefault(key, []).append(e.duration_s)
-    return {k: statistics.median(v) for k, v in durations.items()}
+    """Median seconds of each TASK_KINDS kind over the decoder layers' tasks from first_step
+    on (decoder_layer_tasks)."""
+    durations = {key: [e.duration_s for e in decoder_layer_tasks(trace, key, num_layers,
+                                                                 first_step)]
+                 for key in TASK_KINDS}
+    return {k: statistics.median(v) for k, v in durations.items() if v}
 
 
-# The CPU AdamW's company: the copy lanes that share the host memory with it (calibrate.sharing).
-# A task with a lane beside it for under ALONE_SHARE of its time counts as without it, one with
-# a lane beside it for BESIDE_SHARE or more as with it; tasks between are left out.
+# The CPU AdamW's company: the copy lanes that share the host memory with it (calibrate.sharing),
+# each direction priced apart (host.dma_read_cost, dma_write_cost). A lane beside a task for
+# under ALONE_SHARE of its time counts as absent, for BESIDE_SHARE or more as present; tasks
+# with a copy lane in between, or with any of OTHER_HOST_MEMORY_LANES present, are left out.
 COPY_LANES = ("h2d", "d2h")
+OTHER_HOST_MEMORY_LANES = ("nvme_read", "nvme_write", "cpu_cast")
 ALONE_SHARE = 0.05
 BESIDE_SHARE = 0.5
-COMPANY = ("alone", "one copy", "both copies")
+COMPANY = ("alone", "h2d", "d2h", "both copies")
+LAYER_ADAMW = "optimizer_step@cpu"  # the decoder layers' CPU AdamW, as median_task_s keys it
 
 
 def share_beside(event: TraceEvent, others: Sequence[TraceEvent]) -> float:
-    """The share of event's time in which one of `others` runs (they run one at a time: one
-    lane's tasks)."""
+    """The share of event's time in which one of `others` runs (one lane's tasks, which run one
+    at a time)."""
     if event.duration_s <= 0:
         return 0.0
     inside = sum(max(0.0, min(event.end_s, o.end_s) - max(event.start_s, o.start_s))
                  for o in others)
-    return min(inside / event.duration_s, 1.0)
+    return inside / event.duration_s
+
+
+def company_of(event: TraceEvent, by_lane: dict[str, list[TraceEvent]]) -> str | None:
+    """Which of COMPANY ran beside the event, None where that is not clear-cut."""
+    if any(share_beside(event, by_lane.get(lane, ())) >= ALONE_SHARE
+           for lane in OTHER_HOST_MEMORY_LANES):
+        return None
+    shares = {lane: share_beside(event, by_lane.get(lane, ())) for lane in COPY_LANES}
+    if any(ALONE_SHARE <= share < BESIDE_SHARE for share in shares.values()):
+        return None
+    present = [lane for lane in COPY_LANES if shares[lane] >= BESIDE_SHARE]
+    if len(present) == len(COPY_LANES):
+        return "both copies"
+    return present[0] if present else "alone"
 
 
 def adamw_rates_by_company(trace: Trace, *, layer_params: int, num_layers: int,
-                           first_step: int) -> dict[str, dict[str, float]]:
-    """The decoder layers' CPU AdamW rate by the copies beside it: for each of COMPANY that
-    occurs, the median params/s and the task count. Set side by side for the measured and the
-    predicted trace, it separates AdamW's own rate from what sharing the memory costs it."""
-    by_lane = {lane: [e for e in trace.events if e.lane == lane] for lane in COPY_LANES}
+                           first_step: int) -> dict[str, dict[str, float | int]]:
+    """The decoder layers' CPU AdamW rate by the copies beside it (company_of): for each of
+    COMPANY that occurs, the median params/s and the task count. Set side by side for the
+    measured and the predicted trace, it separates AdamW's own rate from what sharing the
+    memory costs it."""
+    lanes = (*COPY_LANES, *OTHER_HOST_MEMORY_LANES)
+    by_lane = {lane: [e for e in trace.events if e.lane == lane] for lane in lanes}
     rates: dict[str, list[float]] = {}
-    for e in trace.events:
-        if (f"{e.kind}@{e.lane}" != "optimizer_step@cpu" or e.step < first_step
-                or not 0 <= e.block < num_layers or e.duration_s <= 0):
-            continue
-        shares = [share_beside(e, by_lane[lane]) for lane in COPY_LANES]
-        if any(ALONE_SHARE <= share < BESIDE_SHARE for share in shares):
-            continue
-        company = COMPANY[sum(share >= BESIDE_SHARE for share in shares)]
-        rates.setdefault(company, []).append(layer_params / e.duration_s)
+    for e in decoder_layer_tasks(trace, LAYER_ADAMW, num_layers, first_step):
+        company = company_of(e, by_lane) if e.duration_s > 0 else None
+        if company is not None:
+            rates.setdefault(company, []).append(layer_params / e.duration_s)
     return {c: {"params_per_s": statistics.median(rates[c]), "tasks": len(rates[c])}
             for c in COMPANY if c in rates}
 
@@ -326,10 +346,10 @@ def company_table(rows: Sequence[dict]) -> list[str]:
         for company in COMPANY:
             m = r["measured_adamw_by_company"].get(company)
             p = r["predicted_adamw_by_company"].get(company)
-            cells.append("-" if m is None else
-                         f"{m['params_per_s'] / 1e9:.2f} / "
-                         f"{'-' if p is None else format(p['params_per_s'] / 1e9, '.2f')} "
-                         f"({m['tasks']})")
+            measured = "-" if m is None else f"{m['params_per_s'] / 1e9:.2f}"
+            predicted = "-" if p is None else f"{p['params_per_s'] / 1e9:.2f}"
+            cells.append("-" if m is None and p is None else
+                         f"{measured} / {predicted}" + (f" ({m['tasks']})" if m else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -186,7 +186,7 @@ def adamw(start, end, block=0, step=1):
                       block=block, step=step, start_s=start, end_s=end)
 
 
-def copy(lane, start, end):
+def on_lane(lane, start, end):
     return TraceEvent(task_id=f"{lane}.{start}", lane=lane, kind="load_weights", block=0,
                       step=1, start_s=start, end_s=end)
 
@@ -194,26 +194,35 @@ def copy(lane, start, end):
 def test_adamw_rates_are_grouped_by_the_copy_lanes_beside_each_task():
     events = (
         adamw(0.0, 1.0), adamw(1.0, 2.0), adamw(2.0, 2.5),  # alone: 100, 100, 200 params/s
-        adamw(3.0, 4.0), copy("h2d", 3.0, 3.6),  # h2d 60% of it: one copy, 100 params/s
-        adamw(5.0, 6.0), copy("h2d", 5.0, 5.2),  # 20%: neither alone nor beside, left out
-        adamw(7.0, 8.0), copy("h2d", 7.0, 7.5), copy("h2d", 7.5, 8.0),  # h2d all of it
-        copy("d2h", 7.0, 7.9),  # and d2h 90%: both copies, 100 params/s
-        adamw(9.0, 10.0, block=2),  # the head's block: not a decoder layer
-        adamw(11.0, 12.0, step=0))  # the warm-up step
+        adamw(3.0, 5.0), on_lane("h2d", 3.0, 4.2),  # h2d 60% of it: 50 params/s
+        adamw(6.0, 10.0), on_lane("d2h", 6.0, 10.0),  # d2h: 25 params/s
+        adamw(11.0, 11.5), on_lane("h2d", 11.0, 11.25), on_lane("h2d", 11.25, 11.5),
+        on_lane("d2h", 11.0, 11.45),  # h2d all of it, d2h 90%: both copies, 200 params/s
+        adamw(12.0, 13.0), on_lane("h2d", 12.0, 12.2),  # h2d 20%: not clear-cut, left out
+        adamw(14.0, 15.0), on_lane("d2h", 14.0, 14.9), on_lane("h2d", 14.0, 14.3),  # the same
+        adamw(16.0, 17.0), on_lane("nvme_read", 16.5, 17.0),  # the disk beside it: left out
+        adamw(18.0, 19.0), on_lane("cpu_cast", 18.0, 18.1),  # a cast beside it: left out
+        adamw(20.0, 21.0, block=2),  # the head's block: not a decoder layer
+        adamw(22.0, 23.0, step=0))  # the warm-up step
     trace = Trace(source="measured", label="t", events=events)
     got = adamw_rates_by_company(trace, layer_params=100, num_layers=2, first_step=1)
     assert got == {"alone": {"params_per_s": pytest.approx(100.0), "tasks": 3},
-                   "one copy": {"params_per_s": pytest.approx(100.0), "tasks": 1},
-                   "both copies": {"params_per_s": pytest.approx(100.0), "tasks": 1}}
-    assert share_beside(adamw(7.0, 8.0), [copy("d2h", 7.0, 7.9)]) == pytest.approx(0.9)
+                   "h2d": {"params_per_s": pytest.approx(50.0), "tasks": 1},
+                   "d2h": {"params_per_s": pytest.approx(25.0), "tasks": 1},
+                   "both copies": {"params_per_s": pytest.approx(200.0), "tasks": 1}}
+    assert share_beside(adamw(7.0, 8.0), [on_lane("d2h", 7.0, 7.9)]) == pytest.approx(0.9)
+    assert share_beside(adamw(7.0, 8.0), [on_lane("d2h", 6.0, 7.2),
+                                          on_lane("d2h", 7.7, 9.0)]) == pytest.approx(0.5)
 
 
 def test_the_company_table_sets_measured_beside_predicted_rates():
     r = {"label": "8b", "measured_adamw_by_company": {
              "alone": {"params_per_s": 6e9, "tasks": 7},
              "both copies": {"params_per_s": 4.5e9, "tasks": 2}},
-         "predicted_adamw_by_company": {"alone": {"params_per_s": 5e9, "tasks": 10}}}
+         "predicted_adamw_by_company": {"alone": {"params_per_s": 5e9, "tasks": 10},
+                                        "d2h": {"params_per_s": 4e9, "tasks": 3}}}
     lines = company_table([r, {"label": "old row"}])
-    assert lines[-1] == "| 8b | 6.00 / 5.00 (7) | - | 4.50 / - (2) |"
+    assert lines[-3] == "| configuration | alone | h2d | d2h | both copies |"
+    assert lines[-1] == "| 8b | 6.00 / 5.00 (7) | - | - / 4.00 | 4.50 / - (2) |"
     assert not any("old row" in line for line in lines)
     assert company_table([{"label": "old row"}]) == []
