@@ -426,19 +426,26 @@ def cmd_train(args) -> int:
 def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None:
     """The plan's predicted step and peaks against the run's, as a line and (with --out) as
     prediction-check.json and prediction-timeline.png in the model's folder."""
-    from layerslide.reports.run_check import check_run, write_run_check
+    from layerslide.reports.run_check import adamw_alone_rates, check_run, write_run_check
 
     if not logs or prediction.step_s is None:
         return
+    measured = trainer.trace(f"{trainer.spec.name} measured")
+    adamw = (adamw_alone_rates(prediction.trace, measured, layer_params=trainer.spec.layer_params,
+                               num_layers=trainer.spec.num_layers)
+             if prediction.trace is not None else None)
     check = check_run(profile=args.profile, predicted_step_s=prediction.step_s,
                       predicted_gpu_allocated_bytes=prediction.gpu_allocated_peak_bytes,
                       predicted_host_bytes=prediction.peak_bytes.get("host", 0),
                       step_s=[log.step_s for log in logs],
                       gpu_peak_bytes=[log.gpu_peak_bytes for log in logs],
                       host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step,
-                      host_copies_bytes=trainer.checkpoint_copy_bytes)
+                      host_copies_bytes=trainer.checkpoint_copy_bytes,
+                      adamw_alone_params_per_s=adamw)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
+    if check.advice():
+        print(f"note: {check.advice()}")
     segment = min(every for every in (args.segment_steps, args.checkpoint_every,
                                       args.eval_every, args.save_every) if every)
     if segment <= 2:  # the simulator predicts a step in a pipeline that runs on
@@ -447,7 +454,7 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
               "fill and drain that the predicted steady step leaves out")
     if args.out:
         written = write_run_check(check, args.out, predicted=prediction.trace,
-                                  measured=trainer.trace(f"{trainer.spec.name} measured"))
+                                  measured=measured)
         print(f"the prediction's check: {', '.join(str(p) for p in written)}")
 
 

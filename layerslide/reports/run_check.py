@@ -12,6 +12,9 @@ from pathlib import Path
 from layerslide.trace import Trace
 
 WARMUP_STEPS = 2  # the first steps carry compilation and first touches of memory
+# the CPU AdamW's predicted rate off the measured one beyond which the run check says so: on
+# the H200 machine calibrate's five runs of it spread 12% (validation_2026-12-03c)
+ADAMW_ADVICE_OFF = 0.10
 QUANTITIES = {"step_s": "step", "gpu_allocated_bytes": "GPU allocated peak",
               "host_bytes": "host peak"}
 CHECK_FILE, TIMELINE_FILE = "prediction-check.json", "prediction-timeline.png"
@@ -32,17 +35,23 @@ class RunCheck:
     predicted_host_bytes: int
     measured_host_bytes: int
     host_copies_bytes: int = 0  # RAM kept for checkpoint copies, outside the plan (predicted)
+    # the decoder layers' CPU AdamW with no copy beside it (reports.validation's "alone"),
+    # params/s, where both traces had such tasks: the profile's figure a CPU-bound step rests on
+    predicted_adamw_alone_params_per_s: float | None = None
+    measured_adamw_alone_params_per_s: float | None = None
 
     def error(self, quantity: str) -> float | None:
-        """(predicted - measured) / measured; None where nothing was measured (a CPU run has no
+        """(predicted - measured) / measured; None where either is missing (a CPU run has no
         GPU peak)."""
-        measured = getattr(self, f"measured_{quantity}")
-        if not measured:
+        measured, predicted = (getattr(self, f"{side}_{quantity}")
+                               for side in ("measured", "predicted"))
+        if not measured or predicted is None:
             return None
-        return getattr(self, f"predicted_{quantity}") / measured - 1
+        return predicted / measured - 1
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "errors": {q: self.error(q) for q in QUANTITIES}}
+        return {**asdict(self), "errors": {q: self.error(q) for q in
+                                           (*QUANTITIES, "adamw_alone_params_per_s")}}
 
     def line(self) -> str:
         """The summary a user reads at the end of a run."""
@@ -60,7 +69,22 @@ class RunCheck:
                 parts.append(f"{unit} {getattr(self, f'predicted_{quantity}') / 2**30:.2f}{kept} "
                              f"against {getattr(self, f'measured_{quantity}') / 2**30:.2f} GiB, "
                              f"{_signed(error)}")
+        adamw = self.error("adamw_alone_params_per_s")
+        if adamw is not None:
+            parts.append(f"CPU AdamW alone {self.predicted_adamw_alone_params_per_s / 1e9:.2f} "
+                         f"against {self.measured_adamw_alone_params_per_s / 1e9:.2f} Gparam/s, "
+                         f"{_signed(adamw)}")
         return "; ".join(parts)
+
+    def advice(self) -> str | None:
+        """What to do where the profile's CPU AdamW is off this machine's by more than
+        ADAMW_ADVICE_OFF (what a CPU-bound prediction rests on)."""
+        adamw = self.error("adamw_alone_params_per_s")
+        if adamw is None or abs(adamw) <= ADAMW_ADVICE_OFF:
+            return None
+        return (f"the profile {self.profile} puts this machine's CPU AdamW {_signed(adamw)} off "
+                "what it ran: `layerslide calibrate` here measures it, for predictions (and "
+                "`tune`'s picks) of CPU-bound plans")
 
 
 def _signed(error: float) -> str:
@@ -70,10 +94,12 @@ def _signed(error: float) -> str:
 def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_bytes: int,
               predicted_host_bytes: int, step_s: Sequence[float], gpu_peak_bytes: Sequence[int],
               host_peak_bytes: Sequence[int], first_step: int = 1,
-              host_copies_bytes: int = 0) -> RunCheck:
+              host_copies_bytes: int = 0,
+              adamw_alone_params_per_s: tuple[float, float] | None = None) -> RunCheck:
     """The check of a run whose steps (numbered from `first_step`) took `step_s` with those
     peaks: the steps after the warm-up ones, or the last where the run had no more. The plan's
-    host peak leaves out the RAM kept for checkpoint copies (`host_copies_bytes`): added here."""
+    host peak leaves out the RAM kept for checkpoint copies (`host_copies_bytes`): added here.
+    adamw_alone_params_per_s: predicted and measured (adamw_alone_rates), if known."""
     if not step_s:
         raise ValueError("a run check needs at least one measured step")
     skip = WARMUP_STEPS if len(step_s) > WARMUP_STEPS else len(step_s) - 1
@@ -85,7 +111,29 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
                     measured_gpu_allocated_bytes=max(gpu_peak_bytes, default=0),
                     predicted_host_bytes=predicted_host_bytes + host_copies_bytes,
                     measured_host_bytes=max(host_peak_bytes, default=0),
-                    host_copies_bytes=host_copies_bytes)
+                    host_copies_bytes=host_copies_bytes,
+                    **(dict(zip(("predicted_adamw_alone_params_per_s",
+                                 "measured_adamw_alone_params_per_s"),
+                                adamw_alone_params_per_s, strict=True))
+                       if adamw_alone_params_per_s else {}))
+
+
+def adamw_alone_rates(predicted: Trace, measured: Trace, *, layer_params: int,
+                      num_layers: int) -> tuple[float, float] | None:
+    """The decoder layers' CPU AdamW rate with no copy beside it in the predicted trace (from its
+    second step) and in the measured one (after WARMUP_STEPS), or None where either has no such
+    task (the layers updated on the GPU, or never alone)."""
+    from layerslide.reports.validation import adamw_rates_by_company
+
+    found = []
+    for trace, first_step in ((predicted, 1), (measured, WARMUP_STEPS)):
+        steps = max((e.step for e in trace.events), default=0)
+        alone = adamw_rates_by_company(trace, layer_params=layer_params, num_layers=num_layers,
+                                       first_step=min(first_step, steps)).get("alone")
+        if alone is None:
+            return None
+        found.append(alone["params_per_s"])
+    return found[0], found[1]
 
 
 def one_step(trace: Trace, step: int, label: str) -> Trace:
