@@ -1,0 +1,52 @@
+"""benchmarks/validate_sim.py's CPU-side pieces: the profile at another AdamW rate, and the
+measured AdamW-by-company read from a kept trace only where the trace is the row's run."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import validate_sim
+from layerslide.hwprofiles import load_profile
+from layerslide.planner.model import resolve_model
+from layerslide.trace import Trace, TraceEvent
+
+
+def test_at_adamw_rate_moves_the_compact_moments_and_the_memory_with_fp32():
+    profile = load_profile("h200-bench")
+    host = profile.host
+    faster = validate_sim.at_adamw_rate(profile, 1.2 * host.adamw_params_per_s).host
+    assert faster.adamw_params_per_s == pytest.approx(1.2 * host.adamw_params_per_s)
+    assert faster.memory_bytes_per_s == pytest.approx(1.2 * host.memory_bytes_per_s)
+    for field in ("adamw_bf16_params_per_s", "adamw_int8_params_per_s"):
+        before = getattr(host, field)
+        assert getattr(faster, field) == (None if before is None else pytest.approx(1.2 * before))
+
+
+def trace_of(policy: dict, steps: int, layer_s: float) -> Trace:
+    events = tuple(TraceEvent(task_id=f"a{s}", lane="cpu", kind="optimizer_step", block=0,
+                              step=s, start_s=float(s), end_s=s + layer_s) for s in range(steps))
+    return Trace(source="measured", label="r", events=events, meta={"policy": policy})
+
+
+def test_company_is_read_from_the_rows_own_trace_and_not_from_another_run(tmp_path, capsys):
+    spec = resolve_model("llama-3.2-1b")
+    policy = {"residency": {"window": 2}}
+    row = {"label": "r", "policy": policy, "warmup_step_times_s": [1.0],
+           "step_times_s": [1.0] * 4}
+    validate_sim.save_gz(trace_of(policy, 5, 0.5), tmp_path / "r.measured.json.gz")
+    got = validate_sim.company_from_trace(tmp_path, row, spec)
+    alone = got["measured_adamw_by_company"]["alone"]
+    assert alone["tasks"] == 2  # past the warm-up step and two measured ones: trace steps 3, 4
+    assert alone["params_per_s"] == pytest.approx(spec.layer_params / 0.5)
+    # another policy, or another step count: another run's trace
+    other = {**row, "policy": {"residency": {"window": 4}}}
+    assert validate_sim.company_from_trace(tmp_path, other, spec) == {}
+    longer = {**row, "step_times_s": [1.0] * 6}
+    assert validate_sim.company_from_trace(tmp_path, longer, spec) == {}
+    assert "is of another run" in capsys.readouterr().err
+    assert validate_sim.company_from_trace(tmp_path, {**row, "label": "none"}, spec) == {}
+    assert validate_sim.company_from_trace(tmp_path, {**row, "step_times_s": []}, spec) == {}
