@@ -16,14 +16,10 @@ def add_calibrate_command(sub, units: str) -> None:
     p = sub.add_parser("calibrate", help=help, description=help, epilog=units)
     p.add_argument("--out", required=True, help="profile file to write (.toml)")
     p.add_argument("--name", help="the profile's name (default: the file's stem)")
-    p.add_argument("--base", default=None,
+    p.add_argument("--base", default="h200-bench",
                    help="profile whose values stand for what is not measured (the GPU's bf16 "
                         "peak, the DMA's share of host bandwidth; the GPU part on a machine "
-                        "without one); default h200-bench, or with --from-run the run's")
-    p.add_argument("--from-run", metavar="OUT",
-                   help="measure nothing: write the run's profile with its CPU AdamW moved to "
-                        "what `layerslide train --out OUT` measured on its decoder layers "
-                        "(OUT/prediction-check.json)")
+                        "without one)")
     p.add_argument("--model", default="llama-3.2-3b",
                    help="model whose layer shapes the GEMMs and attention are measured at")
     p.add_argument("--disk-dir", help="folder on the disk to measure (the NVMe tier's), or "
@@ -53,9 +49,7 @@ def cmd_calibrate(args) -> int:
     if out.suffix != ".toml":
         raise UsageError(f"--out {out}: a profile file ends in .toml")
     writable_file("--out", args.out, overwrite=args.overwrite)
-    if args.from_run:
-        return _from_run(args, out)
-    base = profile_of(args.base or "h200-bench")
+    base = profile_of(args.base)
     model = resolve_model(args.model)
     gpu = torch.cuda.is_available()
     print(f"calibrating {'host, disk and GPU' if gpu else 'host and disk (no GPU here)'}"
@@ -101,32 +95,6 @@ def cmd_calibrate(args) -> int:
         shown = m.value if isinstance(m.value, str | tuple) else f"{m.value:.4g}"
         print(f"  {m.key:34s} {shown}")
     print(f"wrote {out} in {time.perf_counter() - start:.0f} s: use it with --profile {out}")
-    return 0
-
-
-def _from_run(args, out: Path) -> int:
-    from layerslide.calibrate import merged_profile
-    from layerslide.calibrate.from_run import adamw_from_run, read_check
-    from layerslide.hwprofiles.writer import save_profile
-
-    try:
-        check = read_check(args.from_run)
-    except ValueError as err:
-        raise UsageError(f"--from-run {args.from_run}: {err}") from err
-    if args.base is not None and args.base != check["profile"]:
-        raise UsageError(f"--base {args.base}: the run was predicted on {check['profile']}, "
-                         "whose rates its measurement corrects; leave --base out")
-    base = profile_of(check["profile"])
-    try:
-        found = adamw_from_run(check, base)
-        profile = merged_profile(base, found, name=args.name or out.stem, quick=False)
-    except ValueError as err:
-        raise UsageError(f"--from-run {args.from_run}: {err}") from err
-    save_profile(profile, out)
-    for m in found:
-        print(f"  {m.key:34s} {m.value:.4g}  ({m.how})")
-    print(f"wrote {out}: {check['profile']} with the CPU AdamW this run measured; use it with "
-          f"--profile {out}")
     return 0
 
 

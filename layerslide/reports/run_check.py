@@ -39,8 +39,6 @@ class RunCheck:
     # params/s, where both traces had such tasks: the profile's figure a CPU-bound step rests on
     predicted_adamw_alone_params_per_s: float | None = None
     measured_adamw_alone_params_per_s: float | None = None
-    layer_params: int = 0  # a decoder layer's, the block those AdamW rates were taken on
-    moment_precision: str = "fp32"  # the moments that AdamW ran with
 
     def error(self, quantity: str) -> float | None:
         """(predicted - measured) / measured; None where either is missing (a CPU run has no
@@ -85,9 +83,8 @@ class RunCheck:
         if adamw is None or abs(adamw) <= ADAMW_ADVICE_OFF:
             return None
         return (f"the profile {self.profile} puts this machine's CPU AdamW {_signed(adamw)} off "
-                "what it ran; for predictions (and `tune`'s picks) of CPU-bound plans, "
-                "`layerslide calibrate --from-run OUT` writes the profile with the rate this "
-                "run measured (OUT: this run's --out)")
+                "what it ran: `layerslide calibrate` here measures it, for predictions (and "
+                "`tune`'s picks) of CPU-bound plans")
 
 
 def _signed(error: float) -> str:
@@ -98,13 +95,11 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
               predicted_host_bytes: int, step_s: Sequence[float], gpu_peak_bytes: Sequence[int],
               host_peak_bytes: Sequence[int], first_step: int = 1,
               host_copies_bytes: int = 0,
-              adamw_alone_params_per_s: tuple[float, float] | None = None,
-              layer_params: int = 0, moment_precision: str = "fp32") -> RunCheck:
+              adamw_alone_params_per_s: tuple[float, float] | None = None) -> RunCheck:
     """The check of a run whose steps (numbered from `first_step`) took `step_s` with those
     peaks: the steps after the warm-up ones, or the last where the run had no more. The plan's
     host peak leaves out the RAM kept for checkpoint copies (`host_copies_bytes`): added here.
-    adamw_alone_params_per_s: predicted and measured (adamw_alone_rates), if known, on decoder
-    layers of layer_params with moment_precision moments."""
+    adamw_alone_params_per_s: predicted and measured (adamw_alone_rates), if known."""
     if not step_s:
         raise ValueError("a run check needs at least one measured step")
     skip = WARMUP_STEPS if len(step_s) > WARMUP_STEPS else len(step_s) - 1
@@ -116,8 +111,7 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
                     measured_gpu_allocated_bytes=max(gpu_peak_bytes, default=0),
                     predicted_host_bytes=predicted_host_bytes + host_copies_bytes,
                     measured_host_bytes=max(host_peak_bytes, default=0),
-                    host_copies_bytes=host_copies_bytes, layer_params=layer_params,
-                    moment_precision=moment_precision,
+                    host_copies_bytes=host_copies_bytes,
                     **(dict(zip(("predicted_adamw_alone_params_per_s",
                                  "measured_adamw_alone_params_per_s"),
                                 adamw_alone_params_per_s, strict=True))

@@ -411,12 +411,6 @@ def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
         assert check["errors"]["adamw_alone_params_per_s"] == pytest.approx(
             alone[0] / alone[1] - 1)
         assert f"CPU AdamW alone {alone[0] / 1e9:.2f} against {alone[1] / 1e9:.2f}" in printed
-    assert check["layer_params"] > 0 and check["moment_precision"] == "fp32"
-    # calibrate --from-run reads that check; this test model's layers are too small to tell
-    # AdamW's rate from its fixed time a call
-    assert main(["calibrate", "--from-run", str(out), "--out", str(tmp_path / "p.toml")]) == 2
-    err = capsys.readouterr().err
-    assert ("no CPU AdamW task" in err) if None in alone else ("too small a model" in err)
     assert (out / "prediction-timeline.png").stat().st_size > 10_000
 
 

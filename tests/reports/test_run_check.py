@@ -93,7 +93,7 @@ def test_the_cpu_adamw_alone_is_set_against_its_prediction_and_advice_given_past
                       host_peak_bytes=[1 << 30], adamw_alone_params_per_s=rates)
     assert found.error("adamw_alone_params_per_s") == pytest.approx(-0.2)
     assert found.line().endswith("; CPU AdamW alone 5.00 against 6.25 Gparam/s, -20.0%")
-    assert "-20.0% off what it ran; " in found.advice() and "--from-run OUT" in found.advice()
+    assert "-20.0% off what it ran: `layerslide calibrate` here" in found.advice()
     assert found.to_dict()["errors"]["adamw_alone_params_per_s"] == pytest.approx(-0.2)
     close = check_run(profile="box", predicted_step_s=1.0, predicted_gpu_allocated_bytes=0,
                       predicted_host_bytes=1 << 30, step_s=[1.0], gpu_peak_bytes=[0],
