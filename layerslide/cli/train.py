@@ -444,8 +444,6 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
                       adamw_alone_params_per_s=adamw)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
-    if check.advice():
-        print(f"note: {check.advice()}")
     segment = min(every for every in (args.segment_steps, args.checkpoint_every,
                                       args.eval_every, args.save_every) if every)
     if segment <= 2:  # the simulator predicts a step in a pipeline that runs on

@@ -12,9 +12,6 @@ from pathlib import Path
 from layerslide.trace import Trace
 
 WARMUP_STEPS = 2  # the first steps carry compilation and first touches of memory
-# the CPU AdamW's predicted rate off the measured one beyond which the run check says so: on
-# the H200 machine calibrate's five runs of it spread 12% (validation_2026-12-03c)
-ADAMW_ADVICE_OFF = 0.10
 QUANTITIES = {"step_s": "step", "gpu_allocated_bytes": "GPU allocated peak",
               "host_bytes": "host peak"}
 CHECK_FILE, TIMELINE_FILE = "prediction-check.json", "prediction-timeline.png"
@@ -75,16 +72,6 @@ class RunCheck:
                          f"against {self.measured_adamw_alone_params_per_s / 1e9:.2f} Gparam/s, "
                          f"{_signed(adamw)}")
         return "; ".join(parts)
-
-    def advice(self) -> str | None:
-        """What to do where the profile's CPU AdamW is off this machine's by more than
-        ADAMW_ADVICE_OFF (what a CPU-bound prediction rests on)."""
-        adamw = self.error("adamw_alone_params_per_s")
-        if adamw is None or abs(adamw) <= ADAMW_ADVICE_OFF:
-            return None
-        return (f"the profile {self.profile} puts this machine's CPU AdamW {_signed(adamw)} off "
-                "what it ran: `layerslide calibrate` here measures it, for predictions (and "
-                "`tune`'s picks) of CPU-bound plans")
 
 
 def _signed(error: float) -> str:

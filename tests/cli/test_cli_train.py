@@ -403,7 +403,7 @@ def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
     assert "prediction on h200-bench" in printed and "median of steps 3-5" in printed
     assert "this run is on the CPU" in printed
     # the CPU AdamW with no copy beside it, where both traces had such a task (here the
-    # h200-bench profile's AdamW against two CPU cores': the run says to calibrate)
+    # h200-bench profile's AdamW against two CPU cores')
     alone = check["predicted_adamw_alone_params_per_s"], check["measured_adamw_alone_params_per_s"]
     if None in alone:
         assert "CPU AdamW alone" not in printed

@@ -76,7 +76,7 @@ def adamw_step(step, start_s, seconds, block=0):
                       block=block, step=step, start_s=start_s, end_s=start_s + seconds)
 
 
-def test_the_cpu_adamw_alone_is_set_against_its_prediction_and_advice_given_past_10_percent():
+def test_the_cpu_adamw_alone_is_set_against_its_prediction():
     from layerslide.reports.run_check import adamw_alone_rates
 
     # predicted: a 5 G-param layer in 1 s from step 1 on; measured: 0.8 s after the 2 warm-up steps
@@ -93,13 +93,8 @@ def test_the_cpu_adamw_alone_is_set_against_its_prediction_and_advice_given_past
                       host_peak_bytes=[1 << 30], adamw_alone_params_per_s=rates)
     assert found.error("adamw_alone_params_per_s") == pytest.approx(-0.2)
     assert found.line().endswith("; CPU AdamW alone 5.00 against 6.25 Gparam/s, -20.0%")
-    assert "-20.0% off what it ran: `layerslide calibrate` here" in found.advice()
     assert found.to_dict()["errors"]["adamw_alone_params_per_s"] == pytest.approx(-0.2)
-    close = check_run(profile="box", predicted_step_s=1.0, predicted_gpu_allocated_bytes=0,
-                      predicted_host_bytes=1 << 30, step_s=[1.0], gpu_peak_bytes=[0],
-                      host_peak_bytes=[1 << 30], adamw_alone_params_per_s=(100.0, 105.0))
-    assert close.advice() is None and "CPU AdamW alone" in close.line()
-    assert check([1.0]).advice() is None and "AdamW" not in check([1.0]).line()
+    assert "AdamW" not in check([1.0]).line()  # not given: not shown
     # no AdamW task without a copy beside it in one of the traces: nothing to compare
     assert adamw_alone_rates(predicted, Trace(source="measured", label="m", events=()),
                              layer_params=100, num_layers=2) is None
