@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from layerslide.calibrate import ADAMW_ARRAYS
-from layerslide.calibrate.host import _kernel_knobs, random_like_values
+from layerslide.calibrate.host import _kernel_knobs, repeated_randn
 from layerslide.executor.moments import Moments
 from layerslide.executor.native import load_kernels
 
@@ -47,18 +47,18 @@ class Block:
 
     def __init__(self, native, numel: int, landing: str):
         self.native, self.numel = native, numel
-        self.param, self.moments = random_like_values(numel), Moments.zeros("fp32", numel)
-        self.landed = random_like_values(numel, 1e-3, torch.bfloat16)
+        self.param, self.moments = repeated_randn(numel), Moments.zeros("fp32", numel)
+        self.landed = repeated_randn(numel, 1e-3, torch.bfloat16)
         self.grads = None
         if landing == "fresh_grads":
-            self.grads = random_like_values(numel, 1e-3, torch.bfloat16)
+            self.grads = repeated_randn(numel, 1e-3, torch.bfloat16)
         elif landing == "fresh_weights":
-            self.grads = random_like_values(numel, 1.0, torch.bfloat16)
+            self.grads = repeated_randn(numel, 1.0, torch.bfloat16)
         elif landing == "landed_by_dma":
             err = torch.cuda.cudart().cudaHostRegister(self.landed.data_ptr(), 2 * numel, 0)
             if int(err) != 0:  # unregistered, the copy would go through staging instead
                 raise RuntimeError(f"cudaHostRegister failed ({err}): raise ulimit -l")
-            self.grads = random_like_values(numel, 1e-3, torch.bfloat16).cuda()
+            self.grads = repeated_randn(numel, 1e-3, torch.bfloat16).cuda()
 
     def prepare(self) -> None:
         if self.grads is not None:

@@ -12,16 +12,10 @@ import json
 import statistics
 from pathlib import Path
 
+from layerslide.reports.validation import share_beside
 from layerslide.trace import Trace
 
 FULL, NONE = 0.95, 0.05  # a task overlapped over at least / at most this share of its time
-
-
-def overlap(task, others) -> float:
-    """The share of task's time during which one of `others` ran."""
-    shared = sum(max(0.0, min(task.end_s, o.end_s) - max(task.start_s, o.start_s))
-                 for o in others)
-    return shared / task.duration_s
 
 
 def summary(trace: Trace) -> dict:
@@ -32,7 +26,7 @@ def summary(trace: Trace) -> dict:
     out = {}
     for lane, other in (("nvme_read", "nvme_write"), ("nvme_write", "nvme_read")):
         mine = [e for e in lanes[lane] if e.step in steady]
-        shares = [(overlap(e, lanes[other]), e.duration_s) for e in mine]
+        shares = [(share_beside(e, lanes[other]), e.duration_s) for e in mine]
         for name, keep in (("alone", lambda s: s <= NONE), ("beside", lambda s: s >= FULL)):
             times = [d for s, d in shares if keep(s)]
             out[f"{lane} {name}"] = (len(times), statistics.median(times) if times else None)

@@ -70,11 +70,12 @@ def sustained_rate(fn: Callable[[int], None], count: int, units: float, passes: 
 PATTERN_NUMEL = 2**20  # the random values a test array repeats
 
 
-def random_like_values(numel: int, scale: float = 1.0,
+def repeated_randn(numel: int, scale: float = 1.0,
                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """numel values that repeat one random pattern: an elementwise kernel's time does not
-    depend on them, and filling 256 Mi params with torch.randn took 3 s a block here, the most of
-    a calibration's AdamW tests."""
+    depend on them, and torch.randn over every value took most of a calibration's AdamW tests
+    (116 s against 43 for the whole calibration on a 2-core machine:
+    benchmarks/results/calibrate_fill_2026-12-03)."""
     pattern = (torch.randn(min(numel, PATTERN_NUMEL)) * scale).to(dtype)
     return pattern.repeat(-(-numel // pattern.numel()))[:numel]
 
@@ -83,8 +84,8 @@ def executor_adamw_block(native: NativeKernels, numel: int,
                          moment_precision: str = "fp32") -> Callable[[], None]:
     """One block's AdamW step as the executor runs it (28 B/param with fp32 moments): the grads
     landed in the bf16 upload copy and the new weights overwrite them there."""
-    param, moments = random_like_values(numel), Moments.zeros(moment_precision, numel)
-    landed = random_like_values(numel, 1e-3, torch.bfloat16)
+    param, moments = repeated_randn(numel), Moments.zeros(moment_precision, numel)
+    landed = repeated_randn(numel, 1e-3, torch.bfloat16)
 
     def step() -> None:
         native.adamw_step_moments(param=param, moments=moments, grad=landed, weights_out=landed,
@@ -102,8 +103,8 @@ def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]
         return [executor_adamw_block(native, size) for _ in range(arrays)], _describe(native)
     optimizers = []
     for _ in range(arrays):
-        p = torch.nn.Parameter(random_like_values(size))
-        p.grad = random_like_values(size, 1e-3)
+        p = torch.nn.Parameter(repeated_randn(size))
+        p.grad = repeated_randn(size, 1e-3)
         optimizers.append(torch.optim.AdamW([p], lr=1e-5, fused=True))
     kernel = f"torch's fused CPU AdamW, fp32 grads, {torch.get_num_threads()} threads"
     return [opt.step for opt in optimizers], kernel
@@ -154,7 +155,7 @@ def compact_adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> list[
 
 def cast_throughput(numel: int, repeats: int) -> Measurement:
     """fp32 bytes read per second by the fp32->bf16 cast (the one the executor runs)."""
-    src, dst = random_like_values(numel), torch.empty(numel, dtype=torch.bfloat16)
+    src, dst = repeated_randn(numel), torch.empty(numel, dtype=torch.bfloat16)
     native = load_kernels(**_kernel_knobs())
     if native is not None:
         cast, kernel = (lambda: native.cast(src, dst)), "layerslide's native cast"
