@@ -22,9 +22,11 @@ if [ -s "$PROFILE_KEPT" ]; then
     cp "$PROFILE_KEPT" "$out/h200-calibrated.toml"
 else
     mkdir -p "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme"  # calibrate measures only a folder that exists
+    calibrate_start=$SECONDS
     python3 -c "import sys; from layerslide.cli.main import main; sys.exit(main())" calibrate \
         --out "$out/h200-calibrated.toml" --overwrite --disk-dir "${LAYERSLIDE_NVME_DIR:-/tmp}/nvme" --ram 128GiB 2>&1 \
         | tail -30
+    echo "the thorough calibration took $((SECONDS - calibrate_start)) s"
     [ -s "$out/h200-calibrated.toml" ] || { echo "calibration failed: no validation"; exit 1; }
     cp "$out/h200-calibrated.toml" "$PROFILE_KEPT"
 fi

@@ -86,7 +86,8 @@ class _PlanRun:
                        block=st.task.block, step=st.task.step, start_s=st.start_s,
                        end_s=st.end_s)
             for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
-        meta = {"gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
+        meta = {"gpu_held_peak_bytes": self.memory.held_peak_bytes,
+                "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
                 "gpu_pool_reserved_bytes": self.memory.gpu_pool_reserves()}
         return Trace(source="simulated", label="", events=events,
                      memory=tuple(self.memory.samples), meta=meta)

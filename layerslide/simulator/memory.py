@@ -19,6 +19,12 @@ ended (its event must complete first). On the 14 rows of validation_2026-11-30i/
 outputs made at the end, the head's requests in their order and cuBLAS's workspaces took the
 allocated peak's mean error from 2.2% to 0.7% and the reserve's from 5.8% to 2.9%, and made the
 h2d pool's reserve exact on every row.
+
+torch's allocated counter (max_memory_allocated) follows the host threads too, but counts a
+block until the host drops its tensor, as its last user is enqueued, whichever stream that is:
+record_stream defers the block's reuse, not the count. The ledger keeps that held count beside
+the bytes in use; on the untied large-vocabulary rows it took the allocated peak's error from
++11-17% to within 5% (benchmarks/results/validation_2026-12-03c, allocated_counter).
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ class MemoryLedger:
         self._own_users_left: dict[str, int] = {}
         self._other_users_left: dict[str, int] = {}
         self._plan = plan
+        # torch's allocated counter: a block counts from its request until the host drops its
+        # tensor, once its last user is enqueued (record_stream defers reuse, not the count)
+        self.held_bytes = 0
+        self.held_peak_bytes = 0
+        self._host_users_left: dict[str, int] = {}
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
             self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
@@ -61,10 +72,12 @@ class MemoryLedger:
                 self._change(0.0, b, 1, sample=False)
                 if b.tier == "gpu" and b.id != runtime:
                     self._allocator_allocate(b)
+                    self._hold(b, 1)
             else:
                 self._allocs.setdefault(b.alloc_task, []).append(b)
             if b.release_tasks:
                 self._pending[b.id] = len(b.release_tasks)
+                self._host_users_left[b.id] = len(b.release_tasks)
                 own = sum(1 for t in b.release_tasks if plan.task(t).lane == self._pool[b.id])
                 self._own_users_left[b.id] = own
                 self._other_users_left[b.id] = len(b.release_tasks) - own
@@ -89,6 +102,11 @@ class MemoryLedger:
     def _allocator_allocate(self, buffer) -> None:
         if buffer.tier == "gpu":
             self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
+
+    def _hold(self, buffer, sign: int) -> None:
+        if buffer.tier == "gpu":
+            self.held_bytes += sign * buffer.bytes
+            self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
 
     def _user_done(self, buffer, left: dict[str, int]) -> None:
         """One of the buffer's users is done in the allocator's eyes (see __init__)."""
@@ -123,6 +141,7 @@ class MemoryLedger:
         for b in self._allocs.get(task_id, ()):
             if not b.at_end:
                 self._allocator_allocate(b)
+                self._hold(b, 1)
 
     def enqueued(self, now: float, task_id: str) -> None:
         """The task's host thread is done with it: the blocks of its own stream it was the
@@ -131,9 +150,13 @@ class MemoryLedger:
         for b in self._releases.get(task_id, ()):
             if self._pool[b.id] == self._plan.task(task_id).lane:
                 self._user_done(b, self._own_users_left)
+            self._host_users_left[b.id] -= 1
+            if self._host_users_left[b.id] == 0:
+                self._hold(b, -1)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
                 self._allocator_allocate(b)
+                self._hold(b, 1)
 
     def gpu_pool_reserves(self) -> dict[str, int]:
         """What the caching allocator has reserved per pool so far (it never gives pages back

@@ -58,6 +58,9 @@ class Prediction:
     # the part of the GPU peak that is not allocations: the CUDA context, cuDNN's workspaces and
     # allocator slack (Plan.runtime_bytes("gpu"))
     gpu_runtime_bytes: int = 0
+    # the GPU peak as torch.cuda.max_memory_allocated counts it (simulator.memory's held
+    # counter: a block counts until its last user is enqueued); 0 for a plan not simulated
+    gpu_held_peak_bytes: int = 0
     # Peak GPU bytes per allocation pool: the lane whose task allocates a buffer, "static" for
     # those allocated before the plan runs (runtime included). See simulator.memory.
     gpu_pool_peak_bytes: dict[str, int] = field(default_factory=dict)
@@ -71,7 +74,10 @@ class Prediction:
     @property
     def gpu_allocated_peak_bytes(self) -> int:
         """The GPU peak as the framework's allocator counts it (torch.cuda.max_memory_allocated):
-        the plan's buffers without the runtime estimate."""
+        the plan's buffers without the runtime estimate, each from its request until the host
+        drops it (the GPU work on it may still run: what must fit is gpu_need_bytes)."""
+        if self.gpu_held_peak_bytes:
+            return self.gpu_held_peak_bytes
         return self.peak_bytes["gpu"] - self.gpu_runtime_bytes
 
     @property
@@ -308,4 +314,5 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
         gpu_pool_peak_bytes=pools, gpu_pool_reserved_bytes=reserves, gpu_speedup=costs.gpu_speedup,
+        gpu_held_peak_bytes=trace.meta["gpu_held_peak_bytes"],
     )
