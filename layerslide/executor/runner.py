@@ -471,11 +471,14 @@ class TaskRunner:
             self._summed(s, m, EMBEDDING)
             return
         if self.blocks.tied:  # into the head's LM-weight grad: no second [V, h] tensor
-            grad = add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)
+            grads = [add_embedding_grad(self.handoff.take(("tied", s, m)), dgrad, ids)]
         else:
-            grad = torch.ops.aten.embedding_dense_backward(
-                dgrad, ids, self.spec.vocab_size, -1, False)
-        self._keep_grads(s, m, EMBEDDING, [grad])
+            grads = [torch.ops.aten.embedding_dense_backward(
+                dgrad, ids, self.spec.vocab_size, -1, False)]
+        # the list is the grad's only holder: summed on the GPU, it goes before the sum is
+        # rounded (a local name kept it through the rounding, a third [V, h] block beside the
+        # sum: Qwen3-8B layer-major reserved 0.84 GiB more, benchmarks/results/validation_2026-12-04)
+        self._keep_grads(s, m, EMBEDDING, grads)
 
     def load_gpu_state(self) -> None:
         """Put the GPU-updated blocks' master weights (from the host) and bf16 weights in place."""

@@ -1,7 +1,17 @@
-import torch
+import weakref
 
+import pytest
+import torch
+from helpers import SEQ, VOCAB, spec_of, tiny_config
+
+from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.device import LaneDevice
-from layerslide.executor.runner import checkpoint_views
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.runner import TaskRunner, checkpoint_views
+from layerslide.executor.trainer import Trainer
+from layerslide.planner.build import build_plan
+from layerslide.planner.plan import EMBEDDING
+from layerslide.planner.settings import Policy, TrainSpec
 
 
 def test_the_layers_checkpoints_are_views_of_one_buffer_without_rounding():
@@ -16,3 +26,33 @@ def test_the_layers_checkpoints_are_views_of_one_buffer_without_rounding():
         views[key].fill_(n)
     assert [int(views[key][0]) for key in sorted(views)] == list(range(10))
     assert all(v.numel() == 7 and v.is_contiguous() for v in views.values())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_layer_major_blocks_grads_are_gone_before_its_sum_is_rounded(tmp_path, monkeypatch,
+                                                                        tied):
+    # the plan makes the rounded sum as the sweep's last task ends, its scratch gone: a grad
+    # still referenced then is a [V, h] tensor more at the embedding than the plan says
+    handed, alive_at_rounding = {}, {}
+    keep, summed = TaskRunner._keep_grads, TaskRunner._summed
+
+    def keep_grads(self, s, m, block, grads):
+        handed[block] = [weakref.ref(g) for g in grads if g is not None]
+        keep(self, s, m, block, grads)
+
+    def rounded(self, s, m, block):
+        if m == self.train.grad_accum - 1:
+            alive_at_rounding[block] = sum(ref() is not None for ref in handed.get(block, ()))
+        summed(self, s, m, block)
+
+    monkeypatch.setattr(TaskRunner, "_keep_grads", keep_grads)
+    monkeypatch.setattr(TaskRunner, "_summed", rounded)
+    config = tiny_config("llama", tied=tied)
+    plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
+                      Policy.of(accumulation="layer_major"))
+    with Trainer(config=config, plan=plan, optim=OptimConfig(lr=1e-3), device="cpu") as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)
+    spec = plan.model
+    assert EMBEDDING in alive_at_rounding and spec.num_layers - 1 in alive_at_rounding
+    assert alive_at_rounding == dict.fromkeys(alive_at_rounding, 0)
