@@ -131,7 +131,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
     from layerslide.planner.build import build_plan
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
-    from layerslide.reports.validation import adamw_rates_by_company, median_task_s
+    from layerslide.reports.validation import adamw_rates_by_company, gpu_dispatch, median_task_s
     from layerslide.tuner import SearchSpace, tune
 
     spec = resolve_model(args.model_override or cfg["model"])
@@ -207,6 +207,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         adamw_company = adamw_rates_by_company(trace, layer_params=spec.layer_params,
                                                num_layers=spec.num_layers,
                                                first_step=first_steady)
+        dispatch = gpu_dispatch(trace, spec.num_layers, first_step=first_steady)
         land_in_upload = trainer.state.land_in_upload
     if args.traces:
         args.traces.mkdir(parents=True, exist_ok=True)
@@ -234,7 +235,7 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "warmup_step_times_s": [log.step_s for log in warmup],
         "measured_host_bytes": max(log.host_rss_bytes for log in logs),
         "step_times_s": [log.step_s for log in logs], "measured_task_s": task_s,
-        "measured_adamw_by_company": adamw_company,
+        "measured_adamw_by_company": adamw_company, "measured_dispatch": dispatch,
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
         "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
         **at_measured_adamw(spec, train, policy, profile, cap, task_s),
@@ -413,7 +414,12 @@ def load_gz(path: Path):
 def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
-    from layerslide.reports.validation import adamw_rates_by_company, median_task_s, regime_of
+    from layerslide.reports.validation import (
+        adamw_rates_by_company,
+        gpu_dispatch,
+        median_task_s,
+        regime_of,
+    )
     from layerslide.simulator.predict import simulate
 
     predicted = simulate(build_plan(spec, train, policy, num_steps=3), profile,
@@ -423,8 +429,10 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
     company = (adamw_rates_by_company(predicted.trace, layer_params=spec.layer_params,
                                       num_layers=spec.num_layers, first_step=1)
                if predicted.trace else {})
+    dispatch = (gpu_dispatch(predicted.trace, spec.num_layers, first_step=1)
+                if predicted.trace else {})
     return {"predicted_step_s": predicted.step_s, "predicted_task_s": task_s,
-            "predicted_adamw_by_company": company,
+            "predicted_adamw_by_company": company, "predicted_dispatch": dispatch,
             "predicted_gpu_allocated_bytes": predicted.gpu_allocated_peak_bytes,
             # each stream's pool as the caching allocator's model reserves it
             "predicted_gpu_reserved_bytes": predicted.gpu_reserved_bytes,
@@ -638,6 +646,7 @@ def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> No
     from layerslide.reports.validation import (
         allocator_table,
         company_table,
+        dispatch_table,
         figure,
         markdown,
         summarize,
@@ -668,6 +677,7 @@ def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> No
         table += spread + "\n"
     table += "".join(line + "\n" for line in in_situ)
     table += "".join(line + "\n" for line in company_table(rows))
+    table += "".join(line + "\n" for line in dispatch_table(rows))
     table += "\n".join(allocator_table(every)) + "\n"
     (out / "validation.md").write_text(table)
     figure(rows, out / "validation.png")

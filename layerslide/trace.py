@@ -21,6 +21,10 @@ class TraceEvent:
     step: int
     start_s: float
     end_s: float
+    # a stream task's enqueue by its lane's host thread (None: a host lane's task, whose run is
+    # its host part, or a trace that did not record it): how far the host ran ahead of the GPU
+    dispatch_start_s: float | None = None
+    dispatch_end_s: float | None = None
 
     @property
     def duration_s(self) -> float:

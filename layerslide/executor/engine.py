@@ -53,6 +53,7 @@ class TaskTiming:
     task: Task
     start_s: float
     end_s: float
+    dispatch: tuple[float, float] | None = None  # a stream task's enqueue by its lane's thread
 
 
 class PlanEngine:
@@ -81,6 +82,7 @@ class PlanEngine:
         self._host_done = {tid: threading.Event() for tid in self.graph}
         self._end_event: dict[str, object] = {}
         self._timing: dict[str, tuple[object, object]] = {}
+        self._dispatch: dict[str, tuple[float, float]] = {}  # host seconds, stream tasks
         self._error: tuple[str, BaseException] | None = None
         self._abort = threading.Event()
         # a graceful stop: tasks of steps after this one are skipped (see _request_stop)
@@ -231,8 +233,10 @@ class PlanEngine:
         try:
             if on_stream and self.device.is_cuda:
                 start = self.device.record(task.lane, timing=True)
+                began = self.device.host_now_s()
                 with self.device.on(task.lane):
                     self.run_task(task)
+                self._dispatch[task.id] = (began, self.device.host_now_s())
                 end = self.device.record(task.lane, timing=True)
                 self._end_event[task.id] = end
                 self._in_flight[task.lane].append(end)
@@ -241,6 +245,8 @@ class PlanEngine:
                 with self.device.on(task.lane):
                     self.run_task(task)
                 end = self.device.host_now_s()
+                if on_stream:  # on the CPU device a stream task runs as it is enqueued
+                    self._dispatch[task.id] = (start, end)
         except Exception as exc:
             self._fail(task.id, exc)
             raise _Aborted from exc
@@ -336,7 +342,8 @@ class PlanEngine:
         for tid, (start, end) in self._timing.items():
             if not isinstance(start, float):  # CUDA timing events
                 start, end = self.device.event_time_s(start), self.device.event_time_s(end)
-            out.append(TaskTiming(task=self.plan.task(tid), start_s=start, end_s=end))
+            out.append(TaskTiming(task=self.plan.task(tid), start_s=start, end_s=end,
+                                  dispatch=self._dispatch.get(tid)))
         return sorted(out, key=lambda t: t.start_s)
 
 

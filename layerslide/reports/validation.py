@@ -49,6 +49,31 @@ def median_task_s(trace: Trace, num_layers: int, first_step: int) -> dict[str, f
     return {k: statistics.median(v) for k, v in durations.items() if v}
 
 
+# the GPU kinds whose host enqueue is compared; a task counts as dispatch-bound when it ends
+# within DISPATCH_BOUND_SHARE of its time after its enqueue does (its stream waited on the host)
+DISPATCH_KINDS = ("forward@gpu", "backward@gpu")
+DISPATCH_BOUND_SHARE = 0.1
+
+
+def gpu_dispatch(trace: Trace, num_layers: int, first_step: int) -> dict[str, dict]:
+    """Per DISPATCH_KINDS kind over the decoder layers from first_step on, where the trace
+    recorded the enqueues: the median enqueue_s, the median lead_s by which the enqueue began
+    before the task did on the GPU (negative: the stream idled until the host came), and the
+    share of tasks that were dispatch-bound."""
+    out = {}
+    for key in DISPATCH_KINDS:
+        tasks = [e for e in decoder_layer_tasks(trace, key, num_layers, first_step)
+                 if e.dispatch_start_s is not None and e.dispatch_end_s is not None]
+        if not tasks:
+            continue
+        bound = [e.end_s - e.dispatch_end_s <= DISPATCH_BOUND_SHARE * e.duration_s for e in tasks]
+        out[key] = {
+            "enqueue_s": statistics.median(e.dispatch_end_s - e.dispatch_start_s for e in tasks),
+            "lead_s": statistics.median(e.start_s - e.dispatch_start_s for e in tasks),
+            "dispatch_bound_share": sum(bound) / len(tasks), "tasks": len(tasks)}
+    return out
+
+
 # The CPU AdamW's company: the copy lanes that share the host memory with it (calibrate.sharing),
 # each direction priced apart (host.dma_read_cost, dma_write_cost). A lane beside a task for
 # under ALONE_SHARE of its time counts as absent, for BESIDE_SHARE or more as present; tasks
@@ -326,6 +351,28 @@ def task_table(rows: Sequence[dict]) -> list[str]:
             m, p = r["measured_task_s"].get(kind), r["predicted_task_s"].get(kind)
             cells.append(f"{m * 1e3:.1f} / {p * 1e3:.1f}" if m is not None and p is not None
                          else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def dispatch_table(rows: Sequence[dict]) -> list[str]:
+    """The decoder layers' GPU tasks as their host thread enqueued them (gpu_dispatch),
+    measured / predicted, where rows have both."""
+    rows = [r for r in rows if r.get("measured_dispatch") and r.get("predicted_dispatch")]
+    if not rows:
+        return []
+    title = ("The decoder layers' GPU tasks as the host enqueued them, measured / predicted: "
+             "median enqueue and lead over the GPU's start (ms), share dispatch-bound:")
+    lines = ["", title, "", "| configuration | " + " | ".join(DISPATCH_KINDS) + " |",
+             "|" + " --- |" * (len(DISPATCH_KINDS) + 1)]
+    for r in rows:
+        cells = [r["label"]]
+        for kind in DISPATCH_KINDS:
+            m, p = r["measured_dispatch"].get(kind), r["predicted_dispatch"].get(kind)
+            cells.append("-" if m is None or p is None else
+                         f"{m['enqueue_s'] * 1e3:.1f} / {p['enqueue_s'] * 1e3:.1f}, "
+                         f"lead {m['lead_s'] * 1e3:.1f} / {p['lead_s'] * 1e3:.1f}, "
+                         f"{m['dispatch_bound_share']:.0%} / {p['dispatch_bound_share']:.0%}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -54,6 +54,14 @@ def test_every_task_runs_once_after_its_inputs_and_strict_lanes_keep_their_order
     assert all(end[u] <= start[v] for u, v in PLAN.graph.edges)
 
 
+def test_stream_tasks_keep_their_enqueue_and_host_lane_tasks_none():
+    # on the CPU device a stream task runs in its lane's thread as it is enqueued
+    timings = PlanEngine(PLAN, LaneDevice("cpu"), lambda task: None).run()
+    strict = [t for t in timings if PLAN.lane_discipline[t.task.lane] == "strict"]
+    assert strict and all(t.dispatch == (t.start_s, t.end_s) for t in strict)
+    assert all(t.dispatch is None for t in timings if t not in strict)
+
+
 @pytest.mark.parametrize("serial", [False, True])
 def test_a_failing_task_is_named_and_stops_every_lane(serial):
     victim = "s1.m1.backward.L1"

@@ -264,6 +264,10 @@ def test_trace_uses_the_plan_task_ids(tmp_path):
     assert {"s0.m0.forward.emb", "s2.m0.backward.L0", "s1.m0.optimizer_step.L2"} <= ids
     assert all(e.end_s >= e.start_s >= 0 for e in trace.events)
     assert trace.source == "measured" and trace.peak_bytes("host") > 0
+    # a stream task's enqueue, on the trace's clock across segments; none for host lanes
+    gpu = [e for e in trace.events if e.lane == "gpu"]
+    assert all(e.dispatch_start_s == e.start_s and e.dispatch_end_s == e.end_s for e in gpu)
+    assert all(e.dispatch_start_s is None for e in trace.events if e.lane == "cpu")
 
 
 @pytest.mark.parametrize(("keep_trace", "traced_steps"), [

@@ -10,7 +10,9 @@ from layerslide.reports.validation import (
     allocator_table,
     busy_s,
     company_table,
+    dispatch_table,
     figure,
+    gpu_dispatch,
     judge,
     markdown,
     ranks,
@@ -226,3 +228,34 @@ def test_the_company_table_sets_measured_beside_predicted_rates():
     assert lines[-1] == "| 8b | 6.00 / 5.00 (7) | - | - / 4.00 | 4.50 / - (2) |"
     assert not any("old row" in line for line in lines)
     assert company_table([{"label": "old row"}]) == []
+
+
+def test_the_gpu_lanes_enqueues_give_lead_duration_and_the_dispatch_bound_share():
+    def task(layer, step, start, end, enqueued, kind="backward"):
+        return TraceEvent(task_id=f"s{step}.{kind}.{layer}", lane="gpu", kind=kind, block=layer,
+                          step=step, start_s=start, end_s=end, dispatch_start_s=enqueued[0],
+                          dispatch_end_s=enqueued[1])
+
+    trace = Trace(source="measured", label="x", events=(
+        task(0, 0, 0.0, 9.0, (0.0, 9.0)),  # the warm-up step: left out
+        # enqueued 4 ms ahead in 2 ms: the GPU never waited
+        task(0, 1, 1.000, 1.005, (0.996, 0.998)),
+        # the stream idled 1 ms for the host, and ended as its enqueue did: dispatch-bound
+        task(1, 1, 1.010, 1.016, (1.011, 1.0159)),
+        task(2, 1, 1.020, 1.026, (1.021, 1.0258)),
+        task(3, 1, 1.030, 1.031, (None, None)),  # not recorded: left out
+        task(-1, 1, 1.040, 1.041, (1.0, 1.041)),  # the embedding: left out
+        TraceEvent(task_id="s1.opt.0", lane="cpu", kind="optimizer_step", block=0, step=1,
+                   start_s=1.0, end_s=1.02)))
+    got = gpu_dispatch(trace, num_layers=4, first_step=1)
+    assert set(got) == {"backward@gpu"}
+    assert got["backward@gpu"]["tasks"] == 3
+    assert got["backward@gpu"]["enqueue_s"] == pytest.approx(0.0048)
+    assert got["backward@gpu"]["lead_s"] == pytest.approx(-0.001)
+    assert got["backward@gpu"]["dispatch_bound_share"] == pytest.approx(2 / 3)
+    predicted = {"backward@gpu": {"enqueue_s": 0.0027, "lead_s": 0.002,
+                                  "dispatch_bound_share": 0.0, "tasks": 3}}
+    lines = dispatch_table([{"label": "qwen4b", "measured_dispatch": got,
+                             "predicted_dispatch": predicted}, {"label": "old row"}])
+    assert lines[-1] == ("| qwen4b | - | 4.8 / 2.7, lead -1.0 / 2.0, 67% / 0% |")
+    assert dispatch_table([{"label": "old row"}]) == []

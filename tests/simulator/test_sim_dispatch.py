@@ -80,3 +80,23 @@ def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_i
     def gpu_s(trace):
         return sum(e.duration_s for e in trace.events if e.lane == "gpu")
     assert gpu_s(heavy_trace) > gpu_s(light_trace)
+
+
+def test_the_trace_keeps_each_stream_tasks_enqueue_and_none_for_host_lanes():
+    # the enqueue begins no later than the task on the GPU (it may run ahead) and the task ends
+    # no sooner than it; the first test's setup, where the dispatch hides behind weight loads
+    profile = _profile(launch_s=2e-6, h2d=2e7)
+    plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy.of(window=1, prefetch_depth=1),
+                      num_steps=3)
+    costs = CostModel(profile)
+    events = simulate(plan, profile).trace.events
+    strict = {e for e in events if plan.lane_discipline[e.lane] == "strict"}
+    assert strict and all(e.dispatch_start_s is None and e.dispatch_end_s is None
+                          for e in set(events) - strict)
+    for e in strict:
+        assert e.dispatch_start_s <= e.start_s + 1e-12 and e.dispatch_end_s <= e.end_s + 1e-12
+        took = e.dispatch_end_s - e.dispatch_start_s
+        assert took == pytest.approx(costs.cost(plan.task(e.task_id)).dispatch_s, abs=1e-12)
+    ahead = [e for e in strict if e.kind == "forward" and e.block >= 0
+             and e.start_s - e.dispatch_start_s > 0.5 * (e.dispatch_end_s - e.dispatch_start_s)]
+    assert ahead, "the forwards waiting for their weights were enqueued ahead of the GPU"
