@@ -4,7 +4,7 @@ the executor write and the reports read."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 TIERS = ("gpu", "host", "nvme")
@@ -29,6 +29,14 @@ class TraceEvent:
     @property
     def duration_s(self) -> float:
         return self.end_s - self.start_s
+
+    def shifted(self, by_s: float) -> TraceEvent:
+        """The same event with every time in it moved by by_s seconds."""
+        def moved(t: float | None) -> float | None:
+            return None if t is None else t + by_s
+        return replace(self, start_s=self.start_s + by_s, end_s=self.end_s + by_s,
+                       dispatch_start_s=moved(self.dispatch_start_s),
+                       dispatch_end_s=moved(self.dispatch_end_s))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,12 +1,14 @@
 """Which ops of a decoder layer's passes make the host wait for the GPU (issue 26).
 
-layer_dispatch_probe found Qwen3-4B's recompute + backward enqueued in as much host time as
-its GPU time (2.42 / 2.42 ms at 1024 tokens, 4.62 / 4.54 at 4096), where Llama-3.2-3B's and
-Mistral-7B's enqueue in 2.4-2.8 ms whatever their GPU time. That is what a synchronising op
-inside the pass would do, and it would keep the executor's GPU thread from running ahead.
-Each layer is called as the executor calls it, once forward and once recompute + backward,
-under torch.cuda.set_sync_debug_mode("warn"): every op that synchronises is recorded with the
-frames of this repository and of transformers it came from. CUDA only.
+In training, Qwen3-4B's layer-major backward tasks ran 5.6-8.1 ms against 4.7 predicted, and
+the layer_dispatch_probe runs disagree on whether its enqueue waits for the GPU: into fp32 sums
+it took 5.13 ms of host time beside 5.15 of GPU at 4096 tokens (validation_2026-12-04 call1),
+where the plain pass took 3.19 against 4.52 (validation_2026-12-03b call4) and 4.62 against 4.54
+(call3). A synchronising op inside the pass would keep the executor's GPU thread from running
+ahead. Each layer is called as the executor calls it, forward then recompute + backward, under
+torch.profiler. Every CUDA runtime call that blocks the host (a stream, event or device
+synchronize; a synchronous copy) is reported with the ops that enclose it: autograd runs the
+backward's nodes in its own thread, so a Python stack would only name `backward()`. CUDA only.
 
     python benchmarks/probes/sync_probe.py --models qwen3-4b llama-3.2-3b --out R/sync.json
 """
@@ -16,69 +18,67 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
-import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the layer bench
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from layer_dispatch_probe import build
 from layer_kernels_bench import layer_calls
 
-FRAMES_OF = ("layerslide", "transformers", "benchmarks")
+BLOCKING_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                  "cudaMemcpy", "cudaFree", "cudaMalloc")  # cudaMemcpy, not cudaMemcpyAsync
+ENCLOSING_OPS = 4
 
 
-def synchronising_sites(call) -> list[dict]:
-    """The ops `call` synchronises in: the warning and the frames of interest, each once."""
-    sites, stacks = {}, []
-
-    def keep(message, category, filename, lineno, file=None, line=None):
-        stacks.append((str(message), traceback.format_stack()))
+def blocking_calls(call) -> list[dict]:
+    """The host-blocking CUDA runtime calls `call` makes, by name and enclosing ops, counted."""
+    from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with warnings.catch_warnings():  # restores showwarning on the way out
-        warnings.simplefilter("always")
-        warnings.showwarning = keep
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            call()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    for message, stack in stacks:
-        if "synchroniz" not in message.lower():
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    found = Counter()
+    for event in prof.events():
+        if event.name not in BLOCKING_CALLS:  # exact: the Async variants do not block
             continue
-        frames = [f.strip().splitlines()[0] for f in stack if any(k in f for k in FRAMES_OF)]
-        key = (message, tuple(frames[-4:]))
-        sites.setdefault(key, {"message": message, "frames": frames[-4:], "count": 0})
-        sites[key]["count"] += 1
-    return list(sites.values())
+        chain, parent = [], event.cpu_parent
+        while parent is not None and len(chain) < ENCLOSING_OPS:
+            chain.append(parent.name)
+            parent = parent.cpu_parent
+        found[(event.name, tuple(chain))] += 1
+    return [{"call": name, "inside": list(chain), "count": n}
+            for (name, chain), n in found.most_common()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["qwen3-4b", "llama-3.2-3b"])
-    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--kernels", default="compiled", choices=("compiled", "eager"))
     ap.add_argument("--into-sum", action="store_true", help="as a layer-major sweep runs it")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        raise SystemExit("sync_probe needs a CUDA device: set_sync_debug_mode watches CUDA syncs")
+        raise SystemExit("sync_probe needs a CUDA device: it reports CUDA runtime calls")
     device = torch.device("cuda")
     results = []
     for model in args.models:
         spec, layer, rotary, fn = build(model, device, args.kernels, args.into_sum)
-        x = torch.randn(1, args.tokens, spec.hidden_size, device=device, dtype=torch.bfloat16)
-        rope = rotary(x[:1, :1], torch.arange(args.tokens, device=device)[None])
-        forward, backward = layer_calls(fn, layer, x, torch.randn_like(x), rope)
+        x = torch.randn(args.micro_batch, args.seq_len, spec.hidden_size, device=device,
+                        dtype=torch.bfloat16)
+        rope = rotary(x[:1, :1], torch.arange(args.seq_len, device=device)[None])
+        forward, backward = layer_calls(fn, layer, x, torch.randn_like(x) * 1e-3, rope)
         forward()  # compiled: the graphs are made before anything is watched
         backward()
-        row = {"model": model, "tokens": args.tokens, "kernels": args.kernels,
-               "into_sum": args.into_sum, "forward": synchronising_sites(forward),
-               "backward": synchronising_sites(backward)}
-        print(model, "forward:", len(row["forward"]), "sites; backward:", len(row["backward"]))
+        row = {"model": model, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+               "kernels": args.kernels, "into_sum": args.into_sum,
+               "forward": blocking_calls(forward), "backward": blocking_calls(backward)}
+        print(model, "forward:", row["forward"], "backward:", row["backward"], flush=True)
         results.append(row)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -232,12 +232,12 @@ class PlanEngine:
                 self.device.block_on(event)
         try:
             if on_stream and self.device.is_cuda:
+                began = self.device.host_now_s()  # the enqueue, timing markers included
                 start = self.device.record(task.lane, timing=True)
-                began = self.device.host_now_s()
                 with self.device.on(task.lane):
                     self.run_task(task)
-                self._dispatch[task.id] = (began, self.device.host_now_s())
                 end = self.device.record(task.lane, timing=True)
+                self._dispatch[task.id] = (began, self.device.host_now_s())
                 self._end_event[task.id] = end
                 self._in_flight[task.lane].append(end)
             else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from layerslide.trace import Trace
@@ -127,8 +127,7 @@ def one_step(trace: Trace, step: int, label: str) -> Trace:
     """The events of one step (0-based, as traces number them), moved to start at 0."""
     events = [e for e in trace.events if e.step == step]
     start_s = min((e.start_s for e in events), default=0.0)
-    moved = tuple(replace(e, start_s=e.start_s - start_s, end_s=e.end_s - start_s)
-                  for e in events)
+    moved = tuple(e.shifted(-start_s) for e in events)
     return Trace(source=trace.source, label=label, events=moved)
 
 

@@ -25,8 +25,8 @@ from layerslide.trace import Trace, TraceEvent
 
 
 class _TaskState:
-    __slots__ = ("cost", "dispatch_s", "dispatched", "end_s", "enqueued", "finished", "order",
-                 "ready", "start_s", "task", "waiting_on")
+    __slots__ = ("cost", "dispatched", "end_s", "enqueue_window", "enqueued", "finished",
+                 "order", "ready", "start_s", "task", "waiting_on")
 
     def __init__(self, task, cost, order: int, env: simpy.Environment):
         self.task = task
@@ -38,7 +38,8 @@ class _TaskState:
         self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
         self.finished = env.event()
         self.start_s = self.end_s = 0.0
-        self.dispatch_s: tuple[float, float] | None = None  # a stream task's enqueue
+        # a stream task's enqueue by its host thread: (begun, done) in seconds
+        self.enqueue_window: tuple[float, float] | None = None
 
 
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
@@ -86,8 +87,8 @@ class _PlanRun:
             TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
                        block=st.task.block, step=st.task.step, start_s=st.start_s,
                        end_s=st.end_s,
-                       dispatch_start_s=st.dispatch_s[0] if st.dispatch_s else None,
-                       dispatch_end_s=st.dispatch_s[1] if st.dispatch_s else None)
+                       dispatch_start_s=st.enqueue_window[0] if st.enqueue_window else None,
+                       dispatch_end_s=st.enqueue_window[1] if st.enqueue_window else None)
             for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
         meta = {"gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
@@ -156,8 +157,8 @@ class StreamLane:
                 yield run.shared.run(cost.dispatch_s, cost.dispatch_uses, 1.0)
             elif cost.dispatch_s > 0:
                 yield env.timeout(cost.dispatch_s)
+            st.enqueue_window = (began, env.now)
             st.enqueued.succeed()
-            st.dispatch_s = (began, env.now)
             run.memory.enqueued(env.now, tid)
 
     def stream(self):

@@ -264,9 +264,23 @@ def test_trace_uses_the_plan_task_ids(tmp_path):
     assert {"s0.m0.forward.emb", "s2.m0.backward.L0", "s1.m0.optimizer_step.L2"} <= ids
     assert all(e.end_s >= e.start_s >= 0 for e in trace.events)
     assert trace.source == "measured" and trace.peak_bytes("host") > 0
-    # a stream task's enqueue, on the trace's clock across segments; none for host lanes
+
+
+def test_the_trace_keeps_stream_tasks_enqueues_on_its_clock_across_segments(tmp_path):
+    config = tiny_config("llama")
+    with Trainer(config=config, plan=build_plan(spec_of(config, tmp_path),
+                                                TrainSpec(micro_batch=1, seq_len=SEQ),
+                                                Policy.of()),
+                 optim=OptimConfig(), device="cpu", segment_steps=1) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 2)
+        trace = trainer.trace()
+    # on the CPU device a stream task runs in its lane's thread as it is enqueued
     gpu = [e for e in trace.events if e.lane == "gpu"]
+    assert {e.step for e in gpu} == {0, 1}
     assert all(e.dispatch_start_s == e.start_s and e.dispatch_end_s == e.end_s for e in gpu)
+    first_end = max(e.end_s for e in trace.events if e.step == 0)
+    assert all(e.dispatch_start_s >= first_end for e in gpu if e.step == 1)
     assert all(e.dispatch_start_s is None for e in trace.events if e.lane == "cpu")
 
 

@@ -56,6 +56,13 @@ def test_one_step_keeps_that_step_from_zero():
     step = one_step(trace, 1, "step 2")
     assert [(e.step, e.start_s, e.end_s) for e in step.events] == [(1, 0.0, 0.5), (1, 1.0, 1.5)]
     assert (step.source, step.label) == ("measured", "step 2")
+    # an event's enqueue moves with it; a host lane's absent one stays absent
+    enqueued = TraceEvent(task_id="g", lane="gpu", kind="forward", block=0, step=0,
+                          start_s=7.5, end_s=8.0, dispatch_start_s=7.2, dispatch_end_s=7.9)
+    moved = one_step(Trace(source="measured", label="r", events=(*events(0, 7.0), enqueued)),
+                     0, "s").events
+    assert [(e.dispatch_start_s, e.dispatch_end_s) for e in moved] == [
+        (None, None), (None, None), (pytest.approx(0.2), pytest.approx(0.9))]
 
 
 def test_the_check_is_written_with_a_timeline_of_both_traces(tmp_path):

@@ -230,7 +230,7 @@ def test_the_company_table_sets_measured_beside_predicted_rates():
     assert company_table([{"label": "old row"}]) == []
 
 
-def test_the_gpu_lanes_enqueues_give_lead_duration_and_the_dispatch_bound_share():
+def test_the_gpu_lanes_enqueues_give_lead_duration_and_the_share_the_host_kept_waiting():
     def task(layer, step, start, end, enqueued, kind="backward"):
         return TraceEvent(task_id=f"s{step}.{kind}.{layer}", lane="gpu", kind=kind, block=layer,
                           step=step, start_s=start, end_s=end, dispatch_start_s=enqueued[0],
@@ -238,11 +238,11 @@ def test_the_gpu_lanes_enqueues_give_lead_duration_and_the_dispatch_bound_share(
 
     trace = Trace(source="measured", label="x", events=(
         task(0, 0, 0.0, 9.0, (0.0, 9.0)),  # the warm-up step: left out
-        # enqueued 4 ms ahead in 2 ms: the GPU never waited
+        # enqueued 4 ms ahead in 2 ms: the stream had work queued before it
         task(0, 1, 1.000, 1.005, (0.996, 0.998)),
-        # the stream idled 1 ms for the host, and ended as its enqueue did: dispatch-bound
-        task(1, 1, 1.010, 1.016, (1.011, 1.0159)),
-        task(2, 1, 1.020, 1.026, (1.021, 1.0258)),
+        # idle streams that began each task as its enqueue began (one launch later)
+        task(1, 1, 1.0101, 1.016, (1.010, 1.0159)),
+        task(2, 1, 1.0201, 1.026, (1.020, 1.0258)),
         task(3, 1, 1.030, 1.031, (None, None)),  # not recorded: left out
         task(-1, 1, 1.040, 1.041, (1.0, 1.041)),  # the embedding: left out
         TraceEvent(task_id="s1.opt.0", lane="cpu", kind="optimizer_step", block=0, step=1,
@@ -250,12 +250,12 @@ def test_the_gpu_lanes_enqueues_give_lead_duration_and_the_dispatch_bound_share(
     got = gpu_dispatch(trace, num_layers=4, first_step=1)
     assert set(got) == {"backward@gpu"}
     assert got["backward@gpu"]["tasks"] == 3
-    assert got["backward@gpu"]["enqueue_s"] == pytest.approx(0.0048)
-    assert got["backward@gpu"]["lead_s"] == pytest.approx(-0.001)
-    assert got["backward@gpu"]["dispatch_bound_share"] == pytest.approx(2 / 3)
+    assert got["backward@gpu"]["enqueue_s"] == pytest.approx(0.0058)
+    assert got["backward@gpu"]["lead_s"] == pytest.approx(0.0001)
+    assert got["backward@gpu"]["host_waited_share"] == pytest.approx(2 / 3)
     predicted = {"backward@gpu": {"enqueue_s": 0.0027, "lead_s": 0.002,
-                                  "dispatch_bound_share": 0.0, "tasks": 3}}
+                                  "host_waited_share": 0.0, "tasks": 3}}
     lines = dispatch_table([{"label": "qwen4b", "measured_dispatch": got,
                              "predicted_dispatch": predicted}, {"label": "old row"}])
-    assert lines[-1] == ("| qwen4b | - | 4.8 / 2.7, lead -1.0 / 2.0, 67% / 0% |")
+    assert lines[-1] == "| qwen4b | - | 5.8 / 2.7, lead 0.1 / 2.0, 67% / 0% |"
     assert dispatch_table([{"label": "old row"}]) == []
