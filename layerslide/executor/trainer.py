@@ -541,10 +541,9 @@ class Trainer:
         if self.trace_steps is None or self.step < self.trace_steps:
             self.trace_events.extend(TraceEvent(
                 task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, block=t.task.block,
-                step=self.step + t.task.step, start_s=self._clock_s + t.start_s,
-                end_s=self._clock_s + t.end_s,
-                dispatch_start_s=self._clock_s + t.dispatch[0] if t.dispatch else None,
-                dispatch_end_s=self._clock_s + t.dispatch[1] if t.dispatch else None)
+                step=self.step + t.task.step, start_s=t.start_s, end_s=t.end_s,
+                dispatch_start_s=t.dispatch[0] if t.dispatch else None,
+                dispatch_end_s=t.dispatch[1] if t.dispatch else None).shifted(self._clock_s)
                 for t in timings)
             self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
                                             bytes_in_use=m.bytes_in_use) for m in sampler.samples)

@@ -339,68 +339,57 @@ def allocator_table(rows: Sequence[dict]) -> list[str]:
     return lines
 
 
-def task_table(rows: Sequence[dict]) -> list[str]:
-    """Median decoder-layer task durations, measured / predicted in ms, where rows have them."""
-    rows = [r for r in rows if r.get("measured_task_s") and r.get("predicted_task_s")]
+def side_by_side(rows: Sequence[dict], what: str, title: str, columns: Sequence[str],
+                 cell) -> list[str]:
+    """A markdown table of the rows that have both measured_<what> and predicted_<what>: a
+    column per entry of columns, filled by cell(measured, predicted) from those two dicts' values
+    under it (None where absent)."""
+    rows = [r for r in rows if r.get(f"measured_{what}") and r.get(f"predicted_{what}")]
     if not rows:
         return []
-    lines = ["", "Median task durations of the decoder layers, measured / predicted (ms):", "",
-             "| configuration | " + " | ".join(TASK_KINDS) + " |",
-             "|" + " --- |" * (len(TASK_KINDS) + 1)]
+    lines = ["", title, "", "| configuration | " + " | ".join(columns) + " |",
+             "|" + " --- |" * (len(columns) + 1)]
     for r in rows:
-        cells = [r["label"]]
-        for kind in TASK_KINDS:
-            m, p = r["measured_task_s"].get(kind), r["predicted_task_s"].get(kind)
-            cells.append(f"{m * 1e3:.1f} / {p * 1e3:.1f}" if m is not None and p is not None
-                         else "-")
-        lines.append("| " + " | ".join(cells) + " |")
+        cells = [cell(r[f"measured_{what}"].get(c), r[f"predicted_{what}"].get(c))
+                 for c in columns]
+        lines.append("| " + " | ".join([r["label"], *cells]) + " |")
     return lines
+
+
+def task_table(rows: Sequence[dict]) -> list[str]:
+    """Median decoder-layer task durations, measured / predicted in ms, where rows have them."""
+    def cell(m, p):
+        return "-" if m is None or p is None else f"{m * 1e3:.1f} / {p * 1e3:.1f}"
+    title = "Median task durations of the decoder layers, measured / predicted (ms):"
+    return side_by_side(rows, "task_s", title, TASK_KINDS, cell)
 
 
 def dispatch_table(rows: Sequence[dict]) -> list[str]:
     """The decoder layers' GPU tasks as their host thread enqueued them (gpu_dispatch),
     measured / predicted, where rows have both."""
-    rows = [r for r in rows if r.get("measured_dispatch") and r.get("predicted_dispatch")]
-    if not rows:
-        return []
+    def cell(m, p):
+        if m is None or p is None:
+            return "-"
+        return (f"{m['enqueue_s'] * 1e3:.1f} / {p['enqueue_s'] * 1e3:.1f}, "
+                f"lead {m['lead_s'] * 1e3:.1f} / {p['lead_s'] * 1e3:.1f}, "
+                f"{m['host_waited_share']:.0%} / {p['host_waited_share']:.0%}")
     title = ("The decoder layers' GPU tasks as the host enqueued them, measured / predicted: "
              "median enqueue and lead over the GPU's start (ms), share begun as enqueued:")
-    lines = ["", title, "", "| configuration | " + " | ".join(DISPATCH_KINDS) + " |",
-             "|" + " --- |" * (len(DISPATCH_KINDS) + 1)]
-    for r in rows:
-        cells = [r["label"]]
-        for kind in DISPATCH_KINDS:
-            m, p = r["measured_dispatch"].get(kind), r["predicted_dispatch"].get(kind)
-            cells.append("-" if m is None or p is None else
-                         f"{m['enqueue_s'] * 1e3:.1f} / {p['enqueue_s'] * 1e3:.1f}, "
-                         f"lead {m['lead_s'] * 1e3:.1f} / {p['lead_s'] * 1e3:.1f}, "
-                         f"{m['host_waited_share']:.0%} / {p['host_waited_share']:.0%}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return side_by_side(rows, "dispatch", title, DISPATCH_KINDS, cell)
 
 
 def company_table(rows: Sequence[dict]) -> list[str]:
     """The decoder layers' AdamW rate by the copies beside it (adamw_rates_by_company),
     measured / predicted in Gparam/s with the measured task count, where rows have both."""
-    rows = [r for r in rows if r.get("measured_adamw_by_company")
-            and r.get("predicted_adamw_by_company")]
-    if not rows:
-        return []
+    def cell(m, p):
+        if m is None and p is None:
+            return "-"
+        measured = "-" if m is None else f"{m['params_per_s'] / 1e9:.2f}"
+        predicted = "-" if p is None else f"{p['params_per_s'] / 1e9:.2f}"
+        return f"{measured} / {predicted}" + (f" ({m['tasks']})" if m else "")
     title = ("The decoder layers' CPU AdamW by the copies beside it, measured / predicted "
              "(Gparam/s; measured tasks):")
-    lines = ["", title, "", "| configuration | " + " | ".join(COMPANY) + " |",
-             "|" + " --- |" * (len(COMPANY) + 1)]
-    for r in rows:
-        cells = [r["label"]]
-        for company in COMPANY:
-            m = r["measured_adamw_by_company"].get(company)
-            p = r["predicted_adamw_by_company"].get(company)
-            measured = "-" if m is None else f"{m['params_per_s'] / 1e9:.2f}"
-            predicted = "-" if p is None else f"{p['params_per_s'] / 1e9:.2f}"
-            cells.append("-" if m is None and p is None else
-                         f"{measured} / {predicted}" + (f" ({m['tasks']})" if m else ""))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return side_by_side(rows, "adamw_by_company", title, COMPANY, cell)
 
 
 def figure(rows: Sequence[dict], path: str | Path) -> Path:
