@@ -102,12 +102,17 @@ class _MomentMaps(ctypes.Structure):  # csrc/adamw.c's moment_maps
 class NativeKernels:
     """Typed entry points into the compiled library."""
 
-    def __init__(self, library: ctypes.CDLL, *, threads: int = 0, chunk: int = DEFAULT_CHUNK):
+    def __init__(self, library: ctypes.CDLL, *, threads: int = 0, chunk: int = DEFAULT_CHUNK,
+                 nice: int = 0):
         if threads < 0 or chunk < 0:
             raise ValueError(f"native kernels: threads={threads} and chunk={chunk} must be >= 0 "
                              "(0: OpenMP's thread count / one even slice per thread)")
         self._lib = library
         self.threads, self.chunk = threads, chunk
+        library.set_worker_nice.argtypes = [_I]
+        library.set_worker_nice.restype = None
+        if nice:  # process-wide: the workers of every caller's team take it
+            library.set_worker_nice(nice)
         for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None
@@ -215,13 +220,15 @@ class NativeKernels:
                                         int(first), self.threads, self.chunk)
 
 
-def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK) -> NativeKernels | None:
+def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK,
+                 nice: int = 0) -> NativeKernels | None:
     """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0); threads: 0 for
-    OpenMP's count; chunk: elements a thread takes at a time (0: one even slice per thread).
-    A run takes both from its plan (Policy.executor)."""
+    OpenMP's count; chunk: elements a thread takes at a time (0: one even slice per thread);
+    nice: the worker threads' niceness (0: left as is). A run takes them from its plan
+    (Policy.executor)."""
     if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
         return None
     path = _build(SOURCE)
     if path is None:
         return None
-    return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk)
+    return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk, nice=nice)

@@ -113,16 +113,19 @@ class ExecutorKnobs:
     cpu_threads: int = 0  # threads of the native CPU AdamW and cast (0: OpenMP's, every core)
     cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
     lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
+    cpu_nice: int = 0  # niceness of the native kernels' worker threads (0: the process's)
 
     def __post_init__(self) -> None:
-        _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements")
+        _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements", "cpu_nice")
+        if self.cpu_nice > 19:
+            _fail("ExecutorKnobs", "cpu_nice", self.cpu_nice, "must lie in 0..19 (Linux nice)")
         if not self.lane_switch_interval_s > 0:
             _fail("ExecutorKnobs", "lane_switch_interval_s", self.lane_switch_interval_s,
                   "must be > 0 seconds")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ExecutorKnobs:
-        """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK and
+        """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK, LAYERSLIDE_CPU_NICE and
         LAYERSLIDE_LANE_SWITCH_INTERVAL_S applied where they are set."""
         return cls(**cls.env_settings(environ))
 
@@ -132,6 +135,7 @@ class ExecutorKnobs:
         given = {}
         for name, var, kind in (("cpu_threads", "LAYERSLIDE_CPU_THREADS", int),
                                 ("cpu_chunk_elements", "LAYERSLIDE_CPU_CHUNK", int),
+                                ("cpu_nice", "LAYERSLIDE_CPU_NICE", int),
                                 ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
                                  float)):
             raw = environ.get(var, "").strip()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -175,3 +178,37 @@ def test_a_chunk_larger_than_an_even_share_is_cut_to_it():
     assert load(threads=16, chunk=1 << 20).chunk_elements(15_000_000) == 937_500  # 16 chunks
     assert load(threads=4, chunk=0).chunk_elements(10) == 3  # the even split
     assert load(threads=4, chunk=1000).chunk_elements(0) == 1  # never 0
+
+
+WORKER_NICE_SCRIPT = """
+import os, threading, torch
+from layerslide.executor.native import load_kernels
+kernels = load_kernels(threads=2, chunk=1024, nice=7)
+src = torch.randn(1 << 16)
+kernels.cast(src, torch.empty(src.shape, dtype=torch.bfloat16))
+nice = {int(t): int(open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()[16])
+        for t in os.listdir("/proc/self/task")}
+print(nice[threading.get_native_id()], *sorted(set(nice.values())))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread niceness: Linux")
+def test_the_kernels_workers_take_the_plans_niceness_and_the_caller_keeps_its_own():
+    """cpu_nice lowers the OpenMP workers' priority, not the lane thread that calls the kernel
+    (it launches GPU work and hands the GIL on). In a child: niceness cannot be lowered back."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", WORKER_NICE_SCRIPT], capture_output=True,
+                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    caller, *seen = (int(word) for word in ran.stdout.split())
+    assert caller == 0
+    assert 7 in seen  # the worker's
+
+
+def test_a_niceness_beyond_linuxs_range_says_what_to_change():
+    from layerslide.planner.settings import ExecutorKnobs
+
+    with pytest.raises(ValueError, match="cpu_nice.*0..19"):
+        ExecutorKnobs(cpu_nice=20)
+    assert ExecutorKnobs.env_settings({"LAYERSLIDE_CPU_NICE": "10"}) == {"cpu_nice": 10}

@@ -12,11 +12,17 @@
  * that the OS pre-empts (the executor's lane threads share the cores) holds up the whole call;
  * with chunks the others take over its share. num_threads <= 0: OpenMP's default.
  */
+#define _GNU_SOURCE /* syscall(SYS_gettid) */
 #include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
@@ -24,6 +30,25 @@ static inline float bf16_to_f32(uint16_t h) {
     memcpy(&f, &bits, sizeof f);
     return f;
 }
+
+/* Niceness of the kernels' OpenMP workers (the calling thread keeps its own). A call keeps every
+ * core busy for tens of ms, while the executor's lane threads wake for microseconds at a time (to
+ * launch kernels, to hand the GIL on) and would otherwise queue behind a worker for a core. Each
+ * worker takes the setting at its next chunk. Linux only (elsewhere nothing changes); raising it
+ * needs no privilege, lowering it again does (RLIMIT_NICE). */
+static volatile int worker_nice = 0;
+static __thread int nice_taken = 0;
+
+static inline void take_worker_nice(void) {
+#ifdef __linux__
+    if (nice_taken != worker_nice && omp_get_thread_num() != 0) {
+        nice_taken = worker_nice;
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_taken);
+    }
+#endif
+}
+
+void set_worker_nice(int64_t nice) { worker_nice = (int)nice; }
 
 static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN stays NaN */
     uint32_t bits;
@@ -59,6 +84,7 @@ static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN sta
     const int64_t chunks = (n + size - 1) / size;                                              \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                     \
+        take_worker_nice();                                                                    \
         const int64_t end = c * size + size < n ? c * size + size : n;                        \
         if (weights_out) {                                                                     \
             ADAMW_LOOP(GRAD_EXPR, weights_out[i] = f32_to_bf16(p))                             \
@@ -104,6 +130,7 @@ void cast_f32_to_bf16(const float *src, uint16_t *dst, int64_t n, int64_t num_th
     const int64_t chunks = (n + size - 1) / size;
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")
     for (int64_t c = 0; c < chunks; ++c) {
+        take_worker_nice();
         const int64_t end = c * size + size < n ? c * size + size : n;
         _Pragma("omp simd")
         for (int64_t i = c * size; i < end; ++i) dst[i] = f32_to_bf16(src[i]);
@@ -120,6 +147,7 @@ void accumulate_bf16_grads(float *sum, const uint16_t *grads, int64_t n, int64_t
     const int64_t chunks = (n + size - 1) / size;
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")
     for (int64_t c = 0; c < chunks; ++c) {
+        take_worker_nice();
         const int64_t end = c * size + size < n ? c * size + size : n;
         if (first) {
             _Pragma("omp simd")
@@ -226,6 +254,7 @@ static inline int64_t block_chunk(int64_t n, int64_t chunk, int threads) {
     const int64_t chunks = (n + size - 1) / size;                                              \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                     \
+        take_worker_nice();                                                                    \
         const int64_t lo = c * size, end = lo + size < n ? lo + size : n;                     \
         const int32_t len = (int32_t)(end - lo);                                               \
         const int32_t decayed = (int32_t)(decay_end <= lo ? 0 : decay_end - lo < len          \
@@ -334,6 +363,7 @@ static inline void int8_requantise(uint8_t *restrict exp_avg, uint8_t *restrict 
     const int64_t chunks = (n + size - 1) / size;                                              \
     _Pragma("omp parallel for schedule(dynamic, 1) num_threads(threads)")                      \
     for (int64_t c = 0; c < chunks; ++c) {                                                     \
+        take_worker_nice();                                                                    \
         const int64_t chunk_end = c * size + size < n ? c * size + size : n;                  \
         moment_block m_new, v_new;                                                             \
         for (int64_t start = c * size; start < chunk_end; start += MOMENT_BLOCK) {             \
