@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from layerslide.executor import waits
 from layerslide.executor.checkpoint_store import (
     CheckpointInfo,
     CheckpointStore,
@@ -281,6 +282,7 @@ class CheckpointSnapshot:
         self.waited_s = 0.0  # for the checkpoint before it to be written (set by the trainer)
         self._info: CheckpointInfo | None = None
         self._error: BaseException | None = None
+        self._finished = threading.Event()  # not the thread's is_alive(): see executor.waits
         self._thread = threading.Thread(
             target=self._write, args=(store, step, groups, meta, link_files), daemon=True,
             name=f"checkpoint-step-{step}")
@@ -297,9 +299,10 @@ class CheckpointSnapshot:
         finally:
             self.guard.release_all()
             self.write_s = time.monotonic() - self.started_s
+            self._finished.set()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     @property
     def stall_s(self) -> float:
@@ -307,7 +310,7 @@ class CheckpointSnapshot:
 
     def wait(self) -> CheckpointInfo:
         """The written checkpoint, once whole; raises what the write raised."""
-        self._thread.join()
+        waits.until(self._finished)
         if self._error is not None:
             raise self._error
         assert self._info is not None

@@ -38,13 +38,14 @@ import threading
 import warnings
 import zlib
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
+from layerslide.executor import waits
 from layerslide.executor.hf_io import fsync_path
 from layerslide.executor.nvme import supports_direct
 
@@ -536,7 +537,7 @@ class CheckpointStore:
         with ThreadPoolExecutor(self.writer_threads) as pool:
             futures = [pool.submit(job) for job in jobs]
             try:
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                done = waits.wait_first_exception(futures)
             except BaseException:  # e.g. Ctrl-C: make the workers stop at their next chunk
                 run.stop.set()
                 raise

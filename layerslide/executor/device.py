@@ -59,12 +59,14 @@ class LaneDevice:
         with torch.cuda.stream(stream):
             yield
 
-    def record(self, lane: str, *, timing: bool = False) -> torch.cuda.Event | None:
-        """An event marking everything enqueued on the lane so far (None on the CPU)."""
+    def record(self, lane: str, *, timing: bool = False,
+               blocking: bool = False) -> torch.cuda.Event | None:
+        """An event marking everything enqueued on the lane so far (None on the CPU); a
+        blocking one puts a thread that synchronizes on it to sleep instead of spinning."""
         stream = self._streams.get(lane)
         if stream is None:
             return None
-        event = torch.cuda.Event(enable_timing=timing)
+        event = torch.cuda.Event(enable_timing=timing, blocking=blocking)
         event.record(stream)
         return event
 

@@ -7,6 +7,12 @@ stream lane into a host lane makes the worker wait for that event. A stream lane
 at most `run_ahead` of its tasks queued on the GPU (Policy.schedule.stream_run_ahead). The
 engine knows nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
 
+Waiting for GPU work (Policy.executor.lane_waits): "poll" has each waiting thread query its
+events every POLL_S; "watch" gives each stream lane a thread that sleeps on its tasks' end events
+in turn (without the GIL) and wakes the threads waiting on them. A poll takes the GIL, and with
+every core running the CPU kernels each hand-over waits for a core: the GPU lane's enqueue ran
+1.4-2.5x slower beside AdamW (benchmarks/results/validation_2026-12-04b).
+
 Serial mode runs the same tasks one at a time in a topological order, synchronising the GPU
 after each: the correctness oracle for the overlapped mode.
 """
@@ -14,6 +20,7 @@ after each: the correctness oracle for the overlapped mode.
 from __future__ import annotations
 
 import bisect
+import queue
 import sys
 import threading
 import time
@@ -24,6 +31,7 @@ from itertools import pairwise
 
 import networkx as nx
 
+from layerslide.executor import waits
 from layerslide.executor.device import LaneDevice
 from layerslide.kinds import STREAM_LANES
 from layerslide.planner.plan import Plan, Task
@@ -73,6 +81,17 @@ class PlanEngine:
             raise ValueError(f"run_ahead={self.run_ahead}: must be >= 1 task, or 0 for no bound")
         # each stream lane's end events still counted against its run-ahead, oldest first
         self._in_flight: dict[str, deque] = {lane: deque() for lane in STREAM_LANES}
+        # each lane thread's end, set last (not is_alive(): see executor.waits); the lanes
+        # running, so that an interrupted run() returns only once none is
+        self._lane_ended: dict[str, threading.Event] = {}
+        self._lanes_busy, self._lanes_busy_changed = 0, threading.Condition()
+        # lane_waits "watch": each stream lane's enqueued (task, end event), for its watcher;
+        # a stream task's flag once its GPU work is done; a lane's free run-ahead slots
+        self.watch = plan.policy.executor.lane_waits == "watch"
+        self._to_watch = {lane: queue.SimpleQueue() for lane in STREAM_LANES}
+        self._landed = {tid: threading.Event() for tid in plan.graph
+                        if plan.task(tid).lane in STREAM_LANES}
+        self._slots = {lane: threading.Semaphore(max(self.run_ahead, 1)) for lane in STREAM_LANES}
         self._step_left: dict[int, int] = {}
         for tid in plan.graph:
             step = plan.task(tid).step
@@ -152,7 +171,7 @@ class PlanEngine:
 
     # --- overlapped ------------------------------------------------------------------------------
     def _run_threads(self) -> None:
-        threads = []
+        threads, self._lane_ended = [], {}
         for lane, order in self.plan.lane_order.items():
             if not order:
                 continue
@@ -160,18 +179,28 @@ class PlanEngine:
                       else self._priority_worker)
             threads.append(threading.Thread(target=self._guard, args=(target, lane),
                                             name=f"layerslide-{lane}", daemon=True))
+            self._lane_ended[lane] = threading.Event()
+        watchers = [threading.Thread(target=self._watch_landings, args=(lane,),
+                                     name=f"layerslide-{lane}-landings", daemon=True)
+                    for lane in STREAM_LANES if self.watch and self.plan.lane_order.get(lane)]
         _enter_lane_switch_interval(self.plan.policy.executor.lane_switch_interval_s)
         try:
-            for t in threads:
-                t.start()
             try:
-                for t in threads:
-                    t.join()
+                for t in watchers + threads:
+                    t.start()
+                for lane in self._lane_ended:  # the main thread: a signal's handler runs meanwhile
+                    waits.until(self._lane_ended[lane])
             except BaseException as exc:  # e.g. Ctrl-C: stop the lanes, then let it through
                 self._fail("(interrupted)", exc)
-                for t in threads:
-                    t.join()
+                with self._lanes_busy_changed:  # a lane not yet begun will not begin now
+                    while self._lanes_busy:
+                        self._lanes_busy_changed.wait()
                 raise
+            finally:
+                for lane in STREAM_LANES:  # the watchers end once what was enqueued has landed
+                    self._to_watch[lane].put(None)
+                for t in watchers:
+                    t.join()
         finally:
             _leave_lane_switch_interval()
         if self._error is not None:
@@ -179,6 +208,11 @@ class PlanEngine:
             raise TaskFailedError(f"task {tid} failed: {type(exc).__name__}: {exc}") from exc
 
     def _guard(self, worker: Callable[[str], None], lane: str) -> None:
+        with self._lanes_busy_changed:
+            if self._abort.is_set():  # run() was interrupted before this lane began
+                self._lane_ended[lane].set()
+                return
+            self._lanes_busy += 1
         try:
             self.device.bind_thread()
             if lane == COMPUTE_LANE:
@@ -188,6 +222,32 @@ class PlanEngine:
             pass
         except BaseException as exc:  # noqa: BLE001 (a lane thread must hand every failure on)
             self._fail(f"(lane {lane})", exc)
+        finally:
+            with self._lanes_busy_changed:
+                self._lanes_busy -= 1
+                self._lanes_busy_changed.notify_all()
+            self._lane_ended[lane].set()
+
+    def _watch_landings(self, lane: str) -> None:
+        """lane_waits "watch": sleep on each of the lane's end events in enqueue order (a
+        stream's work ends in that order), then mark the task landed, free its run-ahead slot
+        and wake the host lanes that take its outputs: one GIL hand-over per task, none while
+        the GPU works."""
+        try:
+            self.device.bind_thread()
+            while (item := self._to_watch[lane].get()) is not None:
+                tid, event = item
+                self.device.block_on(event)
+                self._landed[tid].set()
+                if self.run_ahead:
+                    self._slots[lane].release()
+                for succ_lane in {self.plan.task(s).lane for s in self.graph.successors(tid)}:
+                    cond = self._cond.get(succ_lane)
+                    if cond is not None:
+                        with cond:
+                            cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 (the lanes must hear of it, not hang)
+            self._fail(f"(lane {lane}, landings)", exc)
 
     def _strict_worker(self, lane: str) -> None:
         for tid in self.plan.lane_order[lane]:
@@ -203,12 +263,17 @@ class PlanEngine:
                     if pick is not None:
                         ready.remove(pick)
                         break
-                    # nothing ready: sleep until a predecessor finishes, or poll GPU events
-                    cond.wait(timeout=POLL_S if ready else ABORT_CHECK_S)
+                    # nothing ready: sleep until a predecessor finishes (or lands, watched),
+                    # or poll GPU events
+                    polling = ready and not self.watch
+                    cond.wait(timeout=POLL_S if polling else ABORT_CHECK_S)
             self._execute(self.plan.task(pick[1]))
 
     def _inputs_landed(self, tid: str) -> bool:
         """All predecessors' GPU work is complete (their host part is, or tid is not ready)."""
+        if self.watch:
+            return all(p not in self._landed or self._landed[p].is_set()
+                       for p in self.graph.predecessors(tid))
         return all(self.device.is_done(self._end_event.get(p))
                    for p in self.graph.predecessors(tid))
 
@@ -236,10 +301,12 @@ class PlanEngine:
                 start = self.device.record(task.lane, timing=True)
                 with self.device.on(task.lane):
                     self.run_task(task)
-                end = self.device.record(task.lane, timing=True)
+                # a watcher sleeps on the end event: a blocking one, or it spins a core
+                end = self.device.record(task.lane, timing=True, blocking=self.watch)
                 self._dispatch[task.id] = (began, self.device.host_now_s())
                 self._end_event[task.id] = end
-                self._in_flight[task.lane].append(end)
+                if not self.watch:
+                    self._in_flight[task.lane].append(end)
             else:
                 start = self.device.host_now_s()
                 with self.device.on(task.lane):
@@ -247,6 +314,8 @@ class PlanEngine:
                 end = self.device.host_now_s()
                 if on_stream:  # on the CPU device a stream task runs as it is enqueued
                     self._dispatch[task.id] = (start, end)
+            if on_stream and self.watch:
+                self._to_watch[task.lane].put((task.id, self._end_event.get(task.id)))
         except Exception as exc:
             self._fail(task.id, exc)
             raise _Aborted from exc
@@ -255,6 +324,10 @@ class PlanEngine:
 
     def _wait_run_ahead(self, lane: str) -> None:
         """Block this lane's thread while `run_ahead` of its tasks are queued and unfinished."""
+        if self.watch:
+            while self.run_ahead and not self._slots[lane].acquire(timeout=ABORT_CHECK_S):
+                self._check_abort()
+            return
         queued = self._in_flight[lane]
         while queued and self.device.is_done(queued[0]):
             queued.popleft()

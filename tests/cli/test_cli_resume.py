@@ -75,15 +75,17 @@ def test_checkpoint_copy_ram_caps_the_copies_and_is_refused_where_nothing_is_cop
 
 # run the CLI in a child that SIGKILLs itself at a chosen point
 def signal_at(step: int, sig: str = "SIGINT") -> str:
-    """A child patch: the signal to itself as step `step`'s first backward begins."""
+    """A child patch: the signal to itself as step `step`'s first backward begins, delivered to
+    the lane thread running it (a lane, not the main thread, is where a Ctrl-C may land)."""
     return f"""
+    import threading
     from layerslide.executor import runner
     run = runner.TaskRunner.run
     sent = []
     def signalled_run(self, task):
         if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
             sent.append(True)
-            os.kill(os.getpid(), signal.{sig})
+            signal.pthread_kill(threading.get_ident(), signal.{sig})
         return run(self, task)
     runner.TaskRunner.run = signalled_run
     """
@@ -199,13 +201,15 @@ def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir
     assert "that run finished all its 3 steps" in err and "--overwrite" not in err
 
 
+# delivered to the writing thread, the worst case: a process-directed signal (Ctrl-C) may land on
+# any thread, and the main thread, blocked waiting for the write, must still hear of it
 AGAIN_WRITING_CHECKPOINT_4 = """
-    import time
+    import threading, time
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
     def interrupted_write(path, *args):
         if "step-000000004" in str(path) and "block_0" in str(path):
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
             time.sleep(2)  # the main thread's handler runs meanwhile
         return write(path, *args)
     checkpoint_store._write_group = interrupted_write

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
+import time
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -11,10 +14,13 @@ from helpers import make_tiny_model
 
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskFailedError
+from layerslide.kinds import STREAM_LANES
 from layerslide.planner import Policy, TrainSpec, build_plan
 
 PLAN = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
                   Policy.of(cast_worker=True, cpu_optimizer="torch"), num_steps=3)
+# the same plan, its lanes told of finished GPU work by a watcher per stream lane
+WATCHED = replace(PLAN, policy=PLAN.policy.with_(lane_waits="watch"))
 
 
 def run_in_thread(fn, timeout_s: float = 60.0):
@@ -34,15 +40,15 @@ def run_in_thread(fn, timeout_s: float = 60.0):
     return outcome
 
 
-@pytest.mark.parametrize("serial", [False, True])
-def test_every_task_runs_once_after_its_inputs_and_strict_lanes_keep_their_order(serial):
+@pytest.mark.parametrize(("plan", "serial"), [(PLAN, False), (PLAN, True), (WATCHED, False)])
+def test_every_task_runs_once_after_its_inputs_and_strict_lanes_keep_their_order(plan, serial):
     ran, lock = [], threading.Lock()
 
     def run_task(task):
         with lock:
             ran.append(task.id)
 
-    timings = PlanEngine(PLAN, LaneDevice("cpu"), run_task, serial=serial).run()
+    timings = PlanEngine(plan, LaneDevice("cpu"), run_task, serial=serial).run()
     assert sorted(ran) == sorted(PLAN.graph.nodes)
     position = {tid: i for i, tid in enumerate(ran)}
     assert all(position[u] < position[v] for u, v in PLAN.graph.edges)
@@ -62,15 +68,15 @@ def test_stream_tasks_keep_their_enqueue_and_host_lane_tasks_none():
     assert all(t.dispatch is None for t in timings if t not in strict)
 
 
-@pytest.mark.parametrize("serial", [False, True])
-def test_a_failing_task_is_named_and_stops_every_lane(serial):
+@pytest.mark.parametrize(("plan", "serial"), [(PLAN, False), (PLAN, True), (WATCHED, False)])
+def test_a_failing_task_is_named_and_stops_every_lane(plan, serial):
     victim = "s1.m1.backward.L1"
 
     def run_task(task):
         if task.id == victim:
             raise RuntimeError("boom")
 
-    engine = PlanEngine(PLAN, LaneDevice("cpu"), run_task, serial=serial)
+    engine = PlanEngine(plan, LaneDevice("cpu"), run_task, serial=serial)
     outcome = run_in_thread(engine.run)
     assert isinstance(outcome.get("error"), TaskFailedError)
     assert victim in str(outcome["error"]) and "boom" in str(outcome["error"])
@@ -166,6 +172,7 @@ class _QueuedGpu:
         self.queues = {lane: [] for lane in ("gpu", "h2d", "d2h")}
         self.waits = {lane: [] for lane in self.queues}  # events the lane's next work waits on
         self.most_queued = dict.fromkeys(self.queues, 0)
+        self.queries = 0  # is_done calls: a lane polling its events
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.clock = threading.Thread(target=self._tick, args=(period_s,), daemon=True)
         self.clock.start()
@@ -179,7 +186,7 @@ class _QueuedGpu:
                     if pending and all(d.done for d in pending[0].after):
                         pending[0].done = True
 
-    def record(self, lane, *, timing=False):
+    def record(self, lane, *, timing=False, blocking=False):
         event = type("Event", (), {"done": False})()
         with self.lock:
             event.after, self.waits[lane] = self.waits[lane], []
@@ -191,10 +198,11 @@ class _QueuedGpu:
         return event
 
     def is_done(self, event):
+        self.queries += 1
         return event is None or event.done
 
     def block_on(self, event):
-        while not self.is_done(event):
+        while not (event is None or event.done):
             threading.Event().wait(1e-4)
 
     def synchronize(self):
@@ -225,19 +233,44 @@ class _QueuedGpu:
         return 0.0
 
 
+@pytest.mark.parametrize("plan", [PLAN, WATCHED], ids=["poll", "watch"])
 @pytest.mark.parametrize("run_ahead", [1, 2, 3])
-def test_a_stream_lane_keeps_at_most_run_ahead_tasks_queued_on_the_gpu(run_ahead):
+def test_a_stream_lane_keeps_at_most_run_ahead_tasks_queued_on_the_gpu(run_ahead, plan):
     gpu = _QueuedGpu()
-    PlanEngine(PLAN, gpu, lambda task: None, run_ahead=run_ahead).run()
+    PlanEngine(plan, gpu, lambda task: None, run_ahead=run_ahead).run()
     assert max(gpu.most_queued.values()) == run_ahead  # reached, never passed
 
 
-def test_bounded_lanes_whose_streams_wait_on_each_other_never_deadlock():
+@pytest.mark.parametrize("plan", [PLAN, WATCHED], ids=["poll", "watch"])
+def test_bounded_lanes_whose_streams_wait_on_each_other_never_deadlock(plan):
     # the fake GPU completes a stream's event only after the events that stream waited on:
     # at the tightest bound every lane still gets through three steps
     gpu = _QueuedGpu(period_s=2e-4)
-    outcome = run_in_thread(PlanEngine(PLAN, gpu, lambda task: None, run_ahead=1).run)
-    assert "error" not in outcome and len(outcome["value"]) == PLAN.graph.number_of_nodes()
+    outcome = run_in_thread(PlanEngine(plan, gpu, lambda task: None, run_ahead=1).run)
+    assert "error" not in outcome and len(outcome["value"]) == plan.graph.number_of_nodes()
+
+
+def test_watched_lanes_never_poll_and_host_tasks_start_once_their_gpu_inputs_are_done():
+    """lane_waits "watch": no lane queries an event (each query takes the GIL); a host lane's
+    task still starts only after the GPU work it takes is done, as the watcher reports it."""
+    gpu = _QueuedGpu()
+    early = []
+
+    def run_task(task):
+        if task.lane not in STREAM_LANES:
+            early.extend(p for p in WATCHED.graph.predecessors(task.id)
+                         if p in engine._end_event and not engine._end_event[p].done)
+
+    engine = PlanEngine(WATCHED, gpu, run_task)
+    outcome = run_in_thread(engine.run)
+    assert "error" not in outcome
+    assert any(WATCHED.task(p).lane in STREAM_LANES  # the case is exercised
+               for t in WATCHED.lane_order["cpu"] for p in WATCHED.graph.predecessors(t))
+    assert early == []
+    assert gpu.queries == 0
+    polled = _QueuedGpu()
+    PlanEngine(PLAN, polled, lambda task: None).run()
+    assert polled.queries > 0  # the poll mode, for contrast
 
 
 def test_unbounded_the_stream_lanes_run_ahead_of_a_slow_gpu():
@@ -310,3 +343,26 @@ def test_the_lanes_run_under_the_interval_the_plan_records():
     seen = set()
     PlanEngine(plan, LaneDevice("cpu"), lambda task: seen.add(sys.getswitchinterval())).run()
     assert len(seen) == 1 and seen.pop() == pytest.approx(1e-3)
+
+
+def test_ctrl_c_landing_on_a_lane_raises_in_run_only_once_every_lane_has_stopped():
+    """A SIGINT that lands on a lane thread: the main thread, waiting for the lanes, still
+    raises KeyboardInterrupt, and only after no task is left running (the caller then frees
+    what the tasks use)."""
+    victim = PLAN.lane_order["gpu"][0]
+    running, lock = [0], threading.Lock()
+
+    def run_task(task):
+        with lock:
+            running[0] += 1
+        try:
+            if task.id == victim:
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+                time.sleep(0.3)  # still at work when the main thread hears of it
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with pytest.raises(KeyboardInterrupt):
+        PlanEngine(PLAN, LaneDevice("cpu"), run_task).run()
+    assert running[0] == 0
