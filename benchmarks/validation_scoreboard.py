@@ -1,0 +1,86 @@
+"""Issue 26's scoreboard: every row measured on the H200 since the 7-14B rows came in, each
+predicted again by this checkout's simulator on its own call's calibration, judged together by
+regime against the issue's targets (validate_sim's report).
+
+    python benchmarks/validation_scoreboard.py --out benchmarks/results/scoreboard_DATE
+
+No GPU: the measurements stay as committed; only the predictions are made here. A row's label
+is prefixed by its call (`12-03b/call1:8b-mb16-w2-host`), and its policy group too, so that rows
+of different machines are not ranked against each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...`
+
+from benchmarks.validate_sim import CONFIGS, report, repredict  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# the calls with a thorough calibration of their own (validation_2026-12-04b's calls 2-3 and
+# lane_waits_2026-12-04 compare executor variants on call1's profile: not predictions)
+CALLS = ("validation_2026-12-03a", "validation_2026-12-03b/call1",
+         "validation_2026-12-03b/call2", "validation_2026-12-03b/call3",
+         "validation_2026-12-03c/call1", "validation_2026-12-03c/call2",
+         "validation_2026-12-03c/call3", "validation_2026-12-04/call1",
+         "validation_2026-12-04/call2", "validation_2026-12-04/call3",
+         "validation_2026-12-04b/call1")
+PROFILE = "h200-calibrated.toml"
+# rows whose executor path has changed since they were measured, so that they say nothing of
+# this code, with where the row was measured again
+SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
+              "ran before the native grad-sum kernel (accumulate_2026-12-03); again in 12-03b/call3"}
+
+
+def call_rows(call: str, results: Path = RESULTS) -> list[dict]:
+    """A call's rows predicted again on its own profile, labelled by the call."""
+    folder = results / call
+    missing = [p for p in (folder / "validation.json", folder / PROFILE) if not p.is_file()]
+    if missing:
+        raise SystemExit(f"{call}: {', '.join(map(str, missing))} not there: name calls whose "
+                         f"folder holds validation.json and {PROFILE}")
+    short = call.removeprefix("validation_2026-")
+    rows = []
+    for row in repredict([folder / "validation.json"], str(folder / PROFILE)):
+        label = row["label"]
+        if (call, label) in SUPERSEDED:
+            print(f"{call}: {label} left out: {SUPERSEDED[call, label]}", file=sys.stderr)
+            continue
+        # variants are reported apart by their configuration's mark (rows may predate it)
+        variant_of = CONFIGS.get(label, row["config"]).get("variant_of")
+        rows.append({**row, "label": f"{short}:{label}", "call": call,
+                     "config": {**row["config"], **({"variant_of": variant_of}
+                                                     if variant_of else {})},
+                     "group": f"{short}:{row['group']}" if row.get("group") else None})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder for the report")
+    ap.add_argument("--calls", default=",".join(CALLS),
+                    help="comma-separated folders under benchmarks/results (default: issue 26's "
+                         "calls since 2026-12-03)")
+    args = ap.parse_args()
+    calls = [c for c in args.calls.split(",") if c]
+    for call in calls:  # all checked before any prediction
+        if not (RESULTS / call / PROFILE).is_file():
+            ap.error(f"{RESULTS / call / PROFILE} is not there")
+    rows, start = [], time.monotonic()
+    for k, call in enumerate(calls, 1):
+        found = call_rows(call)
+        rows += found
+        print(f"[{k}/{len(calls)}] {call}: {len(found)} rows predicted again "
+              f"({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
+    report(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()

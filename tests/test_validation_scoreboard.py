@@ -1,0 +1,39 @@
+"""benchmarks/validation_scoreboard.py: committed rows predicted again on their own call's
+profile, labelled by call, superseded rows left out, missing folders refused by name."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import validation_scoreboard as scoreboard  # noqa: E402
+
+CALL = "validation_2026-12-04b/call1"  # two rows: Qwen3-4B layer-major, Mistral-7B mb8
+
+
+def test_a_calls_rows_are_predicted_again_on_its_profile_and_labelled_by_it():
+    committed = json.loads((scoreboard.RESULTS / CALL / "validation.json").read_text())
+    rows = scoreboard.call_rows(CALL)
+    assert [r["label"] for r in rows] == [f"12-04b/call1:{r['label']}" for r in committed]
+    for row, before in zip(rows, committed, strict=True):
+        assert row["measured_step_s"] == before["measured_step_s"]  # the measurement stays
+        assert row["predicted_step_s"] > 0 and row["predicted_regime"] in ("GPU", "CPU", "disk")
+        assert row["group"].startswith("12-04b/call1:") and row["call"] == CALL
+
+
+def test_superseded_rows_are_left_out(tmp_path, monkeypatch):
+    shutil.copytree(scoreboard.RESULTS / CALL, tmp_path / "call")
+    monkeypatch.setitem(scoreboard.SUPERSEDED, ("call", "mistral7b-mb8-w2-host"), "a test")
+    rows = scoreboard.call_rows("call", results=tmp_path)
+    assert [r["label"] for r in rows] == ["call:qwen4b-mb4x4-w2-host-lm"]
+
+
+def test_a_folder_without_its_profile_is_refused_by_name(tmp_path):
+    (tmp_path / "call").mkdir()
+    with pytest.raises(SystemExit, match="h200-calibrated.toml not there"):
+        scoreboard.call_rows("call", results=tmp_path)
