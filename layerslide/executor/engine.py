@@ -85,6 +85,7 @@ class PlanEngine:
         # running, so that an interrupted run() returns only once none is
         self._lane_ended: dict[str, threading.Event] = {}
         self._lanes_busy, self._lanes_busy_changed = 0, threading.Condition()
+        self._watch_ended: dict[str, threading.Event] = {}  # each watcher's end, set last
         # lane_waits "watch": each stream lane's enqueued (task, end event), for its watcher;
         # a stream task's flag once its GPU work is done; a lane's free run-ahead slots
         self.watch = plan.policy.executor.lane_waits == "watch"
@@ -180,27 +181,32 @@ class PlanEngine:
             threads.append(threading.Thread(target=self._guard, args=(target, lane),
                                             name=f"layerslide-{lane}", daemon=True))
             self._lane_ended[lane] = threading.Event()
+        watched = [lane for lane in STREAM_LANES if self.watch and self.plan.lane_order.get(lane)]
         watchers = [threading.Thread(target=self._watch_landings, args=(lane,),
                                      name=f"layerslide-{lane}-landings", daemon=True)
-                    for lane in STREAM_LANES if self.watch and self.plan.lane_order.get(lane)]
+                    for lane in watched]
+        self._watch_ended = {lane: threading.Event() for lane in watched}
         _enter_lane_switch_interval(self.plan.policy.executor.lane_switch_interval_s)
         try:
+            started = []
             try:
                 for t in watchers + threads:
                     t.start()
+                    started.append(t)
                 for lane in self._lane_ended:  # the main thread: a signal's handler runs meanwhile
                     waits.until(self._lane_ended[lane])
             except BaseException as exc:  # e.g. Ctrl-C: stop the lanes, then let it through
                 self._fail("(interrupted)", exc)
                 with self._lanes_busy_changed:  # a lane not yet begun will not begin now
                     while self._lanes_busy:
-                        self._lanes_busy_changed.wait()
+                        self._lanes_busy_changed.wait(waits.HEED_S)
                 raise
             finally:
                 for lane in STREAM_LANES:  # the watchers end once what was enqueued has landed
                     self._to_watch[lane].put(None)
-                for t in watchers:
-                    t.join()
+                for lane, watcher in zip(watched, watchers, strict=True):
+                    if watcher in started:
+                        waits.until(self._watch_ended[lane])
         finally:
             _leave_lane_switch_interval()
         if self._error is not None:
@@ -248,6 +254,8 @@ class PlanEngine:
                             cond.notify_all()
         except BaseException as exc:  # noqa: BLE001 (the lanes must hear of it, not hang)
             self._fail(f"(lane {lane}, landings)", exc)
+        finally:
+            self._watch_ended[lane].set()
 
     def _strict_worker(self, lane: str) -> None:
         for tid in self.plan.lane_order[lane]:
@@ -281,6 +289,8 @@ class PlanEngine:
         if self.stop is not None and self.stop.is_set() and self._stop_after is None:
             self._request_stop()
         if self._skip_or_begin(task):
+            if task.id in self._landed:  # nothing enqueued: it has landed, as far as any waits
+                self._landed[task.id].set()
             self._host_done[task.id].set()
             self._release_successors(task.id)
             return

@@ -78,7 +78,7 @@ def signal_at(step: int, sig: str = "SIGINT") -> str:
     """A child patch: the signal to itself as step `step`'s first backward begins, delivered to
     the lane thread running it (a lane, not the main thread, is where a Ctrl-C may land)."""
     return f"""
-    import threading
+    import threading, time
     from layerslide.executor import runner
     run = runner.TaskRunner.run
     sent = []
@@ -86,6 +86,7 @@ def signal_at(step: int, sig: str = "SIGINT") -> str:
         if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
             sent.append(True)
             signal.pthread_kill(threading.get_ident(), signal.{sig})
+            time.sleep(0.5)  # the main thread's handler runs within this step
         return run(self, task)
     runner.TaskRunner.run = signalled_run
     """

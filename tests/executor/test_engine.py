@@ -345,11 +345,28 @@ def test_the_lanes_run_under_the_interval_the_plan_records():
     assert len(seen) == 1 and seen.pop() == pytest.approx(1e-3)
 
 
-def test_ctrl_c_landing_on_a_lane_raises_in_run_only_once_every_lane_has_stopped():
+@pytest.mark.parametrize("plan", [PLAN, WATCHED], ids=["poll", "watch"])
+def test_a_stop_ends_the_run_after_the_step_in_flight_skipping_the_later_steps(plan):
+    stop, ran = threading.Event(), []
+
+    def run_task(task):
+        ran.append(task)
+        if task.step == 1 and task.lane == "gpu":
+            stop.set()
+
+    engine = PlanEngine(plan, LaneDevice("cpu"), run_task, stop=stop)
+    outcome = run_in_thread(engine.run, timeout_s=30)
+    assert "error" not in outcome
+    assert engine.stopped_after == 1  # the last of the 3 steps never runs
+    assert {t.step for t in ran} == {0, 1}
+
+
+@pytest.mark.parametrize("plan", [PLAN, WATCHED], ids=["poll", "watch"])
+def test_ctrl_c_landing_on_a_lane_raises_in_run_only_once_every_lane_has_stopped(plan):
     """A SIGINT that lands on a lane thread: the main thread, waiting for the lanes, still
     raises KeyboardInterrupt, and only after no task is left running (the caller then frees
-    what the tasks use)."""
-    victim = PLAN.lane_order["gpu"][0]
+    what the tasks use). The victim runs once every lane has started."""
+    victim = plan.lane_order["gpu"][len(plan.lane_order["gpu"]) // 2]
     running, lock = [0], threading.Lock()
 
     def run_task(task):
@@ -364,5 +381,5 @@ def test_ctrl_c_landing_on_a_lane_raises_in_run_only_once_every_lane_has_stopped
                 running[0] -= 1
 
     with pytest.raises(KeyboardInterrupt):
-        PlanEngine(PLAN, LaneDevice("cpu"), run_task).run()
+        PlanEngine(plan, LaneDevice("cpu"), run_task).run()
     assert running[0] == 0
