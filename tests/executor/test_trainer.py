@@ -118,7 +118,8 @@ def _check_against_reference(tmp_path, device, family, tied, accum, clip, policy
     Policy.of(accumulation="layer_major"),
     Policy.of(accumulation="layer_major", gpu_updated_blocks=2, cast="cpu_per_load"),
     Policy.of(accumulation="layer_major", host_grad_buffers=1, window=1),
-    Policy.of(accumulation="layer_major", sweep_groups=1)])
+    Policy.of(accumulation="layer_major", sweep_groups=1),
+    Policy.of(lane_waits="watch"), Policy.of(accumulation="layer_major", lane_waits="watch")])
 def test_serial_and_overlapped_agree_exactly(tmp_path, device, policy):
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
