@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 MAX_STEPS = 16  # per configuration, whatever --min-steady-s asks
@@ -453,16 +454,19 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
             **({"trace": predicted.trace} if keep_trace else {})}
 
 
-def repredict(paths: list[Path], profile_name: str, traces: Path | None = None) -> list[dict]:
+def repredict(paths: list[Path], profile_name: str, traces: Path | None = None,
+              adjust: Callable | None = None) -> list[dict]:
     """Rows measured earlier (validation.json files), predicted again with this code and
-    profile: the measurements stay, only the model's side changes. A row measured before it
-    kept its AdamW rates by company takes them from its measured trace in `traces`, if there
-    (the trace of the call's last round)."""
+    profile (changed by `adjust`, a what-if, where given): the measurements stay, only the
+    model's side changes. A row measured before it kept its AdamW rates by company takes them
+    from its measured trace in `traces`, if there (the trace of the call's last round)."""
     from layerslide.hwprofiles import load_profile
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
 
     profile = load_profile(profile_name)
+    if adjust is not None:
+        profile = adjust(profile)
     rows = []
     for path in paths:
         for row in json.loads(path.read_text()):

@@ -12,6 +12,7 @@ of different machines are not ranked against each other.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -37,8 +38,46 @@ SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
               "ran before the native grad-sum kernel (accumulate_2026-12-03); again in 12-03b/call3"}
 
 
-def call_rows(call: str, results: Path = RESULTS) -> list[dict]:
-    """A call's rows predicted again on its own profile, labelled by the call."""
+def adjusted(scale: dict[str, float], fix: dict[str, float]):
+    """A profile change for repredict, a what-if over the committed measurements: each
+    `part.field` (e.g. gpu.kernel_launch_s) in `scale` times its factor, each in `fix` set to
+    its value."""
+    def adjust(profile):
+        parts = {}
+        for key, number in [*scale.items(), *fix.items()]:
+            part, field = key.split(".", 1)
+            spec = parts.get(part, getattr(profile, part))
+            if key in scale and getattr(spec, field) is None:
+                raise SystemExit(f"--scale {key}: {profile.name} has no {key} to scale; --set it")
+            value = getattr(spec, field) * number if key in scale else number
+            parts[part] = dataclasses.replace(spec, **{field: value})
+        return dataclasses.replace(profile, **parts)
+    return adjust
+
+
+def profile_field_and_number(text: str) -> tuple[str, float]:
+    """PART.FIELD=NUMBER, the field checked against the profile's numeric fields."""
+    from layerslide.hwprofiles import load_profile
+
+    key, _, number = text.partition("=")
+    part, _, field = key.partition(".")
+    spec = getattr(load_profile("h200-bench"), part, None)
+    if spec is None or not dataclasses.is_dataclass(spec) or not hasattr(spec, field) \
+            or not isinstance(getattr(spec, field), float | None):
+        raise argparse.ArgumentTypeError(f"{key!r} is no numeric profile field: name one as "
+                                         "gpu.kernel_launch_s or host.adamw_params_per_s")
+    try:
+        value = float(number)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number after '=' must be > 0")
+    return key, value
+
+
+def call_rows(call: str, results: Path = RESULTS, adjust=None) -> list[dict]:
+    """A call's rows predicted again on its own profile (changed by `adjust` where given),
+    labelled by the call."""
     folder = results / call
     missing = [p for p in (folder / "validation.json", folder / PROFILE) if not p.is_file()]
     if missing:
@@ -46,7 +85,7 @@ def call_rows(call: str, results: Path = RESULTS) -> list[dict]:
                          f"folder holds validation.json and {PROFILE}")
     short = call.removeprefix("validation_2026-")
     rows = []
-    for row in repredict([folder / "validation.json"], str(folder / PROFILE)):
+    for row in repredict([folder / "validation.json"], str(folder / PROFILE), adjust=adjust):
         label = row["label"]
         if (call, label) in SUPERSEDED:
             print(f"{call}: {label} left out: {SUPERSEDED[call, label]}", file=sys.stderr)
@@ -66,14 +105,23 @@ def main() -> None:
     ap.add_argument("--calls", default=",".join(CALLS),
                     help="comma-separated folders under benchmarks/results (default: issue 26's "
                          "calls since 2026-12-03)")
+    ap.add_argument("--scale", type=profile_field_and_number, action="append", default=[],
+                    metavar="PART.FIELD=FACTOR",
+                    help="what-if: every call's profile with this field times the factor "
+                         "(e.g. gpu.kernel_launch_s=2); repeatable")
+    ap.add_argument("--set", type=profile_field_and_number, action="append", default=[],
+                    metavar="PART.FIELD=VALUE", dest="fix",
+                    help="what-if: every call's profile with this field at this value, in the "
+                         "profile's units (e.g. gpu.kernel_launch_s=19e-6); repeatable")
     args = ap.parse_args()
+    adjust = adjusted(dict(args.scale), dict(args.fix)) if args.scale or args.fix else None
     calls = [c for c in args.calls.split(",") if c]
     for call in calls:  # all checked before any prediction
         if not (RESULTS / call / PROFILE).is_file():
             ap.error(f"{RESULTS / call / PROFILE} is not there")
     rows, start = [], time.monotonic()
     for k, call in enumerate(calls, 1):
-        found = call_rows(call)
+        found = call_rows(call, adjust=adjust)
         rows += found
         print(f"[{k}/{len(calls)}] {call}: {len(found)} rows predicted again "
               f"({time.monotonic() - start:.0f} s)", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """benchmarks/validation_scoreboard.py: committed rows predicted again on their own call's
 profile, labelled by call, superseded rows left out, missing folders refused by name."""
 
+import argparse
 import json
 import shutil
 import sys
@@ -37,3 +38,23 @@ def test_a_folder_without_its_profile_is_refused_by_name(tmp_path):
     (tmp_path / "call").mkdir()
     with pytest.raises(SystemExit, match="h200-calibrated.toml not there"):
         scoreboard.call_rows("call", results=tmp_path)
+
+
+def test_what_ifs_scale_or_set_a_profile_field_and_refuse_what_is_no_number_field():
+    from layerslide.hwprofiles import load_profile
+
+    profile = load_profile("h200-bench")
+    adjust = scoreboard.adjusted({"gpu.kernel_launch_s": 2.0},
+                                 {"host.kernel_launch_beside_kernels_s": 19e-6})
+    changed = adjust(profile)
+    assert changed.gpu.kernel_launch_s == pytest.approx(2 * profile.gpu.kernel_launch_s)
+    assert changed.host.kernel_launch_beside_kernels_s == 19e-6
+    assert changed.host.adamw_params_per_s == profile.host.adamw_params_per_s
+    assert scoreboard.profile_field_and_number("host.kernel_launch_beside_kernels_s=2e-5") == (
+        "host.kernel_launch_beside_kernels_s", 2e-5)
+    for bad in ("gpu.kernel_launch=2", "gpu.name=2", "gpu.kernel_launch_s=0",
+                "gpu.kernel_launch_s=fast", "nothing.at_all=1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            scoreboard.profile_field_and_number(bad)
+    with pytest.raises(SystemExit, match="--set it"):  # nothing there to scale
+        scoreboard.adjusted({"host.kernel_launch_beside_kernels_s": 2.0}, {})(profile)

@@ -160,6 +160,8 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
         tokens = QUICK_TOKENS if quick else THOROUGH_TOKENS
         steps += [
             ("GPU basics", lambda: device.device_basics(repeats)),
+            ("GPU launches beside the CPU's AdamW", lambda: [device.launch_beside_kernels(
+                torch.zeros(1, device="cuda"), adamw_numel // ADAMW_ARRAYS)]),
             ("GEMMs", lambda: [device.matmul_efficiency(model, tokens, peak_flops, repeats)]),
             ("attention", lambda: device.attention_efficiency(model, seq_len, tokens,
                                                                peak_flops, repeats)),

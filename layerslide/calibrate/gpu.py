@@ -4,6 +4,8 @@ cost and the host<->GPU copies. Efficiencies are fractions of the profile's bf16
 from __future__ import annotations
 
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -12,6 +14,7 @@ from torch.nn import functional
 
 from layerslide.calibrate.host import GIB, Measurement, adamw_blocks
 from layerslide.planner.model import ModelSpec
+from layerslide.planner.settings import ExecutorKnobs
 
 
 def _cuda_ms(fn: Callable[[], object], repeats: int, batch: int = 10) -> float:
@@ -168,18 +171,72 @@ def device_basics(repeats: int) -> list[Measurement]:
 def median_launch_s(tiny: torch.Tensor, launches: int, rounds: int) -> float:
     """Seconds per launch of a tiny kernel, the median round after a warm-up: a single cold
     round varied twofold between leases of one machine (the validation results' profiles), and
-    a layer's dispatch floor is priced from it."""
+    a layer's dispatch floor is priced from it. (A CPU tensor times its op's dispatch.)"""
+    sync = torch.cuda.synchronize if tiny.is_cuda else (lambda: None)
     per_round = []
     for round_ in range(rounds + 1):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(launches):
             tiny.add_(1)
-        torch.cuda.synchronize()
+        sync()
         elapsed_s = time.perf_counter() - start
         if round_:  # the first warms the caches and the clocks
             per_round.append(elapsed_s / launches)
     return statistics.median(per_round)
+
+
+LANE_POLLERS = 3  # the executor's other lanes that poll GPU events while the GPU lane launches
+
+
+def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *,
+                          launches: int = LAUNCHES, rounds: int = LAUNCH_ROUNDS,
+                          pollers: int = LANE_POLLERS) -> Measurement:
+    """host.kernel_launch_beside_kernels: seconds per tiny launch as the executor's GPU lane
+    launches beside its CPU lane. AdamW over a block of `block_params` runs on every core in a
+    thread of its own, `pollers` threads take the GIL every engine.POLL_S to query an event (as
+    the lanes waiting for GPU work do), under the lanes' GIL switch interval. In training on the
+    H200 machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
+    (benchmarks/results/validation_2026-12-04b); an idle launch loop did not show it."""
+    from layerslide.executor.engine import POLL_S
+
+    steps, kernel = adamw_blocks(block_params, 2)
+    stop, began = threading.Event(), threading.Event()
+    marker = torch.cuda.Event() if tiny.is_cuda else None
+    if marker is not None:
+        marker.record()
+
+    def adamw_on_every_core() -> None:
+        while not stop.is_set():
+            for step in steps:
+                began.set()
+                step()
+
+    def poll() -> None:
+        while not stop.wait(POLL_S):
+            if marker is not None:
+                marker.query()
+
+    threads = [threading.Thread(target=adamw_on_every_core, daemon=True),
+               *(threading.Thread(target=poll, daemon=True) for _ in range(pollers))]
+    switch_s = sys.getswitchinterval()
+    sys.setswitchinterval(ExecutorKnobs().lane_switch_interval_s)
+    try:
+        for t in threads:
+            t.start()
+        began.wait()
+        launch_s = median_launch_s(tiny, launches, rounds)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        sys.setswitchinterval(switch_s)
+    return Measurement(key="host.kernel_launch_beside_kernels", value=launch_s,
+                       how=f"tiny kernel launches from Python, median of {rounds} rounds of "
+                           f"{launches}, beside {kernel} looping over {block_params / 2**20:.0f} "
+                           f"Mi params and {pollers} threads polling an event every "
+                           f"{POLL_S * 1e3:g} ms, GIL switch interval "
+                           f"{ExecutorKnobs().lane_switch_interval_s * 1e3:g} ms")
 
 
 class CopyEngines:

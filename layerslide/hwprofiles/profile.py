@@ -130,6 +130,13 @@ class HostSpec:
     # 2.8 cores; a profile with 2.8 predicted the validation suite no better than with 1.0,
     # benchmarks/results/README.md session 11). calibrate does not measure it.
     dispatch_cores: float = 1.0
+    # Seconds a tiny kernel launch takes from the executor's lane threads while the CPU's
+    # kernels (AdamW) run on every core: the GPU lane's enqueue waits for a core and the GIL
+    # (H200 machine: a layer's backward enqueue 1.4-1.5x as long beside AdamW as without it,
+    # benchmarks/results/validation_2026-12-04b). The simulator weighs a dispatch against the
+    # CPU's kernels so that it runs at gpu.kernel_launch over this of its speed alone. None:
+    # equal weights (a dispatch beside a kernel on every core slowed by cores / (cores + 1)).
+    kernel_launch_beside_kernels_s: float | None = None
     # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
     # torch.compile's worker processes. Plans must fit ram_bytes less this.
     reserve_bytes: int = 0

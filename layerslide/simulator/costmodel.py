@@ -24,6 +24,8 @@ NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or 
 # that shares its core.
 HOST_CORES = "host_cores"
 
+# A weight that water-filling always satisfies in full (a dispatch no slower beside kernels).
+UNSLOWED_SHARE = 1e6
 # A fp32->bf16 cast reads 4 bytes and writes 2 per parameter.
 CAST_TRAFFIC_PER_READ_BYTE = 1.5
 
@@ -40,6 +42,7 @@ class Cost:
     dispatch_s: float = 0.0
     uses: tuple[tuple[str, float], ...] = ()  # (resource, units per second at full speed)
     dispatch_uses: tuple[tuple[str, float], ...] = ()  # the same, of its dispatch
+    dispatch_share: float = 1.0  # the dispatch's weight on them (CostModel.dispatch_share)
     share: float = 1.0  # weight when an oversubscribed resource is split
     tag: str = ""  # what kind of use ("read", "write"): see CostModel.mixed_capacities
 
@@ -56,6 +59,22 @@ class CostModel:
         self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
         self.gpu_speedup = gpu_speedup
         self._efficiency_cache: dict[int, float] = {}
+
+    @property
+    def dispatch_share(self) -> float:
+        """A dispatch's weight against the CPU's kernels (weight 1, every core) on HOST_CORES:
+        the one at which water-filling leaves it gpu.kernel_launch / host.kernel_launch_beside_
+        kernels of its speed alone, r = C w / (C + d w) for C cores and d dispatch_cores. 1.0
+        (equal weights) where the profile has no such figure; a dispatch measured no slower
+        beside the kernels takes its cores first."""
+        host = self.profile.host
+        if host.kernel_launch_beside_kernels_s is None:
+            return 1.0
+        cores, taken = float(host.cores), host.dispatch_cores
+        rate = self.profile.gpu.kernel_launch_s / host.kernel_launch_beside_kernels_s
+        if rate >= min(1.0, cores / taken):
+            return UNSLOWED_SHARE
+        return rate * cores / (cores - rate * taken)
 
     def capacities(self) -> dict[str, float]:
         p = self.profile
@@ -119,7 +138,7 @@ class CostModel:
         dispatch_s = t.host_ops * gpu.kernel_launch_s
         return Cost(solo_s=busy_s, dispatch_s=dispatch_s,
                     dispatch_uses=((HOST_CORES, self.profile.host.dispatch_cores),)
-                    if dispatch_s > 0 else ())
+                    if dispatch_s > 0 else (), dispatch_share=self.dispatch_share)
 
     def _cpu_cast(self, t: Task) -> Cost:
         return self._cpu(t)

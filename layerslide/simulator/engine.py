@@ -154,7 +154,7 @@ class StreamLane:
             began = env.now
             cost = st.cost
             if cost.dispatch_s > 0 and cost.dispatch_uses:
-                yield run.shared.run(cost.dispatch_s, cost.dispatch_uses, 1.0)
+                yield run.shared.run(cost.dispatch_s, cost.dispatch_uses, cost.dispatch_share)
             elif cost.dispatch_s > 0:
                 yield env.timeout(cost.dispatch_s)
             st.enqueue_window = (began, env.now)

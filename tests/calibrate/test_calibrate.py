@@ -365,3 +365,29 @@ def test_the_launch_time_is_the_median_round_after_a_warm_up(monkeypatch):
     monkeypatch.setattr(gpu, "time", types.SimpleNamespace(perf_counter=perf_counter))
     monkeypatch.setattr(gpu.torch.cuda, "synchronize", lambda: None)
     assert gpu.median_launch_s(torch.zeros(1), launches=10, rounds=5) == pytest.approx(0.3)
+
+
+def test_a_launch_price_beside_the_cpu_kernels_is_written_and_read_back(tmp_path):
+    base = load_profile("h200-bench")
+    assert base.host.kernel_launch_beside_kernels_s is None  # not measured there yet
+    profile = merged_profile(base, [Measurement(key="host.kernel_launch_beside_kernels",
+                                                value=19e-6, how="beside AdamW")],
+                             name="mine", quick=True)
+    again = load_profile(save_profile(profile, tmp_path / "mine.toml"))
+    assert again.host.kernel_launch_beside_kernels_s == pytest.approx(19e-6)
+    assert "beside AdamW" in again.sources["host.kernel_launch_beside_kernels"]
+
+
+def test_launches_beside_the_cpu_kernels_leave_no_thread_and_the_switch_interval_behind():
+    import sys
+    import threading
+
+    from layerslide.calibrate.gpu import launch_beside_kernels
+
+    switch_s, threads = sys.getswitchinterval(), threading.active_count()
+    tiny = torch.zeros(1)  # on the CPU its op's dispatch is what is timed
+    found = launch_beside_kernels(tiny, 2**16, launches=200, rounds=2, pollers=2)
+    assert found.key == "host.kernel_launch_beside_kernels" and found.value > 0
+    assert "2 threads polling" in found.how
+    assert tiny.item() == 3 * 200  # a warm-up round and two timed ones ran beside them
+    assert sys.getswitchinterval() == switch_s and threading.active_count() == threads

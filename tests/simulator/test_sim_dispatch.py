@@ -11,6 +11,7 @@ from helpers import make_round_profile, make_tiny_model
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import CostModel, simulate
+from layerslide.simulator.sharing import water_fill
 
 TRAIN = TrainSpec(micro_batch=2, seq_len=16)
 
@@ -80,6 +81,40 @@ def test_dispatch_shares_the_cores_with_the_cpu_kernels_and_the_task_waits_for_i
     def gpu_s(trace):
         return sum(e.duration_s for e in trace.events if e.lane == "gpu")
     assert gpu_s(heavy_trace) > gpu_s(light_trace)
+
+
+@pytest.mark.parametrize(("beside_s", "rate"), [(2e-5, 0.5), (1.25e-5, 0.8), (1e-5, 1.0),
+                                               (5e-6, 1.0)])
+def test_a_dispatch_beside_the_cpu_kernels_runs_at_the_measured_share_of_its_speed(beside_s,
+                                                                                    rate):
+    # a launch measured at 10 us alone and beside_s beside the kernels on every core: against
+    # one such kernel a dispatch runs at 10 us / beside_s of its speed (never faster than alone)
+    base = _profile(launch_s=1e-5)
+    profile = dataclasses.replace(base, host=dataclasses.replace(
+        base.host, kernel_launch_beside_kernels_s=beside_s))
+    cores, taken = float(profile.host.cores), profile.host.dispatch_cores
+    share = CostModel(profile).dispatch_share
+    kernel, dispatch = water_fill([cores, taken], [1.0, share], cores)
+    assert dispatch == pytest.approx(rate)
+    assert kernel < 1.0  # the dispatch's core comes from the kernel
+
+
+def test_without_a_measured_price_beside_the_kernels_a_dispatch_shares_the_cores_equally():
+    profile = _profile(launch_s=1e-5)
+    assert profile.host.kernel_launch_beside_kernels_s is None
+    assert CostModel(profile).dispatch_share == 1.0
+
+
+def test_a_dispatch_slowed_beside_the_cpu_kernels_slows_a_dispatch_bound_step():
+    base = _profile(launch_s=5e-5)
+    slow_cpu = dataclasses.replace(base.host, adamw_params_per_s=2e6)
+    plan = build_plan(make_tiny_model(num_layers=4), TRAIN, Policy.of(window=2), num_steps=3)
+
+    def step_s(beside_s):
+        host = dataclasses.replace(slow_cpu, kernel_launch_beside_kernels_s=beside_s)
+        return simulate(plan, dataclasses.replace(base, host=host)).step_s
+
+    assert step_s(2e-4) > step_s(5e-5) * 1.01
 
 
 def test_the_trace_keeps_each_stream_tasks_enqueue_and_none_for_host_lanes():
