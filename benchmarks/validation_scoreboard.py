@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -62,16 +63,17 @@ def profile_field_and_number(text: str) -> tuple[str, float]:
     key, _, number = text.partition("=")
     part, _, field = key.partition(".")
     spec = getattr(load_profile("h200-bench"), part, None)
-    if spec is None or not dataclasses.is_dataclass(spec) or not hasattr(spec, field) \
-            or not isinstance(getattr(spec, field), float | None):
-        raise argparse.ArgumentTypeError(f"{key!r} is no numeric profile field: name one as "
-                                         "gpu.kernel_launch_s or host.adamw_params_per_s")
+    kinds = {f.name: str(f.type) for f in dataclasses.fields(spec)} \
+        if dataclasses.is_dataclass(spec) else {}
+    if not kinds.get(field, "").startswith("float"):  # float or float | None
+        raise argparse.ArgumentTypeError(f"{key!r} is no real-valued profile field: name one "
+                                         "as gpu.kernel_launch_s or host.adamw_params_per_s")
     try:
         value = float(number)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the number after '=' must be > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r}: the number after '=' must be finite, > 0")
     return key, value
 
 
@@ -114,7 +116,10 @@ def main() -> None:
                     help="what-if: every call's profile with this field at this value, in the "
                          "profile's units (e.g. gpu.kernel_launch_s=19e-6); repeatable")
     args = ap.parse_args()
-    adjust = adjusted(dict(args.scale), dict(args.fix)) if args.scale or args.fix else None
+    scale, fix = dict(args.scale), dict(args.fix)
+    if set(scale) & set(fix):
+        ap.error(f"{', '.join(sorted(set(scale) & set(fix)))}: --scale or --set, not both")
+    adjust = adjusted(scale, fix) if scale or fix else None
     calls = [c for c in args.calls.split(",") if c]
     for call in calls:  # all checked before any prediction
         if not (RESULTS / call / PROFILE).is_file():
@@ -128,6 +133,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "validation.json").write_text(json.dumps(rows, indent=1))
     report(rows, args.out)
+    if adjust is not None:  # the report says it is a what-if, and which
+        what_if = {"scale": scale, "set": fix}
+        table = args.out / "validation.md"
+        table.write_text(f"What-if, every call's profile changed: {json.dumps(what_if)}\n\n"
+                         + table.read_text())
+        summary = args.out / "validation_summary.json"
+        summary.write_text(json.dumps({"what_if": what_if, **json.loads(summary.read_text())},
+                                      indent=1))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ def test_what_ifs_scale_or_set_a_profile_field_and_refuse_what_is_no_number_fiel
     assert scoreboard.profile_field_and_number("host.kernel_launch_beside_kernels_s=2e-5") == (
         "host.kernel_launch_beside_kernels_s", 2e-5)
     for bad in ("gpu.kernel_launch=2", "gpu.name=2", "gpu.kernel_launch_s=0",
-                "gpu.kernel_launch_s=fast", "nothing.at_all=1"):
+                "gpu.kernel_launch_s=fast", "gpu.kernel_launch_s=inf", "nothing.at_all=1",
+                "host.ram_max_bytes=1e12", "host.cores=8"):
         with pytest.raises(argparse.ArgumentTypeError):
             scoreboard.profile_field_and_number(bad)
     with pytest.raises(SystemExit, match="--set it"):  # nothing there to scale

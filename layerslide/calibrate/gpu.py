@@ -191,52 +191,66 @@ LANE_POLLERS = 3  # the executor's other lanes that poll GPU events while the GP
 
 def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *,
                           launches: int = LAUNCHES, rounds: int = LAUNCH_ROUNDS,
-                          pollers: int = LANE_POLLERS) -> Measurement:
+                          pollers: int | None = None) -> Measurement:
     """host.kernel_launch_beside_kernels: seconds per tiny launch as the executor's GPU lane
     launches beside its CPU lane. AdamW over a block of `block_params` runs on every core in a
-    thread of its own, `pollers` threads take the GIL every engine.POLL_S to query an event (as
-    the lanes waiting for GPU work do), under the lanes' GIL switch interval. In training on the
-    H200 machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
+    thread of its own and `pollers` threads take the GIL every engine.POLL_S to query an event
+    (as the lanes waiting for GPU work do; none where the run's lanes are watched), under the
+    run's GIL switch interval (ExecutorKnobs from the environment). In training on the H200
+    machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
     (benchmarks/results/validation_2026-12-04b); an idle launch loop did not show it."""
     from layerslide.executor.engine import POLL_S
 
+    knobs = ExecutorKnobs.from_env()
+    if pollers is None:
+        pollers = 0 if knobs.lane_waits == "watch" else LANE_POLLERS
     steps, kernel = adamw_blocks(block_params, 2)
     stop, began = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
     marker = torch.cuda.Event() if tiny.is_cuda else None
     if marker is not None:
         marker.record()
 
     def adamw_on_every_core() -> None:
-        while not stop.is_set():
-            for step in steps:
-                began.set()
-                step()
+        try:
+            while not stop.is_set():
+                for step in steps:
+                    step()
+                    began.set()
+        except BaseException as exc:  # noqa: BLE001 (handed to the measuring thread)
+            failed.append(exc)
+            began.set()
 
     def poll() -> None:
-        while not stop.wait(POLL_S):
-            if marker is not None:
-                marker.query()
+        try:
+            while not stop.wait(POLL_S):
+                if marker is not None:
+                    marker.query()
+        except BaseException as exc:  # noqa: BLE001 (handed to the measuring thread)
+            failed.append(exc)
 
     threads = [threading.Thread(target=adamw_on_every_core, daemon=True),
                *(threading.Thread(target=poll, daemon=True) for _ in range(pollers))]
     switch_s = sys.getswitchinterval()
-    sys.setswitchinterval(ExecutorKnobs().lane_switch_interval_s)
+    sys.setswitchinterval(knobs.lane_switch_interval_s)
     try:
         for t in threads:
             t.start()
-        began.wait()
+        began.wait()  # set by the first AdamW step's end, or by its failure
         launch_s = median_launch_s(tiny, launches, rounds)
     finally:
         stop.set()
         for t in threads:
             t.join()
         sys.setswitchinterval(switch_s)
+    if failed:  # timed beside nothing: not the figure asked for
+        raise RuntimeError(f"the launches beside AdamW were not timed beside it: {failed[0]!r}")
     return Measurement(key="host.kernel_launch_beside_kernels", value=launch_s,
                        how=f"tiny kernel launches from Python, median of {rounds} rounds of "
                            f"{launches}, beside {kernel} looping over {block_params / 2**20:.0f} "
                            f"Mi params and {pollers} threads polling an event every "
                            f"{POLL_S * 1e3:g} ms, GIL switch interval "
-                           f"{ExecutorKnobs().lane_switch_interval_s * 1e3:g} ms")
+                           f"{knobs.lane_switch_interval_s * 1e3:g} ms")
 
 
 class CopyEngines:

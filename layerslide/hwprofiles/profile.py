@@ -125,7 +125,8 @@ class HostSpec:
     dma_write_cost: float = 1.0
     # Cores a stream lane's host thread takes from the CPU lanes' kernels while it launches
     # kernels (the simulator's HOST_CORES). One thread, one core; a profile may say more: AdamW
-    # slowed by s beside a thread launching kernels flat out means cores * s / (1 - s), and the
+    # slowed by s beside a thread launching kernels flat out means cores * s / (1 - s) (at equal
+    # weights: see kernel_launch_beside_kernels_s), and the
     # chunks of a call wait on the thread that shares a core (H200 machine: 15% at a 3B layer,
     # 2.8 cores; a profile with 2.8 predicted the validation suite no better than with 1.0,
     # benchmarks/results/README.md session 11). calibrate does not measure it.
@@ -134,8 +135,10 @@ class HostSpec:
     # kernels (AdamW) run on every core: the GPU lane's enqueue waits for a core and the GIL
     # (H200 machine: a layer's backward enqueue 1.4-1.5x as long beside AdamW as without it,
     # benchmarks/results/validation_2026-12-04b). The simulator weighs a dispatch against the
-    # CPU's kernels so that it runs at gpu.kernel_launch over this of its speed alone. None:
-    # equal weights (a dispatch beside a kernel on every core slowed by cores / (cores + 1)).
+    # CPU's kernels so that it runs at gpu.kernel_launch over this of its speed alone (and a
+    # kernel beside it at cores / (cores + dispatch_cores * weight)). A host figure: a profile
+    # that swaps the card keeps it, against the new card's kernel_launch. None: equal weights
+    # (a dispatch beside a kernel on every core at cores / (cores + dispatch_cores)).
     kernel_launch_beside_kernels_s: float | None = None
     # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
     # torch.compile's worker processes. Plans must fit ram_bytes less this.

@@ -24,7 +24,7 @@ NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or 
 # that shares its core.
 HOST_CORES = "host_cores"
 
-# A weight that water-filling always satisfies in full (a dispatch no slower beside kernels).
+# A weight that water-filling always satisfies in full (a dispatch taking every core, unslowed).
 UNSLOWED_SHARE = 1e6
 # A fp32->bf16 cast reads 4 bytes and writes 2 per parameter.
 CAST_TRAFFIC_PER_READ_BYTE = 1.5
@@ -64,15 +64,15 @@ class CostModel:
     def dispatch_share(self) -> float:
         """A dispatch's weight against the CPU's kernels (weight 1, every core) on HOST_CORES:
         the one at which water-filling leaves it gpu.kernel_launch / host.kernel_launch_beside_
-        kernels of its speed alone, r = C w / (C + d w) for C cores and d dispatch_cores. 1.0
-        (equal weights) where the profile has no such figure; a dispatch measured no slower
-        beside the kernels takes its cores first."""
+        kernels (at most 1) of its speed alone beside one such kernel, r = C w / (C + d w) for
+        C cores and d dispatch_cores; two kernels at once slow it further. 1.0 (equal weights)
+        where the profile has no such figure."""
         host = self.profile.host
         if host.kernel_launch_beside_kernels_s is None:
             return 1.0
         cores, taken = float(host.cores), host.dispatch_cores
-        rate = self.profile.gpu.kernel_launch_s / host.kernel_launch_beside_kernels_s
-        if rate >= min(1.0, cores / taken):
+        rate = min(self.profile.gpu.kernel_launch_s / host.kernel_launch_beside_kernels_s, 1.0)
+        if cores - rate * taken <= 0:  # a dispatch taking every core, unslowed
             return UNSLOWED_SHARE
         return rate * cores / (cores - rate * taken)
 

@@ -391,3 +391,21 @@ def test_launches_beside_the_cpu_kernels_leave_no_thread_and_the_switch_interval
     assert "2 threads polling" in found.how
     assert tiny.item() == 3 * 200  # a warm-up round and two timed ones ran beside them
     assert sys.getswitchinterval() == switch_s and threading.active_count() == threads
+
+
+def test_launches_beside_an_adamw_that_fails_are_refused_not_taken_for_beside_it(monkeypatch):
+    from layerslide.calibrate import gpu
+
+    def broken():
+        raise MemoryError("no room for the block")
+    monkeypatch.setattr(gpu, "adamw_blocks", lambda size, arrays: ([broken], "a broken AdamW"))
+    with pytest.raises(RuntimeError, match="not timed beside it: MemoryError"):
+        gpu.launch_beside_kernels(torch.zeros(1), 2**10, launches=10, rounds=1, pollers=1)
+
+
+def test_watched_lanes_are_measured_without_pollers(monkeypatch):
+    from layerslide.calibrate.gpu import launch_beside_kernels
+
+    monkeypatch.setenv("LAYERSLIDE_LANE_WAITS", "watch")
+    found = launch_beside_kernels(torch.zeros(1), 2**12, launches=20, rounds=1)
+    assert "0 threads polling" in found.how
