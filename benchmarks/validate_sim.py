@@ -115,7 +115,8 @@ for _base in ("qwen4b-mb4x4-w2-host-lm", "mistral7b-mb8-w2-host"):
     for _suffix, _knobs in (("t12", {"cpu_threads": 12}), ("t14", {"cpu_threads": 14}),
                             ("nice10", {"cpu_nice": 10}), ("nice19", {"cpu_nice": 19}),
                             ("switch1ms", {"lane_switch_interval_s": 1e-3}),
-                            ("watch", {"lane_waits": "watch"})):
+                            ("watch", {"lane_waits": "watch"}),
+                            ("batch", {"cpu_sched": "batch"})):
         CONFIGS[f"{_base}-{_suffix}"] = {
             **CONFIGS[_base], "variant_of": _base,
             "policy": {**CONFIGS[_base].get("policy", {}), **_knobs}}

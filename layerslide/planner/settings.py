@@ -32,6 +32,9 @@ LAYER_KERNEL_MODES = get_args(LayerKernels)
 # grads (an upcast pass) and a cast pass after it.
 CpuOptimizer = Literal["native", "torch"]
 CPU_OPTIMIZERS = get_args(CpuOptimizer)
+# The scheduling policy of the native kernels' worker threads (ExecutorKnobs.cpu_sched)
+CpuSched = Literal["normal", "batch"]
+CPU_SCHEDS = get_args(CpuSched)
 # How the executor's lanes learn that GPU work they wait for is done (ExecutorKnobs.lane_waits)
 LaneWaits = Literal["poll", "watch"]
 LANE_WAITS = get_args(LaneWaits)
@@ -117,13 +120,16 @@ class ExecutorKnobs:
     cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
     lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
     cpu_nice: int = 0  # niceness of the native kernels' worker threads (0: the process's)
+    # their Linux scheduling policy: "batch" (SCHED_BATCH) keeps their share of the cores but
+    # stops them pre-empting the lanes' threads as they wake at a call's start
+    cpu_sched: CpuSched = "normal"
     # how lanes learn that GPU work they wait for is done: "poll" its events every 0.2 ms, or
     # "watch": a thread per stream lane sleeps on each event in turn and wakes the waiters
     lane_waits: LaneWaits = "poll"
 
     def __post_init__(self) -> None:
         _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements", "cpu_nice")
-        _chosen("ExecutorKnobs", self, lane_waits=LANE_WAITS)
+        _chosen("ExecutorKnobs", self, lane_waits=LANE_WAITS, cpu_sched=CPU_SCHEDS)
         if self.cpu_nice > 19:
             _fail("ExecutorKnobs", "cpu_nice", self.cpu_nice, "must lie in 0..19 (Linux nice)")
         if not self.lane_switch_interval_s > 0:
@@ -133,8 +139,8 @@ class ExecutorKnobs:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ExecutorKnobs:
         """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK, LAYERSLIDE_CPU_NICE,
-        LAYERSLIDE_LANE_SWITCH_INTERVAL_S and LAYERSLIDE_LANE_WAITS applied where they are
-        set."""
+        LAYERSLIDE_CPU_SCHED, LAYERSLIDE_LANE_SWITCH_INTERVAL_S and LAYERSLIDE_LANE_WAITS
+        applied where they are set."""
         return cls(**cls.env_settings(environ))
 
     @staticmethod
@@ -146,7 +152,8 @@ class ExecutorKnobs:
                                 ("cpu_nice", "LAYERSLIDE_CPU_NICE", int),
                                 ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
                                  float),
-                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str)):
+                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str),
+                                ("cpu_sched", "LAYERSLIDE_CPU_SCHED", str)):
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
