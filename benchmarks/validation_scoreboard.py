@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...`
 
-from benchmarks.validate_sim import CONFIGS, report, repredict  # noqa: E402
+from benchmarks.validate_sim import CONFIGS, report, repredict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # the calls with a thorough calibration of their own (validation_2026-12-04b's calls 2-3 and

@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import validation_scoreboard as scoreboard  # noqa: E402
+from benchmarks import validation_scoreboard as scoreboard
 
 CALL = "validation_2026-12-04b/call1"  # two rows: Qwen3-4B layer-major, Mistral-7B mb8
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.validate_sim import load_gz  # noqa: E402
-from layerslide.trace import TraceEvent  # noqa: E402
+from benchmarks.validate_sim import load_gz
+from layerslide.trace import TraceEvent
 
 MOSTLY = 0.5  # an AdamW task beside a backward for over this share of its time
 COMPANY = 0.3  # another lane's task over this share of the enqueue counts as its company
