@@ -61,7 +61,8 @@ def run_demo(out: Path, log=print) -> Path:
     tuned = simulate(result.best_plan, profile, gpu_memory_bytes=cap, label="tuned")
 
     log("3/4 what-if: the same model on every built-in profile")
-    rows = across_profiles(model, builtin_profiles(), gpu_memory_bytes=None)
+    rows = across_profiles(model, builtin_profiles(), gpu_memory_bytes=None,
+                           progress=lambda done, total: log(f"    {done}/{total} profiles tuned"))
     whatif = pd.DataFrame([r.row() for r in rows])
     write_table(whatif, out / "whatif_profiles")
     plot_whatif(whatif, out / "whatif_profiles.png", title=f"{model.name}: best tokens/s per profile")

@@ -5,8 +5,11 @@ Each row is the best configuration that tune finds in a small search space, or w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, sizes
@@ -82,34 +85,50 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
                      nvme_bytes=profile.storage.total_capacity_bytes, result=result)
 
 
+def _evaluate_all(pairs: Sequence[tuple[ModelSpec, HardwareProfile]], *, seq_len: int,
+                  gpu_memory_bytes: int | None, space: SearchSpace, workers: int | None,
+                  progress: Callable[[int, int], None] | None) -> list[WhatIfRow]:
+    """_evaluate of each (model, profile), in their order; on `workers` processes (default:
+    one per core) where there are several pairs, since each tune runs on one."""
+    workers = min(workers or os.cpu_count() or 1, len(pairs))
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
+    rows: list[WhatIfRow | None] = [None] * len(pairs)
+    if workers <= 1:
+        for i, (model, profile) in enumerate(pairs):
+            rows[i] = job(model, profile)
+            if progress:
+                progress(i + 1, len(pairs))
+        return rows
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(job, model, profile): i for i, (model, profile) in enumerate(pairs)}
+        for done, future in enumerate(as_completed(futures), 1):
+            rows[futures[future]] = future.result()
+            if progress:
+                progress(done, len(pairs))
+    return rows
+
+
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
                     gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
-                    progress: Callable[[int, int], None] | None = None) -> list[WhatIfRow]:
+                    progress: Callable[[int, int], None] | None = None,
+                    workers: int | None = None) -> list[WhatIfRow]:
     """One model on each profile."""
-    rows = []
-    for i, profile in enumerate(profiles):
-        rows.append(_evaluate(model, profile, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes,
-                              space=space))
-        if progress:
-            progress(i + 1, len(profiles))
-    return rows
+    return _evaluate_all([(model, profile) for profile in profiles], seq_len=seq_len,
+                         gpu_memory_bytes=gpu_memory_bytes, space=space, workers=workers,
+                         progress=progress)
 
 
 def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
                   ram_sizes: Sequence[int | None] = (None,),
                   nvme_sizes: Sequence[int | None] = (None,), seq_len: int = 1024,
                   gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
-                  progress: Callable[[int, int], None] | None = None) -> list[WhatIfRow]:
+                  progress: Callable[[int, int], None] | None = None,
+                  workers: int | None = None) -> list[WhatIfRow]:
     """Each model on one profile, for each RAM and NVMe size (None: the profile's own)."""
-    combos = [(m, r, n) for r in ram_sizes for n in nvme_sizes for m in models]
-    rows = []
-    for i, (model, ram, nvme) in enumerate(combos):
-        sized = profile.with_overrides(ram_bytes=ram, nvme_capacity_bytes=nvme)
-        rows.append(_evaluate(model, sized, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes,
-                              space=space))
-        if progress:
-            progress(i + 1, len(combos))
-    return rows
+    pairs = [(m, profile.with_overrides(ram_bytes=r, nvme_capacity_bytes=n))
+             for r in ram_sizes for n in nvme_sizes for m in models]
+    return _evaluate_all(pairs, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
+                         workers=workers, progress=progress)
 
 
 def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:

@@ -23,6 +23,17 @@ def test_model_across_profiles_reports_fit_and_speed():
     assert b["bottleneck"] == "cpu"
 
 
+def test_profiles_tuned_on_several_processes_come_back_in_order_as_on_one():
+    profiles = [make_round_profile(adamw_params_per_s=rate) for rate in (1e5, 1e12, 1e6)]
+    seen = []
+    pooled = across_profiles(make_tiny_model(), profiles, seq_len=16, space=SPACE, workers=2,
+                             progress=lambda done, total: seen.append((done, total)))
+    alone = across_profiles(make_tiny_model(), profiles, seq_len=16, space=SPACE, workers=1)
+    assert [r.row()["tokens_per_s"] for r in pooled] == [r.row()["tokens_per_s"] for r in alone]
+    assert [r.profile for r in pooled] == [p.name for p in profiles]
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+
+
 def test_profile_across_models_and_ram_sizes_finds_the_largest_fit():
     small, big = make_tiny_model(2), make_tiny_model(8)
     # RAM that holds the small model's run but not the big one's state (~3 MB more)
