@@ -92,7 +92,24 @@ def signal_at(step: int, sig: str = "SIGINT") -> str:
     """
 
 
-KILL_MID_STEP_5 = signal_at(5, "SIGKILL")
+# mid-step 5 once checkpoint 4, written beside steps 4-5, is whole: a kill before that (a slow
+# disk) resumes after step 2, which the writing kill below covers
+KILL_MID_STEP_5 = """
+    import time
+    from pathlib import Path
+    from layerslide.executor import runner
+    from layerslide.executor.checkpoint_store import CheckpointStore
+    run = runner.TaskRunner.run
+    def dying_run(self, task):
+        if self.step_offset + task.step == 5 and task.kind == "backward":
+            store = CheckpointStore(Path(os.environ["CHECKPOINT_DIR"]))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and [i.step for i in store.list()][-1:] != [4]:
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run(self, task)
+    runner.TaskRunner.run = dying_run
+"""
 KILL_WRITING_CHECKPOINT_4 = """
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
@@ -104,8 +121,8 @@ KILL_WRITING_CHECKPOINT_4 = """
 """
 
 
-def run_killed(args: list[str], patch: str) -> int:
-    return run_child(args, patch).returncode
+def run_killed(args: list[str], patch: str, checkpoint_dir: Path) -> int:
+    return run_child(args, patch, {"CHECKPOINT_DIR": str(checkpoint_dir)}).returncode
 
 
 @pytest.mark.parametrize(("patch", "resumes_after", "nvme"), [
@@ -117,7 +134,7 @@ def test_resume_after_kill_9_logs_the_uninterrupted_losses(config_dir, tmp_path,
     ckpt, log = tmp_path / "ckpt", tmp_path / "log.jsonl"
     extra = (["--master-on-nvme", "0.5", "--moments-on-nvme", "0.5", "--nvme-dir",
               str(tmp_path / "nvme")] if nvme else [])
-    assert run_killed([*train_args(config_dir, ckpt, log), *extra], patch) == -signal.SIGKILL
+    assert run_killed([*train_args(config_dir, ckpt, log), *extra], patch, ckpt) == -signal.SIGKILL
     before = losses(log)
     assert set(before) >= set(range(resumes_after))  # steps logged before the kill
     # nothing partial is taken for complete: the newest complete checkpoint is the last whole one
@@ -217,14 +234,15 @@ AGAIN_WRITING_CHECKPOINT_4 = """
 """
 
 
-def run_child(args: list[str], patch: str) -> subprocess.CompletedProcess:
+def run_child(args: list[str], patch: str,
+              env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     script = textwrap.dedent("""
         import os, signal, sys
     """) + textwrap.dedent(patch) + textwrap.dedent(f"""
         from layerslide.cli.main import main
         sys.exit(main({args!r}))
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env_extra or {})}
     return subprocess.run([sys.executable, "-c", script], check=False, env=env,
                           capture_output=True, text=True, timeout=300)
 
