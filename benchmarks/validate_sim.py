@@ -455,6 +455,22 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
             **({"trace": predicted.trace} if keep_trace else {})}
 
 
+def row_settings(row: dict):
+    """The model, training settings and policy a measured row ran (ModelSpec, TrainSpec,
+    Policy), as its validation.json records them."""
+    from layerslide.planner.model import resolve_model
+    from layerslide.planner.settings import Policy, TrainSpec
+
+    # rows of 2026-11-29 predate seq_len and grad_accum; they ran at the defaults then
+    train = TrainSpec(micro_batch=row["config"]["micro_batch"], seq_len=row.get("seq_len", 1024),
+                      grad_accum=row["config"].get("grad_accum", 1))
+    policy = Policy.from_dict(row["policy"])
+    run_ahead = row["config"].get("env", {}).get("LAYERSLIDE_RUN_AHEAD")
+    if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
+        policy = policy.with_(stream_run_ahead=int(run_ahead))
+    return resolve_model(row["config"]["model"]), train, policy
+
+
 def repredict(paths: list[Path], profile_name: str, traces: Path | None = None,
               adjust: Callable | None = None) -> list[dict]:
     """Rows measured earlier (validation.json files), predicted again with this code and
@@ -462,8 +478,7 @@ def repredict(paths: list[Path], profile_name: str, traces: Path | None = None,
     model's side changes. A row measured before it kept its AdamW rates by company takes them
     from its measured trace in `traces`, if there (the trace of the call's last round)."""
     from layerslide.hwprofiles import load_profile
-    from layerslide.planner.model import resolve_model
-    from layerslide.planner.settings import Policy, TrainSpec, grads_land_in_upload
+    from layerslide.planner.settings import grads_land_in_upload
 
     profile = load_profile(profile_name)
     if adjust is not None:
@@ -474,16 +489,8 @@ def repredict(paths: list[Path], profile_name: str, traces: Path | None = None,
             if row.get("model_override"):
                 raise SystemExit(f"{path}: {row['label']} was measured on "
                                  f"{row['model_override']} (a smoke test), not its preset")
-            spec = resolve_model(row["config"]["model"])
-            # rows of 2026-11-29 predate these two fields; they ran at the defaults then
-            train = TrainSpec(micro_batch=row["config"]["micro_batch"],
-                              seq_len=row.get("seq_len", 1024),
-                              grad_accum=row["config"].get("grad_accum", 1))
+            spec, train, policy = row_settings(row)
             cap = row.get("gpu_memory_bytes", 24 * 2**30)
-            policy = Policy.from_dict(row["policy"])
-            run_ahead = row["config"].get("env", {}).get("LAYERSLIDE_RUN_AHEAD")
-            if run_ahead is not None:  # variants of 2026-11-30 set the bound this way
-                policy = policy.with_(stream_run_ahead=int(run_ahead))
             row = {**row, **predict(spec, train, policy, profile, cap)}
             if "measured_adamw_by_company" not in row and traces is not None:
                 row.update(company_from_trace(traces, row, spec))

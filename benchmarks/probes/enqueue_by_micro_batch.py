@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.validate_sim import load_gz
+from benchmarks.validate_sim import load_gz, row_settings
 from layerslide.trace import TraceEvent
 
 MOSTLY = 0.5  # an AdamW task beside a backward for over this share of its time
@@ -31,13 +31,9 @@ def overlap_s(a: TraceEvent, start_s: float, end_s: float) -> float:
 def micro_batch_of(row: dict, steps: int) -> dict[str, int]:
     """Each task id of the row's plan over `steps` steps -> its micro-batch."""
     from layerslide.planner.build import build_plan
-    from layerslide.planner.model import resolve_model
-    from layerslide.planner.settings import Policy, TrainSpec
 
-    train = TrainSpec(micro_batch=row["config"]["micro_batch"], seq_len=row.get("seq_len", 1024),
-                      grad_accum=row["config"].get("grad_accum", 1))
-    plan = build_plan(resolve_model(row["config"]["model"]), train,
-                      Policy.from_dict(row["policy"]), num_steps=steps)
+    spec, train, policy = row_settings(row)
+    plan = build_plan(spec, train, policy, num_steps=steps)
     return {tid: plan.task(tid).micro_batch for tid in plan.graph}
 
 

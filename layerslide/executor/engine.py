@@ -91,7 +91,7 @@ class PlanEngine:
         self.watch = plan.policy.executor.lane_waits == "watch"
         self._to_watch = {lane: queue.SimpleQueue() for lane in STREAM_LANES}
         self._landed = {tid: threading.Event() for tid in plan.graph
-                        if plan.task(tid).lane in STREAM_LANES}
+                        if self.watch and plan.task(tid).lane in STREAM_LANES}
         self._slots = {lane: threading.Semaphore(max(self.run_ahead, 1)) for lane in STREAM_LANES}
         self._step_left: dict[int, int] = {}
         for tid in plan.graph:

@@ -116,7 +116,6 @@ class NativeKernels:
         library.set_worker_batch.argtypes = [_I]
         library.set_worker_batch.restype = None
         library.set_worker_batch(int(batch))  # process-wide too; each worker at its next chunk
-        self.batch = batch
         for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None

@@ -59,9 +59,9 @@ class CostModel:
         self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
         self.gpu_speedup = gpu_speedup
         self._efficiency_cache: dict[int, float] = {}
+        self.dispatch_share = self._dispatch_share()
 
-    @property
-    def dispatch_share(self) -> float:
+    def _dispatch_share(self) -> float:
         """A dispatch's weight against the CPU's kernels (weight 1, every core) on HOST_CORES:
         the one at which water-filling leaves it gpu.kernel_launch / host.kernel_launch_beside_
         kernels (at most 1) of its speed alone beside one such kernel, r = C w / (C + d w) for

@@ -10,15 +10,13 @@ per-step floors), and how far the next cheaper variant falls short.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile, ProfileError, ProfileSpec, build_variant
 from layerslide.planner import ModelSpec
 from layerslide.tuner.search import SearchSpace, tune
-from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow
+from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow, in_processes
 
 # The buyer's platforms and cards shipped with layerslide (hwprofiles/builtin).
 DEFAULT_PLATFORMS = ("desktop-ddr5", "desktop-ddr5-4dimm", "workstation-4ch", "workstation-8ch")
@@ -133,20 +131,8 @@ def purchase_search(model: ModelSpec, target_tokens_per_s: float, candidates: Se
         raise ValueError(f"the target must be more than 0 tokens/s, got {target_tokens_per_s}")
     if not candidates:
         raise ValueError("no variant to try: every combination was refused by its platform")
-    workers = workers or min(os.cpu_count() or 1, len(candidates))
-    rows: list[dict] = []
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_tune_variant, model, v, seq_len, space) for v in candidates]
-            for future in as_completed(futures):
-                rows.append(future.result())
-                if progress:
-                    progress(len(rows), len(candidates))
-    else:
-        for v in candidates:
-            rows.append(_tune_variant(model, v, seq_len, space))
-            if progress:
-                progress(len(rows), len(candidates))
+    rows = in_processes(_tune_variant, [(model, v, seq_len, space) for v in candidates],
+                        workers=workers, progress=progress)
     return rank(rows, target_tokens_per_s)
 
 

@@ -85,27 +85,25 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
                      nvme_bytes=profile.storage.total_capacity_bytes, result=result)
 
 
-def _evaluate_all(pairs: Sequence[tuple[ModelSpec, HardwareProfile]], *, seq_len: int,
-                  gpu_memory_bytes: int | None, space: SearchSpace, workers: int | None,
-                  progress: Callable[[int, int], None] | None) -> list[WhatIfRow]:
-    """_evaluate of each (model, profile), in their order; on `workers` processes (default:
-    one per core) where there are several pairs, since each tune runs on one."""
-    workers = min(workers or os.cpu_count() or 1, len(pairs))
-    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
-    rows: list[WhatIfRow | None] = [None] * len(pairs)
+def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
+                 progress: Callable[[int, int], None] | None) -> list:
+    """job(*item) for each item, results in the items' order; on `workers` processes (default:
+    one per core) where there are several items, since each tune runs on one."""
+    workers = min(workers or os.cpu_count() or 1, len(items))
+    results: list = [None] * len(items)
     if workers <= 1:
-        for i, (model, profile) in enumerate(pairs):
-            rows[i] = job(model, profile)
+        for i, item in enumerate(items):
+            results[i] = job(*item)
             if progress:
-                progress(i + 1, len(pairs))
-        return rows
+                progress(i + 1, len(items))
+        return results
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(job, model, profile): i for i, (model, profile) in enumerate(pairs)}
+        futures = {pool.submit(job, *item): i for i, item in enumerate(items)}
         for done, future in enumerate(as_completed(futures), 1):
-            rows[futures[future]] = future.result()
+            results[futures[future]] = future.result()
             if progress:
-                progress(done, len(pairs))
-    return rows
+                progress(done, len(items))
+    return results
 
 
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
@@ -113,9 +111,9 @@ def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, se
                     progress: Callable[[int, int], None] | None = None,
                     workers: int | None = None) -> list[WhatIfRow]:
     """One model on each profile."""
-    return _evaluate_all([(model, profile) for profile in profiles], seq_len=seq_len,
-                         gpu_memory_bytes=gpu_memory_bytes, space=space, workers=workers,
-                         progress=progress)
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
+    return in_processes(job, [(model, profile) for profile in profiles], workers=workers,
+                        progress=progress)
 
 
 def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
@@ -127,8 +125,8 @@ def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
     """Each model on one profile, for each RAM and NVMe size (None: the profile's own)."""
     pairs = [(m, profile.with_overrides(ram_bytes=r, nvme_capacity_bytes=n))
              for r in ram_sizes for n in nvme_sizes for m in models]
-    return _evaluate_all(pairs, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
-                         workers=workers, progress=progress)
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
+    return in_processes(job, pairs, workers=workers, progress=progress)
 
 
 def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:

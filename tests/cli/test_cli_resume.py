@@ -74,17 +74,26 @@ def test_checkpoint_copy_ram_caps_the_copies_and_is_refused_where_nothing_is_cop
 
 
 # run the CLI in a child that SIGKILLs itself at a chosen point
-def signal_at(step: int, sig: str = "SIGINT") -> str:
+def signal_at(step: int, sig: str = "SIGINT", once_whole: int | None = None) -> str:
     """A child patch: the signal to itself as step `step`'s first backward begins, delivered to
-    the lane thread running it (a lane, not the main thread, is where a Ctrl-C may land)."""
+    the lane thread running it (a lane, not the main thread, is where a Ctrl-C may land); with
+    `once_whole`, first waiting for that checkpoint (written beside training) to be whole."""
     return f"""
     import threading, time
+    from pathlib import Path
     from layerslide.executor import runner
+    from layerslide.executor.checkpoint_store import CheckpointStore
     run = runner.TaskRunner.run
     sent = []
     def signalled_run(self, task):
         if self.step_offset + task.step == {step} and task.kind == "backward" and not sent:
             sent.append(True)
+            if {once_whole!r} is not None:
+                store = CheckpointStore(Path(os.environ["CHECKPOINT_DIR"]))
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and \\
+                        [i.step for i in store.list()][-1:] != [{once_whole!r}]:
+                    time.sleep(0.05)
             signal.pthread_kill(threading.get_ident(), signal.{sig})
             time.sleep(0.5)  # the main thread's handler runs within this step
         return run(self, task)
@@ -94,22 +103,7 @@ def signal_at(step: int, sig: str = "SIGINT") -> str:
 
 # mid-step 5 once checkpoint 4, written beside steps 4-5, is whole: a kill before that (a slow
 # disk) resumes after step 2, which the writing kill below covers
-KILL_MID_STEP_5 = """
-    import time
-    from pathlib import Path
-    from layerslide.executor import runner
-    from layerslide.executor.checkpoint_store import CheckpointStore
-    run = runner.TaskRunner.run
-    def dying_run(self, task):
-        if self.step_offset + task.step == 5 and task.kind == "backward":
-            store = CheckpointStore(Path(os.environ["CHECKPOINT_DIR"]))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and [i.step for i in store.list()][-1:] != [4]:
-                time.sleep(0.05)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return run(self, task)
-    runner.TaskRunner.run = dying_run
-"""
+KILL_MID_STEP_5 = signal_at(5, "SIGKILL", once_whole=4)
 KILL_WRITING_CHECKPOINT_4 = """
     from layerslide.executor import checkpoint_store
     write = checkpoint_store._write_group
