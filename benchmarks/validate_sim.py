@@ -111,12 +111,12 @@ CONFIGS = {
 # executor variants of the GPU lane's enqueue, which ran 1.4-1.8x slower beside the CPU AdamW
 # than without it (validation_2026-12-04b call1): AdamW on fewer threads than cores, its workers
 # niced, the lanes' GIL switch interval at 1 ms, the lanes told of landed GPU work by watchers
-for _base in ("qwen4b-mb4x4-w2-host-lm", "mistral7b-mb8-w2-host"):
+for _base in ("qwen4b-mb4x4-w2-host-lm", "mistral7b-mb8-w2-host", "8b-mb4x4-w2-host-lm",
+              "qwen4b-mb4-w2-gpu"):
     for _suffix, _knobs in (("t12", {"cpu_threads": 12}), ("t14", {"cpu_threads": 14}),
                             ("nice10", {"cpu_nice": 10}), ("nice19", {"cpu_nice": 19}),
                             ("switch1ms", {"lane_switch_interval_s": 1e-3}),
-                            ("watch", {"lane_waits": "watch"}),
-                            ("batch", {"cpu_sched": "batch"})):
+                            ("watch", {"lane_waits": "watch"})):
         CONFIGS[f"{_base}-{_suffix}"] = {
             **CONFIGS[_base], "variant_of": _base,
             "policy": {**CONFIGS[_base].get("policy", {}), **_knobs}}

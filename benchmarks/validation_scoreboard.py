@@ -31,7 +31,9 @@ CALLS = ("validation_2026-12-03a", "validation_2026-12-03b/call1",
          "validation_2026-12-03c/call1", "validation_2026-12-03c/call2",
          "validation_2026-12-03c/call3", "validation_2026-12-04/call1",
          "validation_2026-12-04/call2", "validation_2026-12-04/call3",
-         "validation_2026-12-04b/call1")
+         "validation_2026-12-04b/call1", "validation_2026-12-04c/call1",
+         "validation_2026-12-04c/call2", "validation_2026-12-04c/call3",
+         "validation_2026-12-04c/call4")
 PROFILE = "h200-calibrated.toml"
 # rows whose executor path has changed since they were measured, so that they say nothing of
 # this code, with where the row was measured again

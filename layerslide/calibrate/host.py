@@ -298,4 +298,4 @@ def _kernel_knobs() -> dict:
     """The native kernels' spread over the cores as the environment sets it (ExecutorKnobs)."""
     knobs = ExecutorKnobs.from_env()
     return {"threads": knobs.cpu_threads, "chunk": knobs.cpu_chunk_elements,
-            "nice": knobs.cpu_nice, "batch": knobs.cpu_sched == "batch"}
+            "nice": knobs.cpu_nice}

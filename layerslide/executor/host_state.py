@@ -59,7 +59,7 @@ class HostState:
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         knobs = policy.executor
         self.native = (load_kernels(threads=knobs.cpu_threads, chunk=knobs.cpu_chunk_elements,
-                                    nice=knobs.cpu_nice, batch=knobs.cpu_sched == "batch")
+                                    nice=knobs.cpu_nice)
                        if policy.kernels.cpu_optimizer == "native" else None)
         # the first elements of each block's master weights / moments live on disk, as many
         # as the plan's placement says, the rest here (self.master and self.moments hold that

@@ -103,7 +103,7 @@ class NativeKernels:
     """Typed entry points into the compiled library."""
 
     def __init__(self, library: ctypes.CDLL, *, threads: int = 0, chunk: int = DEFAULT_CHUNK,
-                 nice: int = 0, batch: bool = False):
+                 nice: int = 0):
         if threads < 0 or chunk < 0:
             raise ValueError(f"native kernels: threads={threads} and chunk={chunk} must be >= 0 "
                              "(0: OpenMP's thread count / one even slice per thread)")
@@ -113,9 +113,6 @@ class NativeKernels:
         library.set_worker_nice.restype = None
         if nice:  # process-wide: the workers of every caller's team take it
             library.set_worker_nice(nice)
-        library.set_worker_batch.argtypes = [_I]
-        library.set_worker_batch.restype = None
-        library.set_worker_batch(int(batch))  # process-wide too; each worker at its next chunk
         for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None
@@ -224,15 +221,14 @@ class NativeKernels:
 
 
 def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK,
-                 nice: int = 0, batch: bool = False) -> NativeKernels | None:
+                 nice: int = 0) -> NativeKernels | None:
     """The compiled kernels, or None (no compiler, or LAYERSLIDE_NATIVE=0); threads: 0 for
     OpenMP's count; chunk: elements a thread takes at a time (0: one even slice per thread);
-    nice: the worker threads' niceness (0: left as is); batch: the workers under SCHED_BATCH
-    (Linux). A run takes them from its plan (Policy.executor)."""
+    nice: the worker threads' niceness (0: left as is). A run takes them from its plan
+    (Policy.executor)."""
     if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
         return None
     path = _build(SOURCE)
     if path is None:
         return None
-    return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk, nice=nice,
-                         batch=batch)
+    return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk, nice=nice)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
@@ -32,9 +33,6 @@ LAYER_KERNEL_MODES = get_args(LayerKernels)
 # grads (an upcast pass) and a cast pass after it.
 CpuOptimizer = Literal["native", "torch"]
 CPU_OPTIMIZERS = get_args(CpuOptimizer)
-# The scheduling policy of the native kernels' worker threads (ExecutorKnobs.cpu_sched)
-CpuSched = Literal["normal", "batch"]
-CPU_SCHEDS = get_args(CpuSched)
 # How the executor's lanes learn that GPU work they wait for is done (ExecutorKnobs.lane_waits)
 LaneWaits = Literal["poll", "watch"]
 LANE_WAITS = get_args(LaneWaits)
@@ -120,16 +118,13 @@ class ExecutorKnobs:
     cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
     lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
     cpu_nice: int = 0  # niceness of the native kernels' worker threads (0: the process's)
-    # their Linux scheduling policy: "batch" (SCHED_BATCH) keeps their share of the cores but
-    # stops them pre-empting the lanes' threads as they wake at a call's start
-    cpu_sched: CpuSched = "normal"
     # how lanes learn that GPU work they wait for is done: "poll" its events every 0.2 ms, or
     # "watch": a thread per stream lane sleeps on each event in turn and wakes the waiters
     lane_waits: LaneWaits = "poll"
 
     def __post_init__(self) -> None:
         _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements", "cpu_nice")
-        _chosen("ExecutorKnobs", self, lane_waits=LANE_WAITS, cpu_sched=CPU_SCHEDS)
+        _chosen("ExecutorKnobs", self, lane_waits=LANE_WAITS)
         if self.cpu_nice > 19:
             _fail("ExecutorKnobs", "cpu_nice", self.cpu_nice, "must lie in 0..19 (Linux nice)")
         if not self.lane_switch_interval_s > 0:
@@ -139,8 +134,8 @@ class ExecutorKnobs:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ExecutorKnobs:
         """The knobs with LAYERSLIDE_CPU_THREADS, LAYERSLIDE_CPU_CHUNK, LAYERSLIDE_CPU_NICE,
-        LAYERSLIDE_CPU_SCHED, LAYERSLIDE_LANE_SWITCH_INTERVAL_S and LAYERSLIDE_LANE_WAITS
-        applied where they are set."""
+        LAYERSLIDE_LANE_SWITCH_INTERVAL_S and LAYERSLIDE_LANE_WAITS applied where they are
+        set."""
         return cls(**cls.env_settings(environ))
 
     @staticmethod
@@ -152,8 +147,7 @@ class ExecutorKnobs:
                                 ("cpu_nice", "LAYERSLIDE_CPU_NICE", int),
                                 ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
                                  float),
-                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str),
-                                ("cpu_sched", "LAYERSLIDE_CPU_SCHED", str)):
+                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str)):
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
@@ -372,14 +366,35 @@ class Policy:
     @classmethod
     def from_dict(cls, data: dict) -> Policy:
         """From to_dict's nested form, or the flat one that checkpoints written before the
-        groups existed hold."""
+        groups existed hold. Fields since removed (RETIRED_FIELDS) are dropped: they changed
+        how fast a run went, never what it computed."""
         if not set(data) <= set(_GROUPS):  # flat
             return cls.of(**data)
+        data = {g: {k: v for k, v in given.items() if not _retired(g, k, v)}
+                for g, given in data.items()}
         unknown = sorted(f"{g}.{k}" for g, given in data.items() for k in given
                          if _GROUP_OF.get(k) != g)
         if unknown:
             raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
         return cls(**{g: _GROUPS[g](**given) for g, given in data.items()})
+
+
+# (group, field) -> (the value that is now the only behaviour, why the field went)
+RETIRED_FIELDS = {("executor", "cpu_sched"): (
+    "normal", "SCHED_BATCH workers ran no faster than normal ones on the H200 "
+              "(benchmarks/results/validation_2026-12-04c)")}
+
+
+def _retired(group: str, name: str, value) -> bool:
+    """Whether a saved policy field is one since removed; warns where it asked for other than
+    what now always happens."""
+    if (group, name) not in RETIRED_FIELDS:
+        return False
+    kept, why = RETIRED_FIELDS[group, name]
+    if value != kept:
+        warnings.warn(f"policy field {group}.{name}={value!r} is ignored: removed, since {why}; "
+                      f"runs now always use {kept!r}", stacklevel=3)
+    return True
 
 
 def sums_grads_on_host(policy: Policy, train: TrainSpec) -> bool:

@@ -133,7 +133,7 @@ def test_the_environment_sets_the_knobs_a_plan_records(monkeypatch):
     knobs at the command line; the kernels then take them from the plan, not the environment."""
     from layerslide.executor.native import DEFAULT_CHUNK
     from layerslide.executor.native import load_kernels as load
-    from layerslide.planner.settings import ExecutorKnobs, Policy
+    from layerslide.planner.settings import Policy
 
     assert ExecutorKnobs().cpu_chunk_elements == DEFAULT_CHUNK
     monkeypatch.setenv("LAYERSLIDE_CPU_CHUNK", "lots")
@@ -208,41 +208,8 @@ def test_the_kernels_workers_take_the_plans_niceness_and_the_caller_keeps_its_ow
 
 
 def test_a_niceness_beyond_linuxs_range_says_what_to_change():
-    from layerslide.planner.settings import ExecutorKnobs
 
     with pytest.raises(ValueError, match="cpu_nice.*0..19"):
         ExecutorKnobs(cpu_nice=20)
     assert ExecutorKnobs.env_settings({"LAYERSLIDE_CPU_NICE": "10"}) == {"cpu_nice": 10}
 
-
-WORKER_BATCH_SCRIPT = """
-import os, threading, torch
-from layerslide.executor.native import load_kernels
-
-def policies():
-    return {int(t): os.sched_getscheduler(int(t)) for t in os.listdir("/proc/self/task")}
-
-src = torch.randn(1 << 16)
-for batch in (True, False):
-    kernels = load_kernels(threads=2, chunk=1024, batch=batch)
-    kernels.cast(src, torch.empty(src.shape, dtype=torch.bfloat16))
-    seen = policies()
-    print(seen[threading.get_native_id()], *sorted(set(seen.values())))
-"""
-
-
-@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="scheduling policies: Linux")
-def test_the_kernels_workers_run_under_sched_batch_when_asked_and_the_caller_never():
-    """cpu_sched="batch" puts the OpenMP workers, not the calling lane thread, under
-    SCHED_BATCH, and "normal" takes them back (the library's setting is process-wide)."""
-    import subprocess
-    import sys
-
-    ran = subprocess.run([sys.executable, "-c", WORKER_BATCH_SCRIPT], capture_output=True,
-                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    batch, normal = ([int(w) for w in line.split()] for line in ran.stdout.splitlines())
-    assert batch[0] == os.SCHED_OTHER and os.SCHED_BATCH in batch[1:]
-    assert normal[0] == os.SCHED_OTHER and os.SCHED_BATCH not in normal[1:]
-    assert ExecutorKnobs.env_settings({"LAYERSLIDE_CPU_SCHED": "batch"}) == {"cpu_sched": "batch"}
-    with pytest.raises(ValueError, match="cpu_sched"):
-        ExecutorKnobs(cpu_sched="fifo")

@@ -19,7 +19,6 @@
 #include <stdint.h>
 #include <string.h>
 #ifdef __linux__
-#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -39,10 +38,6 @@ static inline float bf16_to_f32(uint16_t h) {
  * needs no privilege, lowering it again does (RLIMIT_NICE). */
 static volatile int worker_nice = 0;
 static __thread int nice_taken = 0;
-/* Or their scheduling policy: SCHED_BATCH keeps their fair share of the cores but lets none of
- * them pre-empt a running thread as it wakes, which every worker does as a call starts. */
-static volatile int worker_batch = 0;
-static __thread int batch_taken = 0;
 
 static inline void take_worker_nice(void) {
 #ifdef __linux__
@@ -52,17 +47,10 @@ static inline void take_worker_nice(void) {
         nice_taken = worker_nice;
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_taken);
     }
-    if (batch_taken != worker_batch) {
-        struct sched_param none = {0};
-        batch_taken = worker_batch;
-        sched_setscheduler((pid_t)syscall(SYS_gettid), batch_taken ? SCHED_BATCH : SCHED_OTHER,
-                           &none);
-    }
 #endif
 }
 
 void set_worker_nice(int64_t nice) { worker_nice = (int)nice; }
-void set_worker_batch(int64_t batch) { worker_batch = batch != 0; }
 
 static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN stays NaN */
     uint32_t bits;
