@@ -39,6 +39,17 @@ PROFILE = "h200-calibrated.toml"
 # this code, with where the row was measured again
 SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
               "ran before the native grad-sum kernel (accumulate_2026-12-03); again in 12-03b/call3"}
+# calls calibrated with LAYERSLIDE_CPU_NICE=19, before calibrate measured the launch price
+# beside AdamW both ways: the one price their profile names plain is the one beside niced workers
+NICED_CALIBRATIONS = {"validation_2026-12-04c/call3", "validation_2026-12-04c/call4"}
+
+
+def niced_price_named(profile):
+    """The profile with its launch price beside AdamW moved to the niced field, none plain."""
+    host = dataclasses.replace(
+        profile.host, kernel_launch_beside_kernels_s=None,
+        kernel_launch_beside_niced_kernels_s=profile.host.kernel_launch_beside_kernels_s)
+    return dataclasses.replace(profile, host=host)
 
 
 def adjusted(scale: dict[str, float], fix: dict[str, float]):
@@ -88,6 +99,9 @@ def call_rows(call: str, results: Path = RESULTS, adjust=None) -> list[dict]:
         raise SystemExit(f"{call}: {', '.join(map(str, missing))} not there: name calls whose "
                          f"folder holds validation.json and {PROFILE}")
     short = call.removeprefix("validation_2026-")
+    if call in NICED_CALIBRATIONS:
+        given = adjust
+        adjust = (lambda p: given(niced_price_named(p))) if given else niced_price_named
     rows = []
     for row in repredict([folder / "validation.json"], str(folder / PROFILE), adjust=adjust):
         label = row["label"]

@@ -59,3 +59,25 @@ def test_what_ifs_scale_or_set_a_profile_field_and_refuse_what_is_no_number_fiel
             scoreboard.profile_field_and_number(bad)
     with pytest.raises(SystemExit, match="--set it"):  # nothing there to scale
         scoreboard.adjusted({"host.kernel_launch_beside_kernels_s": 2.0}, {})(profile)
+
+
+def test_a_call_calibrated_at_nice_19_names_its_launch_price_the_niced_one():
+    from layerslide.hwprofiles import load_profile
+
+    call = "validation_2026-12-04c/call3"
+    assert call in scoreboard.NICED_CALIBRATIONS
+    given = load_profile(str(scoreboard.RESULTS / call / scoreboard.PROFILE))
+    named = scoreboard.niced_price_named(given)
+    assert named.host.kernel_launch_beside_niced_kernels_s == \
+        given.host.kernel_launch_beside_kernels_s
+    assert named.host.kernel_launch_beside_kernels_s is None
+    rows = {r["label"]: r for r in scoreboard.call_rows(call)}
+    committed = {r["label"]: r for r in json.loads(
+        (scoreboard.RESULTS / call / "validation.json").read_text())}
+    # the nice-19 row is priced as the call priced it, beside niced workers; the nice-0 one as
+    # with no price measured (equal weights), which makes its dispatch cheaper
+    label = "qwen4b-mb4x4-w2-host-lm"
+    niced, plain = rows[f"12-04c/call3:{label}-nice19"], rows[f"12-04c/call3:{label}"]
+    assert niced["predicted_step_s"] == pytest.approx(
+        committed[f"{label}-nice19"]["predicted_step_s"], rel=1e-6)
+    assert plain["predicted_step_s"] < niced["predicted_step_s"]

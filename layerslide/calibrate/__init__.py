@@ -24,6 +24,7 @@ from layerslide.calibrate.sharing import fit_host_sharing
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.hwprofiles.loader import INTEGER_ATTRS, PROFILE_FIELDS
 from layerslide.planner.model import ModelSpec
+from layerslide.planner.settings import LANES_FIRST_NICE
 
 QUICK_TOKENS = [1024, 8192, 32768]
 THOROUGH_TOKENS = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536]
@@ -174,6 +175,10 @@ def measure(*, quick: bool, model: ModelSpec, peak_flops: float,
                                           rounds=1 if quick else 3)))),
         ]
     steps = _spread(steps, adamw)
+    if gpu:  # last: the workers stay niced for the rest of the process
+        steps.append(("GPU launches beside niced AdamW", lambda: [device.launch_beside_kernels(
+            torch.zeros(1, device="cuda"), adamw_numel // ADAMW_ARRAYS,
+            nice=LANES_FIRST_NICE)]))
     found: list[Measurement] = []
     for name, run in steps:
         progress(name)

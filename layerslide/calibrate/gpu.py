@@ -14,7 +14,7 @@ from torch.nn import functional
 
 from layerslide.calibrate.host import GIB, Measurement, adamw_blocks
 from layerslide.planner.model import ModelSpec
-from layerslide.planner.settings import ExecutorKnobs
+from layerslide.planner.settings import LANES_FIRST_NICE, ExecutorKnobs
 
 
 def _cuda_ms(fn: Callable[[], object], repeats: int, batch: int = 10) -> float:
@@ -189,22 +189,29 @@ def median_launch_s(tiny: torch.Tensor, launches: int, rounds: int) -> float:
 LANE_POLLERS = 3  # the executor's other lanes that poll GPU events while the GPU lane launches
 
 
-def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *,
+def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *, nice: int = 0,
                           launches: int = LAUNCHES, rounds: int = LAUNCH_ROUNDS,
                           pollers: int | None = None) -> Measurement:
-    """host.kernel_launch_beside_kernels: seconds per tiny launch as the executor's GPU lane
-    launches beside its CPU lane. AdamW over a block of `block_params` runs on every core in a
-    thread of its own and `pollers` threads take the GIL every engine.POLL_S to query an event
-    (as the lanes waiting for GPU work do; none where the run's lanes are watched), under the
-    run's GIL switch interval (ExecutorKnobs from the environment). In training on the H200
-    machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
-    (benchmarks/results/validation_2026-12-04b); an idle launch loop did not show it."""
+    """host.kernel_launch_beside_kernels (nice 0) or host.kernel_launch_beside_niced_kernels
+    (nice LANES_FIRST_NICE): seconds per tiny launch as the executor's GPU lane launches beside
+    its CPU lane. AdamW over a block of `block_params` runs on every core in a thread of its
+    own, its workers at `nice`, and `pollers` threads take the GIL every engine.POLL_S to query
+    an event (as the lanes waiting for GPU work do; none where the run's lanes are watched),
+    under the run's GIL switch interval (ExecutorKnobs from the environment). In training on
+    the H200 machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
+    (benchmarks/results/validation_2026-12-04b); an idle launch loop did not show it. Niceness
+    is process-wide and is not lowered again: time the niced price last."""
     from layerslide.executor.engine import POLL_S
 
+    keys = {0: "host.kernel_launch_beside_kernels",
+            LANES_FIRST_NICE: "host.kernel_launch_beside_niced_kernels"}
+    if nice not in keys:
+        raise ValueError(f"nice={nice}: the profile has launch prices beside AdamW workers at "
+                         f"{' and '.join(map(str, keys))} only")
     knobs = ExecutorKnobs.from_env()
     if pollers is None:
         pollers = 0 if knobs.lane_waits == "watch" else LANE_POLLERS
-    steps, kernel = adamw_blocks(block_params, 2)
+    steps, kernel = adamw_blocks(block_params, 2, nice=nice)
     stop, began = threading.Event(), threading.Event()
     failed: list[BaseException] = []
     marker = torch.cuda.Event() if tiny.is_cuda else None
@@ -245,11 +252,11 @@ def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *,
         sys.setswitchinterval(switch_s)
     if failed:  # timed beside nothing: not the figure asked for
         raise RuntimeError(f"the launches beside AdamW were not timed beside it: {failed[0]!r}")
-    return Measurement(key="host.kernel_launch_beside_kernels", value=launch_s,
+    return Measurement(key=keys[nice], value=launch_s,
                        how=f"tiny kernel launches from Python, median of {rounds} rounds of "
                            f"{launches}, beside {kernel} looping over {block_params / 2**20:.0f} "
-                           f"Mi params and {pollers} threads polling an event every "
-                           f"{POLL_S * 1e3:g} ms, GIL switch interval "
+                           f"Mi params (its workers at nice {nice}) and {pollers} threads "
+                           f"polling an event every {POLL_S * 1e3:g} ms, GIL switch interval "
                            f"{knobs.lane_switch_interval_s * 1e3:g} ms")
 
 

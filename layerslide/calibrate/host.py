@@ -94,11 +94,13 @@ def executor_adamw_block(native: NativeKernels, numel: int,
     return step
 
 
-def adamw_blocks(size: int, arrays: int) -> tuple[list[Callable[[], None]], str]:
+def adamw_blocks(size: int, arrays: int, *,
+                 nice: int = 0) -> tuple[list[Callable[[], None]], str]:
     """`arrays` AdamW steps over block-sized arrays of their own, as the executor runs AdamW,
     and a description of the kernel: layerslide's native kernel reading bf16 grads and writing
-    the bf16 weights over them, else (no compiler) torch's fused CPU AdamW with fp32 grads."""
-    native = load_kernels(**_kernel_knobs())
+    the bf16 weights over them (its workers at `nice`), else (no compiler) torch's fused CPU
+    AdamW with fp32 grads."""
+    native = load_kernels(**_kernel_knobs(nice))
     if native is not None:
         return [executor_adamw_block(native, size) for _ in range(arrays)], _describe(native)
     optimizers = []
@@ -294,8 +296,9 @@ def _read_file(path: Path, nbytes: int, direct: int, buf: memoryview,
     return done
 
 
-def _kernel_knobs() -> dict:
-    """The native kernels' spread over the cores as the environment sets it (ExecutorKnobs)."""
+def _kernel_knobs(nice: int = 0) -> dict:
+    """The native kernels' spread over the cores as the environment sets it (ExecutorKnobs),
+    their workers at `nice`, not the environment's: niceness is process-wide and cannot be
+    lowered again unprivileged, so calibrate measures at 0 and nices only its last step."""
     knobs = ExecutorKnobs.from_env()
-    return {"threads": knobs.cpu_threads, "chunk": knobs.cpu_chunk_elements,
-            "nice": knobs.cpu_nice}
+    return {"threads": knobs.cpu_threads, "chunk": knobs.cpu_chunk_elements, "nice": nice}

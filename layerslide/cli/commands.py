@@ -23,7 +23,7 @@ from layerslide.cli.options import (
 from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.hwprofiles import builtin_profiles
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
-from layerslide.planner.settings import MOMENT_PRECISIONS
+from layerslide.planner.settings import MOMENT_PRECISIONS, ExecutorKnobs
 from layerslide.reports import (
     format_table,
     plot_memory,
@@ -255,7 +255,8 @@ def space_of(args) -> SearchSpace:
         casts=args.casts or defaults.casts,
         optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
         moment_precisions=args.moment_precisions or defaults.moment_precisions,
-        allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates)
+        allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates,
+        lanes_first="cpu_nice" not in ExecutorKnobs.env_settings())  # else the one set stays
 
 
 def _by_accumulation(result) -> list[str]:
@@ -298,6 +299,8 @@ def cmd_tune(args) -> int:
              "peak_host_bytes"]
     if len(set(table["moment_precision"])) > 1:  # asked for: which one each row has
         shown.insert(shown.index("step_s"), "moment_precision")
+    if len(set(table["cpu_nice"])) > 1:  # the GPU-bound leaders niced (tuner.lanes_first)
+        shown.insert(shown.index("step_s"), "cpu_nice")
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
         print("best by accumulation: " + "; ".join(_by_accumulation(result)))

@@ -31,7 +31,7 @@ from layerslide.cli.step_logs import StepReporter, require_tensorboard
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
-from layerslide.planner.settings import STATE_LAYOUT_FIELDS
+from layerslide.planner.settings import LANES_FIRST_NICE, STATE_LAYOUT_FIELDS, ExecutorKnobs
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
@@ -206,6 +206,22 @@ def _check_fits(args, plan: Plan):
     return prediction
 
 
+def _lanes_first(args, plan: Plan, prediction, device: str):
+    """The plan with its CPU kernels niced where it is GPU-bound (tuner.lanes_first), runs on
+    a GPU (on the CPU its compute is no launch to let through) and LAYERSLIDE_CPU_NICE leaves
+    the choice open; and its prediction."""
+    from layerslide.tuner.lanes_first import lanes_first
+
+    chosen = "cpu_nice" in ExecutorKnobs.env_settings() or not device.startswith("cuda")
+    policy = None if chosen else lanes_first(plan.policy, prediction)
+    if policy is None:
+        return plan, prediction
+    print(f"the plan is GPU-bound: the CPU optimizer's workers run at nice {LANES_FIRST_NICE}, "
+          "so that the GPU's launches take a core first (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
+    plan = replace(plan, policy=policy)
+    return plan, _check_fits(args, plan)
+
+
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
                 "resume_fallback", "checkpoint_copy_ram",
@@ -319,8 +335,9 @@ def cmd_train(args) -> int:
     _check_eval_flags(args)
     schedule = _checkpoint_schedule(args)
     plan = _plan(args, spec)
-    train, policy = plan.train, plan.policy
     prediction = _check_fits(args, plan)
+    plan, prediction = _lanes_first(args, plan, prediction, device)
+    train, policy = plan.train, plan.policy
     if not args.out:
         print("note: no --out: the trained model will not be saved", file=sys.stderr)
     optim = OptimConfig(lr=args.lr, weight_decay=args.weight_decay,

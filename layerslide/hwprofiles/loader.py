@@ -75,6 +75,8 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "dma_write_cost": ("dma_write_cost", "ratio"),
             "dispatch_cores": ("dispatch_cores", "ratio"),
             "kernel_launch_beside_kernels": ("kernel_launch_beside_kernels_s", "seconds"),
+            "kernel_launch_beside_niced_kernels": ("kernel_launch_beside_niced_kernels_s",
+                                                   "seconds"),
             "reserve": ("reserve_bytes", "bytes"),
             "ram_max": ("ram_max_bytes", "bytes"),
         },
@@ -98,7 +100,7 @@ OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drive
                    "host.dma_write_share", "host.dma_read_cost", "host.dma_write_cost",
                    "host.dispatch_cores", "host.reserve", "host.adamw_bf16_throughput",
                    "host.adamw_int8_throughput", "host.adamw_call_overhead", "host.ram_max",
-                   "host.kernel_launch_beside_kernels",
+                   "host.kernel_launch_beside_kernels", "host.kernel_launch_beside_niced_kernels",
                    "storage.drives_max"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses

@@ -140,6 +140,11 @@ class HostSpec:
     # that swaps the card keeps it, against the new card's kernel_launch. None: equal weights
     # (a dispatch beside a kernel on every core at cores / (cores + dispatch_cores)).
     kernel_launch_beside_kernels_s: float | None = None
+    # The same with the kernels' workers at nice 19 (ExecutorKnobs.lanes_first: the lane
+    # threads take a core first; H200 machine 21.9 us where nice 0 was 31.5 on another lease,
+    # benchmarks/results/validation_2026-12-04c). Plans that nice them are priced with it;
+    # None: with kernel_launch_beside_kernels_s.
+    kernel_launch_beside_niced_kernels_s: float | None = None
     # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
     # torch.compile's worker processes. Plans must fit ram_bytes less this.
     reserve_bytes: int = 0

@@ -33,6 +33,11 @@ LAYER_KERNEL_MODES = get_args(LayerKernels)
 # grads (an upcast pass) and a cast pass after it.
 CpuOptimizer = Literal["native", "torch"]
 CPU_OPTIMIZERS = get_args(CpuOptimizer)
+# The CPU kernels' workers' niceness that lets the lanes' threads take a core first: a GPU-bound
+# plan's dispatch stops queueing behind AdamW (H200: Qwen3-4B layer-major -25% step time), while
+# a CPU-bound one loses to the lanes what they take (-3% to +8%,
+# benchmarks/results/validation_2026-12-04c)
+LANES_FIRST_NICE = 19
 # How the executor's lanes learn that GPU work they wait for is done (ExecutorKnobs.lane_waits)
 LaneWaits = Literal["poll", "watch"]
 LANE_WAITS = get_args(LaneWaits)
@@ -110,17 +115,25 @@ class TrainSpec:
 
 @dataclass(frozen=True, kw_only=True)
 class ExecutorKnobs:
-    """How the executor runs a plan, not what it computes or how long the simulator says it
-    takes: kept in the plan (Policy.executor) so that a run is reproducible from its file.
-    At the command line the environment sets them (from_env)."""
+    """How the executor runs a plan, not what it computes: kept in the plan (Policy.executor) so
+    that a run is reproducible from its file. At the command line the environment sets them
+    (from_env). The simulator prices one of them, lanes_first; the rest it does not see."""
 
     cpu_threads: int = 0  # threads of the native CPU AdamW and cast (0: OpenMP's, every core)
     cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
     lane_switch_interval_s: float = 2e-4  # Python's GIL switch interval while the lanes run
-    cpu_nice: int = 0  # niceness of the native kernels' worker threads (0: the process's)
+    # niceness of the native kernels' worker threads (0: the process's); LANES_FIRST_NICE
+    # where the plan is GPU-bound (train and tune set it: tuner.lanes_first)
+    cpu_nice: int = 0
     # how lanes learn that GPU work they wait for is done: "poll" its events every 0.2 ms, or
     # "watch": a thread per stream lane sleeps on each event in turn and wakes the waiters
     lane_waits: LaneWaits = "poll"
+
+    @property
+    def lanes_first(self) -> bool:
+        """The CPU kernels' workers yield a core to the lane threads as they wake (the
+        simulator prices the launches beside them with host.kernel_launch_beside_niced_kernels)."""
+        return self.cpu_nice == LANES_FIRST_NICE
 
     def __post_init__(self) -> None:
         _whole("ExecutorKnobs", self, "cpu_threads", "cpu_chunk_elements", "cpu_nice")
@@ -381,8 +394,8 @@ class Policy:
 
 # (group, field) -> (the value that is now the only behaviour, why the field went)
 RETIRED_FIELDS = {("executor", "cpu_sched"): (
-    "normal", "SCHED_BATCH workers ran no faster than normal ones on the H200 "
-              "(benchmarks/results/validation_2026-12-04c)")}
+    "normal", ("SCHED_BATCH workers ran no faster than normal ones on the H200 "
+               "(benchmarks/results/validation_2026-12-04c)"))}
 
 
 def _retired(group: str, name: str, value) -> bool:

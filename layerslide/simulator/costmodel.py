@@ -50,14 +50,18 @@ class Cost:
 class CostModel:
     """Durations and resource draws of plan tasks on one hardware profile."""
 
-    def __init__(self, profile: HardwareProfile, *, gpu_speedup: float = 1.0):
+    def __init__(self, profile: HardwareProfile, *, gpu_speedup: float = 1.0,
+                 lanes_first: bool = False):
         """gpu_speedup: how much faster than the profile's efficiency tables the GPU computes
-        (at the busy fraction the simulator found: GPUSpec.speedup_at_busy)."""
+        (at the busy fraction the simulator found: GPUSpec.speedup_at_busy); lanes_first: the
+        plan's CPU kernels run niced (ExecutorKnobs.lanes_first), its launches beside them
+        priced at host.kernel_launch_beside_niced_kernels where the profile has it."""
         if not gpu_speedup > 0:
             raise ValueError(f"gpu_speedup must be > 0, got {gpu_speedup}")
         self.profile = profile
         self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
         self.gpu_speedup = gpu_speedup
+        self.lanes_first = lanes_first
         self._efficiency_cache: dict[int, float] = {}
         self.dispatch_share = self._dispatch_share()
 
@@ -66,12 +70,16 @@ class CostModel:
         the one at which water-filling leaves it gpu.kernel_launch / host.kernel_launch_beside_
         kernels (at most 1) of its speed alone beside one such kernel, r = C w / (C + d w) for
         C cores and d dispatch_cores; two kernels at once slow it further. 1.0 (equal weights)
-        where the profile has no such figure."""
+        where the profile has no such figure. A lanes-first plan takes the price beside niced
+        kernels where measured, else the plain one."""
         host = self.profile.host
-        if host.kernel_launch_beside_kernels_s is None:
+        beside_s = host.kernel_launch_beside_kernels_s
+        if self.lanes_first and host.kernel_launch_beside_niced_kernels_s is not None:
+            beside_s = host.kernel_launch_beside_niced_kernels_s
+        if beside_s is None:
             return 1.0
         cores, taken = float(host.cores), host.dispatch_cores
-        rate = min(self.profile.gpu.kernel_launch_s / host.kernel_launch_beside_kernels_s, 1.0)
+        rate = min(self.profile.gpu.kernel_launch_s / beside_s, 1.0)
         if cores - rate * taken <= 0:  # a dispatch taking every core, unslowed
             return UNSLOWED_SHARE
         return rate * cores / (cores - rate * taken)

@@ -283,7 +283,10 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     limits = memory_limits(profile, gpu_memory_bytes)
     tokens = plan.train.tokens_per_step
     settle_clock = settle_clock and profile.gpu.busy_speedup is not None
-    costs = costs or CostModel(profile)
+    lanes_first = plan.policy.executor.lanes_first
+    if costs is None or costs.lanes_first != lanes_first:  # the plan's own launch price
+        costs = CostModel(profile, gpu_speedup=costs.gpu_speedup if costs else 1.0,
+                          lanes_first=lanes_first)
     trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
                                        profile_name=profile.name)
     # A power-capped GPU computes faster the more it idles (GPUSpec.busy_speedup), and how much
@@ -298,7 +301,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         speedup = _clock_fixed_point(profile, gpu_tasks, _step_at(seen), costs.gpu_speedup)
         if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
             break
-        costs = CostModel(profile, gpu_speedup=speedup)
+        costs = CostModel(profile, gpu_speedup=speedup, lanes_first=lanes_first)
         trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
                                            profile_name=profile.name)
         seen.append((speedup, step_s))

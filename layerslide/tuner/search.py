@@ -36,6 +36,7 @@ from layerslide.planner.settings import (
 )
 from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
 from layerslide.trace import TIERS
+from layerslide.tuner.lanes_first import lanes_first
 
 # (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
@@ -85,6 +86,9 @@ class SearchSpace:
     # Fill the GPU memory a feasible candidate leaves free with blocks updated on the GPU
     # (their state off the host and off the CPU), and keep that when it is faster.
     fill_gpu_updates: bool = True
+    # Run the GPU-bound leaders' CPU kernels niced, as train does (tuner.lanes_first); False
+    # where the niceness is chosen (the base policy's stands)
+    lanes_first: bool = True
 
     def __post_init__(self) -> None:
         for name in ("windows", "micro_batches", "grad_accums", "accumulations", "activations",
@@ -156,7 +160,7 @@ class Candidate:
             **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker",
                                  "optimizer_order", "moments_on_nvme", "master_on_nvme",
                                  "weights_on_nvme", "host_grad_buffers", "gpu_updated_blocks",
-                                 "gpu_updated_order", "moment_precision")},
+                                 "gpu_updated_order", "moment_precision", "cpu_nice")},
             "feasible": s.feasible, "reason": s.reason, "step_s": s.step_s,
             "tokens_per_s": s.tokens_per_s, "mfu": s.mfu, "bottleneck": s.bottleneck,
             "floor_s": s.floor_s,
@@ -393,6 +397,21 @@ def _settled(model: ModelSpec, candidate: Candidate, profile: HardwareProfile,
     return replace(candidate, prediction=replace(prediction, trace=None))
 
 
+def _lanes_first(model: ModelSpec, candidate: Candidate, profile: HardwareProfile,
+                 gpu_memory_bytes: int | None, num_steps: int) -> Candidate:
+    """The candidate with its CPU kernels niced where it is GPU-bound (tuner.lanes_first),
+    simulated again where the profile prices its launches beside niced kernels apart."""
+    policy = lanes_first(candidate.policy, candidate.prediction)
+    if policy is None:
+        return candidate
+    if candidate.prediction.simulated and \
+            profile.host.kernel_launch_beside_niced_kernels_s is not None:
+        plan = build_plan(model, candidate.train, policy, num_steps=num_steps)
+        prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+        return replace(candidate, policy=policy, prediction=replace(prediction, trace=None))
+    return replace(candidate, policy=policy)
+
+
 def _evaluate_args(args: tuple) -> Candidate:
     return evaluate(*args[:4], **args[4])
 
@@ -471,6 +490,11 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
         # settled one, settle whichever leads
         while ranked and ranked[0].feasible and not any(ranked[0] is x for x in settled):
             ranked = _ranked([settle(ranked[0]), *ranked[1:]])
+    if space.lanes_first:  # the GPU-bound leaders with their CPU kernels niced, as train runs them
+        leaders = [c for c in ranked if c.feasible][:CLOCK_FINALISTS]
+        ranked = _ranked([_lanes_first(model, c, profile, gpu_memory_bytes, num_steps)
+                          for c in leaders]
+                         + [c for c in ranked if not any(c is x for x in leaders)])
     best_plan = None
     if ranked and ranked[0].feasible:
         best = ranked[0]

@@ -4,7 +4,9 @@ with their sources, the rest stays the base's; the GPU part on the GPU machine."
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -398,9 +400,50 @@ def test_launches_beside_an_adamw_that_fails_are_refused_not_taken_for_beside_it
 
     def broken():
         raise MemoryError("no room for the block")
-    monkeypatch.setattr(gpu, "adamw_blocks", lambda size, arrays: ([broken], "a broken AdamW"))
+    monkeypatch.setattr(gpu, "adamw_blocks",
+                        lambda size, arrays, nice: ([broken], "a broken AdamW"))
     with pytest.raises(RuntimeError, match="not timed beside it: MemoryError"):
         gpu.launch_beside_kernels(torch.zeros(1), 2**10, launches=10, rounds=1, pollers=1)
+
+
+NICED_LAUNCH_SCRIPT = """
+import os, threading, torch
+from layerslide.calibrate.gpu import launch_beside_kernels
+found = launch_beside_kernels(torch.zeros(1), 2**14, nice=19, launches=50, rounds=1, pollers=1)
+nice = {int(t): int(open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()[16])
+        for t in os.listdir("/proc/self/task")}
+print(found.key, nice[threading.get_native_id()], max(nice.values()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread niceness: Linux")
+def test_the_launch_price_beside_niced_kernels_is_timed_with_their_workers_niced():
+    """In a child: the workers' niceness is process-wide and not lowered again."""
+    import subprocess
+    import sys
+
+    if load_kernels() is None:
+        pytest.skip("no C compiler for the native kernels")
+    ran = subprocess.run([sys.executable, "-c", NICED_LAUNCH_SCRIPT], capture_output=True,
+                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    key, caller, most = ran.stdout.split()
+    assert key == "host.kernel_launch_beside_niced_kernels"
+    assert (int(caller), int(most)) == (0, 19)  # the launching thread keeps its own
+
+
+def test_a_launch_price_beside_workers_at_a_niceness_no_profile_field_holds_is_refused():
+    from layerslide.calibrate.gpu import launch_beside_kernels
+
+    with pytest.raises(ValueError, match="nice=10.*0 and 19 only"):
+        launch_beside_kernels(torch.zeros(1), 2**10, nice=10)
+
+
+def test_a_lanes_first_launch_price_is_written_and_read_back(tmp_path):
+    profile = merged_profile(load_profile("h200-bench"), [Measurement(
+        key="host.kernel_launch_beside_niced_kernels", value=22e-6, how="beside niced AdamW")],
+        name="mine", quick=True)
+    again = load_profile(save_profile(profile, tmp_path / "mine.toml"))
+    assert again.host.kernel_launch_beside_niced_kernels_s == pytest.approx(22e-6)
 
 
 def test_watched_lanes_are_measured_without_pollers(monkeypatch):

@@ -43,3 +43,20 @@ def test_round_trips_and_unknown_fields():
     assert train.tokens_per_step == 4 * 1024 * 2
     with pytest.raises(ValueError, match="unknown policy fields"):
         Policy.from_dict({"windw": 2})
+
+
+def test_a_saved_policy_naming_a_removed_field_loads_and_says_what_it_ignores():
+    import warnings
+
+    saved = Policy.of(window=4).to_dict()
+    saved["executor"]["cpu_sched"] = "normal"  # what runs now anyway: dropped silently
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Policy.from_dict(saved) == Policy.of(window=4)
+    saved["executor"]["cpu_sched"] = "batch"
+    with pytest.warns(UserWarning, match="executor.cpu_sched='batch' is ignored.*'normal'"):
+        assert Policy.from_dict(saved) == Policy.of(window=4)
+    del saved["executor"]["cpu_sched"]
+    saved["executor"]["cpu_schedule"] = "batch"  # never a field: refused as before
+    with pytest.raises(ValueError, match="unknown policy fields"):
+        Policy.from_dict(saved)

@@ -10,6 +10,7 @@ from helpers import make_round_profile, make_tiny_model
 
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
+from layerslide.planner.settings import LANES_FIRST_NICE
 from layerslide.simulator import CostModel, simulate
 from layerslide.simulator.sharing import water_fill
 
@@ -115,6 +116,28 @@ def test_a_dispatch_slowed_beside_the_cpu_kernels_slows_a_dispatch_bound_step():
         return simulate(plan, dataclasses.replace(base, host=host)).step_s
 
     assert step_s(2e-4) > step_s(5e-5) * 1.01
+
+
+def test_a_lanes_first_plan_is_priced_at_the_launch_beside_niced_kernels():
+    base = _profile(launch_s=5e-5)
+    host = dataclasses.replace(base.host, adamw_params_per_s=2e6,
+                               kernel_launch_beside_kernels_s=2e-4)
+    plain_only = dataclasses.replace(base, host=host)
+    both = dataclasses.replace(base, host=dataclasses.replace(
+        host, kernel_launch_beside_niced_kernels_s=6e-5))
+    # the plain price where no niced one is measured, and for a plan that does not nice
+    assert CostModel(plain_only, lanes_first=True).dispatch_share == \
+        CostModel(plain_only).dispatch_share == CostModel(both).dispatch_share
+    assert CostModel(both, lanes_first=True).dispatch_share > CostModel(both).dispatch_share
+
+    model = make_tiny_model(num_layers=4)
+    plain = build_plan(model, TRAIN, Policy.of(window=2), num_steps=3)
+    niced = build_plan(model, TRAIN, Policy.of(window=2, cpu_nice=LANES_FIRST_NICE), num_steps=3)
+    assert niced.policy.executor.lanes_first and not plain.policy.executor.lanes_first
+    # simulate prices each plan by its own knobs, even from a cost model made for the other
+    assert simulate(niced, both).step_s < simulate(plain, both).step_s / 1.01
+    assert simulate(niced, both, costs=CostModel(both)).step_s == simulate(niced, both).step_s
+    assert simulate(niced, plain_only).step_s == simulate(plain, plain_only).step_s
 
 
 def test_the_trace_keeps_each_stream_tasks_enqueue_and_none_for_host_lanes():

@@ -1,0 +1,95 @@
+"""GPU-bound plans run their CPU kernels niced (tuner.lanes_first), in tune and in train."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+from helpers import make_round_profile, make_tiny_model
+
+from layerslide.cli import train as train_command
+from layerslide.kinds import Lane
+from layerslide.planner import Policy, TrainSpec, build_plan
+from layerslide.planner.settings import LANES_FIRST_NICE
+from layerslide.simulator import simulate
+from layerslide.tuner import SearchSpace, tune
+from layerslide.tuner.lanes_first import lanes_first
+
+TRAIN = TrainSpec(micro_batch=2, seq_len=16)
+SPACE = SearchSpace(micro_batches=(2,), windows=(2,), grad_accums=(1,), activations=("host",),
+                    casts=("cpu_once",), fill_gpu_updates=False)
+
+
+def _profile(*, cpu_bound: bool, niced_price: bool = True):
+    """Launches dear enough that the GPU lane sets the step beside an AdamW busy half of it,
+    unless the AdamW is slower still; beside the CPU kernels a launch takes 4x as long, 1.2x
+    beside niced ones."""
+    base = make_round_profile(adamw_params_per_s=1e5 if cpu_bound else 2e6,
+                              cast_bytes_per_s=1e15, kernel_launch_beside_kernels_s=2e-4,
+                              kernel_launch_beside_niced_kernels_s=6e-5 if niced_price else None)
+    return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, kernel_launch_s=5e-5))
+
+
+def _prediction(profile, policy=None):
+    plan = build_plan(make_tiny_model(num_layers=4), TRAIN, policy or Policy.of(window=2),
+                      num_steps=3)
+    return plan, simulate(plan, profile)
+
+
+def test_only_a_gpu_bound_plan_left_at_nice_0_is_niced():
+    gpu_bound = _prediction(_profile(cpu_bound=False))[1]
+    cpu_bound = _prediction(_profile(cpu_bound=True))[1]
+    assert (gpu_bound.bottleneck, cpu_bound.bottleneck) == (Lane.GPU, Lane.CPU)
+    niced = lanes_first(Policy.of(window=2), gpu_bound)
+    assert niced is not None and niced.executor.cpu_nice == LANES_FIRST_NICE
+    assert niced.with_(cpu_nice=0) == Policy.of(window=2)  # nothing else changes
+    assert lanes_first(Policy.of(window=2), cpu_bound) is None
+    assert lanes_first(Policy.of(window=2, cpu_nice=5), gpu_bound) is None  # a chosen one stays
+
+
+@pytest.mark.parametrize("niced_price", [True, False])
+def test_tune_picks_a_gpu_bound_plan_niced_at_the_price_it_runs_at(niced_price):
+    profile = _profile(cpu_bound=False, niced_price=niced_price)
+    result = tune(make_tiny_model(num_layers=4), profile, seq_len=16, space=SPACE, workers=1)
+    best = result.best
+    assert best.policy.executor.lanes_first and result.best_plan.policy.executor.lanes_first
+    plain = _prediction(profile, best.policy.with_(cpu_nice=0))[1]
+    again = simulate(result.best_plan, profile)
+    assert best.prediction.step_s == pytest.approx(again.step_s, rel=1e-12)
+    if niced_price:  # faster than the same plan at nice 0
+        assert best.prediction.step_s < plain.step_s / 1.01
+    else:  # priced alike: no second simulation was needed
+        assert best.prediction.step_s == pytest.approx(plain.step_s, rel=1e-12)
+
+
+def test_tune_leaves_a_cpu_bound_plan_at_nice_0():
+    result = tune(make_tiny_model(num_layers=4), _profile(cpu_bound=True), seq_len=16,
+                  space=SPACE, workers=1)
+    assert result.best.policy.executor.cpu_nice == 0
+
+
+def _train_args(profile, tmp_path):
+    from layerslide.hwprofiles.writer import save_profile
+
+    return argparse.Namespace(profile=str(save_profile(profile, tmp_path / "p.toml")),
+                              gpu_memory=None)
+
+
+def test_train_nices_a_gpu_bound_plan_on_a_gpu_only_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("LAYERSLIDE_CPU_NICE", raising=False)
+    profile = _profile(cpu_bound=False)
+    plan, prediction = _prediction(profile)
+    args = _train_args(profile, tmp_path)
+    niced, niced_prediction = train_command._lanes_first(args, plan, prediction, "cuda:0")
+    assert niced.policy.executor.lanes_first and niced.tasks == plan.tasks
+    assert niced_prediction.step_s < prediction.step_s / 1.01  # priced as it will run
+    assert f"nice {LANES_FIRST_NICE}" in capsys.readouterr().out
+    # on the CPU, with the niceness set by the environment (even to 0), or CPU-bound: as is
+    assert train_command._lanes_first(args, plan, prediction, "cpu") == (plan, prediction)
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
+    assert train_command._lanes_first(args, plan, prediction, "cuda") == (plan, prediction)
+    monkeypatch.delenv("LAYERSLIDE_CPU_NICE")
+    cpu_plan, cpu_prediction = _prediction(_profile(cpu_bound=True))
+    assert train_command._lanes_first(args, cpu_plan, cpu_prediction, "cuda") == (
+        cpu_plan, cpu_prediction)
