@@ -114,7 +114,8 @@ CONFIGS = {
 for _base in ("qwen4b-mb4x4-w2-host-lm", "mistral7b-mb8-w2-host", "8b-mb4x4-w2-host-lm",
               "qwen4b-mb4-w2-gpu"):
     for _suffix, _knobs in (("t12", {"cpu_threads": 12}), ("t14", {"cpu_threads": 14}),
-                            ("nice10", {"cpu_nice": 10}), ("nice19", {"cpu_nice": 19}),
+                            ("nice0", {"cpu_nice": 0}), ("nice10", {"cpu_nice": 10}),
+                            ("nice19", {"cpu_nice": 19}),
                             ("switch1ms", {"lane_switch_interval_s": 1e-3}),
                             ("watch", {"lane_waits": "watch"})):
         CONFIGS[f"{_base}-{_suffix}"] = {
@@ -166,6 +167,10 @@ def run_one(label: str, cfg: dict, args) -> dict:
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
     phase("import_and_plan")
     prediction = predict(spec, train, policy, profile, cap, keep_trace=True)
+    niced = as_train_runs_it(policy, cfg, prediction["predicted_bottleneck"], args.device)
+    if niced is not None:
+        policy = niced
+        prediction = predict(spec, train, policy, profile, cap, keep_trace=True)
     # the allocator's cap (torch's memory fraction: allocations only, no CUDA context)
     allocator_cap = cap
     if cfg.get("cap_over_predicted") is not None:
@@ -424,6 +429,17 @@ def load_gz(path: Path):
         return Trace.from_dict(json.load(f))
 
 
+def as_train_runs_it(policy, cfg: dict, bottleneck: str | None, device: str):
+    """The row's policy as `layerslide train` runs it on a GPU: niced CPU kernels where it is
+    GPU-bound (tuner.lanes_first), unless the row names its niceness or runs tune's pick (which
+    has its own); None where it runs as given."""
+    from layerslide.tuner.lanes_first import lanes_first
+
+    if not device.startswith("cuda") or "cpu_nice" in cfg.get("policy", {}) or cfg.get("tuned"):
+        return None
+    return lanes_first(policy, bottleneck)
+
+
 def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) -> dict:
     """The simulator's predicted_* fields for one configuration."""
     from layerslide.planner.build import build_plan
@@ -452,6 +468,7 @@ def predict(spec, train, policy, profile, cap: int, keep_trace: bool = False) ->
             "predicted_host_bytes": predicted.peak_bytes["host"],
             "predicted_regime": regime_of(predicted.trace, first_step=1) if predicted.trace
             else None,
+            "predicted_bottleneck": predicted.bottleneck,
             **({"trace": predicted.trace} if keep_trace else {})}
 
 

@@ -50,3 +50,17 @@ def test_company_is_read_from_the_rows_own_trace_and_not_from_another_run(tmp_pa
     assert "is of another run" in capsys.readouterr().err
     assert validate_sim.company_from_trace(tmp_path, {**row, "label": "none"}, spec) == {}
     assert validate_sim.company_from_trace(tmp_path, {**row, "step_times_s": []}, spec) == {}
+
+
+def test_a_row_runs_as_train_would_run_it_on_a_gpu():
+    from layerslide.planner.settings import LANES_FIRST_NICE, Policy
+
+    policy, cfg = Policy.of(window=2), validate_sim.CONFIGS["qwen4b-mb4x4-w2-host-lm"]
+    niced = validate_sim.as_train_runs_it(policy, cfg, "gpu", "cuda")
+    assert niced == policy.with_(cpu_nice=LANES_FIRST_NICE)
+    assert validate_sim.as_train_runs_it(policy, cfg, "cpu", "cuda") is None  # CPU-bound
+    assert validate_sim.as_train_runs_it(policy, cfg, "gpu", "cpu") is None  # no GPU
+    for named in ("qwen4b-mb4x4-w2-host-lm-nice0", "qwen4b-mb4x4-w2-host-lm-nice10"):
+        assert validate_sim.as_train_runs_it(policy, validate_sim.CONFIGS[named], "gpu",
+                                             "cuda") is None  # the row names its niceness
+    assert validate_sim.as_train_runs_it(policy, {"tuned": True}, "gpu", "cuda") is None

@@ -213,7 +213,7 @@ def _lanes_first(args, plan: Plan, prediction, device: str):
     from layerslide.tuner.lanes_first import lanes_first
 
     chosen = "cpu_nice" in ExecutorKnobs.env_settings() or not device.startswith("cuda")
-    policy = None if chosen else lanes_first(plan.policy, prediction)
+    policy = None if chosen else lanes_first(plan.policy, prediction.bottleneck)
     if policy is None:
         return plan, prediction
     print(f"the plan is GPU-bound: the CPU optimizer's workers run at nice {LANES_FIRST_NICE}, "

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from layerslide.kinds import Lane
 from layerslide.planner.settings import LANES_FIRST_NICE, Policy
-from layerslide.simulator.predict import Prediction
 
 
-def lanes_first(policy: Policy, prediction: Prediction) -> Policy | None:
+def lanes_first(policy: Policy, bottleneck: str | None) -> Policy | None:
     """The policy with its CPU kernels' workers at LANES_FIRST_NICE where its prediction has the
-    GPU lane for bottleneck and it leaves their niceness at 0; None where it stays as it is."""
-    if prediction.bottleneck != Lane.GPU or policy.executor.cpu_nice != 0:
+    GPU lane for bottleneck (Prediction.bottleneck) and it leaves their niceness at 0; None
+    where it stays as it is."""
+    if bottleneck != Lane.GPU or policy.executor.cpu_nice != 0:
         return None
     return policy.with_(cpu_nice=LANES_FIRST_NICE)

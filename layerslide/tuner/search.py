@@ -401,7 +401,7 @@ def _lanes_first(model: ModelSpec, candidate: Candidate, profile: HardwareProfil
                  gpu_memory_bytes: int | None, num_steps: int) -> Candidate:
     """The candidate with its CPU kernels niced where it is GPU-bound (tuner.lanes_first),
     simulated again where the profile prices its launches beside niced kernels apart."""
-    policy = lanes_first(candidate.policy, candidate.prediction)
+    policy = lanes_first(candidate.policy, candidate.prediction.bottleneck)
     if policy is None:
         return candidate
     if candidate.prediction.simulated and \

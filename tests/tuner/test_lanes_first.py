@@ -41,11 +41,11 @@ def test_only_a_gpu_bound_plan_left_at_nice_0_is_niced():
     gpu_bound = _prediction(_profile(cpu_bound=False))[1]
     cpu_bound = _prediction(_profile(cpu_bound=True))[1]
     assert (gpu_bound.bottleneck, cpu_bound.bottleneck) == (Lane.GPU, Lane.CPU)
-    niced = lanes_first(Policy.of(window=2), gpu_bound)
+    niced = lanes_first(Policy.of(window=2), gpu_bound.bottleneck)
     assert niced is not None and niced.executor.cpu_nice == LANES_FIRST_NICE
     assert niced.with_(cpu_nice=0) == Policy.of(window=2)  # nothing else changes
-    assert lanes_first(Policy.of(window=2), cpu_bound) is None
-    assert lanes_first(Policy.of(window=2, cpu_nice=5), gpu_bound) is None  # a chosen one stays
+    assert lanes_first(Policy.of(window=2), cpu_bound.bottleneck) is None
+    assert lanes_first(Policy.of(window=2, cpu_nice=5), gpu_bound.bottleneck) is None  # a chosen one stays
 
 
 @pytest.mark.parametrize("niced_price", [True, False])
