@@ -113,11 +113,13 @@ CONFIGS = {
 # niced, the lanes' GIL switch interval at 1 ms, the lanes told of landed GPU work by watchers
 for _base in ("qwen4b-mb4x4-w2-host-lm", "mistral7b-mb8-w2-host", "8b-mb4x4-w2-host-lm",
               "qwen4b-mb4-w2-gpu"):
-    for _suffix, _knobs in (("t12", {"cpu_threads": 12}), ("t14", {"cpu_threads": 14}),
+    # (each names its niceness, so that train's lanes-first rule changes nothing but its knob)
+    for _suffix, _knobs in (("t12", {"cpu_threads": 12, "cpu_nice": 0}),
+                            ("t14", {"cpu_threads": 14, "cpu_nice": 0}),
                             ("nice0", {"cpu_nice": 0}), ("nice10", {"cpu_nice": 10}),
                             ("nice19", {"cpu_nice": 19}),
-                            ("switch1ms", {"lane_switch_interval_s": 1e-3}),
-                            ("watch", {"lane_waits": "watch"})):
+                            ("switch1ms", {"lane_switch_interval_s": 1e-3, "cpu_nice": 0}),
+                            ("watch", {"lane_waits": "watch", "cpu_nice": 0})):
         CONFIGS[f"{_base}-{_suffix}"] = {
             **CONFIGS[_base], "variant_of": _base,
             "policy": {**CONFIGS[_base].get("policy", {}), **_knobs}}
@@ -154,7 +156,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     profile = load_profile(args.profile)
     cap = parse_bytes(args.gpu_memory)
     if cfg.get("tuned"):
-        space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False)
+        space = SearchSpace(micro_batches=(train.micro_batch,), allow_nvme=False,
+                            lanes_first=args.device.startswith("cuda"))
         best = tune(spec, profile, seq_len=train.seq_len, space=space, base_policy=Policy.of(),
                     gpu_memory_bytes=int(0.9 * cap)).best
         if best is None:

@@ -40,7 +40,8 @@ PROFILE = "h200-calibrated.toml"
 SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
               "ran before the native grad-sum kernel (accumulate_2026-12-03); again in 12-03b/call3"}
 # calls calibrated with LAYERSLIDE_CPU_NICE=19, before calibrate measured the launch price
-# beside AdamW both ways: the one price their profile names plain is the one beside niced workers
+# beside AdamW both ways: the one price their profile names plain is the one beside niced
+# workers, and their rows run at nice 0 have no price of their own (left out)
 NICED_CALIBRATIONS = {"validation_2026-12-04c/call3", "validation_2026-12-04c/call4"}
 
 
@@ -99,14 +100,19 @@ def call_rows(call: str, results: Path = RESULTS, adjust=None) -> list[dict]:
         raise SystemExit(f"{call}: {', '.join(map(str, missing))} not there: name calls whose "
                          f"folder holds validation.json and {PROFILE}")
     short = call.removeprefix("validation_2026-")
-    if call in NICED_CALIBRATIONS:
+    niced_calibration = call in NICED_CALIBRATIONS
+    if niced_calibration:  # a what-if changes the profile as measured, then the price is named
         given = adjust
-        adjust = (lambda p: given(niced_price_named(p))) if given else niced_price_named
+        adjust = (lambda p: niced_price_named(given(p))) if given else niced_price_named
     rows = []
     for row in repredict([folder / "validation.json"], str(folder / PROFILE), adjust=adjust):
         label = row["label"]
         if (call, label) in SUPERSEDED:
             print(f"{call}: {label} left out: {SUPERSEDED[call, label]}", file=sys.stderr)
+            continue
+        if niced_calibration and not row["policy"]["executor"].get("cpu_nice"):
+            print(f"{call}: {label} left out: run at nice 0, its calibration priced launches "
+                  "beside niced workers only", file=sys.stderr)
             continue
         # variants are reported apart by their configuration's mark (rows may predate it)
         variant_of = CONFIGS.get(label, row["config"]).get("variant_of")

@@ -211,7 +211,11 @@ def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *, nice: int = 
     knobs = ExecutorKnobs.from_env()
     if pollers is None:
         pollers = 0 if knobs.lane_waits == "watch" else LANE_POLLERS
-    steps, kernel = adamw_blocks(block_params, 2, nice=nice)
+    steps, kernel, workers_nice = adamw_blocks(block_params, 2, nice=nice)
+    if workers_nice != nice:
+        raise RuntimeError(f"this process's AdamW workers run at nice {workers_nice}, not "
+                           f"{nice} (niced earlier, and not lowered again): time the price at "
+                           "nice 0 first, or in a new process")
     stop, began = threading.Event(), threading.Event()
     failed: list[BaseException] = []
     marker = torch.cuda.Event() if tiny.is_cuda else None
@@ -255,7 +259,7 @@ def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *, nice: int = 
     return Measurement(key=keys[nice], value=launch_s,
                        how=f"tiny kernel launches from Python, median of {rounds} rounds of "
                            f"{launches}, beside {kernel} looping over {block_params / 2**20:.0f} "
-                           f"Mi params (its workers at nice {nice}) and {pollers} threads "
+                           f"Mi params (its workers at nice {workers_nice}) and {pollers} threads "
                            f"polling an event every {POLL_S * 1e3:g} ms, GIL switch interval "
                            f"{knobs.lane_switch_interval_s * 1e3:g} ms")
 
@@ -300,7 +304,7 @@ def host_sharing_rates(block_params: int, copy_bytes: int, *, seconds: float,
     copy_bytes stream for about `seconds`. The median of `rounds`, modes interleaved so a slow
     spell of the machine hits each alike. What calibrate.sharing fits the profile's host-memory
     sharing to (benchmarks/host_sharing_probe.py prints it)."""
-    steps, _kernel = adamw_blocks(block_params, 4)
+    steps, _kernel, _nice = adamw_blocks(block_params, 4)
     for step in steps:  # first touch, the kernel's thread pool
         step()
     engines = CopyEngines(copy_bytes)

@@ -23,7 +23,7 @@ from layerslide.cli.options import (
 from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.hwprofiles import builtin_profiles
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
-from layerslide.planner.settings import MOMENT_PRECISIONS, ExecutorKnobs
+from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.reports import (
     format_table,
     plot_memory,
@@ -34,6 +34,7 @@ from layerslide.reports import (
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
+from layerslide.tuner.lanes_first import chosen_in_environment, lanes_first, priced_apart
 from layerslide.tuner.purchase import (
     DEFAULT_CARDS,
     DEFAULT_DRIVE_COUNTS,
@@ -204,6 +205,13 @@ def cmd_simulate(args) -> int:
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
+    niced = None if args.plan or chosen_in_environment() else lanes_first(plan.policy,
+                                                                           pred.bottleneck)
+    if niced is not None:  # as `train` runs a plan built from flags on a GPU
+        plan = replace(plan, policy=niced)
+        if priced_apart(profile):
+            pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory,
+                            label=plan.model.name)
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)
     wrote_report = bool(args.report_dir and pred.trace is not None)
@@ -220,6 +228,9 @@ def cmd_simulate(args) -> int:
     print(f"{plan.model.name} on {profile.name}"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)"
              if args.gpu_memory is not None else ""))
+    if niced is not None:
+        print(f"GPU-bound: predicted as `train` runs it on a GPU, the CPU optimizer's workers at "
+              f"nice {niced.executor.cpu_nice} (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
     _print_prediction(pred)
     if wrote_report:
         print(f"report written to {args.report_dir}")
@@ -256,7 +267,7 @@ def space_of(args) -> SearchSpace:
         optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
         moment_precisions=args.moment_precisions or defaults.moment_precisions,
         allow_nvme=not args.no_nvme, fill_gpu_updates=not args.no_gpu_updates,
-        lanes_first="cpu_nice" not in ExecutorKnobs.env_settings())  # else the one set stays
+        lanes_first=not chosen_in_environment())  # else the niceness set stays
 
 
 def _by_accumulation(result) -> list[str]:

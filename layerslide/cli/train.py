@@ -31,7 +31,7 @@ from layerslide.cli.step_logs import StepReporter, require_tensorboard
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS, Plan
-from layerslide.planner.settings import LANES_FIRST_NICE, STATE_LAYOUT_FIELDS, ExecutorKnobs
+from layerslide.planner.settings import LANES_FIRST_NICE, STATE_LAYOUT_FIELDS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
@@ -174,9 +174,9 @@ def _plan(args, spec: ModelSpec) -> Plan:
     return replace(plan, policy=with_env_overrides(plan.policy))
 
 
-def _check_fits(args, plan: Plan):
+def _check_fits(args, plan: Plan, *, warn: bool = True):
     """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM; the
-    prediction (on --profile) that says it fits."""
+    prediction (on --profile) that says it fits. warn: say where RAM is tight."""
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
@@ -193,7 +193,7 @@ def _check_fits(args, plan: Plan):
     ram = physical_ram_bytes()
     host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
     reserve = profile.host.reserve_bytes
-    if ram - reserve < host_need <= ram:  # a machine whose RAM grows may hold it
+    if warn and ram - reserve < host_need <= ram:  # a machine whose RAM grows may hold it
         print(f"warning: the plan needs {gib(host_need):.1f} GiB of host memory at its peak, "
               f"within {gib(reserve):.0f} GiB of this machine's {gib(ram):.1f} GiB "
               "(the OS and the CUDA driver need some): the OOM killer may stop it",
@@ -207,19 +207,26 @@ def _check_fits(args, plan: Plan):
 
 
 def _lanes_first(args, plan: Plan, prediction, device: str):
-    """The plan with its CPU kernels niced where it is GPU-bound (tuner.lanes_first), runs on
-    a GPU (on the CPU its compute is no launch to let through) and LAYERSLIDE_CPU_NICE leaves
-    the choice open; and its prediction."""
-    from layerslide.tuner.lanes_first import lanes_first
+    """The plan with its CPU kernels niced where it is GPU-bound (tuner.lanes_first), built
+    from the flags (a --plan file runs as it is), runs on a GPU (on the CPU its compute is no
+    launch to let through) and LAYERSLIDE_CPU_NICE leaves the choice open; and its
+    prediction, simulated again where the profile prices niced launches apart."""
+    from layerslide.tuner.lanes_first import chosen_in_environment, lanes_first, priced_apart
 
-    chosen = "cpu_nice" in ExecutorKnobs.env_settings() or not device.startswith("cuda")
-    policy = None if chosen else lanes_first(plan.policy, prediction.bottleneck)
+    if args.plan or chosen_in_environment() or not device.startswith("cuda"):
+        return plan, prediction
+    policy = lanes_first(plan.policy, prediction.bottleneck)
     if policy is None:
         return plan, prediction
+    niced = replace(plan, policy=policy)
+    if priced_apart(profile_of(args.profile)):
+        try:
+            prediction = _check_fits(args, niced, warn=False)
+        except UsageError:  # its timing moved a peak past a limit: run it as it was
+            return plan, prediction
     print(f"the plan is GPU-bound: the CPU optimizer's workers run at nice {LANES_FIRST_NICE}, "
           "so that the GPU's launches take a core first (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
-    plan = replace(plan, policy=policy)
-    return plan, _check_fits(args, plan)
+    return niced, prediction
 
 
 # what a resumed run may change: how it runs, not what it computes

@@ -113,6 +113,9 @@ class NativeKernels:
         library.set_worker_nice.restype = None
         if nice:  # process-wide: the workers of every caller's team take it
             library.set_worker_nice(nice)
+        library.worker_nice_now.restype = _I
+        # what the workers run at: a process that niced them once keeps them so
+        self.worker_nice = int(library.worker_nice_now())
         for name in ("adamw_step_bf16_grads", "adamw_step_f32_grads"):
             getattr(library, name).argtypes = _ADAMW_ARGS
             getattr(library, name).restype = None

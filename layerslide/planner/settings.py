@@ -34,9 +34,8 @@ LAYER_KERNEL_MODES = get_args(LayerKernels)
 CpuOptimizer = Literal["native", "torch"]
 CPU_OPTIMIZERS = get_args(CpuOptimizer)
 # The CPU kernels' workers' niceness that lets the lanes' threads take a core first: a GPU-bound
-# plan's dispatch stops queueing behind AdamW (H200: Qwen3-4B layer-major -25% step time), while
-# a CPU-bound one loses to the lanes what they take (-3% to +8%,
-# benchmarks/results/validation_2026-12-04c)
+# plan's dispatch stops queueing behind AdamW (H200: Qwen3-4B layer-major -25% step time); a
+# CPU-bound one moved -3% to +8%, so it keeps 0 (benchmarks/results/validation_2026-12-04c)
 LANES_FIRST_NICE = 19
 # How the executor's lanes learn that GPU work they wait for is done (ExecutorKnobs.lane_waits)
 LaneWaits = Literal["poll", "watch"]
@@ -117,7 +116,8 @@ class TrainSpec:
 class ExecutorKnobs:
     """How the executor runs a plan, not what it computes: kept in the plan (Policy.executor) so
     that a run is reproducible from its file. At the command line the environment sets them
-    (from_env). The simulator prices one of them, lanes_first; the rest it does not see."""
+    (from_env). The simulator prices one: cpu_nice at LANES_FIRST_NICE (lanes_first) against
+    0; other niceness it prices as 0, and the other knobs not at all."""
 
     cpu_threads: int = 0  # threads of the native CPU AdamW and cast (0: OpenMP's, every core)
     cpu_chunk_elements: int = 1 << 20  # elements a thread takes at a time (0: one even slice)
@@ -171,6 +171,10 @@ class ExecutorKnobs:
                                  f"{'whole number >= 0' if kind is int else 'number of seconds'}"
                                  ) from None
         ExecutorKnobs(**given)  # checked here, at the boundary
+        if environ.get("LAYERSLIDE_CPU_SCHED", "").strip():
+            _, why = RETIRED_FIELDS["executor", "cpu_sched"]
+            warnings.warn(f"LAYERSLIDE_CPU_SCHED is ignored: removed, since {why}",
+                          stacklevel=2)
         return given
 
 
@@ -383,8 +387,12 @@ class Policy:
         how fast a run went, never what it computed."""
         if not set(data) <= set(_GROUPS):  # flat
             return cls.of(**data)
-        data = {g: {k: v for k, v in given.items() if not _retired(g, k, v)}
-                for g, given in data.items()}
+        data = dict(data)
+        for group, given in data.items():
+            if isinstance(given, dict):  # (anything else is refused below)
+                data[group] = {k: v for k, v in given.items() if (group, k) not in RETIRED_FIELDS}
+                for name in set(given) - set(data[group]):
+                    _warn_retired(group, name, given[name])
         unknown = sorted(f"{g}.{k}" for g, given in data.items() for k in given
                          if _GROUP_OF.get(k) != g)
         if unknown:
@@ -398,16 +406,13 @@ RETIRED_FIELDS = {("executor", "cpu_sched"): (
                "(benchmarks/results/validation_2026-12-04c)"))}
 
 
-def _retired(group: str, name: str, value) -> bool:
-    """Whether a saved policy field is one since removed; warns where it asked for other than
-    what now always happens."""
-    if (group, name) not in RETIRED_FIELDS:
-        return False
+def _warn_retired(group: str, name: str, value) -> None:
+    """A saved policy's removed field, dropped: a warning where it asked for other than what
+    now always happens (pointing at Policy.from_dict's caller)."""
     kept, why = RETIRED_FIELDS[group, name]
     if value != kept:
         warnings.warn(f"policy field {group}.{name}={value!r} is ignored: removed, since {why}; "
                       f"runs now always use {kept!r}", stacklevel=3)
-    return True
 
 
 def sums_grads_on_host(policy: Policy, train: TrainSpec) -> bool:

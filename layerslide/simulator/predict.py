@@ -213,7 +213,7 @@ def _clock_fixed_point(profile: HardwareProfile, gpu_tasks, step_at, start: floa
     step_at: iterated from `start`, halfway each time (the step may answer in either sense)."""
     speedup = start
     for _ in range(60):
-        costs = CostModel(profile, gpu_speedup=speedup)
+        costs = CostModel(profile, gpu_speedup=speedup)  # GPU busy time: no dispatch priced
         after = profile.gpu.speedup_at_busy(
             gpu_compute_busy(gpu_tasks, costs, step_at(speedup)))
         if abs(after - speedup) < CLOCK_TOLERANCE / 10:
@@ -271,7 +271,9 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     overflow a tier are rejected without simulating; others are simulated and then checked.
     With settle_clock, where the profile has a GPU busy speedup, the GPU's speed is settled
     against its busy fraction over a few simulations (Prediction.gpu_speedup), starting from
-    `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'."""
+    `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'.
+    A cost model made for other executor knobs than the plan's (CostModel.lanes_first) is
+    replaced by one at the same GPU speed for the plan's."""
     if plan.num_steps < STEADY_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{STEADY_STEPS} so that the last one is a steady-state step "

@@ -1,12 +1,25 @@
 """Which plans run their CPU kernels niced. A GPU-bound plan waits on its launches, which queue
 behind AdamW's workers for a core; niced workers let them through (H200: Qwen3-4B layer-major
--25% step time). A CPU-bound plan would only lose to the lanes' threads what they take (-3% to
-+8%), so it keeps them at 0 (benchmarks/results/validation_2026-12-04c)."""
+-25% step time). A CPU-bound plan gains nothing sure from it (-3% to +8% step time), so it
+keeps them at 0 (benchmarks/results/validation_2026-12-04c). A plan given as a file, or a
+niceness set in the environment, is run as given."""
 
 from __future__ import annotations
 
+from layerslide.hwprofiles import HardwareProfile
 from layerslide.kinds import Lane
-from layerslide.planner.settings import LANES_FIRST_NICE, Policy
+from layerslide.planner.settings import LANES_FIRST_NICE, ExecutorKnobs, Policy
+
+
+def chosen_in_environment() -> bool:
+    """LAYERSLIDE_CPU_NICE is set (to any value, 0 included): the niceness is the user's."""
+    return "cpu_nice" in ExecutorKnobs.env_settings()
+
+
+def priced_apart(profile: HardwareProfile) -> bool:
+    """Whether the profile prices launches beside niced kernels apart from plain ones: a niced
+    plan must then be simulated again (else it predicts as it did at nice 0)."""
+    return profile.host.kernel_launch_beside_niced_kernels_s is not None
 
 
 def lanes_first(policy: Policy, bottleneck: str | None) -> Policy | None:

@@ -36,7 +36,7 @@ from layerslide.planner.settings import (
 )
 from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
 from layerslide.trace import TIERS
-from layerslide.tuner.lanes_first import lanes_first
+from layerslide.tuner.lanes_first import lanes_first, priced_apart
 
 # (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
@@ -215,7 +215,7 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     memory it leaves free given to blocks updated on the GPU; if nothing fits, the last try
     (or the first that overflows a tier that more NVMe cannot relieve). settle_clock=False
     holds the GPU at its efficiency tables' rate (simulate's busy speedup left out)."""
-    costs = CostModel(profile)
+    costs = CostModel(profile, lanes_first=policy.executor.lanes_first)
     base = _place_state(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
                         allow_nvme=allow_nvme, num_steps=num_steps, costs=costs,
                         settle_clock=settle_clock)
@@ -231,7 +231,7 @@ def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: Hardware
                             settle_clock: bool = True) -> Candidate:
     """The feasible candidate with the GPU memory it leaves free given to blocks updated on
     the GPU, where that is faster; else itself."""
-    costs = costs or CostModel(profile)
+    costs = costs or CostModel(profile, lanes_first=base.policy.executor.lanes_first)
     train = base.train
     pred = base.prediction
     headroom = (pred.limits_bytes["gpu"] - pred.gpu_need_bytes) * GPU_FILL_MARGIN
@@ -404,12 +404,13 @@ def _lanes_first(model: ModelSpec, candidate: Candidate, profile: HardwareProfil
     policy = lanes_first(candidate.policy, candidate.prediction.bottleneck)
     if policy is None:
         return candidate
-    if candidate.prediction.simulated and \
-            profile.host.kernel_launch_beside_niced_kernels_s is not None:
-        plan = build_plan(model, candidate.train, policy, num_steps=num_steps)
-        prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
-        return replace(candidate, policy=policy, prediction=replace(prediction, trace=None))
-    return replace(candidate, policy=policy)
+    if not priced_apart(profile):
+        return replace(candidate, policy=policy)
+    plan = build_plan(model, candidate.train, policy, num_steps=num_steps)
+    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+    if not prediction.feasible:  # its timing moved a peak past a limit: as it was
+        return candidate
+    return replace(candidate, policy=policy, prediction=replace(prediction, trace=None))
 
 
 def _evaluate_args(args: tuple) -> Candidate:

@@ -269,8 +269,9 @@ def test_adamw_blocks_update_their_own_arrays_with_or_without_the_native_kernel(
         monkeypatch, native):
     from layerslide.calibrate.host import adamw_blocks
     monkeypatch.setenv("LAYERSLIDE_NATIVE", native)
-    steps, kernel = adamw_blocks(4096, 2)
+    steps, kernel, nice = adamw_blocks(4096, 2)
     assert len(steps) == 2 and ("native" in kernel) == (native == "1" and load_kernels() is not None)
+    assert nice == 0  # nothing in this process niced the workers; torch's never are
     for step in steps:
         step()  # runs: calibrate's sharing step needs no compiler either
 
@@ -401,7 +402,7 @@ def test_launches_beside_an_adamw_that_fails_are_refused_not_taken_for_beside_it
     def broken():
         raise MemoryError("no room for the block")
     monkeypatch.setattr(gpu, "adamw_blocks",
-                        lambda size, arrays, nice: ([broken], "a broken AdamW"))
+                        lambda size, arrays, nice: ([broken], "a broken AdamW", nice))
     with pytest.raises(RuntimeError, match="not timed beside it: MemoryError"):
         gpu.launch_beside_kernels(torch.zeros(1), 2**10, launches=10, rounds=1, pollers=1)
 
@@ -431,6 +432,37 @@ def test_the_launch_price_beside_niced_kernels_is_timed_with_their_workers_niced
     assert (int(caller), int(most)) == (0, 19)  # the launching thread keeps its own
 
 
+NICED_THEN_PLAIN_SCRIPT = """
+import torch
+from layerslide.calibrate.gpu import launch_beside_kernels
+launch_beside_kernels(torch.zeros(1), 2**12, nice=19, launches=10, rounds=1, pollers=0)
+try:
+    launch_beside_kernels(torch.zeros(1), 2**12, nice=0, launches=10, rounds=1, pollers=0)
+except RuntimeError as err:
+    print(err)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="per-thread niceness: Linux")
+def test_a_plain_launch_price_after_a_niced_one_in_one_process_is_refused():
+    import subprocess
+    import sys
+
+    if load_kernels() is None:
+        pytest.skip("no C compiler for the native kernels")
+    ran = subprocess.run([sys.executable, "-c", NICED_THEN_PLAIN_SCRIPT], capture_output=True,
+                         text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert "run at nice 19, not 0" in ran.stdout and "time the price at nice 0 first" in ran.stdout
+
+
+def test_calibrates_adamw_ignores_the_environments_niceness(monkeypatch):
+    """Its workers stay at 0 for every step but the last (niceness is not lowered again)."""
+    from layerslide.calibrate.host import _kernel_knobs
+
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "19")
+    assert _kernel_knobs()["nice"] == 0 and _kernel_knobs(19)["nice"] == 19
+
+
 def test_a_launch_price_beside_workers_at_a_niceness_no_profile_field_holds_is_refused():
     from layerslide.calibrate.gpu import launch_beside_kernels
 
@@ -452,3 +484,14 @@ def test_watched_lanes_are_measured_without_pollers(monkeypatch):
     monkeypatch.setenv("LAYERSLIDE_LANE_WAITS", "watch")
     found = launch_beside_kernels(torch.zeros(1), 2**12, launches=20, rounds=1)
     assert "0 threads polling" in found.how
+
+
+def test_an_optional_field_that_fails_to_measure_is_left_out_with_a_warning(capsys):
+    from layerslide.calibrate import _optional
+
+    def fails():
+        raise RuntimeError("workers run at nice 19, not 0")
+    assert _optional("host.kernel_launch_beside_niced_kernels", fails) == []
+    assert "kernel_launch_beside_niced_kernels not measured (workers run" in capsys.readouterr().err
+    found = [Measurement(key="host.kernel_launch_beside_niced_kernels", value=2e-5, how="x")]
+    assert _optional("host.kernel_launch_beside_niced_kernels", lambda: found) == found

@@ -3,6 +3,7 @@
 import pytest
 
 from layerslide.planner import Policy, TrainSpec
+from layerslide.planner.settings import ExecutorKnobs
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -56,6 +57,8 @@ def test_a_saved_policy_naming_a_removed_field_loads_and_says_what_it_ignores():
     saved["executor"]["cpu_sched"] = "batch"
     with pytest.warns(UserWarning, match="executor.cpu_sched='batch' is ignored.*'normal'"):
         assert Policy.from_dict(saved) == Policy.of(window=4)
+    with pytest.warns(UserWarning, match="LAYERSLIDE_CPU_SCHED is ignored"):
+        assert ExecutorKnobs.env_settings({"LAYERSLIDE_CPU_SCHED": "batch"}) == {}
     del saved["executor"]["cpu_sched"]
     saved["executor"]["cpu_schedule"] = "batch"  # never a field: refused as before
     with pytest.raises(ValueError, match="unknown policy fields"):

@@ -28,7 +28,10 @@ def _profile(*, cpu_bound: bool, niced_price: bool = True):
     base = make_round_profile(adamw_params_per_s=1e5 if cpu_bound else 2e6,
                               cast_bytes_per_s=1e15, kernel_launch_beside_kernels_s=2e-4,
                               kernel_launch_beside_niced_kernels_s=6e-5 if niced_price else None)
-    return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, kernel_launch_s=5e-5))
+    sources = {**base.sources, "host.kernel_launch_beside_kernels": "a test",
+               **({"host.kernel_launch_beside_niced_kernels": "a test"} if niced_price else {})}
+    return dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, kernel_launch_s=5e-5),
+                               sources=sources)  # (a saved profile keeps sourced fields only)
 
 
 def _prediction(profile, policy=None):
@@ -49,9 +52,18 @@ def test_only_a_gpu_bound_plan_left_at_nice_0_is_niced():
 
 
 @pytest.mark.parametrize("niced_price", [True, False])
-def test_tune_picks_a_gpu_bound_plan_niced_at_the_price_it_runs_at(niced_price):
+def test_tune_picks_a_gpu_bound_plan_niced_at_the_price_it_runs_at(niced_price, monkeypatch):
+    from layerslide.tuner import search
+
     profile = _profile(cpu_bound=False, niced_price=niced_price)
+    simulated = []
+
+    def counted(plan, *args, **kwargs):
+        simulated.append(plan.policy.executor.lanes_first)
+        return simulate(plan, *args, **kwargs)
+    monkeypatch.setattr(search, "simulate", counted)
     result = tune(make_tiny_model(num_layers=4), profile, seq_len=16, space=SPACE, workers=1)
+    assert any(simulated) == niced_price  # a second simulation only where priced apart
     best = result.best
     assert best.policy.executor.lanes_first and result.best_plan.policy.executor.lanes_first
     plain = _prediction(profile, best.policy.with_(cpu_nice=0))[1]
@@ -69,11 +81,19 @@ def test_tune_leaves_a_cpu_bound_plan_at_nice_0():
     assert result.best.policy.executor.cpu_nice == 0
 
 
-def _train_args(profile, tmp_path):
+def test_tune_keeps_the_niceness_where_the_space_says_it_is_chosen():
+    space = dataclasses.replace(SPACE, lanes_first=False)
+    result = tune(make_tiny_model(num_layers=4), _profile(cpu_bound=False), seq_len=16,
+                  space=space, workers=1)
+    assert result.best.prediction.bottleneck == Lane.GPU
+    assert result.best.policy.executor.cpu_nice == 0
+
+
+def _train_args(profile, tmp_path, plan=None):
     from layerslide.hwprofiles.writer import save_profile
 
     return argparse.Namespace(profile=str(save_profile(profile, tmp_path / "p.toml")),
-                              gpu_memory=None)
+                              gpu_memory=None, plan=plan)
 
 
 def test_train_nices_a_gpu_bound_plan_on_a_gpu_only_and_says_so(tmp_path, capsys, monkeypatch):
@@ -85,11 +105,48 @@ def test_train_nices_a_gpu_bound_plan_on_a_gpu_only_and_says_so(tmp_path, capsys
     assert niced.policy.executor.lanes_first and niced.tasks == plan.tasks
     assert niced_prediction.step_s < prediction.step_s / 1.01  # priced as it will run
     assert f"nice {LANES_FIRST_NICE}" in capsys.readouterr().out
+    # where the profile prices niced launches like plain ones, no second simulation
+    alike = _profile(cpu_bound=False, niced_price=False)
+    plan_alike, prediction_alike = _prediction(alike)
+    niced_alike, kept = train_command._lanes_first(_train_args(alike, tmp_path), plan_alike,
+                                                   prediction_alike, "cuda")
+    assert niced_alike.policy.executor.lanes_first and kept is prediction_alike
     # on the CPU, with the niceness set by the environment (even to 0), or CPU-bound: as is
     assert train_command._lanes_first(args, plan, prediction, "cpu") == (plan, prediction)
     monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
     assert train_command._lanes_first(args, plan, prediction, "cuda") == (plan, prediction)
     monkeypatch.delenv("LAYERSLIDE_CPU_NICE")
+    from_file = _train_args(profile, tmp_path, plan="tuned.json")  # a plan file runs as it is
+    assert train_command._lanes_first(from_file, plan, prediction, "cuda") == (plan, prediction)
     cpu_plan, cpu_prediction = _prediction(_profile(cpu_bound=True))
     assert train_command._lanes_first(args, cpu_plan, cpu_prediction, "cuda") == (
         cpu_plan, cpu_prediction)
+
+
+def test_simulate_predicts_a_plan_built_from_flags_as_train_runs_it(tmp_path, capsys,
+                                                                   monkeypatch):
+    import json
+
+    from layerslide.cli.main import main
+    from layerslide.hwprofiles.writer import save_profile
+
+    monkeypatch.delenv("LAYERSLIDE_CPU_NICE", raising=False)
+    profile = save_profile(_profile(cpu_bound=False), tmp_path / "p.toml")
+    model = make_tiny_model(num_layers=4)
+    flags = ["simulate", "--model", str(_model_file(model, tmp_path)), "--profile", str(profile),
+             "--micro-batch", "2", "--seq-len", "16", "--window", "2"]
+    assert main(flags) == 0
+    assert f"workers at nice {LANES_FIRST_NICE}" in capsys.readouterr().out
+    assert main([*flags, "--json"]) == 0
+    niced = json.loads(capsys.readouterr().out)["step_s"]
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
+    assert main([*flags, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_s"] > niced * 1.01
+
+
+def _model_file(model, tmp_path):
+    from layerslide.executor.blocks import hf_config_from_spec
+
+    path = tmp_path / "config.json"
+    hf_config_from_spec(model).to_json_file(path)
+    return path

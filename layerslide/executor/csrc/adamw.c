@@ -51,6 +51,7 @@ static inline void take_worker_nice(void) {
 }
 
 void set_worker_nice(int64_t nice) { worker_nice = (int)nice; }
+int64_t worker_nice_now(void) { return worker_nice; }
 
 static inline uint16_t f32_to_bf16(float f) {  /* round to nearest even, NaN stays NaN */
     uint32_t bits;
