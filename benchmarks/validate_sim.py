@@ -169,6 +169,8 @@ def run_one(label: str, cfg: dict, args) -> dict:
     config = (hf_config_from_spec(spec) if not args.model_override
               else __import__("transformers").AutoConfig.from_pretrained(args.model_override))
     phase("import_and_plan")
+    before = adamw_just_before(profile, args.adamw_before_block) if args.adamw_before_block \
+        else None
     prediction = predict(spec, train, policy, profile, cap, keep_trace=True)
     niced = as_train_runs_it(policy, cfg, prediction["predicted_bottleneck"], args.device)
     if niced is not None:
@@ -260,7 +262,28 @@ def run_one(label: str, cfg: dict, args) -> dict:
         "grads_land_in_upload": land_in_upload, "embedding_grad_into_tied": True,
         "gpu_memory_detail": gpu_detail, "phase_s": phase_s, **prediction,
         **at_measured_adamw(spec, train, policy, profile, cap, task_s),
+        **(at_adamw_before(spec, train, policy, profile, cap, before) if before else {}),
     }
+
+
+def adamw_just_before(profile, block_params: int) -> float:
+    """calibrate's AdamW test (four blocks in turn, their mean rate), run just before a row,
+    with the profile's fixed time of a call taken out: the figure the profile holds, as the
+    machine gives it now. The lent machines' rate drifted 8-19% between calibration and a row
+    minutes later (validation_2026-12-04c), more than the rows' repeat spreads."""
+    from layerslide.calibrate import ADAMW_ARRAYS, without_call
+    from layerslide.calibrate.host import adamw_throughput
+
+    rate = adamw_throughput(ADAMW_ARRAYS * block_params, repeats=6, arrays=ADAMW_ARRAYS).value
+    return without_call(rate, block_params, profile.host.adamw_call_s)
+
+
+def at_adamw_before(spec, train, policy, profile, cap: int, rate: float) -> dict:
+    """The step predicted with AdamW at the rate measured just before the row: a prediction
+    (nothing of the run is read), on a figure minutes fresher than the calibration's."""
+    found = predict(spec, train, policy, at_adamw_rate(profile, rate), cap)
+    return {"adamw_before_params_per_s": rate,
+            "predicted_step_s_at_adamw_before": found["predicted_step_s"]}
 
 
 def at_adamw_rate(profile, rate: float):
@@ -593,6 +616,10 @@ def main() -> None:
                     help="with --traces: record the caching allocator's every event for these "
                          "comma-separated labels (LABEL.allocator.pickle.gz)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # run this label here, print its row
+    ap.add_argument("--adamw-before-block", type=int, default=0, metavar="PARAMS",
+                    help="measure AdamW just before each row, on 4 blocks of this many params "
+                         "(calibrate's thorough test: 268435456; ~16 B/param of RAM while it "
+                         "runs), and predict the row at that rate too (0: not)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.allocator_history and args.traces is None:
@@ -648,6 +675,9 @@ def merged(found: list[dict]) -> dict:
     for quantity in MEASURED:
         row[f"measured_{quantity}"] = statistics.median(r[f"measured_{quantity}"] for r in found)
     row["measured_step_s_runs"] = [r["measured_step_s"] for r in found]
+    if all("predicted_step_s_at_adamw_before" in r for r in found):  # each round's own figure
+        for key in ("adamw_before_params_per_s", "predicted_step_s_at_adamw_before"):
+            row[key] = statistics.median(r[key] for r in found)
     return row
 
 
@@ -685,6 +715,27 @@ def in_situ_lines(rows: list[dict], profile_rate: float | None) -> list[str]:
              f", worst {errors[worst]:+.1%} ({worst})")]
 
 
+def adamw_before_lines(rows: list[dict]) -> list[str]:
+    """The step-time error with each row predicted at the AdamW rate measured just before it
+    (at_adamw_before), and how many CPU- or disk-bound rows that brings within their target."""
+    from layerslide.reports.validation import row_target
+
+    have = [r for r in rows if r.get("predicted_step_s_at_adamw_before")]
+    if not have:
+        return []
+    errors = {r["label"]: r["predicted_step_s_at_adamw_before"] / r["measured_step_s"] - 1
+              for r in have}
+    worst = max(errors, key=lambda label: abs(errors[label]))
+    bound = [r for r in have if row_target(r) is not None]
+    within = sum(abs(errors[r["label"]]) <= row_target(r) for r in bound)
+    rates = [r["adamw_before_params_per_s"] for r in have]
+    return [(f"- AdamW measured just before each row: {min(rates) / 1e9:.2f}-"
+             f"{max(rates) / 1e9:.2f} Gparam/s; step time predicted at it (a prediction: "
+             f"measured before the run): mean absolute error "
+             f"{statistics.fmean(map(abs, errors.values())):.1%}, worst {errors[worst]:+.1%} "
+             f"({worst}); CPU- or disk-bound rows within target: {within} of {len(bound)}")]
+
+
 def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> None:
     from layerslide.reports.validation import (
         allocator_table,
@@ -709,7 +760,7 @@ def report(rows: list[dict], out: Path, profile_rate: float | None = None) -> No
         summary["tuned_vs_best_measured"] = tuned["measured_step_s"] / best - 1.0
     spread = spread_line(rows)
     summary["step_s_spread"] = spread
-    in_situ = in_situ_lines(rows, profile_rate)
+    in_situ = in_situ_lines(rows, profile_rate) + adamw_before_lines(rows)
     summary["step_s_at_measured_adamw_lines"] = in_situ
     (out / "validation_summary.json").write_text(json.dumps(summary, indent=1))
     table = markdown(rows)

@@ -64,3 +64,32 @@ def test_a_row_runs_as_train_would_run_it_on_a_gpu():
         assert validate_sim.as_train_runs_it(policy, validate_sim.CONFIGS[named], "gpu",
                                              "cuda") is None  # the row names its niceness
     assert validate_sim.as_train_runs_it(policy, {"tuned": True}, "gpu", "cuda") is None
+
+
+def test_adamw_measured_just_before_a_row_predicts_it_at_that_rate():
+    profile = load_profile("h200-bench")
+    rate = validate_sim.adamw_just_before(profile, 2**16)
+    assert rate > 0
+    spec = resolve_model("llama-3.2-1b")
+    from layerslide.planner.settings import Policy, TrainSpec
+
+    train, policy = TrainSpec(micro_batch=1, seq_len=256), Policy.of(window=2)
+    slow = validate_sim.at_adamw_before(spec, train, policy, profile, 24 * 2**30,
+                                        profile.host.adamw_params_per_s / 4)
+    fast = validate_sim.at_adamw_before(spec, train, policy, profile, 24 * 2**30,
+                                        profile.host.adamw_params_per_s)
+    assert slow["adamw_before_params_per_s"] == profile.host.adamw_params_per_s / 4
+    assert slow["predicted_step_s_at_adamw_before"] > fast["predicted_step_s_at_adamw_before"]
+
+
+def test_rounds_merge_to_the_median_of_their_own_before_figures_and_are_judged_by_it():
+    rounds = [{"label": "r", "config": {}, "measured_step_s": s, "measured_gpu_allocated_bytes": 1,
+               "measured_gpu_reserved_bytes": 1, "measured_host_bytes": 1,
+               "predicted_regime": "CPU", "adamw_before_params_per_s": a,
+               "predicted_step_s_at_adamw_before": p}
+              for s, a, p in ((1.00, 4e9, 1.10), (1.02, 5e9, 0.99), (0.98, 4.5e9, 1.01))]
+    row = validate_sim.merged(rounds)
+    assert row["predicted_step_s_at_adamw_before"] == 1.01
+    assert row["adamw_before_params_per_s"] == 4.5e9
+    (line,) = validate_sim.adamw_before_lines([row])
+    assert "4.50-4.50 Gparam/s" in line and "+1.0%" in line and "within target: 1 of 1" in line
