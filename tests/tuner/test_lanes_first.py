@@ -150,3 +150,23 @@ def _model_file(model, tmp_path):
     path = tmp_path / "config.json"
     hf_config_from_spec(model).to_json_file(path)
     return path
+
+
+def test_tune_writes_the_niceness_into_the_plan_unless_the_environment_sets_it(
+        tmp_path, capsys, monkeypatch):
+    from layerslide.cli.main import main
+    from layerslide.hwprofiles.writer import save_profile
+    from layerslide.planner import Plan
+
+    profile = save_profile(_profile(cpu_bound=False), tmp_path / "p.toml")
+    flags = ["tune", "--model", str(_model_file(make_tiny_model(num_layers=4), tmp_path)),
+             "--profile", str(profile), "--seq-len", "16", "--windows", "2",
+             "--micro-batches", "2", "--grad-accums", "1", "--activations", "host",
+             "--casts", "cpu_once", "--no-gpu-updates"]
+    monkeypatch.delenv("LAYERSLIDE_CPU_NICE", raising=False)
+    assert main([*flags, "-o", str(tmp_path / "niced.json")]) == 0
+    capsys.readouterr()
+    assert Plan.load(tmp_path / "niced.json").policy.executor.cpu_nice == LANES_FIRST_NICE
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
+    assert main([*flags, "-o", str(tmp_path / "chosen.json")]) == 0
+    assert Plan.load(tmp_path / "chosen.json").policy.executor.cpu_nice == 0
