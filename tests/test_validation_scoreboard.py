@@ -57,8 +57,10 @@ def test_what_ifs_scale_or_set_a_profile_field_and_refuse_what_is_no_number_fiel
                 "host.ram_max_bytes=1e12", "host.cores=8"):
         with pytest.raises(argparse.ArgumentTypeError):
             scoreboard.profile_field_and_number(bad)
+    unmeasured = load_profile("rtx4090-256gb")
+    assert unmeasured.host.kernel_launch_beside_kernels_s is None
     with pytest.raises(SystemExit, match="--set it"):  # nothing there to scale
-        scoreboard.adjusted({"host.kernel_launch_beside_kernels_s": 2.0}, {})(profile)
+        scoreboard.adjusted({"host.kernel_launch_beside_kernels_s": 2.0}, {})(unmeasured)
 
 
 def test_a_call_calibrated_at_nice_19_names_its_launch_price_the_niced_one():

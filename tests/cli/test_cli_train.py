@@ -113,11 +113,15 @@ def test_train_refuses_an_existing_output_folder(model_dir, tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
-def test_train_runs_a_tuned_plan_with_its_settings(model_dir, tmp_path, capsys):
+def test_train_runs_a_tuned_plan_with_its_settings(model_dir, tmp_path, capsys, monkeypatch):
+    # tune may nice a GPU-bound pick's CPU kernels; their niceness is process-wide and would
+    # outlive this test in the test process, so the environment keeps it at 0
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
     plan_file = tmp_path / "tuned.json"
     assert main(["tune", "--model", str(model_dir), "--seq-len", "16", "--micro-batches", "2",
                  "--windows", "1", "--no-nvme", "-o", str(plan_file)]) == 0
     tuned = json.loads(plan_file.read_text())
+    assert tuned["policy"]["executor"]["cpu_nice"] == 0
     capsys.readouterr()
     rc = main(["train", "--model", str(model_dir), "--plan", str(plan_file), "--device", "cpu",
                "--steps", "2", "--data", "synthetic", "--log-jsonl", str(tmp_path / "log.jsonl")])
@@ -378,7 +382,10 @@ def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file
 
 
 def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
-        model_dir, data_file, tmp_path, capsys):
+        model_dir, data_file, tmp_path, capsys, monkeypatch):
+    # simulate predicts a GPU-bound plan as train runs it on a GPU, niced; on the CPU train
+    # runs it at nice 0, which the environment asks of simulate here
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
     out = tmp_path / "tuned"
     args = ["--model", str(model_dir), "--micro-batch", "2", "--seq-len", "16"]
     assert main(["simulate", *args, "--json"]) == 0

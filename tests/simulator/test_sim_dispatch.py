@@ -43,9 +43,13 @@ def test_with_one_task_in_flight_short_tasks_cannot_be_dispatched_ahead():
     # A task's own kernels run as they are dispatched, so a bound of 1 costs the GPU nothing
     # where each task's work outlasts its dispatch; it costs where a short, dispatch-bound task
     # follows a long one, whose run it could have been dispatched during (1B micro-batch 1,
-    # window 1, on the H200 profile without its clock table)
+    # window 1, on the H200 profile without its clock table, a dispatch sharing the cores
+    # equally with AdamW)
     base = load_profile("h200-bench")
-    profile = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, busy_speedup=None))
+    profile = dataclasses.replace(
+        base, gpu=dataclasses.replace(base.gpu, busy_speedup=None),
+        host=dataclasses.replace(base.host, kernel_launch_beside_kernels_s=None,
+                                 kernel_launch_beside_niced_kernels_s=None))
 
     def step_s(run_ahead):
         plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=1),
