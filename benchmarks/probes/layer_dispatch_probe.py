@@ -89,7 +89,7 @@ def kernel_count(call, device: torch.device) -> int | None:
 def adamw_beside(block_params: int):
     """The executor's CPU AdamW on every core in a thread of this process, called over two
     block-sized arrays in turn until the block ends: what a dispatching thread runs beside."""
-    steps, _, _ = adamw_blocks(block_params, 2)
+    steps, _ = adamw_blocks(block_params, 2)
     stop = threading.Event()
 
     def loop() -> None:

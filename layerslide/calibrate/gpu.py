@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional
 
-from layerslide.calibrate.host import GIB, Measurement, adamw_blocks
+from layerslide.calibrate.host import GIB, Measurement, adamw_blocks, native_workers_nice
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.settings import LANES_FIRST_NICE, ExecutorKnobs
 
@@ -211,7 +211,8 @@ def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *, nice: int = 
     knobs = ExecutorKnobs.from_env()
     if pollers is None:
         pollers = 0 if knobs.lane_waits == "watch" else LANE_POLLERS
-    steps, kernel, workers_nice = adamw_blocks(block_params, 2, nice=nice)
+    steps, kernel = adamw_blocks(block_params, 2, nice=nice)
+    workers_nice = native_workers_nice()
     if workers_nice != nice:
         raise RuntimeError(f"this process's AdamW workers run at nice {workers_nice}, not "
                            f"{nice} (niced earlier, and not lowered again): time the price at "
@@ -304,7 +305,7 @@ def host_sharing_rates(block_params: int, copy_bytes: int, *, seconds: float,
     copy_bytes stream for about `seconds`. The median of `rounds`, modes interleaved so a slow
     spell of the machine hits each alike. What calibrate.sharing fits the profile's host-memory
     sharing to (benchmarks/host_sharing_probe.py prints it)."""
-    steps, _kernel, _nice = adamw_blocks(block_params, 4)
+    steps, _kernel = adamw_blocks(block_params, 4)
     for step in steps:  # first touch, the kernel's thread pool
         step()
     engines = CopyEngines(copy_bytes)

@@ -95,23 +95,28 @@ def executor_adamw_block(native: NativeKernels, numel: int,
 
 
 def adamw_blocks(size: int, arrays: int, *,
-                 nice: int = 0) -> tuple[list[Callable[[], None]], str, int]:
+                 nice: int = 0) -> tuple[list[Callable[[], None]], str]:
     """`arrays` AdamW steps over block-sized arrays of their own, as the executor runs AdamW,
-    a description of the kernel and the niceness its workers run at: layerslide's native
-    kernel reading bf16 grads and writing the bf16 weights over them (its workers at `nice`,
-    or higher where this process niced them before), else (no compiler) torch's fused CPU
-    AdamW with fp32 grads (its threads never niced: 0)."""
+    and a description of the kernel: layerslide's native kernel reading bf16 grads and writing
+    the bf16 weights over them (its workers at `nice`), else (no compiler) torch's fused CPU
+    AdamW with fp32 grads."""
     native = load_kernels(**_kernel_knobs(nice))
     if native is not None:
-        return ([executor_adamw_block(native, size) for _ in range(arrays)], _describe(native),
-                native.worker_nice)
+        return [executor_adamw_block(native, size) for _ in range(arrays)], _describe(native)
     optimizers = []
     for _ in range(arrays):
         p = torch.nn.Parameter(repeated_randn(size))
         p.grad = repeated_randn(size, 1e-3)
         optimizers.append(torch.optim.AdamW([p], lr=1e-5, fused=True))
     kernel = f"torch's fused CPU AdamW, fp32 grads, {torch.get_num_threads()} threads"
-    return [opt.step for opt in optimizers], kernel, 0
+    return [opt.step for opt in optimizers], kernel
+
+
+def native_workers_nice() -> int:
+    """The niceness this process's native AdamW workers run at: set once, it stays (0 without
+    the native kernels, whose fallback's threads are never niced)."""
+    native = load_kernels()
+    return native.worker_nice if native is not None else 0
 
 
 def _describe(native: NativeKernels) -> str:
@@ -130,7 +135,7 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
     (benchmarks/results/cpu_split_2026-11-30)."""
     size = max(numel // arrays, 1)
     passes = max(repeats // 3, 2)
-    steps, kernel, _nice = adamw_blocks(size, arrays)
+    steps, kernel = adamw_blocks(size, arrays)
     rate = sustained_rate(lambda i: steps[i](), arrays, arrays * size, passes)
     return Measurement(key="host.adamw_throughput", value=rate,
                        how=f"{kernel}, {arrays} arrays of {size / 2**20:.0f} Mi params in "

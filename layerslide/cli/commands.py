@@ -34,7 +34,7 @@ from layerslide.reports import (
 from layerslide.simulator import Prediction, simulate
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
-from layerslide.tuner.lanes_first import chosen_in_environment, lanes_first, priced_apart
+from layerslide.tuner.lanes_first import chosen_in_environment, niced_where_gpu_bound
 from layerslide.tuner.purchase import (
     DEFAULT_CARDS,
     DEFAULT_DRIVE_COUNTS,
@@ -205,13 +205,12 @@ def cmd_simulate(args) -> int:
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
-    niced = None if args.plan or chosen_in_environment() else lanes_first(plan.policy,
-                                                                           pred.bottleneck)
-    if niced is not None:  # as `train` runs a plan built from flags on a GPU
-        plan = replace(plan, policy=niced)
-        if priced_apart(profile):
-            pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory,
-                            label=plan.model.name)
+    found = None if args.plan or chosen_in_environment() else niced_where_gpu_bound(
+        plan.policy, pred, profile, lambda policy: simulate(  # as `train` runs it on a GPU
+            replace(plan, policy=policy), profile, gpu_memory_bytes=args.gpu_memory,
+            label=plan.model.name))
+    if found is not None:
+        plan, pred = replace(plan, policy=found[0]), found[1]
     if args.trace_out and pred.trace is not None:
         write_chrome_trace(pred.trace, args.trace_out)
     wrote_report = bool(args.report_dir and pred.trace is not None)
@@ -228,9 +227,9 @@ def cmd_simulate(args) -> int:
     print(f"{plan.model.name} on {profile.name}"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)"
              if args.gpu_memory is not None else ""))
-    if niced is not None:
+    if found is not None:
         print(f"GPU-bound: predicted as `train` runs it on a GPU, the CPU optimizer's workers at "
-              f"nice {niced.executor.cpu_nice} (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
+              f"nice {plan.policy.executor.cpu_nice} (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
     _print_prediction(pred)
     if wrote_report:
         print(f"report written to {args.report_dir}")

@@ -211,22 +211,22 @@ def _lanes_first(args, plan: Plan, prediction, device: str):
     from the flags (a --plan file runs as it is), runs on a GPU (on the CPU its compute is no
     launch to let through) and LAYERSLIDE_CPU_NICE leaves the choice open; and its
     prediction, simulated again where the profile prices niced launches apart."""
-    from layerslide.tuner.lanes_first import chosen_in_environment, lanes_first, priced_apart
+    from layerslide.tuner.lanes_first import chosen_in_environment, niced_where_gpu_bound
 
     if args.plan or chosen_in_environment() or not device.startswith("cuda"):
         return plan, prediction
-    policy = lanes_first(plan.policy, prediction.bottleneck)
-    if policy is None:
-        return plan, prediction
-    niced = replace(plan, policy=policy)
-    if priced_apart(profile_of(args.profile)):
+
+    def fitting(policy):
         try:
-            prediction = _check_fits(args, niced, warn=False)
-        except UsageError:  # its timing moved a peak past a limit: run it as it was
-            return plan, prediction
+            return _check_fits(args, replace(plan, policy=policy), warn=False)
+        except UsageError:
+            return None
+    found = niced_where_gpu_bound(plan.policy, prediction, profile_of(args.profile), fitting)
+    if found is None:
+        return plan, prediction
     print(f"the plan is GPU-bound: the CPU optimizer's workers run at nice {LANES_FIRST_NICE}, "
           "so that the GPU's launches take a core first (LAYERSLIDE_CPU_NICE=0 keeps them at 0)")
-    return niced, prediction
+    return replace(plan, policy=found[0]), found[1]
 
 
 # what a resumed run may change: how it runs, not what it computes

@@ -6,9 +6,12 @@ niceness set in the environment, is run as given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.kinds import Lane
 from layerslide.planner.settings import LANES_FIRST_NICE, ExecutorKnobs, Policy
+from layerslide.simulator import Prediction
 
 
 def chosen_in_environment() -> bool:
@@ -29,3 +32,21 @@ def lanes_first(policy: Policy, bottleneck: str | None) -> Policy | None:
     if bottleneck != Lane.GPU or policy.executor.cpu_nice != 0:
         return None
     return policy.with_(cpu_nice=LANES_FIRST_NICE)
+
+
+def niced_where_gpu_bound(policy: Policy, prediction: Prediction, profile: HardwareProfile,
+                          predict: Callable[[Policy], Prediction | None],
+                          ) -> tuple[Policy, Prediction] | None:
+    """The policy niced where its prediction is GPU-bound (lanes_first), and its prediction:
+    `predict` runs again only where the profile prices niced launches apart. None where the
+    policy stays, or where the niced plan no longer fits (None from `predict`, or infeasible):
+    its timing moved a peak past a limit, so it runs as it was."""
+    niced = lanes_first(policy, prediction.bottleneck)
+    if niced is None:
+        return None
+    if not priced_apart(profile):
+        return niced, prediction
+    again = predict(niced)
+    if again is None or not again.feasible:
+        return None
+    return niced, again

@@ -36,7 +36,7 @@ from layerslide.planner.settings import (
 )
 from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
 from layerslide.trace import TIERS
-from layerslide.tuner.lanes_first import lanes_first, priced_apart
+from layerslide.tuner.lanes_first import niced_where_gpu_bound
 
 # (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
@@ -399,17 +399,14 @@ def _settled(model: ModelSpec, candidate: Candidate, profile: HardwareProfile,
 
 def _lanes_first(model: ModelSpec, candidate: Candidate, profile: HardwareProfile,
                  gpu_memory_bytes: int | None, num_steps: int) -> Candidate:
-    """The candidate with its CPU kernels niced where it is GPU-bound (tuner.lanes_first),
-    simulated again where the profile prices its launches beside niced kernels apart."""
-    policy = lanes_first(candidate.policy, candidate.prediction.bottleneck)
-    if policy is None:
+    """The candidate with its CPU kernels niced where it is GPU-bound (tuner.lanes_first)."""
+    found = niced_where_gpu_bound(
+        candidate.policy, candidate.prediction, profile,
+        lambda policy: simulate(build_plan(model, candidate.train, policy, num_steps=num_steps),
+                                profile, gpu_memory_bytes=gpu_memory_bytes))
+    if found is None:
         return candidate
-    if not priced_apart(profile):
-        return replace(candidate, policy=policy)
-    plan = build_plan(model, candidate.train, policy, num_steps=num_steps)
-    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
-    if not prediction.feasible:  # its timing moved a peak past a limit: as it was
-        return candidate
+    policy, prediction = found
     return replace(candidate, policy=policy, prediction=replace(prediction, trace=None))
 
 

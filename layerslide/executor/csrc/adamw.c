@@ -41,9 +41,7 @@ static __thread int nice_taken = 0;
 
 static inline void take_worker_nice(void) {
 #ifdef __linux__
-    if (omp_get_thread_num() == 0)
-        return;
-    if (nice_taken != worker_nice) {
+    if (nice_taken != worker_nice && omp_get_thread_num() != 0) {
         nice_taken = worker_nice;
         setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice_taken);
     }
