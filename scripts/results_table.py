@@ -120,7 +120,7 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("validation", "simulator against executor (H200, each row's own calibration)", validation,
      "validation_2026-11-30o/validation_summary.json"),
     ("scoreboard", ("today's simulator on the H200 runs of 3B-14B since 2026-12-03 (each on its "
-     "call's calibration; CPU)"), validation, "scoreboard_2026-12-04c/validation_summary.json"),
+     "call's calibration; CPU)"), validation, "scoreboard_2026-12-04d/validation_summary.json"),
     ("train", ("the largest model the 128 GiB machine trains, `tune`'s pick (median of steps "
      "2-4)"), largest, "tune_pick_2026-12-02/call2/train.jsonl"),
     ("moments", "held-out loss of a 30M Llama on real text by AdamW moment precision",

@@ -228,12 +228,14 @@ class _Builder:
             self.graph.add_edge(src, dst, reason=reason)
 
     def buffer(self, owner: str | None, name: str, tier: str, nbytes: float,
-               release: tuple[str, ...] = (), at_end: bool = False) -> None:
+               release: tuple[str, ...] = (), at_end: bool = False,
+               outlives_outputs: bool = False) -> None:
         """A buffer `owner` allocates (named after it), or a static one (owner None)."""
         if nbytes > 0:
             bid = name if owner is None else task_buffer_id(owner, name)
             self.buffers.append(Buffer(id=bid, tier=tier, bytes=int(nbytes), alloc_task=owner,
-                                       release_tasks=release, at_end=at_end, name=name))
+                                       release_tasks=release, at_end=at_end,
+                                       outlives_outputs=outlives_outputs, name=name))
 
     def params(self, block: int) -> int:
         return self.model.block_params(block)
@@ -416,7 +418,12 @@ class _Builder:
             # its requests in their order: the final norm's saved tensors, the LM weight's grad
             # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
             # goes on top of the forward's blocks, the logits chunk above it)
-            self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T), (head,))
+            # the norm's bf16 output is held by the head's call until it returns, past the
+            # grads it keeps (outputs); its fp32 saved tensors go within the backward
+            normed = sizes.hidden_bytes(model, T)
+            self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T) - normed,
+                        (head,))
+            self.buffer(head, "normed", "gpu", normed, (head,), outlives_outputs=True)
             # the final hidden state lives from the last forward until the head has consumed it
             self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden * self.count(m),
                         (head,), at_end=self.count(m) == 1)
@@ -529,8 +536,10 @@ class _Builder:
                        bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
         self.edge(producer, off, "data")
         if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload:
-            # made while the fp32 sum is still held, so counted from the task's start
-            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,))
+            # made once its scratch (autograd's grads, the workspace) is gone, beside the fp32
+            # sum (an input, or scratch feeding it: simulator.memory); from the start, the
+            # head's counted +1 GiB at Llama-3.1-8B (benchmarks/results/validation_2026-12-04)
+            self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
         if block in self.dedicated_grad_last and self.sweep_size > 1:
             # the next sum of these grads is made only once this one is offloaded
             self.edge(self.dedicated_grad_last[block], self.sum_maker(s, m, block, producer),
@@ -593,16 +602,30 @@ class _Builder:
         p, within = self.params(block), self.group_of[m] % self.Q
         last = self.tid(self.task_of(producer).kind, block, s, self.sweep_firsts(m)[-1])
         tied = block == EMBEDDING and self.model.tie_word_embeddings
-        if within == 0:
-            self.buffer(self.sum_maker(s, m, block, producer),
-                        "tied_grad_sum" if tied else "grad_sum", "gpu", FP32_BYTES * p, (last,))
         adder = self.tid(K.HEAD, self.L, s, m) if tied else producer
         # a decoder layer's projection grads go into the sum from their GEMMs (grad_into_sum)
         into = self.model.layer_matmul_params if 0 <= block < self.L else 0
+        maker = self.sum_maker(s, m, block, producer)
+        # an untied head's or embedding's sum is copied from its first micro-batch's grad once
+        # autograd has made it (gpu_updates.add_into_sum): it comes as a task of one
+        # micro-batch ends, beside that grad. A decoder layer's is made before its backward
+        # (grad_into_sum), and a task of several makes more grads beside it: from the start
+        copied = (not tied and into == 0 and maker != last and self.count(m) == 1)
+        if within == 0:
+            self.buffer(maker, "tied_grad_sum" if tied else "grad_sum", "gpu", FP32_BYTES * p,
+                        (last,), at_end=copied, outlives_outputs=maker == last)
         if tied:  # the head's LM-weight grad, added into the sum by the head
             self.tied_grad(s, m, release=adder)
+        elif block == self.L:  # the loss's LM-weight grad, then autograd's of the final norm:
+            # two tensors, so the rounded sum (one block of both) cannot take the first's hole
+            lm = self.model.head_params
+            self.buffer(producer, "grads", "gpu", BF16_BYTES * lm, (producer,),
+                        outlives_outputs=copied and within == 0)
+            self.buffer(producer, "norm_grads", "gpu", BF16_BYTES * (p - lm), (producer,),
+                        outlives_outputs=copied and within == 0)
         else:  # autograd's fresh bf16 grads of the rest, added into the sum within the task
-            self.buffer(producer, "grads", "gpu", BF16_BYTES * (p - into), (producer,))
+            self.buffer(producer, "grads", "gpu", BF16_BYTES * (p - into), (producer,),
+                        outlives_outputs=copied and within == 0)
         task, n = self.task_of(adder), self.count(m)  # an add per micro-batch of the group
         added = (sizes.GPU_GRAD_SUM_BYTES_PER_PARAM * (p - into)
                  + sizes.GPU_GRAD_INTO_SUM_BYTES_PER_PARAM * into)

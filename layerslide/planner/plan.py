@@ -178,6 +178,9 @@ class Buffer:
     # made as alloc_task ends rather than as it starts: a task's outputs (the gradients a
     # backward hands on), which its own scratch tensors have mostly been freed for
     at_end: bool = False
+    # scratch its task still holds as it makes its outputs (at_end): the bf16 grad a new fp32
+    # sum is copied from, the head's normed input; freed after them, as the inputs it releases
+    outlives_outputs: bool = False
     # what the tensor is to the tasks that make and read it (checkpoint, final_hidden, dgrad,
     # fetched, ...): the executor hands a task's output to its readers by this name
     name: str = ""
@@ -294,6 +297,9 @@ class Plan:
             if b.at_end and (b.alloc_task is None or b.alloc_task in b.release_tasks):
                 raise ValueError(f"buffer {b.id} is made as its task ends (at_end): it needs "
                                  "an alloc_task, and another task to release it")
+            if b.outlives_outputs and (b.at_end or b.alloc_task not in b.release_tasks):
+                raise ValueError(f"buffer {b.id} outlives its task's outputs: it must be that "
+                                 "task's scratch (released by it, not made at its end)")
 
     # --- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -2,8 +2,8 @@
 GPU per allocation pool with what the caching allocator reserves for them.
 
 Bytes in use follow the tasks on their lanes: a buffer comes as the task allocating it starts
-(a task's outputs, Buffer.at_end, as it ends: its scratch is gone by then) and goes as the last
-task releasing it ends. The executor allocates a buffer on the stream of the lane whose task
+(a task's outputs, Buffer.at_end, as it ends: its scratch is gone by then, its inputs not yet)
+and goes as the last task releasing it ends. The executor allocates a buffer on the stream of the lane whose task
 allocates it (a layer's fetched checkpoint on h2d, its grads on gpu), the static ones before the
 plan runs. torch's caching allocator keeps one pool per stream and never hands a block freed on
 one stream to another, so the pools' peaks add up even where they fall at different times (3B
@@ -122,19 +122,25 @@ class MemoryLedger:
                 self._change(now, b, 1)
 
     def release(self, now: float, task_id: str) -> None:
-        """The task has ended: the buffers it was the last to release go, then its outputs
-        come (its scratch is gone by then; Plan.validate keeps a task from releasing its own
+        """The task has ended: its scratch goes, then its outputs come, then the inputs it was
+        the last to release (see _made_here; Plan.validate keeps a task from releasing its own
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
+        inputs = []
         for b in self._releases.get(task_id, ()):
             self._pending[b.id] -= 1
             if self._pending[b.id] == 0:
-                self._change(now, b, -1)
+                if self._made_here(b, task_id):
+                    self._change(now, b, -1)
+                else:
+                    inputs.append(b)
             if self._pool[b.id] != self._plan.task(task_id).lane:
                 self._user_done(b, self._other_users_left)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
                 self._change(now, b, 1)
+        for b in inputs:
+            self._change(now, b, -1)
 
     def dispatched(self, now: float, task_id: str) -> None:
         """The task's host thread begins enqueueing it: its requests reach the allocator."""
@@ -145,18 +151,37 @@ class MemoryLedger:
 
     def enqueued(self, now: float, task_id: str) -> None:
         """The task's host thread is done with it: the blocks of its own stream it was the
-        last to use there go back (stream order makes them reusable at once), then its outputs
-        are requested."""
+        last to use there go back (stream order makes them reusable at once) and the host
+        drops its tensors, its scratch before its outputs are requested, its inputs after
+        (see _made_here)."""
+        inputs = []
         for b in self._releases.get(task_id, ()):
-            if self._pool[b.id] == self._plan.task(task_id).lane:
-                self._user_done(b, self._own_users_left)
-            self._host_users_left[b.id] -= 1
-            if self._host_users_left[b.id] == 0:
-                self._hold(b, -1)
+            if self._made_here(b, task_id):
+                self._dropped_by_host(b, task_id)
+            else:
+                inputs.append(b)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
                 self._allocator_allocate(b)
                 self._hold(b, 1)
+        for b in inputs:
+            self._dropped_by_host(b, task_id)
+
+    def _dropped_by_host(self, buffer, task_id: str) -> None:
+        """The host thread of a task releasing the buffer is done with it."""
+        if self._pool[buffer.id] == self._plan.task(task_id).lane:
+            self._user_done(buffer, self._own_users_left)
+        self._host_users_left[buffer.id] -= 1
+        if self._host_users_left[buffer.id] == 0:
+            self._hold(buffer, -1)
+
+    @staticmethod
+    def _made_here(buffer, task_id: str) -> bool:
+        """Whether the buffer goes before the task's outputs (Buffer.at_end) come: its scratch
+        does, unless the task still holds it then (Buffer.outlives_outputs). The inputs it
+        releases go after: the executor's task holds them until it returns (the sweep's fp32
+        sum its last task rounds to bf16, a backward's checkpoint and incoming grad)."""
+        return buffer.alloc_task == task_id and not buffer.outlives_outputs
 
     def gpu_pool_reserves(self) -> dict[str, int]:
         """What the caching allocator has reserved per pool so far (it never gives pages back

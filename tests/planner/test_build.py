@@ -8,7 +8,16 @@ import networkx as nx
 import pytest
 from helpers import make_tiny_model
 
-from layerslide.planner import EMBEDDING, PRESETS, Buffer, Plan, Policy, TrainSpec, build_plan
+from layerslide.planner import (
+    EMBEDDING,
+    PRESETS,
+    Buffer,
+    Plan,
+    Policy,
+    TrainSpec,
+    build_plan,
+    sizes,
+)
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES
 from layerslide.planner.plan import HOST_CHECKPOINTS, HOST_GRAD_ACCUM
 
@@ -483,7 +492,6 @@ def test_gpu_updated_blocks_can_take_the_decoder_layers_first():
 
 
 def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_model):
-    from layerslide.planner import sizes
 
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     first_gpu_task = plan.lane_order["gpu"][0]
@@ -579,7 +587,8 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     assert layer.tier == "gpu" and layer.bytes == FP32_BYTES * tied.layer_params
     assert not layer.at_end and layer.release_tasks == ("s0.m2.backward.L1",)
     rounded = buffer_named(plan, "s0.m2.backward.L1.offloaded_grads")
-    assert rounded.bytes == BF16_BYTES * tied.layer_params and not rounded.at_end
+    # made as the last backward ends, its scratch gone, beside the sum (an input there)
+    assert rounded.bytes == BF16_BYTES * tied.layer_params and rounded.at_end
     assert rounded.release_tasks == ("s0.m2.offload_grads.L1",)
     into = tied.layer_matmul_params  # the projections' GEMMs add into the sum themselves
     for m in range(3):  # autograd's bf16 grads of the norms, added in within the task
@@ -604,6 +613,40 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     assert extra(0) == added + 4 * tied.layer_params  # the sum made as zeros
     assert extra(1) == added
     assert extra(2) == added + 6 * tied.layer_params  # and rounded to bf16
+
+
+def test_layer_major_untied_sums_are_copied_from_the_first_grads_as_their_task_ends():
+    """As the executor makes them (gpu_updates.add_into_sum): the head's and embedding's fp32
+    sums start from the first micro-batch's bf16 grad once autograd has made it, so they come
+    as that task ends and the grad goes after them; a decoder layer's sum is attached before
+    its backward, so it is there from the start (H200 allocator history, 8B layer-major,
+    benchmarks/results/scoreboard_2026-12-04d)."""
+    model = make_tiny_model()  # untied
+    train = TrainSpec(micro_batch=1, seq_len=16, grad_accum=3)
+    plan = build_plan(model, train, LAYER_MAJOR, num_steps=2)
+    for kind in ("head.head", "backward.emb"):
+        total = buffer_named(plan, f"s0.m0.{kind}.grad_sum")
+        assert total.at_end and total.release_tasks == (f"s0.m2.{kind}",)
+        assert buffer_named(plan, f"s0.m0.{kind}.grads").outlives_outputs
+        assert not buffer_named(plan, f"s0.m1.{kind}.grads").outlives_outputs
+    layer = buffer_named(plan, "s0.m0.backward.L1.grad_sum")
+    assert not layer.at_end and not layer.outlives_outputs
+    # the loss's LM-weight grad and the final norm's are two tensors: the rounded sum, one
+    # block of both, does not fit the first's hole
+    assert buffer_named(plan, "s0.m0.head.head.grads").bytes == BF16_BYTES * model.head_params
+    assert (buffer_named(plan, "s0.m0.head.head.norm_grads").bytes
+            == BF16_BYTES * model.final_norm_params)
+    # the head holds its norm's bf16 output until it returns; the fp32 saved tensors go before
+    normed = buffer_named(plan, "s0.m0.head.head.normed")
+    assert normed.outlives_outputs and normed.bytes == 16 * 64 * BF16_BYTES
+    assert (normed.bytes + buffer_named(plan, "s0.m0.head.head.norm").bytes
+            == sizes.final_norm_saved_bytes(model, 16))
+    # one group of three: its task makes the sum and rounds it, holding it past the rounding
+    grouped = build_plan(model, train, LAYER_MAJOR.with_(sweep_groups=1), num_steps=2)
+    for kind in ("head.head", "backward.emb", "backward.L1"):
+        total = buffer_named(grouped, f"s0.m0.{kind}.grad_sum")
+        assert not total.at_end and total.outlives_outputs
+        assert buffer_named(grouped, f"s0.m0.{kind}.offloaded_grads").at_end
 
 
 def test_layer_major_prefetches_weights_a_whole_sweep_ahead():

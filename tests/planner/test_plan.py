@@ -87,6 +87,21 @@ def test_a_buffer_made_as_its_task_ends_needs_another_task_to_release_it(plan):
         Plan.from_dict(data)
 
 
+def test_only_a_tasks_scratch_can_outlive_its_outputs(plan):
+    data = json.loads(json.dumps(plan.to_dict()))
+    handed_on = next(b for b in data["buffers"] if b["at_end"])  # made by one, read by another
+    handed_on["outlives_outputs"] = True
+    with pytest.raises(ValueError, match="must be that task's scratch"):
+        Plan.from_dict(data)
+
+
+def test_a_plan_file_from_before_outlives_outputs_still_loads(plan):
+    data = json.loads(json.dumps(plan.to_dict()))
+    for b in data["buffers"]:
+        del b["outlives_outputs"]
+    assert not any(b.outlives_outputs for b in Plan.from_dict(data).buffers)
+
+
 def _canonical(plan: Plan) -> dict:
     """The plan as data, its tasks, edges and buffers in a fixed order (ids are unique)."""
     data = plan.to_dict()

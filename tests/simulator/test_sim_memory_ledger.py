@@ -115,6 +115,57 @@ def test_a_tasks_outputs_come_as_it_ends_in_the_scratch_it_has_freed():
     assert ledger.gpu_pool_reserves() == {"gpu": 2 * LARGE_PAGE_BYTES}
 
 
+def test_a_tasks_outputs_come_before_the_inputs_it_releases_go():
+    """The sweep's last backward rounds the fp32 sum an earlier task made into bf16 grads: its
+    workspace is gone by then, the sum not yet, in bytes in use, torch's count and the
+    allocator's eyes alike (the rounded grads cannot take the sum's block)."""
+    plan = _Plan([Buffer(id="first.sum", tier="gpu", bytes=40 * MIB, alloc_task="first",
+                         release_tasks=("last",)),
+                  Buffer(id="last.workspace", tier="gpu", bytes=30 * MIB, alloc_task="last",
+                         release_tasks=("last",)),
+                  Buffer(id="last.rounded", tier="gpu", bytes=20 * MIB, alloc_task="last",
+                         release_tasks=("offload",), at_end=True)],
+                 {"first": "gpu", "last": "gpu", "offload": "d2h"})
+    ledger = MemoryLedger(plan)
+    for task in ("first", "last"):
+        ledger.dispatched(0.0, task)
+        ledger.allocate(0.0, task)
+    assert ledger.in_use["gpu"] == 70 * MIB and ledger.held_bytes == 70 * MIB
+    ledger.enqueued(0.1, "last")
+    assert ledger.held_bytes == 20 * MIB and ledger.held_peak_bytes == 70 * MIB
+    ledger.release(1.0, "last")
+    assert ledger.in_use["gpu"] == 20 * MIB
+    assert ledger.pool_peaks == {"gpu": 70 * MIB}
+    gpu = [s.bytes_in_use for s in ledger.samples if s.tier == "gpu"]
+    assert gpu[-3:] == [40 * MIB, 60 * MIB, 20 * MIB]  # workspace gone, rounded made, sum gone
+    # the rounded grads take the freed workspace's pages: the sum's 2 and its 2, no more
+    assert ledger.gpu_pool_reserves() == {"gpu": 4 * LARGE_PAGE_BYTES}
+
+
+def test_scratch_that_outlives_the_outputs_goes_after_them():
+    """The head's first micro-batch makes its LM-weight grad, then copies it into a new fp32
+    sum (its output) and only then drops it: the sum cannot take the grad's block, only the
+    hole the loss's logits chunk, gone before, leaves."""
+    plan = _Plan([Buffer(id="head.grads", tier="gpu", bytes=40 * MIB, alloc_task="head",
+                         release_tasks=("head",), outlives_outputs=True),
+                  Buffer(id="head.chunk", tier="gpu", bytes=60 * MIB, alloc_task="head",
+                         release_tasks=("head",)),
+                  Buffer(id="head.sum", tier="gpu", bytes=80 * MIB, alloc_task="head",
+                         release_tasks=("last_head",), at_end=True)],
+                 {"head": "gpu", "last_head": "gpu"})
+    ledger = MemoryLedger(plan)
+    ledger.dispatched(0.0, "head")
+    ledger.allocate(0.0, "head")
+    ledger.enqueued(0.1, "head")
+    assert ledger.held_bytes == 80 * MIB and ledger.held_peak_bytes == 120 * MIB
+    ledger.release(1.0, "head")
+    gpu = [s.bytes_in_use for s in ledger.samples if s.tier == "gpu"]
+    assert gpu[-3:] == [40 * MIB, 120 * MIB, 80 * MIB]  # chunk gone, sum made, grads gone
+    # the sum takes the chunk's hole at the end and 20 MiB more: 6 pages, where the grads' and
+    # the chunk's merged 100 MiB would have held it in 5
+    assert ledger.gpu_pool_reserves() == {"gpu": 6 * LARGE_PAGE_BYTES}
+
+
 def test_host_buffers_never_reach_the_allocator_through_the_threads_either():
     plan = _Plan([Buffer(id="staging", tier="host", bytes=64 * MIB, alloc_task="cast",
                          release_tasks=("load",))], {"cast": "cpu", "load": "h2d"})
