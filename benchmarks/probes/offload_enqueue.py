@@ -1,6 +1,7 @@
 """How late the d2h lane enqueues a layer's grad offload, measured against predicted: the host
 thread's delay after the layer's backward is enqueued, the enqueue's own time, and how often the
-offload is still not enqueued when the next layer's backward begins its enqueue. Until then the
+offload is still not enqueued when the next layer's backward begins its enqueue, and (measured)
+how often long and short enqueues ran beside another lane thread's. Until then the
 layer's bf16 grads count in torch's allocated bytes beside the next backward's workspace: why
 Mistral-7B mb8's allocated peak is predicted 11-13% low (benchmarks/results/scoreboard_2026-12-04c).
 
@@ -56,6 +57,29 @@ def summary_line(name: str, lags: dict[str, list[float]]) -> str:
             f"backward's enqueue begins in {sum(x > 0 for x in late)} of {len(late)} layers")
 
 
+LONG_ENQUEUE_S = 3e-3
+
+
+def beside_other_enqueues(trace: Trace) -> str:
+    """From step 1 on: how many long (> LONG_ENQUEUE_S) and short grad-offload enqueues ran
+    while the h2d or gpu lane's thread was enqueueing too (threads that share the GIL)."""
+    events = [e for e in trace.events if e.step >= 1 and e.dispatch_start_s is not None]
+    offloads = [e for e in events if e.kind == "offload_grads"]
+
+    def beside(e, lane: str) -> bool:
+        return any(x.lane == lane and x.dispatch_start_s < e.dispatch_end_s
+                   and x.dispatch_end_s > e.dispatch_start_s for x in events)
+    parts = []
+    for name, group in (("long", [e for e in offloads if e.dispatch_end_s - e.dispatch_start_s
+                                  > LONG_ENQUEUE_S]),
+                        ("short", [e for e in offloads if e.dispatch_end_s - e.dispatch_start_s
+                                   <= LONG_ENQUEUE_S])):
+        parts.append(f"{name} {len(group)}: beside an h2d enqueue "
+                     f"{sum(beside(e, 'h2d') for e in group)}, beside a gpu enqueue "
+                     f"{sum(beside(e, 'gpu') for e in group)}")
+    return f"offload enqueues (> {LONG_ENQUEUE_S * 1e3:.0f} ms long): " + "; ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", type=Path)
@@ -65,6 +89,8 @@ def main() -> None:
         for kind in ("measured", "predicted"):
             trace = load_gz(args.traces / f"{label}.{kind}.json.gz")
             print(summary_line(f"{label} {kind}", offload_lags(trace)))
+            if kind == "measured":
+                print(f"  {beside_other_enqueues(trace)}")
 
 
 if __name__ == "__main__":

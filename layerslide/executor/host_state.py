@@ -31,6 +31,7 @@ from layerslide.executor.nvme import (
     nvme_folders,
 )
 from layerslide.executor.optim import OptimConfig
+from layerslide.executor.stripes import padded
 from layerslide.planner.plan import (
     HOST_GRAD_ACCUM,
     HOST_GRAD_LANDING,
@@ -81,7 +82,7 @@ class HostState:
                              f"{where.activations}): pass a folder on that disk (--nvme-dir)")
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         # (per folder: they are dealt out over the folders in turn)
-        per_file = 2 * train.tokens_per_micro_batch * blocks.config.hidden_size
+        per_file = padded(2 * train.tokens_per_micro_batch * blocks.config.hidden_size)
         activation_bytes = (per_file * ActivationFiles.files_per_folder(
             blocks.num_layers, placement.checkpoints_per_layer, len(self.nvme_dir))
             if policy.residency.activations == "nvme" and self.nvme_dir else 0)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.moments import Moments
-from layerslide.executor.stripes import ALIGN, StripedFile, padded, stripe_ranges
+from layerslide.executor.stripes import ALIGN, CHUNK_BYTES, StripedFile, padded, stripe_ranges
 from layerslide.planner.settings import MomentPrecision
 
 
@@ -240,18 +240,34 @@ class ActivationFiles:
     `activations_<layer>_<copy>.bin` where a layer has several checkpoints waiting at once: one
     per micro-batch of a layer-major sweep), taken in turn from the tier's folders (one per
     drive). A checkpoint is written after its forward and read back before its backward, and
-    the plan orders the next write of that file after the read. Buffered I/O: the pinned
-    buffers the GPU copies use need not be page-aligned."""
+    the plan orders the next write of that file after the read.
+
+    O_DIRECT where the filesystem takes it, whole 4 KiB blocks from page-aligned buffers
+    (`host_buffer`), as calibrate measures the disk: written through the page cache, each
+    rewrite of a truncated file was flushed as it closed (ext4's auto_da_alloc), at half the
+    disk's rate (benchmarks/results/activation_io_2026-12-04)."""
 
     def __init__(self, folders: str | Path | Sequence[str | Path], num_layers: int,
                  copies: int = 1):
         self.folders = nvme_folders(folders)
         self.num_layers, self.copies = num_layers, copies
+        self.direct = {folder: supports_direct(folder) for folder in self.folders}
 
     @staticmethod
     def files_per_folder(num_layers: int, copies: int, folders: int) -> int:
         """The most checkpoint files one folder holds (dealt out in turn)."""
         return -(-num_layers * copies // folders)
+
+    @staticmethod
+    def host_buffer(numel: int, dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+        """A checkpoint's host tensor whose storage is page-aligned and runs on to a whole 4 KiB
+        block, as O_DIRECT reads and writes it (page-locked where a GPU copies it)."""
+        nbytes = padded(numel * torch.empty((), dtype=dtype).element_size())
+        if pinned:  # cudaHostAlloc's pages (torch's pinned caching allocator)
+            raw = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        else:  # the heap's are not page-aligned
+            raw = aligned_buffer(nbytes)
+        return raw.view(dtype)[:numel]
 
     def path(self, layer: int, copy: int = 0) -> Path:
         suffix = f"_{copy}" if self.copies > 1 else ""
@@ -265,24 +281,44 @@ class ActivationFiles:
             for copy in range(self.copies):
                 self.path(layer, copy).unlink(missing_ok=True)
 
+    def _bytes_of(self, path: Path, host: torch.Tensor) -> tuple[memoryview, int]:
+        """The host tensor's bytes as the file holds them, and the open flag for them: whole
+        blocks under O_DIRECT where the folder takes it and the buffer allows (host_buffer's),
+        else the tensor's own bytes through the page cache."""
+        nbytes = host.numel() * host.element_size()
+        storage, start = host.untyped_storage(), host.storage_offset() * host.element_size()
+        if (self.direct[path.parent] and host.data_ptr() % ALIGN == 0
+                and start + padded(nbytes) <= storage.nbytes()):
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage, start, (padded(nbytes),))
+            return memoryview(raw.numpy()), os.O_DIRECT
+        return memoryview(host.view(-1).view(torch.uint8).numpy()), 0
+
     def write(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
-        view = memoryview(host.view(torch.uint8).numpy())
         path = self.path(layer, copy)
+        view, direct = self._bytes_of(path, host)
         try:
-            with open(path, "wb") as f:
-                f.write(view)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+            try:
+                done = 0
+                while done < len(view):
+                    done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+            finally:
+                os.close(fd)
         except OSError as err:
             raise NvmeSpaceError(err.errno, f"writing the activation checkpoint "
                                  f"{path} failed ({err.strerror})") from err
 
     def read(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
-        view = memoryview(host.view(torch.uint8).numpy())
         path = self.path(layer, copy)
-        with open(path, "rb", buffering=0) as f:
+        view, direct = self._bytes_of(path, host)
+        fd = os.open(path, os.O_RDONLY | direct)
+        try:
             done = 0
             while done < len(view):
-                got = f.readinto(view[done:])
+                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], done)
                 if not got:
                     raise OSError(errno.EIO, f"{path} ended after {done} of "
                                   f"{len(view)} bytes")
                 done += got
+        finally:
+            os.close(fd)

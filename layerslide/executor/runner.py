@@ -353,7 +353,7 @@ class TaskRunner:
             if self.policy.residency.activations == "nvme":
                 # only between the copy and the disk write: from torch's pinned caching
                 # allocator, which reuses the memory for the next layer's checkpoint
-                host = torch.empty(x.numel(), dtype=x.dtype, pin_memory=self.device.is_cuda)
+                host = ActivationFiles.host_buffer(x.numel(), x.dtype, self.device.is_cuda)
                 self.act_passing[(task.step, m, task.block)] = host
             else:
                 host = self.act_host.get(self._checkpoint_copy(task.block, m))
@@ -608,7 +608,7 @@ class TaskRunner:
         # into pinned buffers the fetch copies to the GPU
         numel = self.train.tokens_per_micro_batch * self.spec.hidden_size
         for m in _micro_batches(task):
-            host = torch.empty(numel, dtype=torch.bfloat16, pin_memory=self.device.is_cuda)
+            host = ActivationFiles.host_buffer(numel, torch.bfloat16, self.device.is_cuda)
             layer, copy = self._checkpoint_copy(task.block, m)
             self.activation_files.read(layer, host, copy)
             self.act_passing[(task.step, m, task.block)] = host

@@ -389,3 +389,45 @@ def test_closing_deletes_the_scratch_files_and_leaves_checkpoints_whole(tmp_path
     assert not list(folder.glob("state_*"))
     assert [p.name for p in folder.glob("activations_*")] == ["activations_99.bin"]
     store.verify(store.latest())  # its hard links still hold the state the run ended with
+
+
+def _checkpoint(numel: int, source: torch.Tensor | None = None) -> torch.Tensor:
+    host = nvme_module.ActivationFiles.host_buffer(numel, torch.bfloat16, pinned=False)
+    host.copy_(torch.randn(numel) if source is None else source)
+    return host
+
+
+def test_activation_checkpoints_go_to_disk_in_whole_blocks_under_o_direct(tmp_path):
+    """As calibrate measures the disk: O_DIRECT, the file padded to whole 4 KiB blocks from
+    the page-aligned buffer host_buffer makes (1000 bf16 values: 2000 bytes, one block)."""
+    if not nvme_module.supports_direct(tmp_path):
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    files = nvme_module.ActivationFiles(tmp_path, num_layers=2, copies=2)
+    written = _checkpoint(1000)
+    assert written.data_ptr() % 4096 == 0 and written.numel() == 1000
+    files.write(1, written, copy=1)
+    assert files.path(1, 1).stat().st_size == 4096
+    back = _checkpoint(1000, torch.zeros(1000))
+    files.read(1, back, copy=1)
+    assert torch.equal(back, written)
+
+
+def test_a_checkpoint_without_room_for_whole_blocks_goes_through_the_page_cache(tmp_path,
+                                                                                 monkeypatch):
+    files = nvme_module.ActivationFiles(tmp_path, num_layers=1)
+    plain = torch.randn(1000).bfloat16()  # the heap's: neither aligned nor padded
+    files.write(0, plain)
+    assert files.path(0).stat().st_size == 2000
+    back = torch.zeros(1000, dtype=torch.bfloat16)
+    files.read(0, back)
+    assert torch.equal(back, plain)
+    # a folder whose filesystem refuses O_DIRECT (tmpfs) takes host_buffer's tensors too
+    monkeypatch.setattr(nvme_module, "supports_direct", lambda folder: False)
+    (tmp_path / "tmpfs").mkdir()
+    files = nvme_module.ActivationFiles(tmp_path / "tmpfs", num_layers=1)
+    written = _checkpoint(1000)
+    files.write(0, written)
+    assert files.path(0).stat().st_size == 2000
+    back = _checkpoint(1000, torch.zeros(1000))
+    files.read(0, back)
+    assert torch.equal(back, written)
