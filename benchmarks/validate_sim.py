@@ -104,6 +104,12 @@ CONFIGS = {
                                       "env": {"PYTORCH_CUDA_ALLOC_CONF":
                                               "expandable_segments:False"},
                                       "variant_of": "3b-mb8-w2-host"},
+    # activation checkpoints through the page cache, as the executor wrote them until session
+    # 28 (O_DIRECT since: benchmarks/results/activation_io_2026-12-04)
+    "qwen4b-mb8-w2-nvme-buffered": {"model": "qwen3-4b", "micro_batch": 8, "window": 2,
+                                    "activations": "nvme",
+                                    "env": {"LAYERSLIDE_ACTIVATION_IO": "buffered"},
+                                    "variant_of": "qwen4b-mb8-w2-nvme"},
     "3b-mb1-w2-host-unbounded": {"model": "llama-3.2-3b", "micro_batch": 1, "window": 2,
                                  "policy": {"stream_run_ahead": 0},
                                  "variant_of": "3b-mb1-w2-host"},

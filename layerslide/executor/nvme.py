@@ -235,6 +235,9 @@ def supports_direct(folder: Path) -> bool:
         probe.unlink(missing_ok=True)
 
 
+ACTIVATION_IO_ENV = "LAYERSLIDE_ACTIVATION_IO"  # 'buffered': checkpoints through the page cache
+
+
 class ActivationFiles:
     """Activation checkpoints on disk, a file per layer and copy (`activations_<layer>.bin`, or
     `activations_<layer>_<copy>.bin` where a layer has several checkpoints waiting at once: one
@@ -251,7 +254,13 @@ class ActivationFiles:
                  copies: int = 1):
         self.folders = nvme_folders(folders)
         self.num_layers, self.copies = num_layers, copies
-        self.direct = {folder: supports_direct(folder) for folder in self.folders}
+        io = os.environ.get(ACTIVATION_IO_ENV, "direct")
+        if io not in ("direct", "buffered"):
+            raise ValueError(f"{ACTIVATION_IO_ENV}={io!r}: set it to 'direct' (O_DIRECT where "
+                             "the filesystem takes it, the default) or 'buffered' (through the "
+                             "page cache)")
+        self.direct = {folder: io == "direct" and supports_direct(folder)
+                       for folder in self.folders}
 
     @staticmethod
     def files_per_folder(num_layers: int, copies: int, folders: int) -> int:

@@ -431,3 +431,15 @@ def test_a_checkpoint_without_room_for_whole_blocks_goes_through_the_page_cache(
     back = _checkpoint(1000, torch.zeros(1000))
     files.read(0, back)
     assert torch.equal(back, written)
+
+
+def test_activation_io_can_go_through_the_page_cache_and_refuses_other_settings(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setenv("LAYERSLIDE_ACTIVATION_IO", "buffered")
+    files = nvme_module.ActivationFiles(tmp_path, num_layers=1)
+    written = _checkpoint(1000)
+    files.write(0, written)
+    assert files.path(0).stat().st_size == 2000  # the tensor's own bytes: no O_DIRECT blocks
+    monkeypatch.setenv("LAYERSLIDE_ACTIVATION_IO", "cached")
+    with pytest.raises(ValueError, match="LAYERSLIDE_ACTIVATION_IO='cached': set it to 'direct'"):
+        nvme_module.ActivationFiles(tmp_path, num_layers=1)
