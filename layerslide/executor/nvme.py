@@ -32,7 +32,14 @@ from pathlib import Path
 import torch
 
 from layerslide.executor.moments import Moments
-from layerslide.executor.stripes import ALIGN, CHUNK_BYTES, StripedFile, padded, stripe_ranges
+from layerslide.executor.stripes import (
+    ALIGN,
+    StripedFile,
+    padded,
+    read_fully,
+    stripe_ranges,
+    write_fully,
+)
 from layerslide.planner.settings import MomentPrecision
 
 
@@ -308,9 +315,7 @@ class ActivationFiles:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
             try:
-                done = 0
-                while done < len(view):
-                    done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+                write_fully(fd, view)
             finally:
                 os.close(fd)
         except OSError as err:
@@ -322,12 +327,8 @@ class ActivationFiles:
         view, direct = self._bytes_of(path, host)
         fd = os.open(path, os.O_RDONLY | direct)
         try:
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], done)
-                if not got:
-                    raise OSError(errno.EIO, f"{path} ended after {done} of "
-                                  f"{len(view)} bytes")
-                done += got
+            done = read_fully(fd, view)
         finally:
             os.close(fd)
+        if done < len(view):
+            raise OSError(errno.EIO, f"{path} ended after {done} of {len(view)} bytes")

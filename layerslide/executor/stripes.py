@@ -26,6 +26,25 @@ def padded(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def read_fully(fd: int, view: memoryview, offset: int = 0) -> int:
+    """Read into the whole view from offset on, in calls of at most CHUNK_BYTES; the bytes read
+    (fewer only where the file ended)."""
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], offset + done)
+        if got <= 0:
+            break
+        done += got
+    return done
+
+
+def write_fully(fd: int, view: memoryview) -> None:
+    """Write the whole view at the file's start, in calls of at most CHUNK_BYTES."""
+    done = 0
+    while done < len(view):
+        done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+
+
 def stripe_ranges(nbytes: int, stripes: int) -> list[tuple[int, int]]:
     """The [start, end) bytes of a file of nbytes each of `stripes` folders holds."""
     size = padded(-(-nbytes // stripes))
@@ -117,23 +136,18 @@ class StripedFile:
     def _read_stripe(self, i: int, view: memoryview, offset: int) -> None:
         fd = self._open(i, self.paths[i], os.O_RDONLY)
         try:
-            done = 0
-            while done < len(view):
-                got = os.preadv(fd, [view[done:done + CHUNK_BYTES]], offset + done)
-                if got <= 0:
-                    raise OSError(errno.EIO, f"{self.paths[i]} ended after {offset + done} "
-                                  f"bytes of {offset + len(view)}: the NVMe state is "
-                                  "damaged; resume from a checkpoint")
-                done += got
+            done = read_fully(fd, view, offset)
         finally:
             os.close(fd)
+        if done < len(view):
+            raise OSError(errno.EIO, f"{self.paths[i]} ended after {offset + done} bytes of "
+                          f"{offset + len(view)}: the NVMe state is damaged; resume from a "
+                          "checkpoint")
 
     def _write_stripe(self, i: int, view: memoryview, _offset: int) -> None:
         fresh = self.paths[i].with_suffix(".next")
         fd = self._open(i, fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            done = 0
-            while done < len(view):
-                done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+            write_fully(fd, view)
         finally:
             os.close(fd)
