@@ -39,11 +39,12 @@ PROFILE = "h200-calibrated.toml"
 # this code, with where the row was measured again
 SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
               "ran before the native grad-sum kernel (accumulate_2026-12-03); again in 12-03b/call3"}
-# rows whose GPU memory the executor has changed since (their step time still counts): under
-# layer-major accumulation the embedding's dense grad stayed alive through the rounding of its
-# sum, a third [V, h] block (fixed in session 26, benchmarks/results/validation_2026-12-04)
+# rows whose reserved GPU memory the executor has changed since (their step time and allocated
+# peak still count): under layer-major accumulation the embedding's dense grad stayed alive
+# through the rounding of its sum, a third [V, h] block beside the head's allocated peak (fixed
+# in session 26, benchmarks/results/validation_2026-12-04)
 EMBEDDING_GRAD_FIX = "held the embedding's grad through its sum's rounding; again in 12-04/call2"
-GPU_MEMORY_SUPERSEDED = {
+GPU_RESERVE_SUPERSEDED = {
     ("validation_2026-12-03b/call1", "8b-mb4x4-w2-host-lm"): EMBEDDING_GRAD_FIX,
     ("validation_2026-12-03b/call2", "qwen8b-mb8x4-w2-host-lm"): EMBEDDING_GRAD_FIX,
     ("validation_2026-12-04/call1", "qwen8b-mb8x4-w2-host-lm"): EMBEDDING_GRAD_FIX}
@@ -122,11 +123,10 @@ def call_rows(call: str, results: Path = RESULTS, adjust=None) -> list[dict]:
             print(f"{call}: {label} left out: run at nice 0, its calibration priced launches "
                   "beside niced workers only", file=sys.stderr)
             continue
-        if (call, label) in GPU_MEMORY_SUPERSEDED:
-            print(f"{call}: {label}'s GPU memory left out: {GPU_MEMORY_SUPERSEDED[call, label]}",
-                  file=sys.stderr)
-            row = {**row, "measured_gpu_allocated_bytes": None,
-                   "measured_gpu_reserved_bytes": None, "gpu_memory_detail": None}
+        if (call, label) in GPU_RESERVE_SUPERSEDED:
+            print(f"{call}: {label}'s reserved GPU memory left out: "
+                  f"{GPU_RESERVE_SUPERSEDED[call, label]}", file=sys.stderr)
+            row = {**row, "measured_gpu_reserved_bytes": None, "gpu_memory_detail": None}
         # variants are reported apart by their configuration's mark (rows may predate it)
         variant_of = CONFIGS.get(label, row["config"]).get("variant_of")
         rows.append({**row, "label": f"{short}:{label}", "call": call,

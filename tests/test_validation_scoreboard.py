@@ -34,16 +34,16 @@ def test_superseded_rows_are_left_out(tmp_path, monkeypatch):
     assert [r["label"] for r in rows] == ["call:qwen4b-mb4x4-w2-host-lm"]
 
 
-def test_rows_whose_gpu_memory_is_superseded_keep_their_step_time_only(tmp_path, monkeypatch):
+def test_rows_whose_gpu_reserve_is_superseded_keep_their_step_time_and_allocated_peak(
+        tmp_path, monkeypatch):
     shutil.copytree(scoreboard.RESULTS / CALL, tmp_path / "call")
-    monkeypatch.setitem(scoreboard.GPU_MEMORY_SUPERSEDED, ("call", "mistral7b-mb8-w2-host"),
+    monkeypatch.setitem(scoreboard.GPU_RESERVE_SUPERSEDED, ("call", "mistral7b-mb8-w2-host"),
                         "a test")
     rows = {r["label"]: r for r in scoreboard.call_rows("call", results=tmp_path)}
     mistral, qwen = rows["call:mistral7b-mb8-w2-host"], rows["call:qwen4b-mb4x4-w2-host-lm"]
-    assert mistral["measured_step_s"] > 0 and mistral["measured_host_bytes"] > 0
-    assert mistral["measured_gpu_allocated_bytes"] is None
+    assert mistral["measured_step_s"] > 0 and mistral["measured_gpu_allocated_bytes"] > 0
     assert mistral["measured_gpu_reserved_bytes"] is None and mistral["gpu_memory_detail"] is None
-    assert qwen["measured_gpu_allocated_bytes"] > 0 and qwen["measured_gpu_reserved_bytes"] > 0
+    assert qwen["measured_gpu_reserved_bytes"] > 0 and qwen["gpu_memory_detail"]
 
 
 def test_a_folder_without_its_profile_is_refused_by_name(tmp_path):

@@ -1,6 +1,7 @@
-"""Activation checkpoints on disk, written through the page cache (as executor.nvme's
-ActivationFiles did until session 28) against O_DIRECT (as calibrate measures the disk and the
-NVMe state tier uses it), side by side on one folder. Runs anywhere with a disk; no GPU.
+"""Activation checkpoints on disk, written through the page cache into a truncated file (as
+executor.nvme's ActivationFiles did until session 28) or over the file's old bytes, against
+O_DIRECT (as calibrate measures the disk and the NVMe state tier uses it), side by side on one
+folder. Runs anywhere with a disk; no GPU.
 
 Each round writes LAYERS checkpoints of BYTES (a forward's offloads), then reads them back in
 reverse (the backward's reads), in each mode in turn. A training host's RAM is mostly pinned
@@ -27,16 +28,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from layerslide.executor.nvme import aligned_buffer, supports_direct
 from layerslide.executor.stripes import padded
 
+MODES = {"buffered": os.O_TRUNC, "in_place": 0, "direct": os.O_TRUNC | os.O_DIRECT}
 
-def one_round(folder: Path, layers: int, nbytes: int, direct: bool) -> tuple[float, float]:
-    """(write GB/s, read GB/s) of one forward's writes and one backward's reads."""
+
+def one_round(folder: Path, layers: int, nbytes: int, mode: str) -> tuple[float, float]:
+    """(write GB/s, read GB/s) of one forward's writes and one backward's reads: through the
+    page cache into a truncated file (`buffered`, the executor's way until session 28) or over
+    the old bytes (`in_place`), or by O_DIRECT (`direct`)."""
     buffer = aligned_buffer(nbytes)
+    direct = mode == "direct"
     view = memoryview(buffer.numpy())[:padded(nbytes) if direct else nbytes]
-    flags = os.O_DIRECT if direct else 0
+    flags = MODES[mode]
     began = time.perf_counter()
     for layer in range(layers):
-        fd = os.open(folder / f"act_{layer}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags,
-                     0o644)
+        fd = os.open(folder / f"act_{layer}.bin", os.O_WRONLY | os.O_CREAT | flags, 0o644)
         try:
             done = 0
             while done < len(view):
@@ -46,7 +51,7 @@ def one_round(folder: Path, layers: int, nbytes: int, direct: bool) -> tuple[flo
     wrote = time.perf_counter() - began
     began = time.perf_counter()
     for layer in reversed(range(layers)):
-        fd = os.open(folder / f"act_{layer}.bin", os.O_RDONLY | flags)
+        fd = os.open(folder / f"act_{layer}.bin", os.O_RDONLY | (os.O_DIRECT if direct else 0))
         try:
             done = 0
             while done < len(view):
@@ -83,13 +88,12 @@ def main() -> None:
                          flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         for offset in range(0, len(held), mmap.PAGESIZE):
             held[offset] = 1
-    results: dict[str, list[tuple[float, float]]] = {"buffered": [], "direct": []}
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     try:
         for _ in range(args.rounds):
             for mode, rounds in results.items():
                 os.sync()
-                rounds.append(one_round(folder, args.layers, args.bytes,
-                                        direct=mode == "direct"))
+                rounds.append(one_round(folder, args.layers, args.bytes, mode))
     finally:
         for layer in range(args.layers):
             (folder / f"act_{layer}.bin").unlink(missing_ok=True)
@@ -97,7 +101,7 @@ def main() -> None:
                       "read_GBps": statistics.median(r for _, r in rounds)}
                for mode, rounds in results.items()}
     for mode, rates in summary.items():
-        print(f"{mode:8s}: write {rates['write_GBps']:6.2f} GB/s, read {rates['read_GBps']:6.2f}"
+        print(f"{mode:9s}: write {rates['write_GBps']:6.2f} GB/s, read {rates['read_GBps']:6.2f}"
               " GB/s")
     b, d = summary["buffered"], summary["direct"]
     round_s = {mode: 1 / rates["write_GBps"] + 1 / rates["read_GBps"]

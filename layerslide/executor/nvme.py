@@ -25,6 +25,7 @@ import errno
 import mmap
 import os
 import shutil
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -253,9 +254,9 @@ class ActivationFiles:
     the plan orders the next write of that file after the read.
 
     O_DIRECT where the filesystem takes it, whole 4 KiB blocks from page-aligned buffers
-    (`host_buffer`), as calibrate measures the disk: written through the page cache, each
-    rewrite of a truncated file was flushed as it closed (ext4's auto_da_alloc), at half the
-    disk's rate (benchmarks/results/activation_io_2026-12-04)."""
+    (`host_buffer`), at the rates calibrate measures and the simulator prices: rewritten through
+    the page cache into a truncated file they ran at half those rates on the H200, and over the
+    old bytes they stay in RAM (benchmarks/results/activation_io_2026-12-04)."""
 
     def __init__(self, folders: str | Path | Sequence[str | Path], num_layers: int,
                  copies: int = 1):
@@ -309,26 +310,56 @@ class ActivationFiles:
             return memoryview(raw.numpy()), os.O_DIRECT
         return memoryview(host.view(-1).view(torch.uint8).numpy()), 0
 
+    def _refused_direct(self, path: Path, err: OSError) -> bool:
+        """Whether an O_DIRECT call failed for its memory or alignment (pinned memory some
+        drivers map so that the disk's DMA cannot reach it, EFAULT; EINVAL): the folder's
+        checkpoints go through the page cache from then on, said once."""
+        if err.errno not in (errno.EFAULT, errno.EINVAL) or not self.direct[path.parent]:
+            return False
+        self.direct[path.parent] = False
+        warnings.warn(f"O_DIRECT on {path.parent} failed ({err.strerror}): activation "
+                      "checkpoints there go through the page cache", stacklevel=3)
+        return True
+
     def write(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
         path = self.path(layer, copy)
         view, direct = self._bytes_of(path, host)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
-            try:
-                write_fully(fd, view)
-            finally:
-                os.close(fd)
+            self._write(path, view, direct)
         except OSError as err:
-            raise NvmeSpaceError(err.errno, f"writing the activation checkpoint "
-                                 f"{path} failed ({err.strerror})") from err
+            if not (direct and self._refused_direct(path, err)):
+                raise NvmeSpaceError(err.errno, f"writing the activation checkpoint "
+                                     f"{path} failed ({err.strerror})") from err
+            self.write(layer, host, copy)
+
+    @staticmethod
+    def _write(path: Path, view: memoryview, direct: int) -> None:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+        try:
+            write_fully(fd, view)
+        finally:
+            os.close(fd)
 
     def read(self, layer: int, host: torch.Tensor, copy: int = 0) -> None:
         path = self.path(layer, copy)
         view, direct = self._bytes_of(path, host)
+        nbytes = host.numel() * host.element_size()
+        if direct and path.stat().st_size % ALIGN:  # written through the page cache: so read
+            view, direct = memoryview(host.view(-1).view(torch.uint8).numpy()), 0
+        try:
+            done = self._read(path, view, direct)
+        except OSError as err:
+            if not (direct and self._refused_direct(path, err)):
+                raise
+            return self.read(layer, host, copy)
+        if done < nbytes:
+            raise OSError(errno.EIO, f"{path} ended after {done} of {nbytes} bytes")
+        return None
+
+    @staticmethod
+    def _read(path: Path, view: memoryview, direct: int) -> int:
         fd = os.open(path, os.O_RDONLY | direct)
         try:
-            done = read_fully(fd, view)
+            return read_fully(fd, view)
         finally:
             os.close(fd)
-        if done < len(view):
-            raise OSError(errno.EIO, f"{path} ended after {done} of {len(view)} bytes")

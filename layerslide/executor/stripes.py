@@ -42,7 +42,10 @@ def write_fully(fd: int, view: memoryview) -> None:
     """Write the whole view at the file's start, in calls of at most CHUNK_BYTES."""
     done = 0
     while done < len(view):
-        done += os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+        wrote = os.pwritev(fd, [view[done:done + CHUNK_BYTES]], done)
+        if wrote <= 0:  # a disk that takes nothing more (pwritev raises ENOSPC first, mostly)
+            raise OSError(errno.ENOSPC, f"the disk took no more after {done} bytes")
+        done += wrote
 
 
 def stripe_ranges(nbytes: int, stripes: int) -> list[tuple[int, int]]:

@@ -606,16 +606,17 @@ class _Builder:
         # a decoder layer's projection grads go into the sum from their GEMMs (grad_into_sum)
         into = self.model.layer_matmul_params if 0 <= block < self.L else 0
         maker = self.sum_maker(s, m, block, producer)
-        # an untied head's or embedding's sum is copied from its first micro-batch's grad once
-        # autograd has made it (gpu_updates.add_into_sum): it comes as a task of one
-        # micro-batch ends, beside that grad. A decoder layer's is made before its backward
-        # (grad_into_sum), and a task of several makes more grads beside it: from the start
-        copied = (not tied and into == 0 and maker != last and self.count(m) == 1)
+        # the head's and embedding's sums (a tied one made by the head) are copied from the
+        # first micro-batch's grad once autograd has made it (gpu_updates.add_into_sum): each
+        # comes as a task of one micro-batch ends, beside that grad. A decoder layer's is made
+        # before its backward (grad_into_sum), and a task of several makes more grads beside
+        # it: from the start
+        copied = into == 0 and maker != last and self.count(m) == 1
         if within == 0:
             self.buffer(maker, "tied_grad_sum" if tied else "grad_sum", "gpu", FP32_BYTES * p,
                         (last,), at_end=copied, outlives_outputs=maker == last)
         if tied:  # the head's LM-weight grad, added into the sum by the head
-            self.tied_grad(s, m, release=adder)
+            self.tied_grad(s, m, release=adder, outlives_outputs=copied and within == 0)
         elif block == self.L:  # the loss's LM-weight grad, then autograd's of the final norm:
             # two tensors, so the rounded sum (one block of both) cannot take the first's hole
             lm = self.model.head_params
@@ -639,11 +640,12 @@ class _Builder:
                          host_ops=task.host_ops + 1)
         return True
 
-    def tied_grad(self, s: int, m: int, release: str) -> None:
+    def tied_grad(self, s: int, m: int, release: str, outlives_outputs: bool = False) -> None:
         """The head's [V, h] LM-weight grad of a tied model: made by the head, and the
         embedding's grads once its backward has added its rows in; freed by `release`."""
         self.buffer(self.tid(K.HEAD, self.L, s, m), "tied_grad", "gpu",
-                    BF16_BYTES * self.model.embedding_params, (release,))
+                    BF16_BYTES * self.model.embedding_params, (release,),
+                    outlives_outputs=outlives_outputs)
 
     # --- the per-step CPU work --------------------------------------------------------------------
     def blocks_in_arrival_order(self) -> list[int]:

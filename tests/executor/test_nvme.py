@@ -5,6 +5,7 @@ staging buffers reused only where the plan's edges make it safe; refusals and a 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 
 import pytest
@@ -443,3 +444,47 @@ def test_activation_io_can_go_through_the_page_cache_and_refuses_other_settings(
     monkeypatch.setenv("LAYERSLIDE_ACTIVATION_IO", "cached")
     with pytest.raises(ValueError, match="LAYERSLIDE_ACTIVATION_IO='cached': set it to 'direct'"):
         nvme_module.ActivationFiles(tmp_path, num_layers=1)
+
+
+def test_a_checkpoint_reads_back_whichever_way_it_was_written(tmp_path):
+    if not nvme_module.supports_direct(tmp_path):
+        pytest.skip(f"{tmp_path} does not take O_DIRECT")
+    files = nvme_module.ActivationFiles(tmp_path, num_layers=2)
+    through_cache = torch.randn(1000).bfloat16()  # written as it is: 2000 bytes
+    files.write(0, through_cache)
+    back = _checkpoint(1000, torch.zeros(1000))  # read where O_DIRECT would take whole blocks
+    files.read(0, back)
+    assert torch.equal(back, through_cache)
+    direct = _checkpoint(1000)  # written in a whole block: 4096 bytes
+    files.write(1, direct)
+    plain = torch.zeros(1000, dtype=torch.bfloat16)
+    files.read(1, plain)
+    assert torch.equal(plain, direct)
+
+
+def test_a_folder_whose_o_direct_fails_on_the_memory_goes_on_through_the_page_cache(
+        tmp_path, monkeypatch):
+    """Some drivers map pinned memory so that the disk's DMA cannot reach it (EFAULT)."""
+    files = nvme_module.ActivationFiles(tmp_path, num_layers=1)
+    files.direct[tmp_path] = True
+    real = nvme_module.write_fully
+
+    def refuse_direct(fd, view):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EFAULT, "Bad address")
+        real(fd, view)
+    monkeypatch.setattr(nvme_module, "write_fully", refuse_direct)
+    written = _checkpoint(1000)
+    with pytest.warns(UserWarning, match="go through the page cache"):
+        files.write(0, written)
+    assert not files.direct[tmp_path] and files.path(0).stat().st_size == 2000
+    back = _checkpoint(1000, torch.zeros(1000))
+    files.read(0, back)
+    assert torch.equal(back, written)
+    # a disk that is full is no reason to leave O_DIRECT: it stops training as before
+    files.direct[tmp_path] = True
+    monkeypatch.setattr(nvme_module, "write_fully",
+                        lambda fd, view: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(nvme_module.NvmeSpaceError, match="activation checkpoint"):
+        files.write(0, written)
+    assert files.direct[tmp_path]

@@ -615,7 +615,7 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     assert extra(2) == added + 6 * tied.layer_params  # and rounded to bf16
 
 
-def test_layer_major_untied_sums_are_copied_from_the_first_grads_as_their_task_ends():
+def test_layer_major_sums_are_copied_from_the_first_grads_as_their_task_ends():
     """As the executor makes them (gpu_updates.add_into_sum): the head's and embedding's fp32
     sums start from the first micro-batch's bf16 grad once autograd has made it, so they come
     as that task ends and the grad goes after them; a decoder layer's sum is attached before
@@ -641,6 +641,13 @@ def test_layer_major_untied_sums_are_copied_from_the_first_grads_as_their_task_e
     assert normed.outlives_outputs and normed.bytes == 16 * 64 * BF16_BYTES
     assert (normed.bytes + buffer_named(plan, "s0.m0.head.head.norm").bytes
             == sizes.final_norm_saved_bytes(model, 16))
+    # tied: the head copies its LM-weight grad into the embedding's new sum the same way
+    tied = type(model)(**{**model.to_dict(), "tie_word_embeddings": True})
+    tied_plan = build_plan(tied, train, LAYER_MAJOR, num_steps=2)
+    total = buffer_named(tied_plan, "s0.m0.head.head.tied_grad_sum")
+    assert total.at_end and total.release_tasks == ("s0.m2.backward.emb",)
+    assert buffer_named(tied_plan, "s0.m0.head.head.tied_grad").outlives_outputs
+    assert not buffer_named(tied_plan, "s0.m1.head.head.tied_grad").outlives_outputs
     # one group of three: its task makes the sum and rounds it, holding it past the rounding
     grouped = build_plan(model, train, LAYER_MAJOR.with_(sweep_groups=1), num_steps=2)
     for kind in ("head.head", "backward.emb", "backward.L1"):
