@@ -419,10 +419,12 @@ class _Builder:
             # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
             # goes on top of the forward's blocks, the logits chunk above it)
             # the norm's bf16 output is held by the head's call until it returns, past the
-            # grads it keeps (outputs); its fp32 saved tensors go within the backward
+            # grads it keeps (outputs); its fp32 saved tensors go as its backward ends, after
+            # the dgrad that backward makes, before a layer-major head's sums are made (one
+            # task's outputs come at once: by the step's kind of them)
             normed = sizes.hidden_bytes(model, T)
             self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T) - normed,
-                        (head,))
+                        (head,), outlives_outputs=self.sweep_size == 1)
             self.buffer(head, "normed", "gpu", normed, (head,), outlives_outputs=True)
             # the final hidden state lives from the last forward until the head has consumed it
             self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden * self.count(m),

@@ -641,6 +641,12 @@ def test_layer_major_sums_are_copied_from_the_first_grads_as_their_task_ends():
     assert normed.outlives_outputs and normed.bytes == 16 * 64 * BF16_BYTES
     assert (normed.bytes + buffer_named(plan, "s0.m0.head.head.norm").bytes
             == sizes.final_norm_saved_bytes(model, 16))
+    # its fp32 saved tensors go before a layer-major head's sums are made; a step-major head's
+    # one output, the dgrad its norm's backward makes, comes while they are alive
+    assert not buffer_named(plan, "s0.m0.head.head.norm").outlives_outputs
+    step_major = build_plan(model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+                            num_steps=2)
+    assert buffer_named(step_major, "s0.m0.head.head.norm").outlives_outputs
     # tied: the head copies its LM-weight grad into the embedding's new sum the same way
     tied = type(model)(**{**model.to_dict(), "tie_word_embeddings": True})
     tied_plan = build_plan(tied, train, LAYER_MAJOR, num_steps=2)
