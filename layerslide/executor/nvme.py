@@ -351,10 +351,10 @@ class ActivationFiles:
         except OSError as err:
             if not (direct and self._refused_direct(path, err)):
                 raise
-            return self.read(layer, host, copy)
+            self.read(layer, host, copy)
+            return
         if done < nbytes:
             raise OSError(errno.EIO, f"{path} ended after {done} of {nbytes} bytes")
-        return None
 
     @staticmethod
     def _read(path: Path, view: memoryview, direct: int) -> int:

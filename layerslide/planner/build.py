@@ -419,9 +419,10 @@ class _Builder:
             # (grads() below) and then the loss's logits (H200 allocator histories: the tied grad
             # goes on top of the forward's blocks, the logits chunk above it)
             # the norm's bf16 output is held by the head's call until it returns, past the
-            # grads it keeps (outputs); its fp32 saved tensors go as its backward ends, after
-            # the dgrad that backward makes, before a layer-major head's sums are made (one
-            # task's outputs come at once: by the step's kind of them)
+            # grads it keeps (outputs). Its fp32 saved tensors go as its backward ends: after
+            # the dgrad that backward makes, before a layer-major head's sums. A task's outputs
+            # come at once here, so a step-major head (its one output: that dgrad) holds them
+            # past its outputs, and a layer-major one does not
             normed = sizes.hidden_bytes(model, T)
             self.buffer(head, "norm", "gpu", sizes.final_norm_saved_bytes(model, T) - normed,
                         (head,), outlives_outputs=self.sweep_size == 1)

@@ -100,19 +100,21 @@ def test_state_on_nvme_trains_exactly_as_in_ram(tmp_path, serial, master, moment
     assert_same_moments(on_disk[2], in_ram[2])
 
 
+@pytest.mark.parametrize("device", ["cpu", GPU])
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize(("master", "moments", "clip", "family", "tied", "groups"), [
     (0.0, 1.0, None, "llama", False, 3), (0.5, 0.5, 1.0, "qwen2", True, 2)])
 def test_layer_major_with_state_and_checkpoints_on_nvme_trains_exactly_as_in_ram(
-        tmp_path, serial, master, moments, clip, family, tied, groups):
+        tmp_path, device, serial, master, moments, clip, family, tied, groups):
     """A layer-major sweep keeps a checkpoint file per layer and micro-batch (whatever the
-    groups its tasks run)."""
+    groups its tasks run); on a GPU its checkpoints pass through pinned buffers by O_DIRECT."""
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=3, max_grad_norm=clip)
     in_ram = train_run(tmp_path / "ram", Policy.of(accumulation="layer_major"), train,
-                       family=family, tied=tied)
+                       family=family, tied=tied, device=device)
     policy = Policy.of(accumulation="layer_major", master_on_nvme=master,
                        moments_on_nvme=moments, activations="nvme", sweep_groups=groups)
-    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied)
+    on_disk = train_run(tmp_path / "disk", policy, train, serial=serial, family=family, tied=tied,
+                        device=device)
     assert on_disk[3] == sorted(f"activations_{i}_{c}.bin" for i in range(3) for c in range(3))
     assert on_disk[0] == in_ram[0]
     for name, value in in_ram[1].items():
