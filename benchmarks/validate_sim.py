@@ -14,7 +14,6 @@ at 3B micro-batch 8 (to see whether it is within 3% of the best measured there).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -293,18 +292,8 @@ def at_adamw_before(spec, train, policy, profile, cap: int, rate: float) -> dict
 
 
 def at_adamw_rate(profile, rate: float):
-    """The profile with AdamW at `rate`, and with it the host memory's capacity (calibrate
-    keeps that capacity as a ratio to AdamW's rate: calibrate.sharing) and the compact
-    moments' rates (the same memory-bound kernel)."""
-    host = profile.host
-    scale = rate / host.adamw_params_per_s
-
-    def scaled(value: float | None) -> float | None:
-        return None if value is None else value * scale
-    return dataclasses.replace(profile, host=dataclasses.replace(
-        host, adamw_params_per_s=rate, memory_bytes_per_s=host.memory_bytes_per_s * scale,
-        adamw_bf16_params_per_s=scaled(host.adamw_bf16_params_per_s),
-        adamw_int8_params_per_s=scaled(host.adamw_int8_params_per_s)))
+    """The profile with AdamW at `rate` (HardwareProfile.with_adamw_rate), a what-if."""
+    return profile.with_adamw_rate(rate, "what-if: validate_sim")
 
 
 def profile_adamw_rate(name: str) -> float:

@@ -1,5 +1,5 @@
 """`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, calibrate,
-demo."""
+refine, demo."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from layerslide.cli.options import (
     str_list,
 )
 from layerslide.cli.outputs import writable_folder
+from layerslide.cli.refine import add_refine_command
 from layerslide.cli.train import add_train_command
 from layerslide.hwprofiles import builtin_card_names
 from layerslide.hwprofiles.variants import SPEC_SYNTAX
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_command(sub, UNITS)
     add_calibrate_command(sub, UNITS)
+    add_refine_command(sub, UNITS)
 
     p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
                         "written to a report folder")

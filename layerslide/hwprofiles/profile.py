@@ -334,6 +334,30 @@ class HardwareProfile:
             sources[key] = "override"
         return dataclasses.replace(self, **parts, sources=sources)
 
+    def with_adamw_rate(self, params_per_s: float, source: str) -> HardwareProfile:
+        """A copy whose CPU AdamW runs at params_per_s, and with it the host memory's capacity
+        (calibrate keeps that as a ratio to AdamW's rate: calibrate.sharing) and the compact
+        moments' rates (the same memory-bound kernel); their sources say `source`."""
+        if not (params_per_s > 0 and math.isfinite(params_per_s)):
+            raise ValueError(f"an AdamW rate must be a positive number, got {params_per_s!r}")
+        host, scale = self.host, params_per_s / self.host.adamw_params_per_s
+
+        def scaled(value: float | None) -> float | None:
+            return None if value is None else value * scale
+        host = dataclasses.replace(
+            host, adamw_params_per_s=params_per_s,
+            memory_bytes_per_s=host.memory_bytes_per_s * scale,
+            adamw_bf16_params_per_s=scaled(host.adamw_bf16_params_per_s),
+            adamw_int8_params_per_s=scaled(host.adamw_int8_params_per_s))
+        sources = dict(self.sources)
+        for key, value in (("adamw_throughput", host.adamw_params_per_s),
+                           ("memory_bandwidth", host.memory_bytes_per_s),
+                           ("adamw_bf16_throughput", host.adamw_bf16_params_per_s),
+                           ("adamw_int8_throughput", host.adamw_int8_params_per_s)):
+            if value is not None:
+                sources[f"host.{key}"] = source
+        return dataclasses.replace(self, host=host, sources=sources)
+
     def cost_breakdown(self) -> dict[str, float] | None:
         """What each part of this machine costs (GPU, platform, its RAM at the price per GB, its
         drives at the price per drive), or None where a price is missing."""

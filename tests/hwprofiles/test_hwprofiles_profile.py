@@ -153,3 +153,16 @@ def test_several_drives_stripe_as_one_with_their_rates_and_room_added():
         base.with_overrides(nvme_drives=0)
     with pytest.raises(ValueError, match="drives must be a whole number"):
         dataclasses.replace(base.storage, drives=1.5)
+
+
+def test_an_adamw_rate_carries_the_host_memory_and_compact_rates_with_it():
+    base = load_profile("h200-bench")
+    faster = base.with_adamw_rate(2 * base.host.adamw_params_per_s, "a test")
+    assert faster.host.memory_bytes_per_s == 2 * base.host.memory_bytes_per_s
+    assert faster.host.adamw_int8_params_per_s == 2 * base.host.adamw_int8_params_per_s
+    assert faster.host.adamw_call_s == base.host.adamw_call_s  # a call's fixed part stays
+    assert faster.sources["host.adamw_throughput"] == "a test"
+    assert base.sources["host.adamw_throughput"] != "a test"
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive number"):
+            base.with_adamw_rate(bad, "a test")
