@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from layerslide.cli.options import UsageError, profile_of
 from layerslide.cli.outputs import writable_file
 from layerslide.reports.run_check import CHECK_FILE
+
+# a ratio outside this says more about the run than about the machine's AdamW
+PLAUSIBLE_RATIO = (0.5, 2.0)
 
 
 def add_refine_command(sub, units: str) -> None:
@@ -71,6 +75,10 @@ def cmd_refine(args) -> int:
                         f"({check['measured_adamw_alone_params_per_s'] / 1e9:.2f} against "
                         f"{check['predicted_adamw_alone_params_per_s'] / 1e9:.2f} Gparam/s)")
     save_profile(dataclasses.replace(refined, name=args.name or out.stem), out)
+    if not PLAUSIBLE_RATIO[0] <= ratio <= PLAUSIBLE_RATIO[1]:  # the lent H200s: 0.83-1.14
+        print(f"warning: the run kept {ratio:.2f} x the rate {profile.name} gives: a run on "
+              "another machine than the profile's, or blocks too small for the rate to hold "
+              "for a real model; check --profile and the run", file=sys.stderr)
     print(f"host.adamw_throughput {before / 1e9:.2f} -> "
           f"{refined.host.adamw_params_per_s / 1e9:.2f} Gparam/s ({ratio:.3f} x, as "
           f"{args.from_run} ran it; host memory bandwidth and the compact moments' rates with "

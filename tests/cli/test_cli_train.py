@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from layerslide.cli.main import main
+from layerslide.hwprofiles import load_profile
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
@@ -429,3 +430,26 @@ def test_train_says_when_short_segments_put_fills_into_every_measured_step(
     assert "drained its pipeline every 1 step(s)" in capsys.readouterr().out
     assert main(args) == 0
     assert "drained its pipeline" not in capsys.readouterr().out
+
+
+def test_a_train_runs_check_refines_its_profiles_adamw(model_dir, data_file, tmp_path, capsys,
+                                                        monkeypatch):
+    monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
+    out = tmp_path / "run"
+    assert main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+                 "--steps", "5", "--micro-batch", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    check = json.loads((out / "prediction-check.json").read_text())
+    capsys.readouterr()
+    refined = tmp_path / "refined.toml"
+    rc = main(["refine", "--from-run", str(out), "--out", str(refined)])
+    if check["measured_adamw_alone_params_per_s"] is None:  # no layer update without a copy
+        assert rc == 2
+        assert "no CPU AdamW rate" in capsys.readouterr().err
+        return
+    assert rc == 0
+    ratio = (check["measured_adamw_alone_params_per_s"]
+             / check["predicted_adamw_alone_params_per_s"])
+    assert load_profile(str(refined)).host.adamw_params_per_s == pytest.approx(
+        ratio * load_profile(check["profile"]).host.adamw_params_per_s)
+    # a tiny model on two cores against the H200's profile: said to be no machine's rate
+    assert ("another machine" in capsys.readouterr().err) == (not 0.5 <= ratio <= 2.0)
