@@ -42,6 +42,22 @@ def rate_sources(rows: list[dict], row: dict) -> list[float]:
             and r["policy"]["residency"].get("moment_precision", "fp32") == "fp32"]
 
 
+def alone_ratios(rows: list[dict], row: dict) -> list[float]:
+    """What `layerslide refine` reads of a run, for the other configurations of the row's call:
+    their decoder layers' AdamW with no copy beside it, measured over predicted."""
+    found = []
+    for r in rows:
+        if r["call"] != row["call"] or base_of(r) == base_of(row):
+            continue
+        if r["policy"]["residency"].get("moment_precision", "fp32") != "fp32":
+            continue
+        measured = (r.get("measured_adamw_by_company") or {}).get("alone")
+        predicted = (r.get("predicted_adamw_by_company") or {}).get("alone")
+        if measured and predicted:
+            found.append(measured["params_per_s"] / predicted["params_per_s"])
+    return found
+
+
 def call_profile(call: str):
     from layerslide.hwprofiles import load_profile
 
@@ -77,23 +93,33 @@ def main() -> None:
         found = predict(spec, train, policy, at_adamw_rate(profile, rate),
                         row.get("gpu_memory_bytes", 24 * 2**30))
         measured = row["measured_step_s"]
+        ratios = alone_ratios(rows, row)
+        refine_error = None
+        if ratios:  # refine's read: the calibrated figure times the others' median ratio
+            by_refine = predict(spec, train, policy,
+                                at_adamw_rate(profile, profile.host.adamw_params_per_s
+                                              * statistics.median(ratios)),
+                                row.get("gpu_memory_bytes", 24 * 2**30))
+            refine_error = by_refine["predicted_step_s"] / measured - 1
         results.append({
             "label": row["label"], "regime": row["predicted_regime"],
             "target": row_target(row), "measured_step_s": measured,
             "calibrated_rate": profile.host.adamw_params_per_s, "other_rows_rate": rate,
             "error_calibrated": row["predicted_step_s"] / measured - 1,
             "error_other_rows": found["predicted_step_s"] / measured - 1,
+            "error_refine_read": refine_error,
             "regime_other_rows": found["predicted_regime"]})
         print(f"{row['label']}: {results[-1]['error_calibrated']:+.1%} -> "
               f"{results[-1]['error_other_rows']:+.1%}", file=sys.stderr, flush=True)
     header = ("| row | regime | calibrate's AdamW Gparam/s | the other rows' | error, calibrated "
-              "| at the other rows' rate | target |")
-    lines = [header, "|---" * 7 + "|"]
+              "| at the other rows' rate | at their ratio alone (refine's read) | target |")
+    lines = [header, "|---" * 8 + "|"]
     for r in results:
         target = "mean 3%" if r["target"] is None else f"{r['target']:.1%}"
+        refine = "-" if r["error_refine_read"] is None else f"{r['error_refine_read']:+.1%}"
         lines.append(f"| {r['label']} | {r['regime']} | {r['calibrated_rate'] / 1e9:.2f} | "
                      f"{r['other_rows_rate'] / 1e9:.2f} | {r['error_calibrated']:+.1%} | "
-                     f"{r['error_other_rows']:+.1%} | {target} |")
+                     f"{r['error_other_rows']:+.1%} | {refine} | {target} |")
     summary = {}
     for regime in sorted({r["regime"] for r in results}):
         group = [r for r in results if r["regime"] == regime]
@@ -102,12 +128,33 @@ def main() -> None:
             entry[f"{key}_mean_abs"] = statistics.fmean(abs(r[key]) for r in group)
             if regime != "GPU":
                 entry[f"{key}_within"] = sum(abs(r[key]) <= r["target"] for r in group)
+        read = [r for r in group if r["error_refine_read"] is not None]
+        if read:  # the rows refine's read covers, each way
+            entry["refine_read_rows"] = len(read)
+            for key in ("error_calibrated", "error_other_rows", "error_refine_read"):
+                entry[f"{key}_mean_abs_where_refine_reads"] = statistics.fmean(
+                    abs(r[key]) for r in read)
+            if regime != "GPU":
+                for key in ("error_calibrated", "error_other_rows", "error_refine_read"):
+                    entry[f"{key}_within_where_refine_reads"] = sum(
+                        abs(r[key]) <= r["target"] for r in read)
         summary[regime] = entry
         within = (f"; within target {entry['error_calibrated_within']} -> "
                   f"{entry['error_other_rows_within']} of {len(group)}" if regime != "GPU" else "")
         lines.append(f"\n- {regime}-bound rows ({len(group)}): mean absolute error "
                      f"{entry['error_calibrated_mean_abs']:.1%} -> "
                      f"{entry['error_other_rows_mean_abs']:.1%}{within}")
+        if read:
+            also = (f"; within target {entry['error_calibrated_within_where_refine_reads']}, "
+                    f"{entry['error_other_rows_within_where_refine_reads']} and "
+                    f"{entry['error_refine_read_within_where_refine_reads']}"
+                    if regime != "GPU" else "")
+            lines.append(f"  - the {len(read)} whose call's other rows had a rate alone: "
+                         f"calibrated {entry['error_calibrated_mean_abs_where_refine_reads']:.1%}, "
+                         f"the other rows' rate "
+                         f"{entry['error_other_rows_mean_abs_where_refine_reads']:.1%}, their "
+                         f"ratio alone (refine's read) "
+                         f"{entry['error_refine_read_mean_abs_where_refine_reads']:.1%}{also}")
     print("\n".join(lines))
     if args.out:
         args.out.write_text(json.dumps({"rows": results, "summary": summary}, indent=1))

@@ -465,7 +465,8 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
                       gpu_peak_bytes=[log.gpu_peak_bytes for log in logs],
                       host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step,
                       host_copies_bytes=trainer.checkpoint_copy_bytes,
-                      adamw_alone_params_per_s=adamw)
+                      adamw_alone_params_per_s=adamw,
+                      profile_adamw_params_per_s=profile_of(args.profile).host.adamw_params_per_s)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
     segment = min(every for every in (args.segment_steps, args.checkpoint_every,

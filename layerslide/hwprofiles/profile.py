@@ -337,7 +337,7 @@ class HardwareProfile:
     def with_adamw_rate(self, params_per_s: float, source: str) -> HardwareProfile:
         """A copy whose CPU AdamW runs at params_per_s, and with it the host memory's capacity
         (calibrate keeps that as a ratio to AdamW's rate: calibrate.sharing) and the compact
-        moments' rates (the same memory-bound kernel); their sources say `source`."""
+        moments' rates (the same memory-bound kernel); their sources add `source`."""
         if not (params_per_s > 0 and math.isfinite(params_per_s)):
             raise ValueError(f"an AdamW rate must be a positive number, got {params_per_s!r}")
         host, scale = self.host, params_per_s / self.host.adamw_params_per_s
@@ -354,8 +354,9 @@ class HardwareProfile:
                            ("memory_bandwidth", host.memory_bytes_per_s),
                            ("adamw_bf16_throughput", host.adamw_bf16_params_per_s),
                            ("adamw_int8_throughput", host.adamw_int8_params_per_s)):
-            if value is not None:
-                sources[f"host.{key}"] = source
+            if value is not None:  # what it was measured as, then how it changed
+                was = sources.get(f"host.{key}")
+                sources[f"host.{key}"] = f"{was}; then {source}" if was else source
         return dataclasses.replace(self, host=host, sources=sources)
 
     def cost_breakdown(self) -> dict[str, float] | None:

@@ -36,6 +36,8 @@ class RunCheck:
     # params/s, where both traces had such tasks: the profile's figure a CPU-bound step rests on
     predicted_adamw_alone_params_per_s: float | None = None
     measured_adamw_alone_params_per_s: float | None = None
+    # the profile's own AdamW figure (host.adamw_throughput) the prediction was made with
+    profile_adamw_params_per_s: float | None = None
 
     def error(self, quantity: str) -> float | None:
         """(predicted - measured) / measured; None where either is missing (a CPU run has no
@@ -82,7 +84,8 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
               predicted_host_bytes: int, step_s: Sequence[float], gpu_peak_bytes: Sequence[int],
               host_peak_bytes: Sequence[int], first_step: int = 1,
               host_copies_bytes: int = 0,
-              adamw_alone_params_per_s: tuple[float, float] | None = None) -> RunCheck:
+              adamw_alone_params_per_s: tuple[float, float] | None = None,
+              profile_adamw_params_per_s: float | None = None) -> RunCheck:
     """The check of a run whose steps (numbered from `first_step`) took `step_s` with those
     peaks: the steps after the warm-up ones, or the last where the run had no more. The plan's
     host peak leaves out the RAM kept for checkpoint copies (`host_copies_bytes`): added here.
@@ -99,6 +102,7 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
                     predicted_host_bytes=predicted_host_bytes + host_copies_bytes,
                     measured_host_bytes=max(host_peak_bytes, default=0),
                     host_copies_bytes=host_copies_bytes,
+                    profile_adamw_params_per_s=profile_adamw_params_per_s,
                     **(dict(zip(("predicted_adamw_alone_params_per_s",
                                  "measured_adamw_alone_params_per_s"),
                                 adamw_alone_params_per_s, strict=True))
