@@ -38,6 +38,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                    "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
 
 
+# the AdamW rate a run kept, off the profile's by more than this, is worth a refined profile
+REFINE_HINT_ERROR = 0.05
+
+
 def add_train_command(sub, units: str) -> None:
     help = "fine-tune a Hugging Face model (or a preset with random weights) on this machine"
     p = sub.add_parser("train", help=help, description=help, epilog=units)
@@ -479,6 +483,22 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
         written = write_run_check(check, args.out, predicted=prediction.trace,
                                   measured=measured)
         print(f"the prediction's check: {', '.join(str(p) for p in written)}")
+        hint = refine_hint(check, args.out, on_gpu=trainer.device.is_cuda)
+        if hint:
+            print(hint)
+
+
+def refine_hint(check, out: str, *, on_gpu: bool) -> str | None:
+    """Where a GPU run's CPU AdamW kept a rate off its profile's by more than
+    REFINE_HINT_ERROR: how to put that rate into a profile (a CPU run's says nothing of the
+    GPU machine the profile describes)."""
+    error = check.error("adamw_alone_params_per_s")
+    if not on_gpu or error is None or abs(error) <= REFINE_HINT_ERROR:
+        return None
+    return (f"the CPU AdamW ran {check.measured_adamw_alone_params_per_s / 1e9:.2f} Gparam/s "
+            f"where {check.profile} gives {check.predicted_adamw_alone_params_per_s / 1e9:.2f}: "
+            f"`layerslide refine --from-run {out} --out REFINED.toml` writes a profile with "
+            "this machine's rate for the next simulate/tune/train")
 
 
 class GracefulStop:

@@ -89,3 +89,19 @@ def test_refine_refuses_what_it_cannot_read_or_write(tmp_path, capsys):
     assert "no prediction check of `layerslide train`" in capsys.readouterr().err
     assert main(["refine", "--from-run", str(run), "--out", str(tmp_path / "d.txt")]) == 2
     assert "ends in .toml" in capsys.readouterr().err
+
+
+def test_a_gpu_run_whose_adamw_kept_another_rate_is_told_how_to_refine():
+    from layerslide.cli.train import refine_hint
+    from layerslide.reports.run_check import check_run
+
+    def check(measured):
+        return check_run(profile="h200-bench", predicted_step_s=1.0,
+                         predicted_gpu_allocated_bytes=1, predicted_host_bytes=1,
+                         step_s=[1.0] * 4, gpu_peak_bytes=[1] * 4, host_peak_bytes=[1] * 4,
+                         adamw_alone_params_per_s=(5e9, measured))
+    hint = refine_hint(check(4e9), "out", on_gpu=True)
+    assert "ran 4.00 Gparam/s where h200-bench gives 5.00" in hint
+    assert "layerslide refine --from-run out" in hint
+    assert refine_hint(check(4.9e9), "out", on_gpu=True) is None  # within 5%
+    assert refine_hint(check(4e9), "out", on_gpu=False) is None  # a CPU run: not the GPU box's
