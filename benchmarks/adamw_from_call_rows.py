@@ -33,24 +33,24 @@ def base_of(row: dict) -> str:
     return row["config"].get("variant_of") or row["label"].split(":", 1)[1]
 
 
-def rate_sources(rows: list[dict], row: dict) -> list[float]:
-    """The in-training AdamW rates of the other configurations of the row's call (fp32
-    moments: a compact row's figure is its kernel's, scaled)."""
-    return [r["adamw_in_situ_params_per_s"] for r in rows
-            if r["call"] == row["call"] and base_of(r) != base_of(row)
-            and r.get("adamw_in_situ_params_per_s")
+def other_configurations(rows: list[dict], row: dict) -> list[dict]:
+    """The rows of the row's call that run another configuration with fp32 moments (a compact
+    row's AdamW figure is its kernel's, scaled)."""
+    return [r for r in rows if r["call"] == row["call"] and base_of(r) != base_of(row)
             and r["policy"]["residency"].get("moment_precision", "fp32") == "fp32"]
+
+
+def rate_sources(rows: list[dict], row: dict) -> list[float]:
+    """The in-training AdamW rates of the other configurations of the row's call."""
+    return [r["adamw_in_situ_params_per_s"] for r in other_configurations(rows, row)
+            if r.get("adamw_in_situ_params_per_s")]
 
 
 def alone_ratios(rows: list[dict], row: dict) -> list[float]:
     """What `layerslide refine` reads of a run, for the other configurations of the row's call:
     their decoder layers' AdamW with no copy beside it, measured over predicted."""
     found = []
-    for r in rows:
-        if r["call"] != row["call"] or base_of(r) == base_of(row):
-            continue
-        if r["policy"]["residency"].get("moment_precision", "fp32") != "fp32":
-            continue
+    for r in other_configurations(rows, row):
         measured = (r.get("measured_adamw_by_company") or {}).get("alone")
         predicted = (r.get("predicted_adamw_by_company") or {}).get("alone")
         if measured and predicted:

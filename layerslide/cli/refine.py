@@ -1,11 +1,10 @@
 """`layerslide refine`: a profile's CPU AdamW rate set to the one a training run kept.
 
-On the lent H200s, the rate the decoder layers' AdamW kept inside training was 17% below to 21%
-above calibrate's AdamW test, per run. Predicted at the rate the other runs of the lease kept,
-CPU-bound runs came closer: 21 of 31 within target instead of 15, and 5 of 5 where refine's
-own read of that rate was recorded (benchmarks/results/adamw_from_call_rows_2026-12-04).
-`train` writes what refine reads into its prediction check: the decoder layers' AdamW with no
-copy beside it, predicted and measured, and the profile's figure the prediction used."""
+On the lent H200s the rate AdamW kept inside training strayed from calibrate's test by more
+than the CPU-bound target, and the rate other runs of the lease kept predicted a CPU-bound run
+better (benchmarks/results/adamw_from_call_rows_2026-12-04). `train` writes what refine reads
+into its prediction check: the decoder layers' AdamW with no copy beside it, predicted and
+measured, and the profile's figure the prediction used."""
 
 from __future__ import annotations
 

@@ -540,8 +540,8 @@ class _Builder:
         self.edge(producer, off, "data")
         if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload:
             # made once its scratch (autograd's grads, the workspace) is gone, beside the fp32
-            # sum (an input, or scratch feeding it: simulator.memory); from the start, the
-            # head's counted +1 GiB at Llama-3.1-8B (benchmarks/results/validation_2026-12-04)
+            # sum (an input, or scratch outliving the outputs: simulator.memory; allocator
+            # histories in benchmarks/results/scoreboard_2026-12-04d)
             self.buffer(producer, "offloaded_grads", "gpu", BF16_BYTES * p, (off,), at_end=True)
         if block in self.dedicated_grad_last and self.sweep_size > 1:
             # the next sum of these grads is made only once this one is offloaded

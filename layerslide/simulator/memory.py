@@ -3,8 +3,8 @@ GPU per allocation pool with what the caching allocator reserves for them.
 
 Bytes in use follow the tasks on their lanes: a buffer comes as the task allocating it starts
 (a task's outputs, Buffer.at_end, as it ends: its scratch is gone by then, its inputs not yet)
-and goes as the last task releasing it ends. The executor allocates a buffer on the stream of the lane whose task
-allocates it (a layer's fetched checkpoint on h2d, its grads on gpu), the static ones before the
+and goes as the last task releasing it ends. The executor allocates a buffer on the stream of
+the lane whose task allocates it (a layer's fetched checkpoint on h2d, its grads on gpu), the static ones before the
 plan runs. torch's caching allocator keeps one pool per stream and never hands a block freed on
 one stream to another, so the pools' peaks add up even where they fall at different times (3B
 micro-batch 32, H200: h2d held 0.57 GiB of fetched checkpoints;
@@ -123,14 +123,14 @@ class MemoryLedger:
 
     def release(self, now: float, task_id: str) -> None:
         """The task has ended: its scratch goes, then its outputs come, then the inputs it was
-        the last to release (see _made_here; Plan.validate keeps a task from releasing its own
+        the last to release (see _goes_before_outputs; Plan.validate keeps a task from releasing its own
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
         inputs = []
         for b in self._releases.get(task_id, ()):
             self._pending[b.id] -= 1
             if self._pending[b.id] == 0:
-                if self._made_here(b, task_id):
+                if self._goes_before_outputs(b, task_id):
                     self._change(now, b, -1)
                 else:
                     inputs.append(b)
@@ -153,10 +153,10 @@ class MemoryLedger:
         """The task's host thread is done with it: the blocks of its own stream it was the
         last to use there go back (stream order makes them reusable at once) and the host
         drops its tensors, its scratch before its outputs are requested, its inputs after
-        (see _made_here)."""
+        (see _goes_before_outputs)."""
         inputs = []
         for b in self._releases.get(task_id, ()):
-            if self._made_here(b, task_id):
+            if self._goes_before_outputs(b, task_id):
                 self._dropped_by_host(b, task_id)
             else:
                 inputs.append(b)
@@ -176,9 +176,9 @@ class MemoryLedger:
             self._hold(buffer, -1)
 
     @staticmethod
-    def _made_here(buffer, task_id: str) -> bool:
-        """Whether the buffer goes before the task's outputs (Buffer.at_end) come: its scratch
-        does, unless the task still holds it then (Buffer.outlives_outputs). The inputs it
+    def _goes_before_outputs(buffer, task_id: str) -> bool:
+        """Whether a buffer the task releases goes before its outputs (Buffer.at_end) come: its
+        scratch does, unless the task still holds it then (Buffer.outlives_outputs). The inputs it
         releases go after: the executor's task holds them until it returns (the sweep's fp32
         sum its last task rounds to bf16, a backward's checkpoint and incoming grad)."""
         return buffer.alloc_task == task_id and not buffer.outlives_outputs
