@@ -5,6 +5,10 @@ Per stream: the peak of allocated bytes, the reserve at the end, and each growth
 (a new segment, or pages mapped onto an expandable one) with the step it happened in, the
 request that caused it and what that stream had allocated then. Run anywhere (no GPU):
     python benchmarks/probes/allocator_history.py R/traces/3b-mb8-w2-host.allocator.pickle.gz
+
+--at-peak STEP: instead, the blocks alive at the history's largest allocated total from step
+STEP on, as torch's allocated counter holds them (from the request until the host frees the
+tensor, record_stream or not), each with its size, stream and age.
 """
 
 from __future__ import annotations
@@ -74,6 +78,52 @@ def analyse(snapshot: dict) -> dict:
             for stream in sorted(set(at_end) | set(peak))}
 
 
+def live_at_peak(snapshot: dict, from_step: int) -> dict:
+    """The blocks alive at the largest allocated total (every stream, from the history's start)
+    reached from step `from_step` on: torch's allocated counter, a block counted from its
+    request (alloc) to its host's free (free_requested)."""
+    meta = snapshot.get("layerslide", {})
+    fit_start_s = meta.get("fit_wall_s", (0.0, 0.0))[0]
+    step_ends_s = [t - fit_start_s for t in meta.get("step_end_wall_s", [])]
+    events = sorted((e for trace in snapshot["device_traces"] for e in trace),
+                    key=lambda e: e["time_us"])
+    live: dict[int, dict] = {}
+    total = peak = 0
+    at_peak: dict = {"total": 0, "time_us": None, "blocks": []}
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+            total += e["size"]
+            if (total > peak and step_ends_s
+                    and step_of(e["time_us"], fit_start_s, step_ends_s) >= from_step):
+                peak = total
+                at_peak = {"total": total, "time_us": e["time_us"], "blocks": list(live.values())}
+        elif e["action"] == "free_requested" and e["addr"] in live:
+            total -= live.pop(e["addr"])["size"]
+    if at_peak["time_us"] is not None:
+        at_peak["step"] = step_of(at_peak["time_us"], fit_start_s, step_ends_s)
+    return at_peak
+
+
+def peak_report(name: str, at_peak: dict, *, min_bytes: int = 2**20) -> str:
+    if at_peak["time_us"] is None:
+        return f"## {name}\n\nno step boundaries recorded: no peak to place\n"
+    heading = (f"allocated {at_peak['total'] / GIB:.3f} GiB in the history (blocks requested "
+               f"before it began are not in it), in step {at_peak['step']}; blocks of "
+               f"{min_bytes / 2**20:g} MiB and more, largest first:")
+    lines = [f"## {name}", "", heading, "",
+             "| MiB | requested ms before | stream |", "| --- | --- | --- |"]
+    small = 0
+    for block in sorted(at_peak["blocks"], key=lambda b: (-b["size"], b["time_us"])):
+        if block["size"] < min_bytes:
+            small += block["size"]
+            continue
+        age_ms = (at_peak["time_us"] - block["time_us"]) / 1e3
+        lines.append(f"| {block['size'] / 2**20:.1f} | {age_ms:.2f} | {block['stream']:#x} |")
+    lines.append(f"\nsmaller blocks: {small / 2**20:.1f} MiB together")
+    return "\n".join(lines) + "\n"
+
+
 def report(name: str, result: dict) -> str:
     header = ("| stream | allocated peak | reserved at end | growths in the history "
               "(step: +GiB at allocated GiB) |")
@@ -94,9 +144,15 @@ def report(name: str, result: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("histories", type=Path, nargs="+")
+    ap.add_argument("--at-peak", type=int, metavar="STEP", default=None,
+                    help="list the blocks alive at the allocated peak from this step on")
     args = ap.parse_args()
     for path in args.histories:
-        print(report(path.name.split(".allocator")[0], analyse(load(path))))
+        name = path.name.split(".allocator")[0]
+        if args.at_peak is None:
+            print(report(name, analyse(load(path))))
+        else:
+            print(peak_report(name, live_at_peak(load(path), args.at_peak)))
 
 
 if __name__ == "__main__":

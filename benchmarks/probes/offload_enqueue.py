@@ -31,7 +31,9 @@ def offload_lags(trace: Trace) -> dict[str, list[float]]:
     by_key = {(e.kind, e.block): e for e in trace.events
               if e.step == last and e.dispatch_start_s is not None}
     lags: dict[str, list[float]] = {"start_after_backward": [], "enqueue": [],
-                                    "end_after_next_backward": []}
+                                    "end_after_next_backward": [], "done_after_backward": [],
+                                    "next_backward_after": [],
+                                    "backward_enqueue": []}
     for (kind, block), backward in by_key.items():
         offload = by_key.get(("offload_grads", block))
         following = by_key.get(("backward", block - 1))
@@ -41,6 +43,9 @@ def offload_lags(trace: Trace) -> dict[str, list[float]]:
         lags["enqueue"].append(offload.dispatch_end_s - offload.dispatch_start_s)
         lags["end_after_next_backward"].append(offload.dispatch_end_s
                                                - following.dispatch_start_s)
+        lags["done_after_backward"].append(offload.dispatch_end_s - backward.dispatch_end_s)
+        lags["next_backward_after"].append(following.dispatch_start_s - backward.dispatch_end_s)
+        lags["backward_enqueue"].append(backward.dispatch_end_s - backward.dispatch_start_s)
     return lags
 
 
@@ -49,12 +54,17 @@ def summary_line(name: str, lags: dict[str, list[float]]) -> str:
         return f"{name}: no layer with a backward and a grad offload enqueued"
 
     def ms(values: list[float]) -> str:
-        p90 = sorted(values)[int(0.9 * (len(values) - 1))]
-        return f"{statistics.median(values) * 1e3:.2f} ms (p90 {p90 * 1e3:.2f})"
+        ordered = sorted(values)
+        p10, p90 = (ordered[int(q * (len(values) - 1))] for q in (0.1, 0.9))
+        return (f"{statistics.median(values) * 1e3:.2f} ms (p10 {p10 * 1e3:.2f}, "
+                f"p90 {p90 * 1e3:.2f})")
     late = lags["end_after_next_backward"]
     return (f"{name}: offload enqueue starts {ms(lags['start_after_backward'])} after its "
-            f"backward's enqueue, takes {ms(lags['enqueue'])}; still not enqueued as the next "
-            f"backward's enqueue begins in {sum(x > 0 for x in late)} of {len(late)} layers")
+            f"backward's enqueue, takes {ms(lags['enqueue'])}, is done "
+            f"{ms(lags['done_after_backward'])} after it; still not enqueued as the next "
+            f"backward's enqueue begins in {sum(x > 0 for x in late)} of {len(late)} layers; "
+            f"the next backward's enqueue begins {ms(lags['next_backward_after'])} after, a "
+            f"backward's enqueue takes {ms(lags['backward_enqueue'])}")
 
 
 LONG_ENQUEUE_S = 3e-3
