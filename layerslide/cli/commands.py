@@ -11,6 +11,7 @@ import pandas as pd
 
 from layerslide.cli.options import (
     DEFAULT_PROFILE,
+    FIT_HINTS,
     UsageError,
     gib,
     model_of,
@@ -179,6 +180,8 @@ def _print_prediction(pred: Prediction) -> None:
               f"{gib(pred.gpu_allocated_peak_bytes):.2f} GiB allocated at the peak)")
     if not pred.feasible:
         print(f"INFEASIBLE: {pred.reason}")
+        for overflow in pred.overflows:
+            print(f"  to fit {overflow.tier}: {FIT_HINTS[overflow.tier]}")
 
 
 def cmd_simulate(args) -> int:

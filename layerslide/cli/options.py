@@ -33,6 +33,18 @@ def gib(nbytes: float | None) -> float | None:
     return None if nbytes is None else nbytes / GIB
 
 
+# what to change when a tier's need exceeds its limit, by tier (simulate and train say it)
+FIT_HINTS = {
+    "gpu": "lower --micro-batch or --window, keep activations off the GPU (--activations host), "
+           "or let `layerslide tune` pick settings that fit",
+    "host": "keep part of the state on NVMe (--moments-on-nvme/--master-on-nvme, fractions 0-1; "
+            "train needs --nvme-dir), checkpoints too (--activations nvme), or let "
+            "`layerslide tune` place it",
+    "nvme": "keep less on NVMe (lower the --*-on-nvme fractions), stripe over more drives "
+            "(--nvme-drives), or take a profile with a larger drive",
+}
+
+
 def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from layerslide.cli.options import (
+    FIT_HINTS,
     UsageError,
     add_policy,
     add_train,
@@ -192,8 +193,7 @@ def _check_fits(args, plan: Plan, *, warn: bool = True):
     if args.gpu_memory is not None and gpu_need > args.gpu_memory:
         raise UsageError(f"the plan needs {gib(gpu_need):.2f} GiB of GPU memory (what the "
                          "allocator reserves for it), more than "
-                         f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: lower --micro-batch or "
-                         "--window, or keep activations on the host")
+                         f"--gpu-memory {gib(args.gpu_memory):.2f} GiB: {FIT_HINTS['gpu']}")
     ram = physical_ram_bytes()
     host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
     reserve = profile.host.reserve_bytes
@@ -204,9 +204,7 @@ def _check_fits(args, plan: Plan, *, warn: bool = True):
               file=sys.stderr)
     if host_need > ram:
         raise UsageError(f"the plan needs {gib(host_need):.1f} GiB of host memory at its peak, "
-                         f"this machine has {gib(ram):.1f} GiB: keep part of the state on NVMe "
-                         "(--moments-on-nvme/--master-on-nvme with --nvme-dir; `layerslide "
-                         "tune` picks the fractions), or a smaller model")
+                         f"this machine has {gib(ram):.1f} GiB: {FIT_HINTS['host']}")
     return prediction
 
 

@@ -49,6 +49,11 @@ def test_simulate_report_dir_and_gpu_cap(capsys, tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--gpu-memory", "1GiB")
     assert code == 1 and "INFEASIBLE" in out and "gpu needs" in out
+    assert "to fit gpu: lower --micro-batch or --window" in out  # what to change
+    code, out, _ = run(capsys, "simulate", "--model", "llama-3.1-70b", "--profile",
+                       "rtx4090-256gb")
+    assert code == 1 and "host needs" in out and "to fit host: keep part of the state on NVMe" in out
+    assert "to fit gpu" not in out  # only the tiers that overflow
 
 
 def test_tune_prints_best_and_rejections_and_writes_plan(capsys, tmp_path):
