@@ -6,8 +6,8 @@
 #   3b-mb1-w2-host,3b-mb8-w2-host --deadline 420]
 #   (wheels in $LAYERSLIDE_WHEELS, default .whl/: simpy). --deadline counts the validation
 #   only: the thorough calibration before it took 124 s on the H200 machine at 64 Mi AdamW
-#   blocks (validation_2026-12-03a) and 269 s at 256 Mi with randn-filled test arrays (12-03c;
-#   filled by a repeated pattern since, not timed there yet).
+#   blocks (validation_2026-12-03a), 269 s at 256 Mi with randn-filled test arrays (12-03c)
+#   and 98-110 s at 256 Mi filled by a repeated pattern (validation_2026-12-04).
 # Writes 7 files under $OUT (the device tool brings back 8 at most).
 # A suite split over two calls on one warm machine shares one calibration: the first call
 # keeps its profile in $PROFILE_KEPT, which a call finding it there uses instead of calibrating

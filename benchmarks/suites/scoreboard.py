@@ -8,7 +8,7 @@ from benchmarks.suites._summaries import validation
 SUITE = Suite(
     name="scoreboard",
     what="today's simulator against the 46 committed H200 runs of 3B-14B (CPU, no training)",
-    current="benchmarks/results/scoreboard_2026-12-04c/validation_summary.json",
+    current="benchmarks/results/scoreboard_2026-12-04d/validation_summary.json",
     reproduce="any machine; under 2 minutes on 2 cores",
     cases=(
         Case("default", "every committed call of issue 26 predicted again",

@@ -174,9 +174,29 @@ def _plan(args, spec: ModelSpec) -> Plan:
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
         raise UsageError(f"{args.plan} is a plan for {plan.model.name}, not for {args.model}: "
                          f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
+    if not args.resume:  # a resumed run's flags are the checkpoint's, not the user's
+        _refuse_flags_the_plan_replaces(args, plan)
     if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         args.gpu_memory = plan.meta.get("gpu_memory_bytes")
     return replace(plan, policy=with_env_overrides(plan.policy))
+
+
+def _refuse_flags_the_plan_replaces(args, plan: Plan) -> None:
+    """A --plan's training settings and policy replace the flags of those groups: refuse one
+    given (on the command line or in --config) with another value than the plan's, rather
+    than drop it unsaid (a --max-grad-norm that would not clip)."""
+    groups = {g.title: g for g in args.train_parser._action_groups}
+    planned = {**plan.train.to_dict(), **plan.policy.flat()}
+    defaults = args.parser_defaults
+    clashes = [f"{_flag(a.dest)} {getattr(args, a.dest)} (the plan has {planned[a.dest]})"
+               for title in ("training settings", "policy") for a in groups[title]._group_actions
+               if a.dest in planned and getattr(args, a.dest) != defaults[a.dest]
+               and getattr(args, a.dest) != planned[a.dest]]
+    if clashes:
+        raise UsageError(f"--plan {args.plan} sets the training settings and policy, so these "
+                         f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
+                         "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
+                         "train without --plan to build the plan from the flags")
 
 
 def _check_fits(args, plan: Plan, *, warn: bool = True):

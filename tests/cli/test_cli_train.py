@@ -16,7 +16,7 @@ from transformers import (
 
 from layerslide.cli.main import main
 from layerslide.hwprofiles import load_profile
-from layerslide.planner.build import build_plan
+from layerslide.planner.build import build_plan, build_repeatable_plan
 from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import Trace
@@ -87,6 +87,18 @@ def test_train_refuses_a_plan_for_another_model(model_dir, tmp_path, capsys):
                "--device", "cpu", "--steps", "1", "--data", "synthetic"])
     assert rc == 2
     assert "is a plan for" in capsys.readouterr().err
+
+
+def test_train_refuses_flags_a_plan_would_replace(model_dir, tmp_path, capsys):
+    plan = build_repeatable_plan(model_from_hf_config(model_dir),
+                                 TrainSpec(micro_batch=2, seq_len=16), Policy.of(window=1))
+    plan.save(tmp_path / "plan.json")
+    base = ["train", "--model", str(model_dir), "--plan", str(tmp_path / "plan.json"),
+            "--device", "cpu", "--steps", "1", "--data", "synthetic"]
+    assert main([*base, "--max-grad-norm", "1.0", "--window", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-grad-norm 1.0 (the plan has None)" in err and "--window 3 (the plan has 1)" in err
+    assert main([*base, "--micro-batch", "2", "--seq-len", "16"]) == 0  # the plan's own values
 
 
 @pytest.mark.parametrize(("extra", "words"), [
