@@ -18,6 +18,7 @@ from layerslide.cli.options import (
     policy_of,
     profile_of,
     progress_printer,
+    refuse_flags_a_plan_replaces,
     train_of,
     with_env_overrides,
 )
@@ -193,6 +194,7 @@ def cmd_simulate(args) -> int:
             raise UsageError(f"--plan {args.plan} holds its model: drop --model {args.model} "
                              "(or drop --plan to build a plan for that model)")
         plan = Plan.load(args.plan)
+        refuse_flags_a_plan_replaces(args, args.parser, plan, also={"steps": plan.num_steps})
         plan = replace(plan, policy=with_env_overrides(plan.policy))  # as `train` would run it
         tuned = plan.meta
     else:

@@ -20,6 +20,7 @@ from layerslide.cli.options import (
     add_train,
     byte_size,
     byte_sizes,
+    given_options,
     int_list,
     str_list,
 )
@@ -190,9 +191,17 @@ def run_demo_command(args) -> int:
     return 0
 
 
+def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[name]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # (train --config re-parses them)
+    args.parser = _subcommand_parser(parser, args.command)
+    args.given = given_options(args.parser, args.argv[1:])
     try:
         return args.run(args)
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)

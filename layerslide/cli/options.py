@@ -45,6 +45,48 @@ FIT_HINTS = {
 }
 
 
+_NOT_GIVEN = object()
+
+
+def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset[str]:
+    """The options argv gives (their dests), as the parser reads them (abbreviations and
+    --flag=value included): told from those left at their defaults even where a user typed
+    the default's value."""
+    actions = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    saved = {a.dest: a.default for a in actions}
+    parser.set_defaults(**dict.fromkeys(saved, _NOT_GIVEN))
+    try:
+        parsed = parser.parse_args(argv)
+    finally:
+        parser.set_defaults(**saved)
+    return frozenset(dest for dest in saved if getattr(parsed, dest) is not _NOT_GIVEN)
+
+
+def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
+                                 also: dict[str, object] | None = None) -> None:
+    """A --plan file's training settings and policy replace the flags of those groups: refuse
+    one the user gave (args.given) with another value than the plan's, rather than drop it
+    unsaid (a --max-grad-norm that would not clip). also: more flags the plan decides, by dest,
+    with the plan's value."""
+    groups = {g.title: g for g in parser._action_groups}
+    planned = {**plan.train.to_dict(), **plan.policy.flat(), **(also or {})}
+    dests = [a.dest for title in ("training settings", "policy") if title in groups
+             for a in groups[title]._group_actions] + list(also or {})
+    clashes = [f"{flag_of(dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
+               for dest in dests if dest in planned and dest in getattr(args, "given", ())
+               and getattr(args, dest) != planned[dest]]
+    if clashes:
+        raise UsageError(f"--plan {args.plan} sets the training settings and policy, so these "
+                         f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
+                         "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
+                         "give the flags without --plan to build the plan from them")
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of an option's dest."""
+    return "--" + dest.replace("_", "-")
+
+
 def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))

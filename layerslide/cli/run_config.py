@@ -75,6 +75,7 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
     finally:
         parser.set_defaults(**{k: defaults[k] for k in values})
     resolved.parser_defaults = args.parser_defaults  # flags given tell from defaults, as before
+    resolved.given = getattr(args, "given", frozenset()) | set(values)  # the file gives them too
     return resolved
 
 

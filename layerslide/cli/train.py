@@ -20,9 +20,11 @@ from layerslide.cli.options import (
     add_train,
     byte_size,
     byte_size_or_zero,
+    flag_of,
     gib,
     policy_of,
     profile_of,
+    refuse_flags_a_plan_replaces,
     train_of,
     with_env_overrides,
 )
@@ -174,29 +176,10 @@ def _plan(args, spec: ModelSpec) -> Plan:
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
         raise UsageError(f"{args.plan} is a plan for {plan.model.name}, not for {args.model}: "
                          f"tune for this model (`layerslide tune --model {args.model} -o ...`)")
-    if not args.resume:  # a resumed run's flags are the checkpoint's, not the user's
-        _refuse_flags_the_plan_replaces(args, plan)
+    refuse_flags_a_plan_replaces(args, args.train_parser, plan)
     if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         args.gpu_memory = plan.meta.get("gpu_memory_bytes")
     return replace(plan, policy=with_env_overrides(plan.policy))
-
-
-def _refuse_flags_the_plan_replaces(args, plan: Plan) -> None:
-    """A --plan's training settings and policy replace the flags of those groups: refuse one
-    given (on the command line or in --config) with another value than the plan's, rather
-    than drop it unsaid (a --max-grad-norm that would not clip)."""
-    groups = {g.title: g for g in args.train_parser._action_groups}
-    planned = {**plan.train.to_dict(), **plan.policy.flat()}
-    defaults = args.parser_defaults
-    clashes = [f"{_flag(a.dest)} {getattr(args, a.dest)} (the plan has {planned[a.dest]})"
-               for title in ("training settings", "policy") for a in groups[title]._group_actions
-               if a.dest in planned and getattr(args, a.dest) != defaults[a.dest]
-               and getattr(args, a.dest) != planned[a.dest]]
-    if clashes:
-        raise UsageError(f"--plan {args.plan} sets the training settings and policy, so these "
-                         f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
-                         "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
-                         "train without --plan to build the plan from the flags")
 
 
 def _check_fits(args, plan: Plan, *, warn: bool = True):
@@ -254,7 +237,8 @@ def _lanes_first(args, plan: Plan, prediction, device: str):
 # what a resumed run may change: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
                 "resume_fallback", "checkpoint_copy_ram",
-                "run", "command", "parser_defaults", "reschedulable", "train_parser", "argv")
+                "run", "command", "parser_defaults", "reschedulable", "train_parser", "argv",
+                "given")
 
 
 def _resumed_args(args):
@@ -281,26 +265,23 @@ def _resumed_args(args):
                          f"steps{where}: nothing to resume; to train on, start a new run with "
                          "--model set to its saved folder")
     defaults = getattr(args, "parser_defaults", {})
-    changed = {k for k, v in vars(args).items() if k in defaults and k not in RUNTIME_ONLY
-               and v != defaults[k] and v != saved.get(k)}
+    # what this command line gives, even at a default's value, that the checkpointed run had not
+    changed = {k for k in getattr(args, "given", ()) if k in defaults and k not in RUNTIME_ONLY
+               and getattr(args, k) != saved.get(k)}
     rescheduled = sorted(changed & set(getattr(args, "reschedulable", ())))
     ignored = sorted(changed - set(rescheduled))
     if rescheduled:
         print("note: resuming under a new schedule: " + ", ".join(
-            f"{_flag(k)} {getattr(args, k)} (was {saved.get(k)})" for k in rescheduled),
+            f"{flag_of(k)} {getattr(args, k)} (was {saved.get(k)})" for k in rescheduled),
             file=sys.stderr)
     if ignored:
         print("note: resuming with the checkpointed run's settings: "
-              f"{', '.join(map(_flag, ignored))} ignored", file=sys.stderr)
+              f"{', '.join(map(flag_of, ignored))} ignored", file=sys.stderr)
     # defaults first: options added since the checkpoint was written take them
     merged = {**defaults, **saved, **{k: getattr(args, k) for k in rescheduled},
               **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
     merged["checkpoint_dir"] = args.resume
     return argparse.Namespace(**merged)
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 def _run_args(args) -> dict:

@@ -47,6 +47,12 @@ def test_simulate_report_dir_and_gpu_cap(capsys, tmp_path):
     assert "GPU computing at 1.18x its efficiency tables' rate" in out
     for name in ("timeline.png", "memory.png", "trace.json", "trace.layerslide.json", "t.json"):
         assert (tmp_path / name).stat().st_size > 0
+    plan = tmp_path / "plan.json"
+    assert run(capsys, "plan", "--model", "llama-3.2-1b", "--micro-batch", "2", "-o",
+               str(plan))[0] == 0
+    code, _, err = run(capsys, "simulate", "--plan", str(plan), "--window", "4", "--steps", "7")
+    assert code == 2 and "--window 4 (the plan has 2)" in err and "--steps 7 (the plan has 3)" in err
+    assert run(capsys, "simulate", "--plan", str(plan), "--micro-batch", "2")[0] == 0
     code, out, _ = run(capsys, "simulate", "--model", "llama-3.2-1b", "--gpu-memory", "1GiB")
     assert code == 1 and "INFEASIBLE" in out and "gpu needs" in out
     assert "to fit gpu: lower --micro-batch or --window" in out  # what to change

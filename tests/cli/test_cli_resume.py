@@ -18,6 +18,9 @@ from transformers import LlamaConfig
 
 from layerslide.cli.main import main
 from layerslide.executor.checkpoint_store import CheckpointStore
+from layerslide.planner.build import build_repeatable_plan
+from layerslide.planner.model import model_from_hf_config
+from layerslide.planner.settings import Policy, TrainSpec
 
 STEPS = 8
 
@@ -294,3 +297,25 @@ def test_resume_takes_a_new_schedule_and_keeps_the_state_layout(config_dir, tmp_
     assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--moments-on-nvme",
                  "0.5", "--nvme-dir", str(tmp_path / "nvme")]) == 0  # the layout is kept
     assert "--moments-on-nvme, --nvme-dir ignored" in capsys.readouterr().err
+
+
+def test_resume_takes_a_flag_typed_at_its_default_and_refuses_what_a_plan_replaces(
+        config_dir, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+                 "--steps", "4", "--micro-batch", "2", "--seq-len", "16", "--window", "1",
+                 "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"]) == 0
+    shutil.rmtree(CheckpointStore(ckpt).latest().path)  # as if it stopped after step 2
+    capsys.readouterr()
+    # a plan whose settings replace the flags: one that would change them is refused
+    plan = tmp_path / "plan.json"
+    build_repeatable_plan(model_from_hf_config(config_dir), TrainSpec(micro_batch=2, seq_len=16),
+                          Policy.of(window=1)).save(plan)
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--plan", str(plan),
+                 "--max-grad-norm", "1.0"]) == 2
+    assert "--max-grad-norm 1.0 (the plan has None)" in capsys.readouterr().err
+    # --window 2 is the default's value, and not the checkpointed run's 1: it is taken
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--window", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "resuming under a new schedule: --window 2 (was 1)" in captured.err
+    assert "window 2" in captured.out

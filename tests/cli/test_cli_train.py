@@ -98,6 +98,9 @@ def test_train_refuses_flags_a_plan_would_replace(model_dir, tmp_path, capsys):
     assert main([*base, "--max-grad-norm", "1.0", "--window", "3"]) == 2
     err = capsys.readouterr().err
     assert "--max-grad-norm 1.0 (the plan has None)" in err and "--window 3 (the plan has 1)" in err
+    assert Policy.of().residency.window == 2  # typed at the default's value, it still clashes
+    assert main([*base, "--window", "2"]) == 2
+    assert "--window 2 (the plan has 1)" in capsys.readouterr().err
     assert main([*base, "--micro-batch", "2", "--seq-len", "16"]) == 0  # the plan's own values
 
 
