@@ -68,10 +68,8 @@ def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
     one the user gave (args.given) with another value than the plan's, rather than drop it
     unsaid (a --max-grad-norm that would not clip). also: more flags the plan decides, by dest,
     with the plan's value."""
-    groups = {g.title: g for g in parser._action_groups}
     planned = {**plan.train.to_dict(), **plan.policy.flat(), **(also or {})}
-    dests = [a.dest for title in ("training settings", "policy") if title in groups
-             for a in groups[title]._group_actions] + list(also or {})
+    dests = [*plan_settings(parser), *(also or {})]
     clashes = [f"{flag_of(dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
                for dest in dests if dest in planned and dest in getattr(args, "given", ())
                and getattr(args, dest) != planned[dest]]
@@ -80,6 +78,13 @@ def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
                          f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
                          "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
                          "give the flags without --plan to build the plan from them")
+
+
+def plan_settings(parser: argparse.ArgumentParser) -> list[str]:
+    """The dests of a command's options that a plan holds: its training settings and policy
+    (add_train's and add_policy's groups)."""
+    return [a.dest for g in parser._action_groups if g.title in ("training settings", "policy")
+            for a in g._group_actions]
 
 
 def flag_of(dest: str) -> str:

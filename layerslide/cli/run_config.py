@@ -9,7 +9,7 @@ import difflib
 import tomllib
 from pathlib import Path
 
-from layerslide.cli.options import UsageError
+from layerslide.cli.options import UsageError, plan_settings
 
 RESOLVED_NAME = "layerslide-train.toml"
 # options that are not run settings: how the file itself is found, or how a run is resumed
@@ -75,16 +75,21 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
     finally:
         parser.set_defaults(**{k: defaults[k] for k in values})
     resolved.parser_defaults = args.parser_defaults  # flags given tell from defaults, as before
-    resolved.given = getattr(args, "given", frozenset()) | set(values)  # the file gives them too
+    # the file gives its entries too, those at the flag's default aside (a resolved file lists
+    # every option, --keep-checkpoints at its default with no --checkpoint-dir among them)
+    resolved.given = getattr(args, "given", frozenset()) | {
+        dest for dest, value in values.items() if value != defaults[dest]}
     return resolved
 
 
 def write_resolved(folder: str | Path, args, parser: argparse.ArgumentParser) -> Path:
-    """The run's options as a config file (those left unset are left out), into folder."""
+    """The run's options as a config file (those left unset are left out, and under --plan
+    the training settings and policy: the plan has them), into folder."""
     lines = ["# the options `layerslide train` ran with; rerun with --config this-file"]
+    planned = set(plan_settings(parser)) if getattr(args, "plan", None) else set()
     for dest in file_options(parser):
         value = getattr(args, dest, None)
-        if value is None or dest in ("parser_defaults",):
+        if value is None or dest in ("parser_defaults",) or dest in planned:
             continue
         lines.append(f"{dest.replace('_', '-')} = {_toml_value(value)}")
     path = Path(folder) / RESOLVED_NAME

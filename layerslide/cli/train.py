@@ -22,6 +22,7 @@ from layerslide.cli.options import (
     byte_size_or_zero,
     flag_of,
     gib,
+    plan_settings,
     policy_of,
     profile_of,
     refuse_flags_a_plan_replaces,
@@ -160,9 +161,7 @@ def _defaults_of(parser) -> dict:
 def _reschedulable(parser) -> tuple[str, ...]:
     """The options a resumed run may change: how the steps are scheduled, not what the state
     means or where on the drive its parts lie (the sequence length positions the data)."""
-    groups = {g.title: g for g in parser._action_groups}
-    names = {a.dest for title in ("training settings", "policy")
-             for a in groups[title]._group_actions}
+    names = set(plan_settings(parser))
     return tuple(sorted((names - {"seq_len", *STATE_LAYOUT_FIELDS})
                         | {"plan", "gpu_memory", "segment_steps"}))
 
@@ -342,6 +341,7 @@ def cmd_train(args) -> int:
         config = hf_config_from_spec(spec)
     _check_schedule_flags(args)
     args.data = _data_of(args, from_folder and not args.random_init)
+    _refuse_options_that_would_not_act(args)
     _check_eval_flags(args)
     schedule = _checkpoint_schedule(args)
     plan = _plan(args, spec)
@@ -565,6 +565,35 @@ def _model_saves(args):
     if not args.resume:  # a resumed run's earlier saves are its own
         saves.check_free(args.steps, args.overwrite)
     return saves
+
+
+# options that act only beside another: (dest, whether that other is there, the other's flags)
+_ACTS_ONLY_WITH = (
+    ("keep_checkpoints", lambda a: a.checkpoint_dir, "--checkpoint-dir"),
+    ("checkpoint_sync", lambda a: a.checkpoint_dir, "--checkpoint-dir"),
+    ("keep_saves", lambda a: a.save_every, "--save-every"),
+    ("resume_fallback", lambda a: a.resume, "--resume"),
+    ("eval_rows", lambda a: a.eval_data or a.eval_fraction is not None,
+     "--eval-data or --eval-fraction"),
+    ("overwrite", lambda a: a.out, "--out"),
+)
+# how records become tokens: nothing of it applies to random tokens
+_DATA_READING = ("data_format", "text_field", "packing", "attend_across_documents",
+                 "train_on_prompt", "tokenizer")
+
+
+def _refuse_options_that_would_not_act(args) -> None:
+    """Refuse an option given (typed, or set in --config) where it would change nothing: one
+    that acts only beside another given without it, or how to read data with random tokens."""
+    given = getattr(args, "given", frozenset())
+    for dest, present, needed in _ACTS_ONLY_WITH:
+        if dest in given and not present(args):
+            raise UsageError(f"{flag_of(dest)} acts only with {needed}: give that too, or drop "
+                             f"{flag_of(dest)}")
+    reading = [flag_of(dest) for dest in _DATA_READING if dest in given]
+    if reading and args.data == "synthetic" and not args.eval_data:
+        raise UsageError(f"{', '.join(reading)}: --data synthetic trains on random tokens, "
+                         "which are not read or tokenised: give a data file, or drop them")
 
 
 def _check_eval_flags(args) -> None:

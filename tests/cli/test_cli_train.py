@@ -101,7 +101,13 @@ def test_train_refuses_flags_a_plan_would_replace(model_dir, tmp_path, capsys):
     assert Policy.of().residency.window == 2  # typed at the default's value, it still clashes
     assert main([*base, "--window", "2"]) == 2
     assert "--window 2 (the plan has 1)" in capsys.readouterr().err
-    assert main([*base, "--micro-batch", "2", "--seq-len", "16"]) == 0  # the plan's own values
+    out = tmp_path / "out"
+    assert main([*base, "--micro-batch", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    # a plan run's resolved options leave the plan's settings to the plan, and run again
+    resolved = (out / "layerslide-train.toml").read_text()
+    assert "plan = " in resolved and "window" not in resolved and "micro-batch" not in resolved
+    assert main(["train", "--config", str(out / "layerslide-train.toml"), "--out",
+                 str(tmp_path / "again")]) == 0
 
 
 @pytest.mark.parametrize(("extra", "words"), [
@@ -113,6 +119,15 @@ def test_train_refuses_flags_a_plan_would_replace(model_dir, tmp_path, capsys):
     (["--moments-on-nvme", "0.5", "--nvme-dir", "/proc/no"], "cannot be written"),
     (["--activations", "nvme"], "--nvme-dir"),
     (["--model", "llama-3.1-70b"], "keep part of the state on NVMe"),  # more than this RAM
+    # options that would change nothing: refused, not dropped
+    (["--keep-checkpoints", "3"], "--keep-checkpoints acts only with --checkpoint-dir"),
+    (["--checkpoint-sync"], "--checkpoint-sync acts only with --checkpoint-dir"),
+    (["--keep-saves", "2"], "--keep-saves acts only with --save-every"),
+    (["--resume-fallback"], "--resume-fallback acts only with --resume"),
+    (["--eval-rows", "4"], "--eval-rows acts only with --eval-data or --eval-fraction"),
+    (["--overwrite"], "--overwrite acts only with --out"),
+    (["--tokenizer", "/no/such", "--packing", "off"],
+     "--packing, --tokenizer: --data synthetic trains on random tokens"),
 ])
 def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
@@ -351,6 +366,8 @@ def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, da
     assert (values["steps"], values["micro_batch"], values["lr"]) == (2, 2, 2e-3)
     assert values["gpu_memory"] == 2 * 2**30 and values["max_grad_norm"] == 1.0
     assert values["out"] == str(tmp_path / "out") and "config" not in values
+    # the resolved file runs again as it is (its options at their defaults given no meaning)
+    assert main(["train", "--config", str(resolved), "--out", str(tmp_path / "again")]) == 0
 
 
 @pytest.mark.parametrize(("text", "words"), [
