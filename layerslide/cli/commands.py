@@ -13,12 +13,14 @@ from layerslide.cli.options import (
     DEFAULT_PROFILE,
     FIT_HINTS,
     UsageError,
+    check_gpu_cap,
     gib,
     model_of,
     policy_of,
     profile_of,
     progress_printer,
     refuse_flags_a_plan_replaces,
+    refuse_policy_flags_that_would_not_act,
     train_of,
     with_env_overrides,
 )
@@ -130,7 +132,9 @@ def _plan_summary(plan: Plan) -> dict:
 
 
 def _build(args) -> Plan:
-    return build_plan(model_of(args), train_of(args), policy_of(args), num_steps=args.steps)
+    train, policy = train_of(args), policy_of(args)
+    refuse_policy_flags_that_would_not_act(args, train, policy)
+    return build_plan(model_of(args), train, policy, num_steps=args.steps)
 
 
 def _save(plan: Plan, path: str) -> None:
@@ -209,6 +213,8 @@ def cmd_simulate(args) -> int:
                          drives)
     if args.gpu_memory is None:
         args.gpu_memory = tuned.get("gpu_memory_bytes")
+    else:
+        check_gpu_cap(args.gpu_memory, profile)
     pred = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory, label=plan.model.name)
     found = None if args.plan or chosen_in_environment() else niced_where_gpu_bound(
         plan.policy, pred, profile, lambda policy: simulate(  # as `train` runs it on a GPU
@@ -240,6 +246,9 @@ def cmd_simulate(args) -> int:
         print(f"report written to {args.report_dir}")
     elif args.report_dir:
         print(f"no report written: the plan was rejected before simulating ({pred.reason})")
+    if args.trace_out and pred.trace is None:
+        print(f"no trace written to {args.trace_out}: the plan was rejected before simulating "
+              f"({pred.reason})")
     return 0 if pred.feasible else 1
 
 
@@ -287,6 +296,7 @@ def _by_accumulation(result) -> list[str]:
 
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
+    check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,

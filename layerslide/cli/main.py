@@ -4,6 +4,7 @@ refine, demo."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -20,8 +21,11 @@ from layerslide.cli.options import (
     add_train,
     byte_size,
     byte_sizes,
+    flag_of,
     given_options,
     int_list,
+    positive_int,
+    profile_list,
     str_list,
 )
 from layerslide.cli.outputs import writable_folder
@@ -124,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
-    p.add_argument("--top", type=int, default=5, help="how many of the best to print")
+    p.add_argument("--top", type=positive_int, default=5, help="how many of the best to print")
     p.add_argument("-o", "--output", help="write the best plan to this file")
     add_json(p)
     p.set_defaults(run=commands.cmd_tune)
@@ -134,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "throughput (--target-tokens-per-s)")
     p.epilog = WHATIF_EPILOG + " " + UNITS
     add_model(p, required=False)
-    p.add_argument("--profiles", type=str_list,
+    p.add_argument("--profiles", type=profile_list,
                    help="profiles to compare (default: all built-in); each a name, a file or a "
                         f"variant {SPEC_SYNTAX}")
     p.add_argument("--on-profile", dest="profile_axis",
@@ -185,10 +189,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_demo_command(args) -> int:
+    if not args.out.strip():
+        raise UsageError("--out is empty: give the report folder, e.g. layerslide-report")
     writable_folder("--out", args.out)  # a report folder is written into, kept files and all
     readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True))
     print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
     return 0
+
+
+# a spec's field named otherwise than the flag that sets it
+_FIELD_FLAGS = {"num_steps": "steps"}
+
+
+def in_flag_words(message: str, parser: argparse.ArgumentParser) -> str:
+    """A refusal that names a spec's field (`Policy.moments_on_nvme=2.0: ...`) said as the
+    command's flag (`--moments-on-nvme 2.0: ...`), where the command has that flag."""
+    dests = {a.dest for a in parser._actions if a.option_strings}
+
+    def flag(match: re.Match) -> str:
+        dest = _FIELD_FLAGS.get(match["field"], match["field"])
+        if dest not in dests:
+            return match[0]
+        return f"{flag_of(dest)} {match['value']}:"
+    return re.sub(r"\b(?:[A-Z]\w*\.)?(?P<field>[a-z_]+)=(?P<value>[^:\s]+):", flag, message)
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -205,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)
-        print(f"layerslide {args.command}: error: {err}", file=sys.stderr)
+        print(f"layerslide {args.command}: error: {in_flag_words(str(err), args.parser)}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before training (which stops gracefully) or outside it
         print(f"layerslide {args.command}: interrupted", file=sys.stderr)

@@ -102,11 +102,36 @@ def int_list(text: str) -> tuple[int, ...]:
     return values
 
 
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number, e.g. 5")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give at least 1")
+    return value
+
+
 def str_list(text: str) -> tuple[str, ...]:
     values = tuple(v.strip() for v in text.split(",") if v.strip())
     if not values:
         raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated names")
     return values
+
+
+def profile_list(text: str) -> tuple[str, ...]:
+    """Comma-separated profiles, a variant's own `,key=value` parts kept with it
+    (`workstation-8ch+rtx5090,ram=512GiB,drives=4,h200-bench` is two profiles)."""
+    profiles: list[str] = []
+    for part in str_list(text):
+        if "=" in part and profiles:
+            profiles[-1] += f",{part}"
+        elif "=" in part:
+            raise argparse.ArgumentTypeError(f"{text!r}: {part} follows no profile (a variant "
+                                             "is BASE[+CARD],key=value,...)")
+        else:
+            profiles.append(part)
+    return tuple(profiles)
 
 
 def byte_size(text: str) -> int:
@@ -247,9 +272,20 @@ def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
     profile = resolve_profile(name)
     if nvme_drives is None:
         return profile
+    if ",drives=" in name:
+        raise UsageError(f"--profile {name} names its drive count, and --nvme-drives "
+                         f"{nvme_drives} another: give it once")
     if nvme_drives < 1:
         raise UsageError(f"--nvme-drives {nvme_drives}: give a whole number of drives >= 1")
     return profile.with_overrides(nvme_drives=nvme_drives)
+
+
+def check_gpu_cap(gpu_memory: int | None, profile: HardwareProfile) -> None:
+    """Refuse a --gpu-memory cap above the profile's GPU: a cap can only lower it."""
+    if gpu_memory is not None and gpu_memory > profile.gpu.memory_bytes:
+        raise UsageError(f"--gpu-memory {gpu_memory / GIB:g}GiB is more than {profile.name}'s "
+                         f"GPU has ({profile.gpu.memory_bytes / GIB:g} GiB): a cap can only "
+                         "lower it; give a smaller one, or another --profile")
 
 
 def train_of(args) -> TrainSpec:
@@ -270,6 +306,28 @@ def policy_of(args) -> Policy:
         layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
         cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation,
         sweep_groups=args.sweep_groups, moment_precision=args.moment_precision))
+
+
+def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Policy) -> None:
+    """Refuse a policy flag given (args.given) where the rest of the plan leaves it nothing to
+    change: said with what it needs, rather than planned as if it did something."""
+    given = getattr(args, "given", frozenset())
+    s = policy.schedule
+    idle = {
+        "cast_worker": (s.cast_worker and (policy.optimizer_casts or s.cast == "gpu"),
+                        (f"there are no CPU cast tasks to give a worker (--cast {s.cast} with "
+                        f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load "
+                        "has them")),
+        "accumulation": (train.grad_accum == 1, "it schedules --grad-accum above 1"),
+        "sweep_groups": (train.grad_accum == 1 or s.accumulation != "layer_major",
+                         ("it groups a layer_major sweep (--accumulation layer_major with "
+                         "--grad-accum above 1)")),
+        "gpu_updated_order": (policy.residency.gpu_updated_blocks == 0,
+                              "it orders --gpu-updated-blocks, and there are none"),
+    }
+    for dest, (inert, why) in idle.items():
+        if dest in given and inert:
+            raise UsageError(f"{flag_of(dest)} would change nothing here: {why}; drop it")
 
 
 def with_env_overrides(policy: Policy) -> Policy:

@@ -26,6 +26,7 @@ from layerslide.cli.options import (
     policy_of,
     profile_of,
     refuse_flags_a_plan_replaces,
+    refuse_policy_flags_that_would_not_act,
     train_of,
     with_env_overrides,
 )
@@ -169,7 +170,9 @@ def _reschedulable(parser) -> tuple[str, ...]:
 def _plan(args, spec: ModelSpec) -> Plan:
     """The plan to run: the --plan file as it is, or one built from the flags."""
     if not args.plan:
-        return build_repeatable_plan(spec, train_of(args), policy_of(args))
+        train, policy = train_of(args), policy_of(args)
+        refuse_policy_flags_that_would_not_act(args, train, policy)
+        return build_repeatable_plan(spec, train, policy)
     plan = Plan.load(args.plan)
     shape = {k: v for k, v in plan.model.to_dict().items() if k != "name"}
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Mapping
@@ -93,8 +94,9 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            _fail("TrainSpec", "max_grad_norm", self.max_grad_norm, "must be > 0 or None (off)")
+        if self.max_grad_norm is not None and not 0 < self.max_grad_norm < math.inf:
+            _fail("TrainSpec", "max_grad_norm", self.max_grad_norm,
+                  "must be a finite threshold > 0, or None (off)")
 
     @property
     def tokens_per_micro_batch(self) -> int:

@@ -1,10 +1,12 @@
 """The layerslide command: every subcommand runs, --json parses, bad input exits 2 with a message."""
 
+import argparse
 import json
 
 import pytest
 
 from layerslide.cli.main import main
+from layerslide.cli.options import profile_list
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import Plan, sizes
 
@@ -140,10 +142,10 @@ def test_unreadable_plan_file_is_a_usage_error(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["tune", "--model", "llama-3.2-1b", "--seq-len", "0"], "seq_len"),
+    (["tune", "--model", "llama-3.2-1b", "--seq-len", "0"], "--seq-len 0: must be a positive"),
     (["tune", "--model", "llama-3.2-1b", "--seq-len", "10000000"], "max_position_embeddings"),
     (["tune", "--model", "llama-3.2-1b", "--casts", "foo"], "casts"),
-    (["tune", "--model", "llama-3.2-1b", "--max-grad-norm", "-1"], "max_grad_norm"),
+    (["tune", "--model", "llama-3.2-1b", "--max-grad-norm", "-1"], "--max-grad-norm -1.0: must be"),
     (["tune", "--model", "llama-3.2-1b", "-o", "/no/such/folder/x.json"], "does not exist"),
     (["plan", "--model", "llama-3.2-1b", "-o", "/no/such/folder/x.json"], "does not exist"),
     (["whatif", "--on-profile", "h200-bench", "--model", "llama-3.2-1b"], "--models"),
@@ -245,3 +247,49 @@ def test_compact_moments_with_torchs_adamw_are_refused(capsys):
     code, _, err = run(capsys, "plan", "--model", "llama-3.2-1b", "--moment-precision", "bf16",
                        "--cpu-optimizer", "torch")
     assert code == 2 and "cpu_optimizer=native" in err
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    # a spec's refusal said as the flag that set it
+    (["simulate", "--model", "llama-3.2-1b", "--moments-on-nvme", "2"],
+     "error: --moments-on-nvme 2.0: must be a fraction"),
+    (["plan", "--model", "llama-3.2-1b", "--max-grad-norm", "inf"],
+     "error: --max-grad-norm inf: must be a finite threshold"),
+    # a cap above the card, a drive count given twice
+    (["simulate", "--model", "llama-3.2-1b", "--profile", "rtx5090", "--gpu-memory", "1000GiB"],
+     "a cap can only lower it"),
+    (["simulate", "--model", "llama-3.2-1b", "--profile", "workstation-8ch,drives=4",
+      "--nvme-drives", "2"], "give it once"),
+    # policy flags the rest of the plan leaves nothing to change
+    (["simulate", "--model", "llama-3.2-1b", "--cast-worker"],
+     "--cast-worker would change nothing here: there are no CPU cast tasks"),
+    (["plan", "--model", "llama-3.2-1b", "--sweep-groups", "3"],
+     "--sweep-groups would change nothing here"),
+    (["simulate", "--model", "llama-3.2-1b", "--accumulation", "layer_major"],
+     "--accumulation would change nothing here: it schedules --grad-accum above 1"),
+    (["simulate", "--model", "llama-3.2-1b", "--gpu-updated-order", "layers_first"],
+     "--gpu-updated-order would change nothing here"),
+    (["demo", "--out", ""], "--out is empty"),
+])
+def test_input_that_would_mislead_is_refused_in_flag_words(capsys, argv, words):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and words in err
+
+
+def test_a_rejected_plan_says_its_trace_was_not_written_and_flags_that_act_pass(capsys,
+                                                                               tmp_path):
+    trace = tmp_path / "t.json"
+    code, out, _ = run(capsys, "simulate", "--model", "llama-3.1-70b", "--profile",
+                       "desktop-ddr5", "--trace-out", str(trace))
+    assert code == 1 and f"no trace written to {trace}" in out and not trace.exists()
+    assert run(capsys, "simulate", "--model", "llama-3.2-1b", "--cast", "cpu_per_load",
+               "--cast-worker")[0] == 0  # a cast worker with casts to run
+    with pytest.raises(SystemExit):  # argparse's own refusal
+        main(["tune", "--model", "llama-3.2-1b", "--top", "0"])
+
+
+def test_profile_lists_keep_a_variants_parts_with_it():
+    assert profile_list("workstation-8ch+rtx5090,ram=512GiB,drives=4,h200-bench") == (
+        "workstation-8ch+rtx5090,ram=512GiB,drives=4", "h200-bench")
+    with pytest.raises(argparse.ArgumentTypeError, match="follows no profile"):
+        profile_list("ram=512GiB,h200-bench")

@@ -11,6 +11,8 @@ from layerslide.planner.settings import ExecutorKnobs
     ({"seq_len": -1}, "seq_len"),
     ({"grad_accum": 1.5}, "grad_accum"),
     ({"max_grad_norm": 0.0}, "max_grad_norm"),
+    ({"max_grad_norm": float("inf")}, "finite"),  # never clips, yet every update would wait
+    ({"max_grad_norm": float("nan")}, "finite"),
 ])
 def test_train_spec_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):
