@@ -82,7 +82,14 @@ def cmd_refine(args) -> int:
                          "predicted: a run on another machine than the profile's, or blocks too "
                          "small for the rate to hold for a real model; check --profile and the "
                          "run, or pass --force")
-    profile = profile_of(args.profile or check["profile"])
+    if args.profile:
+        profile = profile_of(args.profile)
+    else:
+        try:
+            profile = profile_of(check["profile"])
+        except ValueError as err:  # a file the run named from another folder, or moved since
+            raise UsageError(f"{err}: the run was predicted on {check['profile']!r}; name that "
+                             "profile with --profile") from err
     before = profile.host.adamw_params_per_s
     kept = (f"refined by layerslide refine from {source}: the run's decoder layers kept CPU "
             f"AdamW alone at {ratio:.3f} x the rate predicted on {check['profile']}")

@@ -464,7 +464,7 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
     adamw = (adamw_alone_rates(prediction.trace, measured, layer_params=trainer.spec.layer_params,
                                num_layers=trainer.spec.num_layers)
              if prediction.trace is not None else None)
-    check = check_run(profile=args.profile, predicted_step_s=prediction.step_s,
+    check = check_run(profile=_where_found(args.profile), predicted_step_s=prediction.step_s,
                       predicted_gpu_allocated_bytes=prediction.gpu_allocated_peak_bytes,
                       predicted_host_bytes=prediction.peak_bytes.get("host", 0),
                       step_s=[log.step_s for log in logs],
@@ -488,6 +488,13 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
         hint = refine_hint(check, args.out, on_gpu=trainer.device.is_cuda)
         if hint:
             print(hint)
+
+
+def _where_found(profile: str) -> str:
+    """A profile as `refine` finds it from any folder: a file by its absolute path, a
+    built-in or variant by name."""
+    path = Path(profile).expanduser()
+    return str(path.resolve()) if path.is_file() else profile
 
 
 def refine_hint(check, out: str, *, on_gpu: bool) -> str | None:

@@ -89,6 +89,14 @@ def test_refine_refuses_what_it_cannot_read_or_write(tmp_path, capsys):
     assert "no prediction check of `layerslide train`" in capsys.readouterr().err
     assert main(["refine", "--from-run", str(run), "--out", str(tmp_path / "d.txt")]) == 2
     assert "ends in .toml" in capsys.readouterr().err
+    # a profile file the run named and refine cannot find from here: name it
+    moved = run_folder(tmp_path, profile_adamw_params_per_s=5e9)
+    check = json.loads((moved / "prediction-check.json").read_text())
+    (moved / "prediction-check.json").write_text(json.dumps({**check, "profile": "gone.toml"}))
+    assert main(["refine", "--from-run", str(moved), "--out", str(tmp_path / "e.toml")]) == 2
+    assert "name that profile with --profile" in capsys.readouterr().err
+    assert main(["refine", "--from-run", str(moved), "--out", str(tmp_path / "e.toml"),
+                 "--profile", "h200-bench"]) == 0
 
 
 def test_a_gpu_run_whose_adamw_kept_another_rate_is_told_how_to_refine():
@@ -105,3 +113,13 @@ def test_a_gpu_run_whose_adamw_kept_another_rate_is_told_how_to_refine():
     assert "layerslide refine --from-run out" in hint
     assert refine_hint(check(4.9e9), "out", on_gpu=True) is None  # within 5%
     assert refine_hint(check(4e9), "out", on_gpu=False) is None  # a CPU run: not the GPU box's
+
+
+def test_train_records_a_profile_file_so_that_refine_finds_it_from_any_folder(tmp_path,
+                                                                              monkeypatch):
+    from layerslide.cli.train import _where_found
+
+    (tmp_path / "mine.toml").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert _where_found("mine.toml") == str(tmp_path / "mine.toml")
+    assert _where_found("h200-bench") == "h200-bench"  # a built-in, by name
