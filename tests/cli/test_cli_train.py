@@ -136,6 +136,13 @@ def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys
     assert words in capsys.readouterr().err
 
 
+def test_train_says_an_nvme_folder_the_plan_leaves_unused(model_dir, tmp_path, capsys):
+    assert main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+                 "--seq-len", "16", "--micro-batch", "2", "--data", "synthetic",
+                 "--nvme-dir", str(tmp_path / "nvme")]) == 0
+    assert "this plan keeps nothing on NVMe" in capsys.readouterr().err
+
+
 def test_train_refuses_an_existing_output_folder(model_dir, tmp_path, capsys):
     (tmp_path / "out").mkdir()
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
