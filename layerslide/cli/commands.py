@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -232,7 +233,11 @@ def cmd_simulate(args) -> int:
         plot_memory(pred.trace, out / "memory.png", limits_bytes=pred.limits_bytes)
         write_chrome_trace(pred.trace, out / "trace.json")
         pred.trace.save(out / "trace.layerslide.json")
+    no_trace = (f"no trace written to {args.trace_out}: the plan was rejected before "
+                f"simulating ({pred.reason})" if args.trace_out and pred.trace is None else None)
     if args.json:
+        if no_trace:
+            print(no_trace, file=sys.stderr)
         _print_json(pred.summary())
         return 0 if pred.feasible else 1
     print(f"{plan.model.name} on {profile.name}"
@@ -246,9 +251,8 @@ def cmd_simulate(args) -> int:
         print(f"report written to {args.report_dir}")
     elif args.report_dir:
         print(f"no report written: the plan was rejected before simulating ({pred.reason})")
-    if args.trace_out and pred.trace is None:
-        print(f"no trace written to {args.trace_out}: the plan was rejected before simulating "
-              f"({pred.reason})")
+    if no_trace:
+        print(no_trace)
     return 0 if pred.feasible else 1
 
 

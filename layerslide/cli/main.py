@@ -201,17 +201,18 @@ def run_demo_command(args) -> int:
 _FIELD_FLAGS = {"num_steps": "steps"}
 
 
-def in_flag_words(message: str, parser: argparse.ArgumentParser) -> str:
-    """A refusal that names a spec's field (`Policy.moments_on_nvme=2.0: ...`) said as the
-    command's flag (`--moments-on-nvme 2.0: ...`), where the command has that flag."""
-    dests = {a.dest for a in parser._actions if a.option_strings}
+def in_flag_words(message: str, parser: argparse.ArgumentParser, given) -> str:
+    """A refusal that names a spec's field (`Policy.moments_on_nvme=2.0: ...`, or a bare
+    `num_steps=1: ...` opening it) said as the flag the user gave (`--moments-on-nvme 2.0:`):
+    a value from a plan file, or a profile variant's `drives=x`, stays as it is."""
+    dests = {a.dest for a in parser._actions if a.option_strings} & set(given)
 
     def flag(match: re.Match) -> str:
         dest = _FIELD_FLAGS.get(match["field"], match["field"])
         if dest not in dests:
             return match[0]
         return f"{flag_of(dest)} {match['value']}:"
-    return re.sub(r"\b(?:[A-Z]\w*\.)?(?P<field>[a-z_]+)=(?P<value>[^:\s]+):", flag, message)
+    return re.sub(r"(?:\b[A-Z]\w*\.|^)(?P<field>[a-z_]+)=(?P<value>[^:\s]+):", flag, message)
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)
-        print(f"layerslide {args.command}: error: {in_flag_words(str(err), args.parser)}",
+        print(f"layerslide {args.command}: error: "
+              f"{in_flag_words(str(err), args.parser, getattr(args, 'given', ()))}",
               file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # before training (which stops gracefully) or outside it

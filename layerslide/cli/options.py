@@ -272,9 +272,9 @@ def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
     profile = resolve_profile(name)
     if nvme_drives is None:
         return profile
-    if ",drives=" in name:
-        raise UsageError(f"--profile {name} names its drive count, and --nvme-drives "
-                         f"{nvme_drives} another: give it once")
+    if ",drives=" in name and nvme_drives != profile.storage.drives:
+        raise UsageError(f"--profile {name} names {profile.storage.drives} drives, and "
+                         f"--nvme-drives {nvme_drives} another count: give it once")
     if nvme_drives < 1:
         raise UsageError(f"--nvme-drives {nvme_drives}: give a whole number of drives >= 1")
     return profile.with_overrides(nvme_drives=nvme_drives)
@@ -316,8 +316,8 @@ def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Polic
     idle = {
         "cast_worker": (s.cast_worker and (policy.optimizer_casts or s.cast == "gpu"),
                         (f"there are no CPU cast tasks to give a worker (--cast {s.cast} with "
-                        f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load "
-                        "has them")),
+                        f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load, "
+                        "or cpu_once with --cpu-optimizer torch, has them")),
         "accumulation": (train.grad_accum == 1, "it schedules --grad-accum above 1"),
         "sweep_groups": (train.grad_accum == 1 or s.accumulation != "layer_major",
                          ("it groups a layer_major sweep (--accumulation layer_major with "

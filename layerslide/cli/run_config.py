@@ -13,7 +13,7 @@ from layerslide.cli.options import UsageError, plan_settings
 
 RESOLVED_NAME = "layerslide-train.toml"
 # options that are not run settings: how the file itself is found, or how a run is resumed
-NOT_IN_FILE = ("config", "resume", "help")
+NOT_IN_FILE = ("config", "resume", "resume_fallback", "help")
 
 
 def file_options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

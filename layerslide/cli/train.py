@@ -283,6 +283,8 @@ def _resumed_args(args):
     merged = {**defaults, **saved, **{k: getattr(args, k) for k in rescheduled},
               **{k: getattr(args, k) for k in RUNTIME_ONLY if hasattr(args, k)}}
     merged["checkpoint_dir"] = args.resume
+    # what this command line gives that the resumed run takes: the rest was said ignored
+    merged["given"] = set(rescheduled) | (set(getattr(args, "given", ())) & set(RUNTIME_ONLY))
     return argparse.Namespace(**merged)
 
 

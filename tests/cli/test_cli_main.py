@@ -259,7 +259,7 @@ def test_compact_moments_with_torchs_adamw_are_refused(capsys):
     (["simulate", "--model", "llama-3.2-1b", "--profile", "rtx5090", "--gpu-memory", "1000GiB"],
      "a cap can only lower it"),
     (["simulate", "--model", "llama-3.2-1b", "--profile", "workstation-8ch,drives=4",
-      "--nvme-drives", "2"], "give it once"),
+      "--nvme-drives", "2"], "names 4 drives, and --nvme-drives 2 another count: give it once"),
     # policy flags the rest of the plan leaves nothing to change
     (["simulate", "--model", "llama-3.2-1b", "--cast-worker"],
      "--cast-worker would change nothing here: there are no CPU cast tasks"),
@@ -293,3 +293,34 @@ def test_profile_lists_keep_a_variants_parts_with_it():
         "workstation-8ch+rtx5090,ram=512GiB,drives=4", "h200-bench")
     with pytest.raises(argparse.ArgumentTypeError, match="follows no profile"):
         profile_list("ram=512GiB,h200-bench")
+
+
+def test_refusals_say_the_flag_only_for_a_specs_field_the_user_gave():
+    from layerslide.cli.main import _subcommand_parser, build_parser, in_flag_words
+
+    simulate = _subcommand_parser(build_parser(), "simulate")
+    given = {"moments_on_nvme", "steps", "nvme_drives"}
+    assert in_flag_words("Policy.moments_on_nvme=2.0: must be a fraction", simulate, given) == (
+        "--moments-on-nvme 2.0: must be a fraction")
+    assert in_flag_words("num_steps=1: plan at least 2", simulate, given) == "--steps 1: plan at least 2"
+    # a value from a plan file, not typed; a variant's own key, mid-message
+    assert in_flag_words("p.json: Policy.window=9: too many", simulate, given) == (
+        "p.json: Policy.window=9: too many")
+    assert in_flag_words("workstation-8ch,nvme_drives=x: not a count", simulate, given) == (
+        "workstation-8ch,nvme_drives=x: not a count")
+
+
+def test_a_drive_count_is_refused_only_when_the_two_differ():
+    from layerslide.cli.options import UsageError, profile_of
+
+    assert profile_of("workstation-8ch,drives=4", 4).storage.drives == 4  # as tune records it
+    with pytest.raises(UsageError, match="give it once"):
+        profile_of("workstation-8ch,drives=4", 2)
+
+
+def test_a_runs_resolved_file_leaves_out_how_it_was_resumed():
+    from layerslide.cli.main import _subcommand_parser, build_parser
+    from layerslide.cli.run_config import file_options
+
+    options = file_options(_subcommand_parser(build_parser(), "train"))
+    assert "resume_fallback" not in options and "resume" not in options

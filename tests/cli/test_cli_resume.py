@@ -314,8 +314,11 @@ def test_resume_takes_a_flag_typed_at_its_default_and_refuses_what_a_plan_replac
     assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--plan", str(plan),
                  "--max-grad-norm", "1.0"]) == 2
     assert "--max-grad-norm 1.0 (the plan has None)" in capsys.readouterr().err
-    # --window 2 is the default's value, and not the checkpointed run's 1: it is taken
-    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--window", "2"]) == 0
+    # --window 2 is the default's value, and not the checkpointed run's 1: it is taken; options
+    # the resume ignores (said so) are not then refused for what they would need
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--window", "2",
+                 "--keep-saves", "3", "--packing", "off"]) == 0
     captured = capsys.readouterr()
     assert "resuming under a new schedule: --window 2 (was 1)" in captured.err
+    assert "--keep-saves, --packing ignored" in captured.err
     assert "window 2" in captured.out
