@@ -386,6 +386,7 @@ def cmd_whatif(args) -> int:
             raise UsageError("--on-profile compares models: give them with --models, "
                              "not --model or --profiles")
         profile = profile_of(args.profile_axis, args.nvme_drives)
+        check_gpu_cap(args.gpu_memory, profile)
         models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
         rows = across_models(profile, models, ram_sizes=args.ram or (None,),
                              nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
@@ -402,6 +403,8 @@ def cmd_whatif(args) -> int:
         model = model_of(args)
         profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
                     [p.name for p in builtin_profiles()]]
+        # a cap that lowers some cards across profiles; one above every card caps none
+        check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
         rows = across_profiles(model, profiles, seq_len=args.seq_len,
                                gpu_memory_bytes=args.gpu_memory, progress=progress,
                                space=_whatif_space(args))

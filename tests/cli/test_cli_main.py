@@ -258,6 +258,8 @@ def test_compact_moments_with_torchs_adamw_are_refused(capsys):
     # a cap above the card, a drive count given twice
     (["simulate", "--model", "llama-3.2-1b", "--profile", "rtx5090", "--gpu-memory", "1000GiB"],
      "a cap can only lower it"),
+    (["whatif", "--model", "llama-3.2-1b", "--profiles", "h200-bench", "--gpu-memory",
+      "1000GiB"], "a cap can only lower it"),
     (["simulate", "--model", "llama-3.2-1b", "--profile", "workstation-8ch,drives=4",
       "--nvme-drives", "2"], "names 4 drives, and --nvme-drives 2 another count: give it once"),
     # policy flags the rest of the plan leaves nothing to change
