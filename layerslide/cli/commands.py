@@ -12,20 +12,22 @@ import pandas as pd
 
 from layerslide.cli.options import (
     DEFAULT_PROFILE,
-    FIT_HINTS,
     UsageError,
-    check_gpu_cap,
     gib,
     model_of,
     policy_of,
     profile_of,
     progress_printer,
-    refuse_flags_a_plan_replaces,
-    refuse_policy_flags_that_would_not_act,
     train_of,
     with_env_overrides,
 )
 from layerslide.cli.outputs import writable_file, writable_folder
+from layerslide.cli.refusals import (
+    FIT_HINTS,
+    check_gpu_cap,
+    refuse_flags_a_plan_replaces,
+    refuse_policy_flags_that_would_not_act,
+)
 from layerslide.hwprofiles import builtin_profiles
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.planner.settings import MOMENT_PRECISIONS

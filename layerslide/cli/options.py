@@ -33,18 +33,6 @@ def gib(nbytes: float | None) -> float | None:
     return None if nbytes is None else nbytes / GIB
 
 
-# what to change when a tier's need exceeds its limit, by tier (simulate and train say it)
-FIT_HINTS = {
-    "gpu": "lower --micro-batch or --window, keep activations off the GPU (--activations host), "
-           "or let `layerslide tune` pick settings that fit",
-    "host": "keep part of the state on NVMe (--moments-on-nvme/--master-on-nvme, fractions 0-1; "
-            "train needs --nvme-dir), checkpoints too (--activations nvme), or let "
-            "`layerslide tune` place it",
-    "nvme": "keep less on NVMe (lower the --*-on-nvme fractions), stripe over more drives "
-            "(--nvme-drives), or take a profile with a larger drive",
-}
-
-
 _NOT_GIVEN = object()
 
 
@@ -60,24 +48,6 @@ def given_options(parser: argparse.ArgumentParser, argv: list[str]) -> frozenset
     finally:
         parser.set_defaults(**saved)
     return frozenset(dest for dest in saved if getattr(parsed, dest) is not _NOT_GIVEN)
-
-
-def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
-                                 also: dict[str, object] | None = None) -> None:
-    """A --plan file's training settings and policy replace the flags of those groups: refuse
-    one the user gave (args.given) with another value than the plan's, rather than drop it
-    unsaid (a --max-grad-norm that would not clip). also: more flags the plan decides, by dest,
-    with the plan's value."""
-    planned = {**plan.train.to_dict(), **plan.policy.flat(), **(also or {})}
-    dests = [*plan_settings(parser), *(also or {})]
-    clashes = [f"{flag_of(dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
-               for dest in dests if dest in planned and dest in getattr(args, "given", ())
-               and getattr(args, dest) != planned[dest]]
-    if clashes:
-        raise UsageError(f"--plan {args.plan} sets the training settings and policy, so these "
-                         f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
-                         "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
-                         "give the flags without --plan to build the plan from them")
 
 
 def plan_settings(parser: argparse.ArgumentParser) -> list[str]:
@@ -280,14 +250,6 @@ def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
     return profile.with_overrides(nvme_drives=nvme_drives)
 
 
-def check_gpu_cap(gpu_memory: int | None, profile: HardwareProfile) -> None:
-    """Refuse a --gpu-memory cap above the profile's GPU: a cap can only lower it."""
-    if gpu_memory is not None and gpu_memory > profile.gpu.memory_bytes:
-        raise UsageError(f"--gpu-memory {gpu_memory / GIB:g}GiB is more than {profile.name}'s "
-                         f"GPU has ({profile.gpu.memory_bytes / GIB:g} GiB): a cap can only "
-                         "lower it; give a smaller one, or another --profile")
-
-
 def train_of(args) -> TrainSpec:
     return TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len,
                      grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
@@ -306,28 +268,6 @@ def policy_of(args) -> Policy:
         layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
         cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation,
         sweep_groups=args.sweep_groups, moment_precision=args.moment_precision))
-
-
-def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Policy) -> None:
-    """Refuse a policy flag given (args.given) where the rest of the plan leaves it nothing to
-    change: said with what it needs, rather than planned as if it did something."""
-    given = getattr(args, "given", frozenset())
-    s = policy.schedule
-    idle = {
-        "cast_worker": (s.cast_worker and (policy.optimizer_casts or s.cast == "gpu"),
-                        (f"there are no CPU cast tasks to give a worker (--cast {s.cast} with "
-                        f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load, "
-                        "or cpu_once with --cpu-optimizer torch, has them")),
-        "accumulation": (train.grad_accum == 1, "it schedules --grad-accum above 1"),
-        "sweep_groups": (train.grad_accum == 1 or s.accumulation != "layer_major",
-                         ("it groups a layer_major sweep (--accumulation layer_major with "
-                         "--grad-accum above 1)")),
-        "gpu_updated_order": (policy.residency.gpu_updated_blocks == 0,
-                              "it orders --gpu-updated-blocks, and there are none"),
-    }
-    for dest, (inert, why) in idle.items():
-        if dest in given and inert:
-            raise UsageError(f"{flag_of(dest)} would change nothing here: {why}; drop it")
 
 
 def with_env_overrides(policy: Policy) -> Policy:

@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from layerslide.cli.options import (
-    FIT_HINTS,
     UsageError,
     add_policy,
     add_train,
@@ -25,12 +24,15 @@ from layerslide.cli.options import (
     plan_settings,
     policy_of,
     profile_of,
-    refuse_flags_a_plan_replaces,
-    refuse_policy_flags_that_would_not_act,
     train_of,
     with_env_overrides,
 )
 from layerslide.cli.outputs import writable_file, writable_folder
+from layerslide.cli.refusals import (
+    FIT_HINTS,
+    refuse_flags_a_plan_replaces,
+    refuse_policy_flags_that_would_not_act,
+)
 from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
 from layerslide.cli.step_logs import StepReporter, require_tensorboard
 from layerslide.planner.build import build_repeatable_plan
