@@ -62,6 +62,12 @@ def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def given_as(args, dest: str) -> str:
+    """The flag of an option the user gave, and where: typed, or in the --config file."""
+    where = f" (in --config {args.config})" if dest in getattr(args, "from_config", ()) else ""
+    return flag_of(dest) + where
+
+
 def int_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))

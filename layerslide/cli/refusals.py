@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from layerslide.cli.options import GIB, UsageError, flag_of, plan_settings
+from layerslide.cli.options import GIB, UsageError, given_as, plan_settings
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import Policy, TrainSpec
 
@@ -30,7 +30,7 @@ def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
     with the plan's value."""
     planned = {**plan.train.to_dict(), **plan.policy.flat(), **(also or {})}
     dests = [*plan_settings(parser), *(also or {})]
-    clashes = [f"{flag_of(dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
+    clashes = [f"{given_as(args, dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
                for dest in dests if dest in planned and dest in getattr(args, "given", ())
                and getattr(args, dest) != planned[dest]]
     if clashes:
@@ -59,7 +59,7 @@ def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Polic
     }
     for dest, (inert, why) in idle.items():
         if dest in given and inert:
-            raise UsageError(f"{flag_of(dest)} would change nothing here: {why}; drop it")
+            raise UsageError(f"{given_as(args, dest)} would change nothing here: {why}; drop it")
 
 
 def check_gpu_cap(gpu_memory: int | None, profile: HardwareProfile) -> None:

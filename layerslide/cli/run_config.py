@@ -77,8 +77,9 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
     resolved.parser_defaults = args.parser_defaults  # flags given tell from defaults, as before
     # the file gives its entries too, those at the flag's default aside (a resolved file lists
     # every option, --keep-checkpoints at its default with no --checkpoint-dir among them)
-    resolved.given = getattr(args, "given", frozenset()) | {
-        dest for dest, value in values.items() if value != defaults[dest]}
+    typed = getattr(args, "given", frozenset())
+    resolved.given = typed | {dest for dest, value in values.items() if value != defaults[dest]}
+    resolved.from_config = resolved.given - typed  # said so where one is refused
     return resolved
 
 

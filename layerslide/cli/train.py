@@ -21,6 +21,7 @@ from layerslide.cli.options import (
     byte_size_or_zero,
     flag_of,
     gib,
+    given_as,
     plan_settings,
     policy_of,
     profile_of,
@@ -606,9 +607,9 @@ def _refuse_options_that_would_not_act(args) -> None:
     given = getattr(args, "given", frozenset())
     for dest, present, needed in _ACTS_ONLY_WITH:
         if dest in given and not present(args):
-            raise UsageError(f"{flag_of(dest)} acts only with {needed}: give that too, or drop "
-                             f"{flag_of(dest)}")
-    reading = [flag_of(dest) for dest in _DATA_READING if dest in given]
+            raise UsageError(f"{given_as(args, dest)} acts only with {needed}: give that too, or "
+                             f"drop {flag_of(dest)}")
+    reading = [given_as(args, dest) for dest in _DATA_READING if dest in given]
     if reading and args.data == "synthetic" and not args.eval_data:
         raise UsageError(f"{', '.join(reading)}: --data synthetic trains on random tokens, "
                          "which are not read or tokenised: give a data file, or drop them")
@@ -683,6 +684,8 @@ def _device_of(name: str | None, torch) -> str:
         raise UsageError(f"--device {name}: not a device; use cuda, cuda:N or cpu") from err
     if kind not in ("cuda", "cpu"):
         raise UsageError(f"--device {name}: layerslide trains on cuda or cpu; use one of them")
+    if kind == "cpu" and torch.device(name).index not in (None, 0):
+        raise UsageError(f"--device {name}: the CPU has no devices to pick from; use --device cpu")
     if kind == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {name} but torch sees no CUDA GPU: use --device cpu")
     return name

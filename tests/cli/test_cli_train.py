@@ -128,6 +128,7 @@ def test_train_refuses_flags_a_plan_would_replace(model_dir, tmp_path, capsys):
     (["--overwrite"], "--overwrite acts only with --out"),
     (["--tokenizer", "/no/such", "--packing", "off"],
      "--packing, --tokenizer: --data synthetic trains on random tokens"),
+    (["--device", "cpu:3"], "use --device cpu"),
 ])
 def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys):
     rc = main(["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
@@ -375,6 +376,14 @@ def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, da
     assert values["out"] == str(tmp_path / "out") and "config" not in values
     # the resolved file runs again as it is (its options at their defaults given no meaning)
     assert main(["train", "--config", str(resolved), "--out", str(tmp_path / "again")]) == 0
+
+
+def test_a_refused_option_set_in_a_run_config_says_so(model_dir, tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(f'model = "{model_dir}"\ndata = "synthetic"\nkeep-checkpoints = 3\n')
+    assert main(["train", "--config", str(config), "--device", "cpu", "--steps", "1"]) == 2
+    assert (f"--keep-checkpoints (in --config {config}) acts only with --checkpoint-dir"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize(("text", "words"), [
