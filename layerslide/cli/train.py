@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -563,7 +564,8 @@ def _stopped(trainer, schedule, signum: int | None) -> int:
 # the data module's keyword names, as this command's flags
 _DATA_FLAGS = (("train_on_prompt=True", "--train-on-prompt"), ("packing=True", "--packing on"),
                ("packing=False", "--packing off"), ("data_format", "--data-format"),
-               ("text_field", "--text-field"), ("tokenizer_dir", "--tokenizer"))
+               ("text_field", "--text-field"), ("tokenizer_dir", "--tokenizer"),
+               ("seq_len", "--seq-len"))
 
 
 def _in_flags(message: str) -> str:
@@ -645,16 +647,22 @@ def _data_sources(args, spec: ModelSpec, train, tokenizer):
                "train_on_prompt": args.train_on_prompt,
                "document_mask": not args.attend_across_documents}
     try:
-        if args.eval_fraction is not None:
-            data, held_out = split_token_sources(args.data, eval_fraction=args.eval_fraction,
-                                                 **options)
-        else:
-            data = open_token_source(None if args.data == "synthetic" else args.data, **options)
-            held_out = open_token_source(args.eval_data, **options) if args.eval_data else None
-        if held_out is not None:
-            batches = eval_batches(held_out, train.micro_batch, args.eval_rows)
+        with warnings.catch_warnings(record=True) as said:  # the data's warnings, in flags
+            warnings.simplefilter("always")
+            if args.eval_fraction is not None:
+                data, held_out = split_token_sources(args.data, eval_fraction=args.eval_fraction,
+                                                     **options)
+            else:
+                data = open_token_source(None if args.data == "synthetic" else args.data,
+                                         **options)
+                held_out = (open_token_source(args.eval_data, **options) if args.eval_data
+                            else None)
+            if held_out is not None:
+                batches = eval_batches(held_out, train.micro_batch, args.eval_rows)
     except ValueError as err:
         raise UsageError(_in_flags(str(err))) from err
+    for warning in said:
+        print(f"warning: {_in_flags(str(warning.message))}", file=sys.stderr)
     for name, source in (("data", data), ("eval data", held_out)):
         if hasattr(source, "describe"):
             print(f"{name}: {source.describe()}", flush=True)

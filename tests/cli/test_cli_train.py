@@ -378,6 +378,13 @@ def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, da
     assert main(["train", "--config", str(resolved), "--out", str(tmp_path / "again")]) == 0
 
 
+def test_the_datas_warnings_are_said_in_flags(model_dir, data_file, capsys):
+    assert main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+                 "--steps", "1", "--seq-len", "4", "--micro-batch", "2", "--packing", "off"]) == 0
+    err = capsys.readouterr().err
+    assert "were truncated; raise --seq-len or pass --packing on to keep them whole" in err
+
+
 def test_a_refused_option_set_in_a_run_config_says_so(model_dir, tmp_path, capsys):
     config = tmp_path / "run.toml"
     config.write_text(f'model = "{model_dir}"\ndata = "synthetic"\nkeep-checkpoints = 3\n')
