@@ -46,7 +46,7 @@ def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Polic
     given = getattr(args, "given", frozenset())
     s = policy.schedule
     idle = {
-        "cast_worker": (s.cast_worker and (policy.optimizer_casts or s.cast == "gpu"),
+        "cast_worker": (s.cast_worker and not policy.cpu_casts,
                         (f"there are no CPU cast tasks to give a worker (--cast {s.cast} with "
                         f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load, "
                         "or cpu_once with --cpu-optimizer torch, has them")),

@@ -357,7 +357,7 @@ def cmd_train(args) -> int:
     prediction = _check_fits(args, plan)
     plan, prediction = _lanes_first(args, plan, prediction, device)
     train, policy = plan.train, plan.policy
-    if args.nvme_dir and not _keeps_on_nvme(policy):
+    if args.nvme_dir and not policy.residency.uses_nvme:
         print(f"note: --nvme-dir {args.nvme_dir}: this plan keeps nothing on NVMe (no "
               "--moments-on-nvme, --master-on-nvme, --weights-on-nvme or --activations nvme), "
               "so the folder is not used", file=sys.stderr)
@@ -729,12 +729,6 @@ def _data_of(args, trains_real_weights: bool) -> str:
                          "file or folder); --data synthetic trains them on random tokens")
     print("note: no --data: training on random tokens (--data synthetic)", file=sys.stderr)
     return "synthetic"
-
-
-def _keeps_on_nvme(policy) -> bool:
-    where = policy.residency
-    return (where.moments_on_nvme > 0 or where.master_on_nvme > 0 or where.weights_on_nvme > 0
-            or where.activations == "nvme")
 
 
 def _checkpoints_beside(args, schedule) -> int:

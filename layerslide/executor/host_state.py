@@ -73,9 +73,8 @@ class HostState:
         # the tier's folders, one per drive (NvmeState stripes each block's file over them)
         self.nvme_dir = None if nvme_dir is None else nvme_folders(nvme_dir)
         where = policy.residency
-        state_on_nvme = (where.moments_on_nvme > 0 or where.master_on_nvme > 0
-                         or where.weights_on_nvme > 0)
-        if (state_on_nvme or where.activations == "nvme") and nvme_dir is None:
+        state_on_nvme = where.state_on_nvme
+        if where.uses_nvme and nvme_dir is None:
             raise ValueError(f"the policy keeps state on NVMe (master_on_nvme="
                              f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
                              f"weights_on_nvme={where.weights_on_nvme}, activations="

@@ -249,6 +249,16 @@ class Residency:
     host_grad_buffers: int | None = None
     moment_precision: MomentPrecision = "fp32"  # how m and v are stored: MOMENT_PRECISIONS
 
+    @property
+    def state_on_nvme(self) -> bool:
+        """Part of some block's master weights, moments or bf16 weights lives on NVMe."""
+        return self.moments_on_nvme > 0 or self.master_on_nvme > 0 or self.weights_on_nvme > 0
+
+    @property
+    def uses_nvme(self) -> bool:
+        """The run needs an NVMe folder: state or activation checkpoints there."""
+        return self.state_on_nvme or self.activations == "nvme"
+
     def __post_init__(self) -> None:
         _positive("Policy", self, "window", "grad_buffers")
         _whole("Policy", self, "resident_layers", "gpu_updated_blocks")
@@ -356,6 +366,11 @@ class Policy:
     def optimizer_casts(self) -> bool:
         """The CPU optimizer step writes the bf16 upload copy itself (no cast tasks)."""
         return self.schedule.cast == "cpu_once" and self.kernels.cpu_optimizer == "native"
+
+    @property
+    def cpu_casts(self) -> bool:
+        """The plan has fp32->bf16 cast tasks on the CPU (what a cast worker runs)."""
+        return self.schedule.cast != "gpu" and not self.optimizer_casts
 
     def __post_init__(self) -> None:
         for group, cls in _GROUPS.items():

@@ -65,3 +65,13 @@ def test_a_saved_policy_naming_a_removed_field_loads_and_says_what_it_ignores():
     saved["executor"]["cpu_schedule"] = "batch"  # never a field: refused as before
     with pytest.raises(ValueError, match="unknown policy fields"):
         Policy.from_dict(saved)
+
+
+def test_what_a_policy_keeps_on_nvme_and_whether_it_casts_on_the_cpu():
+    assert not Policy.of().residency.uses_nvme
+    assert Policy.of(activations="nvme").residency.uses_nvme
+    assert not Policy.of(activations="nvme").residency.state_on_nvme
+    assert Policy.of(moments_on_nvme=0.5).residency.state_on_nvme
+    assert not Policy.of().cpu_casts  # the native optimizer writes the bf16 copy itself
+    assert Policy.of(cast="cpu_per_load").cpu_casts and not Policy.of(cast="gpu").cpu_casts
+    assert Policy.of(cpu_optimizer="torch").cpu_casts
