@@ -25,6 +25,7 @@ from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.cli.refusals import (
     FIT_HINTS,
     check_gpu_cap,
+    note_cards_under_cap,
     refuse_flags_a_plan_replaces,
     refuse_policy_flags_that_would_not_act,
 )
@@ -407,6 +408,7 @@ def cmd_whatif(args) -> int:
                     [p.name for p in builtin_profiles()]]
         # a cap that lowers some cards across profiles; one above every card caps none
         check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
+        note_cards_under_cap(args.gpu_memory, profiles)
         rows = across_profiles(model, profiles, seq_len=args.seq_len,
                                gpu_memory_bytes=args.gpu_memory, progress=progress,
                                space=_whatif_space(args))

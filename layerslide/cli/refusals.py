@@ -5,6 +5,7 @@ idle, a cap above the card), and what a plan that overflows a tier could change.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from layerslide.cli.options import GIB, UsageError, given_as, plan_settings
 from layerslide.hwprofiles import HardwareProfile
@@ -68,3 +69,15 @@ def check_gpu_cap(gpu_memory: int | None, profile: HardwareProfile) -> None:
         raise UsageError(f"--gpu-memory {gpu_memory / GIB:g}GiB is more than {profile.name}'s "
                          f"GPU has ({profile.gpu.memory_bytes / GIB:g} GiB): a cap can only "
                          "lower it; give a smaller one, or another --profile")
+
+
+def note_cards_under_cap(gpu_memory: int | None, profiles: list[HardwareProfile]) -> None:
+    """Say which profiles' cards a cap across profiles leaves whole (it lowers only the larger
+    cards), so that their rows are not read as run at the cap."""
+    if gpu_memory is None:
+        return
+    smaller = [p for p in profiles if p.gpu.memory_bytes < gpu_memory]
+    if smaller:
+        cards = ", ".join(f"{p.name} ({p.gpu.memory_bytes / GIB:g} GiB)" for p in smaller)
+        print(f"note: --gpu-memory {gpu_memory / GIB:g}GiB is more than {cards} has: "
+              "those rows use the whole card", file=sys.stderr)

@@ -326,3 +326,11 @@ def test_a_runs_resolved_file_leaves_out_how_it_was_resumed():
 
     options = file_options(_subcommand_parser(build_parser(), "train"))
     assert "resume_fallback" not in options and "resume" not in options
+
+
+def test_a_cap_across_profiles_names_the_cards_it_leaves_whole(capsys):
+    code, _, err = run(capsys, "whatif", "--model", "llama-3.2-1b", "--profiles",
+                       "h200-bench,rtx4090-256gb", "--gpu-memory", "32GiB")
+    assert code == 0
+    assert "more than rtx4090-256gb (24 GiB) has: those rows use the whole card" in err
+    assert "h200-bench (" not in err
