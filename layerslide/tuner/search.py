@@ -121,8 +121,6 @@ class SearchSpace:
                 self.windows, self.micro_batches, self.grad_accums, self.accumulations,
                 self.activations, self.casts, self.cast_workers, self.optimizer_orders,
                 self.moment_precisions):
-            if cast == "gpu" and worker != self.cast_workers[0]:
-                continue  # no CPU casts to place: the same candidate
             if ga == 1 and accumulation != self.accumulations[0]:
                 continue  # one micro-batch a step: both schedules are the same plan
             if (accumulation == "step_major" and ga > self.step_major_max_accum
@@ -135,8 +133,12 @@ class SearchSpace:
                               max_grad_norm=max_grad_norm)
             policy = base.with_(window=w, prefetch_depth=min(base.schedule.prefetch_depth, w),
                                 activations=act, cast=cast, accumulation=accumulation,
-                                cast_worker=worker and cast != "gpu", optimizer_order=order,
+                                cast_worker=worker, optimizer_order=order,
                                 moment_precision=moments)
+            if not policy.cpu_casts:  # no CPU cast tasks for a worker to run
+                if worker != self.cast_workers[0]:
+                    continue  # the same plan as the candidate without it
+                policy = policy.with_(cast_worker=False)
             yield train, policy
 
 

@@ -368,3 +368,16 @@ def test_the_tuner_spills_just_enough_between_its_coarse_placements():
     assert picked.feasible
     assert picked.policy.residency.moments_on_nvme == pytest.approx(0.7)
     assert picked.policy.residency.master_on_nvme == 0.0
+
+
+def test_a_cast_worker_is_tried_only_where_the_plan_has_cpu_casts_to_give_it():
+    space = replace(SMALL, windows=(1,), micro_batches=(1,), activations=("host",),
+                    casts=("gpu", "cpu_once", "cpu_per_load"), cast_workers=(False, True))
+    for kernel, with_cpu_casts in (("native", {"cpu_per_load"}),
+                                   ("torch", {"cpu_once", "cpu_per_load"})):
+        base = Policy.of(cpu_optimizer=kernel)
+        found = [p for _, p in space.candidates(16, None, base)]
+        # one candidate per cast, and a second, with the worker, where it has casts to run
+        assert sorted((p.schedule.cast, p.schedule.cast_worker) for p in found) == sorted(
+            [(c, False) for c in space.casts] + [(c, True) for c in with_cpu_casts])
+        assert all(p.cpu_casts for p in found if p.schedule.cast_worker)
