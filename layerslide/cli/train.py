@@ -618,6 +618,10 @@ def _checkpoint_schedule(args):
         raise UsageError(f"--keep-checkpoints {args.keep_checkpoints}: keep at least 1")
     try:
         store = CheckpointStore(args.checkpoint_dir, keep_last=args.keep_checkpoints)
+        if not args.resume and store.holds_checkpoints():  # two runs' steps would interleave
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} holds another run's "
+                             "checkpoints: continue that run with `layerslide train --resume "
+                             f"{args.checkpoint_dir}`, or give this run an empty folder")
         return CheckpointSchedule(store=store, every_steps=args.checkpoint_every,
                                   every_minutes=args.checkpoint_minutes,
                                   meta={"args": _run_args(args)},

@@ -467,22 +467,44 @@ class CheckpointStore:
     def load_latest_good(self, into: Groups, *, fallback: bool,
                          progress: Progress | None = None) -> tuple[CheckpointInfo, dict]:
         """Loads the newest checkpoint (damaged ones included: they are not skipped silently);
-        if it is corrupt, warns and tries the one before when `fallback`, else raises."""
+        if it is corrupt, warns and tries the one before when `fallback`, else raises. Damaged
+        ones passed over are renamed damaged-step-N once an older one has loaded."""
         dirs = self._step_dirs()
         if not dirs:
             raise CheckpointError(f"no checkpoint in {self.root}")
-        error = None
+        error, skipped = None, []
         for _, path in reversed(dirs):
             try:
                 meta = self.load(path, into, progress=progress)
-                return self._info(path), meta
             except CheckpointCorruptError as e:
                 if not fallback:
                     raise
                 warnings.warn(f"skipping checkpoint {path}: {e}", RuntimeWarning, stacklevel=2)
                 error = e
+                skipped.append(path)
+                continue
+            for damaged in skipped:  # out of this run's way: else they stay the newest
+                self._set_aside(damaged)
+            return self._info(path), meta
         raise CheckpointCorruptError(f"all {len(dirs)} checkpoints in {self.root} are "
                                      "damaged") from error
+
+    def holds_checkpoints(self) -> bool:
+        """Whether any step folder is here, complete or not (another run's, say)."""
+        return bool(self._step_dirs())
+
+    def _set_aside(self, path: Path) -> None:
+        """Rename a damaged checkpoint out of the step folders: a run resumed from an older
+        one would otherwise name it as the newest, and its rotation keep it over good ones."""
+        aside = path.with_name(f"damaged-{path.name}")
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            warnings.warn(f"could not set damaged checkpoint {path} aside: {e}", RuntimeWarning,
+                          stacklevel=3)
+            return
+        warnings.warn(f"damaged checkpoint {path} set aside as {aside.name} (delete it once "
+                      "inspected)", RuntimeWarning, stacklevel=3)
 
     def _path(self, info_or_path: CheckpointInfo | str | Path) -> Path:
         return info_or_path.path if isinstance(info_or_path, CheckpointInfo) else Path(

@@ -76,6 +76,21 @@ def test_checkpoint_copy_ram_caps_the_copies_and_is_refused_where_nothing_is_cop
     assert "it needs --checkpoint-dir, and not --checkpoint-sync" in capsys.readouterr().err
 
 
+def test_a_new_run_is_refused_a_folder_holding_another_runs_checkpoints(config_dir, tmp_path,
+                                                                        capsys):
+    # two runs' steps would interleave there, and --resume would continue the other run
+    args = train_args(config_dir, tmp_path / "ckpt", tmp_path / "log.jsonl")
+    assert main(args) == 0
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    capsys.readouterr()
+    assert main([*args[:-1], str(tmp_path / "again.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert f"--checkpoint-dir {tmp_path / 'ckpt'} holds another run's checkpoints" in err
+    assert f"layerslide train --resume {tmp_path / 'ckpt'}" in err
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == saved
+    assert not (tmp_path / "again.jsonl").exists()  # refused before any work
+
+
 # run the CLI in a child that SIGKILLs itself at a chosen point
 def signal_at(step: int, sig: str = "SIGINT", once_whole: int | None = None) -> str:
     """A child patch: the signal to itself as step `step`'s first backward begins, delivered to

@@ -256,10 +256,14 @@ def test_flipped_byte_is_named_and_fallback_uses_previous(two_saved):
     with pytest.raises(CheckpointCorruptError, match=r"block_1\.bin"):
         store.load_latest_good(zeros_like(new), fallback=False)
     into = zeros_like(old)
-    with pytest.warns(RuntimeWarning, match="step-000000002"):
+    with pytest.warns(RuntimeWarning, match="step-000000002") as said:
         info, meta = store.load_latest_good(into, fallback=True)
     assert info.step == 1 and meta == {"step": 1}
     assert_bit_equal(into, old)
+    # the damaged one is set aside: the resumed run's newest and its rotation see only good ones
+    assert any("set aside as damaged-step-000000002" in str(w.message) for w in said)
+    assert (store.root / "damaged-step-000000002").is_dir()
+    assert [i.step for i in store.list()] == [1] and store.latest().step == 1
 
 
 def test_truncated_file_and_bad_manifest(two_saved):
@@ -284,8 +288,11 @@ def test_truncated_file_and_bad_manifest(two_saved):
     (first / "manifest.json").unlink()
     with pytest.raises(CheckpointCorruptError, match=r"manifest\.json is missing"):
         store.verify(first)
-    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointCorruptError, match="all 2"):
+    # (the truncated step 2 was set aside by the fallback above: one step folder is left)
+    with pytest.warns(RuntimeWarning), pytest.raises(CheckpointCorruptError, match="all 1 "):
         store.load_latest_good(zeros_like(old), fallback=True)
+    assert (store.root / "damaged-step-000000002").is_dir()  # nothing loaded: none set aside
+    assert (store.root / "step-000000001").is_dir()
 
 
 def test_load_mismatches_are_listed(two_saved):
