@@ -21,6 +21,7 @@ TEXT_SUFFIX = ".txt"
 DATA_SUFFIXES = (*BUILDERS, TEXT_SUFFIX)
 _SUFFIX_LIST = ", ".join(DATA_SUFFIXES)
 _BATCH_RECORDS = 64  # records per batch: the tokenizer is much faster on batches
+BOM = "\ufeff"  # the byte-order mark some editors write before UTF-8 text
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,12 @@ def _json_where(path: Path) -> Callable[[int], str]:
     """Name a record of a JSON file by its line: the index-th non-blank line in JSON Lines."""
     def where(index: int) -> str:
         with path.open("rb") as file:
-            if file.read(4096).lstrip()[:1] == b"[":
+            if file.read(4096).removeprefix(BOM.encode()).lstrip()[:1] == b"[":
                 return f"record {index} (counting from 0)"
             file.seek(0)
             records = (n for n, raw in enumerate(file, 1) if raw.strip())
-            return f"line {next(n for i, n in enumerate(records) if i == index)}"
+            line = next((n for i, n in enumerate(records) if i == index), None)
+            return f"record {index} (counting from 0)" if line is None else f"line {line}"
     return where
 
 
@@ -184,7 +186,7 @@ def _raise_problem(path: Path, builder: str) -> None:
 
 def _raise_json_problem(path: Path) -> None:
     """Raise a ValueError naming the first line of a JSON or JSON Lines file that is wrong."""
-    text = _decode(path, path.read_bytes(), 1, 0)
+    text = _decode(path, path.read_bytes(), 1, 0).removeprefix(BOM)
     if not text.strip():
         msg = f"{path} holds no records; remove it from the data or add records to it"
         raise ValueError(msg)
@@ -258,6 +260,8 @@ def _paragraphs(path: Path) -> Iterator[tuple[int, str]]:
     with path.open("rb") as file:
         for line_number, raw in enumerate(file, 1):  # line by line: memory is one paragraph
             line = _decode(path, raw, line_number, byte_offset)
+            if line_number == 1:
+                line = line.removeprefix(BOM)  # an editor's mark, not text to train on
             byte_offset += len(raw)
             if line.strip():
                 start = start if paragraph else line_number

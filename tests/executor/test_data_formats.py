@@ -488,3 +488,16 @@ def test_an_inconsistent_template_still_trains_on_whole_conversations(toks, tmp_
                                      "<|assistant|> far <|end|> <|user|> a <|end|> <|assistant|> "
                                      "the <|end|>")
     assert labels[0].tolist() == [*inputs[0].tolist()[1:], IGNORE_INDEX]
+
+
+def test_a_byte_order_mark_is_not_trained_on_nor_hides_a_bad_record(toks, tmp_path):
+    with_mark, without = tmp_path / "marked.txt", tmp_path / "plain.txt"
+    with_mark.write_text("\ufeffthe cat\n\na dog sat\n", encoding="utf-8")
+    without.write_text("the cat\n\na dog sat\n", encoding="utf-8")
+    assert epoch_rows(source_of(with_mark, toks["chat"], seq_len=4)) == epoch_rows(
+        source_of(without, toks["chat"], seq_len=4))
+    array = tmp_path / "marked.json"  # a JSON array: its bad record named, not a traceback
+    array.write_text('\ufeff[{"text": "the cat"}, {"txt": "a dog"}, {"text": "sat"}]',
+                     encoding="utf-8")
+    with pytest.raises(ValueError, match=r"record 1 \(counting from 0\)"):
+        source_of(array, toks["chat"], seq_len=4)
