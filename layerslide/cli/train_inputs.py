@@ -17,7 +17,7 @@ from layerslide.planner.model import ModelSpec
 _DATA_FLAGS = (("train_on_prompt=True", "--train-on-prompt"), ("packing=True", "--packing on"),
                ("packing=False", "--packing off"), ("data_format", "--data-format"),
                ("text_field", "--text-field"), ("tokenizer_dir", "--tokenizer"),
-               ("seq_len", "--seq-len"))
+               ("seq_len", "--seq-len"), ("eval_fraction", "--eval-fraction"))
 
 
 def _in_flags(message: str) -> str:
@@ -77,7 +77,12 @@ def check_eval_flags(args) -> None:
 def data_sources(args, spec: ModelSpec, train, tokenizer):
     """The training data and the eval schedule (None without eval data), tokenised and
     checked before any weight is allocated."""
-    from layerslide.executor.data import eval_batches, open_token_source, split_token_sources
+    from layerslide.executor.data import (
+        EVAL_DATA,
+        eval_batches,
+        open_token_source,
+        split_token_sources,
+    )
     from layerslide.executor.trainer import EvalSchedule
 
     options = {"tokenizer_dir": tokenizer, "vocab_size": spec.vocab_size,
@@ -95,8 +100,8 @@ def data_sources(args, spec: ModelSpec, train, tokenizer):
             else:
                 data = open_token_source(None if args.data == "synthetic" else args.data,
                                          **options)
-                held_out = (open_token_source(args.eval_data, **options) if args.eval_data
-                            else None)
+                held_out = (open_token_source(args.eval_data, role=EVAL_DATA, **options)
+                            if args.eval_data else None)
             if held_out is not None:
                 batches = eval_batches(held_out, train.micro_batch, args.eval_rows)
     except ValueError as err:

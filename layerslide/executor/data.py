@@ -27,6 +27,10 @@ _TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError,
 _MASK64 = (1 << 64) - 1
 
 
+# what messages call a source's examples
+DATA, EVAL_DATA, HELD_OUT = "data", "eval data", "held-out eval part"
+
+
 @runtime_checkable
 class TokenSource(Protocol):
     """An endless stream of (input_ids, labels) batches that can be checkpointed and resumed;
@@ -147,10 +151,11 @@ class DatasetTokens:
     def __init__(self, corpus: Corpus, *, vocab_size: int, seq_len: int, seed: int, packing: bool,
                  pad_id: int | None, data_format: str, train_on_prompt: bool,
                  files: list[str], document_mask: bool = True,
-                 examples: torch.Tensor | None = None) -> None:
+                 examples: torch.Tensor | None = None, role: str = DATA) -> None:
         self.seq_len, self.seed, self.packing = seq_len, seed, packing
         self.document_mask = packing and document_mask
         self.format, self.train_on_prompt, self.files = data_format, train_on_prompt, files
+        self._role = role  # what messages call it: the data, eval data, a held-out part
         self._vocab_size, self._corpus, self._pad_id = vocab_size, corpus, pad_id
         row = seq_len + 1
         lengths = corpus.lengths
@@ -193,12 +198,16 @@ class DatasetTokens:
         return trained
 
     def _check_enough(self) -> None:
+        use = "train on" if self._role == DATA else "score"
+        more = "a larger eval_fraction" if self._role == HELD_OUT else f"more {self._role}"
         if self.packing and self.num_tokens < self.seq_len + 1:
-            msg = (f"the data yields only {self.num_tokens} tokens to train on, fewer than one "
-                   f"window of seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or more data")
+            msg = (f"the {self._role} yields only {self.num_tokens} tokens to {use}, fewer than "
+                   f"one window of seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or "
+                   f"{more}")
             raise ValueError(msg)
         if not self.packing and self.num_examples == 0:
-            msg = (f"no example has a token to train on within seq_len + 1 = {self.seq_len + 1} "
+            of = "" if self._role == DATA else f" of the {self._role}"
+            msg = (f"no example{of} has a token to {use} within seq_len + 1 = {self.seq_len + 1} "
                    "tokens; check the data's format and fields, raise seq_len, or pass "
                    "train_on_prompt=True")
             raise ValueError(msg)
@@ -314,20 +323,22 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
                       vocab_size: int | None, seq_len: int, seed: int = 0,
                       data_format: str = "auto", text_field: str = "text",
                       packing: bool | None = None, train_on_prompt: bool = False,
-                      document_mask: bool = True) -> TokenSource:
+                      document_mask: bool = True, role: str = DATA) -> TokenSource:
     """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
     (see DatasetTokens), tokenised up front so that bad data fails here, before training.
 
     data_format: "auto" (from the records' fields) or one of data_formats.DATA_FORMATS; text_field:
     the field text records keep their text in; packing: None packs text and not chat-like data;
     train_on_prompt: train on prompts and templates too, not only on completions and replies;
-    document_mask: packed examples attend only within themselves."""
+    document_mask: packed examples attend only within themselves; role: what messages call
+    the data (EVAL_DATA for eval data of its own)."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
     return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
                          seq_len=seq_len, seed=seed, data_format=data_format,
                          text_field=text_field, packing=packing,
-                         train_on_prompt=train_on_prompt, document_mask=document_mask)[0]
+                         train_on_prompt=train_on_prompt, document_mask=document_mask,
+                         roles=(role,))[0]
 
 
 def split_token_sources(spec: str | Path, *, eval_fraction: float, tokenizer_dir: str | Path | None,
@@ -341,14 +352,16 @@ def split_token_sources(spec: str | Path, *, eval_fraction: float, tokenizer_dir
         msg = f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction!r}"
         raise ValueError(msg)
     return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
-                         seq_len=seq_len, seed=seed, eval_fraction=eval_fraction, **options)
+                         seq_len=seq_len, seed=seed, eval_fraction=eval_fraction,
+                         roles=(DATA, HELD_OUT), **options)
 
 
 def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_size: int | None,
                   seq_len: int, seed: int = 0, data_format: str = "auto",
                   text_field: str = "text", packing: bool | None = None,
                   train_on_prompt: bool = False, document_mask: bool = True,
-                  eval_fraction: float = 0.0) -> tuple[DatasetTokens, ...]:
+                  eval_fraction: float = 0.0,
+                  roles: tuple[str, ...] = (DATA,)) -> tuple[DatasetTokens, ...]:
     """The dataset's source, or its (train, eval) sources where eval_fraction > 0."""
     _check_int("seq_len", seq_len)
     _check_int("seed", seed, 0)
@@ -385,8 +398,8 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
     sources = tuple(DatasetTokens(corpus, vocab_size=len(tokenizer), seq_len=seq_len, seed=seed,
                                   packing=packing, pad_id=pad_id, data_format=found,
                                   train_on_prompt=train_on_prompt, files=list(formats),
-                                  document_mask=document_mask, examples=part)
-                    for part in parts)
+                                  document_mask=document_mask, examples=part, role=role)
+                    for part, role in zip(parts, roles, strict=True))
     if vocab_size is not None and sources[0].max_token_id >= vocab_size:
         msg = (f"the tokenizer at {tokenizer_dir} produces token id {sources[0].max_token_id} but "
                f"the model's vocab_size is {vocab_size}; use the model's own tokenizer")

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layerslide.executor.data import (
+    EVAL_DATA,
     DatasetTokens,
     SyntheticTokens,
     TokenSource,
@@ -408,3 +409,17 @@ def test_an_eval_fraction_holds_out_whole_examples_by_seed(tok_dir, tmp_path):
         with pytest.raises(ValueError, match="between 0 and 1"):
             split_token_sources(path, eval_fraction=fraction, tokenizer_dir=tok_dir,
                                 vocab_size=12, seq_len=4)
+
+
+
+def test_eval_data_too_small_is_named_as_eval_data_not_as_the_training_data(tok_dir, tmp_path):
+    docs = [" ".join(WORDS[i % 7:i % 7 + 3]) for i in range(20)]
+    path = write_jsonl(tmp_path / "d.jsonl", docs)
+    with pytest.raises(ValueError, match=r"the held-out eval part yields only \d+ tokens to "
+                                         r"score.*use a shorter seq_len or a larger eval_fraction"):
+        split_token_sources(path, eval_fraction=0.05, tokenizer_dir=tok_dir, vocab_size=12,
+                            seq_len=16)
+    with pytest.raises(ValueError, match=r"the eval data yields only \d+ tokens to score.*or "
+                                         r"more eval data"):
+        open_token_source(str(write_jsonl(tmp_path / "e.jsonl", docs[:1])), tokenizer_dir=tok_dir,
+                          vocab_size=12, seq_len=16, role=EVAL_DATA)
