@@ -383,6 +383,11 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
         # short and stand alone: one a row keeps each reply's context its own conversation
         packing = found not in CHAT_FORMATS
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if vocab_size is not None and pad_id is not None and pad_id >= vocab_size:
+        # a pad added past the model's embedding: any id in it pads, since no real token
+        # attends to a pad (they trail) and no pad is a label
+        eos = tokenizer.eos_token_id
+        pad_id = eos if eos is not None and eos < vocab_size else 0
     corpus = tokenize_tables(tables, encoder)
     parts: tuple[torch.Tensor | None, ...] = (None,)
     if eval_fraction:

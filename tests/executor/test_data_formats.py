@@ -501,3 +501,16 @@ def test_a_byte_order_mark_is_not_trained_on_nor_hides_a_bad_record(toks, tmp_pa
                      encoding="utf-8")
     with pytest.raises(ValueError, match=r"record 1 \(counting from 0\)"):
         source_of(array, toks["chat"], seq_len=4)
+
+
+def test_a_pad_added_past_the_models_vocabulary_pads_with_eos(toks, tmp_path):
+    from transformers import AutoTokenizer
+
+    added = AutoTokenizer.from_pretrained(toks["chat"])
+    added.add_special_tokens({"pad_token": "<extra-pad>"})  # id len(VOCAB): past the model's
+    added.save_pretrained(tmp_path / "added")
+    assert added.pad_token_id == len(VOCAB)
+    source = source_of(write(tmp_path / "chat.jsonl", TWO_CHATS), tmp_path / "added",
+                       seq_len=16)
+    with_eos = [(x.replace("<pad>", "</s>"), y) for x, y in TWO_CHATS_ROWS]
+    assert epoch_rows(source) == by_example(source, with_eos)
