@@ -1,5 +1,5 @@
 """`layerslide train --save-every N`: the model as an HF folder every N steps, beside --out
-(OUT-step-N), the newest --keep-saves of them kept. Each is written atomically
+(OUT-step-N), the newest --keep-saves of this run's kept (an earlier run's are left alone). Each is written atomically
 (hf_io.save_hf_folder); the older ones go once a newer one is whole."""
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ class ModelSaves:
             raise UsageError(f"--keep-saves {keep}: keep at least 1")
         self.out, self.every_steps, self.keep = Path(out).expanduser(), every_steps, keep
         self._pattern = re.compile(re.escape(self.out.name) + r"-step-(\d+)")
+        self._own: dict[int, Path] = {}  # the saves --keep-saves prunes: this run's alone
+
+    def adopt_existing(self) -> None:
+        """A resumed run's saves beside --out are its own, to prune as it saves on."""
+        self._own.update(self.existing())
 
     def folder_of(self, step: int) -> Path:
         return self.out.parent / f"{self.out.name}-step-{step}"
@@ -33,9 +38,11 @@ class ModelSaves:
                              "exists: pass --overwrite or choose another --out")
 
     def existing(self) -> list[tuple[int, Path]]:
-        """This run's saves on disk, oldest first."""
+        """The saves on disk beside --out, any run's, oldest first."""
         found = []
-        for path in self.out.parent.glob(f"{self.out.name}-step-*"):
+        if not self.out.parent.is_dir():
+            return found
+        for path in self.out.parent.iterdir():  # not glob: --out may hold [, * or ?
             match = self._pattern.fullmatch(path.name)
             if match and path.is_dir():
                 found.append((int(match[1]), path))
@@ -45,6 +52,7 @@ class ModelSaves:
         saved = trainer.save(self.folder_of(step), overwrite=True, extra_files=extra_files)
         if after_write is not None:
             after_write(saved)
-        for _, old in self.existing()[:-self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        self._own[step] = saved
+        for old_step in sorted(self._own)[:-self.keep]:  # another run's saves stay
+            shutil.rmtree(self._own.pop(old_step), ignore_errors=True)
         return saved

@@ -426,8 +426,10 @@ def cmd_train(args) -> int:
         if evals is not None and trainer.step == 0:  # the score training starts from
             reporter.report_eval(trainer.evaluate(evals.batches))
         stop = GracefulStop(bar)
-        extra = {name: folder / name for name in TOKENIZER_FILES
-                 if from_folder and (folder / name).is_file()}
+        # the tokenizer the run read its data with goes with the model
+        tokenizer_folder = Path(tokenizer).expanduser() if tokenizer else None
+        extra = {name: tokenizer_folder / name for name in TOKENIZER_FILES
+                 if tokenizer_folder is not None and (tokenizer_folder / name).is_file()}
 
         def save_model(step: int) -> None:
             path = saves.save(trainer, step, extra, after_write=lambda saved: write_resolved(
@@ -446,6 +448,7 @@ def cmd_train(args) -> int:
                         save_every=None if saves is None else saves.every_steps,
                         on_save=save_model)
         except (TaskFailedError, CheckpointError) as err:
+            stop.restore()
             bar.close()
             print(f"layerslide train: training stopped: {err}", file=sys.stderr)
             if schedule is not None and schedule.store.latest() is not None:
@@ -453,19 +456,28 @@ def cmd_train(args) -> int:
                       f"intact: continue with `layerslide train --resume "
                       f"{schedule.store.root}`", file=sys.stderr)
             return 1
-        finally:
+        except BaseException:
             stop.restore()
+            raise
+        finally:
             bar.close()
             reporter.close()
             if args.trace_out:
                 trainer.trace(f"{spec.name} measured").save(args.trace_out)
         if trainer.stopped:
+            stop.restore()
             return _stopped(trainer, schedule, stop.signum)
-        if args.out:
-            saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
-            if getattr(args, "train_parser", None) is not None:
-                write_resolved(saved, args, args.train_parser)
-            print(f"saved the fine-tuned model to {saved}")
+        try:  # a first Ctrl-C while the model is written lets the write finish
+            if args.out:
+                stop.doing = f"the model's save to {args.out}"
+                saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)
+                if getattr(args, "train_parser", None) is not None:
+                    write_resolved(saved, args, args.train_parser)
+                print(f"saved the fine-tuned model to {saved}")
+        finally:
+            stop.restore()
+        if stop.signum is not None:
+            return 128 + stop.signum
         _report_prediction(args, prediction, trainer, logs, first_step)
     return 0
 
@@ -535,6 +547,7 @@ class GracefulStop:
 
     def __init__(self, bar):
         self.event, self.signum, self._bar = threading.Event(), None, bar
+        self.doing = "the step in flight"  # what a first signal lets finish
         self._previous = {sig: signal.signal(sig, self._first) for sig in self.SIGNALS}
 
     def _first(self, signum, _frame) -> None:
@@ -542,7 +555,7 @@ class GracefulStop:
         self.event.set()
         for sig in self.SIGNALS:
             signal.signal(sig, self._second)
-        self._bar.write(f"{signal.Signals(signum).name}: stopping after the step in flight; "
+        self._bar.write(f"{signal.Signals(signum).name}: stopping after {self.doing}; "
                         "send it again to exit at once", file=sys.stderr)
 
     @staticmethod
@@ -577,7 +590,9 @@ def _model_saves(args):
     if not args.out:
         raise UsageError("--save-every saves beside --out: give --out")
     saves = ModelSaves(args.out, args.save_every, args.keep_saves)
-    if not args.resume:  # a resumed run's earlier saves are its own
+    if args.resume:  # a resumed run's earlier saves are its own
+        saves.adopt_existing()
+    else:
         saves.check_free(args.steps, args.overwrite)
     return saves
 

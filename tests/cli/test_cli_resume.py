@@ -337,3 +337,23 @@ def test_resume_takes_a_flag_typed_at_its_default_and_refuses_what_a_plan_replac
     assert "resuming under a new schedule: --window 2 (was 1)" in captured.err
     assert "--keep-saves, --packing ignored" in captured.err
     assert "window 2" in captured.out
+
+
+SIGINT_WHILE_SAVING = """
+    from layerslide.executor import trainer
+    save = trainer.Trainer.save
+    def interrupted_save(self, folder, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C as the final model is written
+        return save(self, folder, **kwargs)
+    trainer.Trainer.save = interrupted_save
+"""
+
+
+def test_a_ctrl_c_while_the_trained_model_is_saved_lets_the_save_finish(config_dir, tmp_path):
+    out = tmp_path / "tuned"
+    args = train_args(config_dir, tmp_path / "ckpt", tmp_path / "log.jsonl")
+    child = run_child([*args, "--out", str(out)], SIGINT_WHILE_SAVING)
+    assert child.returncode == 130, child.stderr
+    assert f"SIGINT: stopping after the model's save to {out}" in child.stderr
+    assert f"saved the fine-tuned model to {out}" in child.stdout
+    assert (out / "config.json").is_file() and any(out.glob("*.safetensors"))

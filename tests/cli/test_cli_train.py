@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedTokenizerFast,
@@ -437,6 +439,18 @@ def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file
     assert "--save-every saves beside --out" in capsys.readouterr().err
 
 
+
+def test_saves_of_an_earlier_run_are_never_pruned_as_this_runs(model_dir, data_file, tmp_path):
+    out = tmp_path / "run[1]"  # glob characters: pruning still finds this run's saves
+    (tmp_path / "run[1]-step-90").mkdir()  # a crashed earlier run's save
+    argv = ["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+            "--steps", "4", "--micro-batch", "2", "--seq-len", "16", "--out", str(out),
+            "--save-every", "1", "--keep-saves", "2"]
+    assert main(argv) == 0  # step 90 was the highest: pruning by step kept it, not 2 and 3
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("run")) == [
+        "run[1]", "run[1]-step-2", "run[1]-step-3", "run[1]-step-90"]
+
+
 def test_train_shows_the_prediction_beside_each_step_and_checks_it_at_the_end(
         model_dir, data_file, tmp_path, capsys, monkeypatch):
     # simulate predicts a GPU-bound plan as train runs it on a GPU, niced; on the CPU train
@@ -508,3 +522,18 @@ def test_a_train_runs_check_refines_its_profiles_adamw(model_dir, data_file, tmp
     ratio = (check["measured_adamw_alone_params_per_s"]
              / check["predicted_adamw_alone_params_per_s"])
     assert load_profile(str(refined)).host.adamw_params_per_s == pytest.approx(ratio * base)
+
+
+def test_the_tokenizer_the_data_was_read_with_is_saved_with_the_model(model_dir, data_file,
+                                                                      tmp_path):
+    weights_only = tmp_path / "weights"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, weights_only / name)
+    out = tmp_path / "tuned"
+    assert main(["train", "--model", str(weights_only), "--tokenizer", str(model_dir),
+                 "--data", str(data_file), "--device", "cpu", "--steps", "1",
+                 "--micro-batch", "2", "--seq-len", "16", "--out", str(out)]) == 0
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(
+        model_dir).get_vocab()
