@@ -83,13 +83,37 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
     return resolved
 
 
+# options naming files or folders; those a run makes may not exist yet
+PATH_OPTIONS = ("model", "data", "eval_data", "tokenizer", "plan", "profile", "out",
+                "checkpoint_dir")
+MADE_BY_THE_RUN = ("out", "checkpoint_dir")
+
+
+def with_absolute_paths(options: dict) -> dict:
+    """options with their paths made absolute, so that a resume or a rerun from another
+    working directory finds the same files (a name that is no path, a preset, stays)."""
+    options = dict(options)
+    for key in PATH_OPTIONS:
+        value = options.get(key)
+        if value and (key in MADE_BY_THE_RUN or Path(value).expanduser().exists()):
+            options[key] = str(Path(value).expanduser().resolve())
+    if options.get("nvme_dir"):  # one folder per drive, comma-separated; made here if need be
+        from layerslide.executor.nvme import nvme_folders
+
+        options["nvme_dir"] = ",".join(str(folder.resolve())
+                                       for folder in nvme_folders(options["nvme_dir"]))
+    return options
+
+
 def write_resolved(folder: str | Path, args, parser: argparse.ArgumentParser) -> Path:
     """The run's options as a config file (those left unset are left out, and under --plan
-    the training settings and policy: the plan has them), into folder."""
+    the training settings and policy: the plan has them), into folder; paths absolute."""
     lines = ["# the options `layerslide train` ran with; rerun with --config this-file"]
     planned = set(plan_settings(parser)) if getattr(args, "plan", None) else set()
+    values = with_absolute_paths({dest: getattr(args, dest, None)
+                                  for dest in file_options(parser)})
     for dest in file_options(parser):
-        value = getattr(args, dest, None)
+        value = values[dest]
         if value is None or dest in ("parser_defaults",) or dest in planned:
             continue
         lines.append(f"{dest.replace('_', '-')} = {_toml_value(value)}")

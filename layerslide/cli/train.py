@@ -32,7 +32,12 @@ from layerslide.cli.refusals import (
     refuse_flags_a_plan_replaces,
     refuse_policy_flags_that_would_not_act,
 )
-from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
+from layerslide.cli.run_config import (
+    RESOLVED_NAME,
+    with_absolute_paths,
+    with_run_config,
+    write_resolved,
+)
 from layerslide.cli.step_logs import StepReporter
 from layerslide.cli.train_inputs import (
     check_eval_flags,
@@ -131,7 +136,8 @@ def add_train_command(sub, units: str) -> None:
                    help="write TensorBoard event files of each step's loss, lr, grad norm, "
                         "speed and memory into DIR")
     p.add_argument("--profile", default="h200-bench",
-                   help="hardware profile used to predict the plan's peak GPU memory")
+                   help="hardware profile used to predict the plan's peak GPU memory "
+                        "(default: the one a --plan was tuned for, else h200-bench)")
     g = p.add_argument_group("checkpoints of the full training state (weights, AdamW moments, "
                              "step, data position)")
     g.add_argument("--checkpoint-dir", help="write checkpoints here (atomic, checksummed)")
@@ -192,7 +198,23 @@ def _plan(args, spec: ModelSpec) -> Plan:
     refuse_flags_a_plan_replaces(args, args.train_parser, plan)
     if args.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         args.gpu_memory = plan.meta.get("gpu_memory_bytes")
+    tuned_for = plan.meta.get("tuned_for_profile")
+    if tuned_for and "profile" not in getattr(args, "given", frozenset()):
+        # predicted, checked and recorded on the machine it was tuned for, as simulate does
+        try:
+            profile_of(tuned_for)
+        except (UsageError, ValueError, OSError) as err:
+            raise UsageError(f"{args.plan} was tuned for profile {tuned_for}, which is not found "
+                             f"here ({err}): pass --profile with its file") from err
+        args.profile = tuned_for
+        args.profile_drives = plan.meta.get("tuned_for_nvme_drives")
     return replace(plan, policy=with_env_overrides(plan.policy))
+
+
+def _profile(args):
+    """The profile the run is predicted on: --profile, or the one its plan was tuned for (with
+    the drive count it was tuned with)."""
+    return profile_of(args.profile, getattr(args, "profile_drives", None))
 
 
 def _check_fits(args, plan: Plan, *, warn: bool = True):
@@ -203,7 +225,7 @@ def _check_fits(args, plan: Plan, *, warn: bool = True):
 
     if plan.num_steps < STEADY_STEPS:  # to simulate a steady step: the plan's last, repeated
         plan = plan.unroll(STEADY_STEPS)
-    profile = profile_of(args.profile)
+    profile = _profile(args)
     prediction = simulate(plan, profile, gpu_memory_bytes=args.gpu_memory)
     gpu_need = prediction.gpu_need_bytes  # the allocator's reserve, not only the allocated peak
     if args.gpu_memory is not None and gpu_need > args.gpu_memory:
@@ -239,7 +261,7 @@ def _lanes_first(args, plan: Plan, prediction, device: str):
             return _check_fits(args, replace(plan, policy=policy), warn=False)
         except UsageError:
             return None
-    found = niced_where_gpu_bound(plan.policy, prediction, profile_of(args.profile), fitting)
+    found = niced_where_gpu_bound(plan.policy, prediction, _profile(args), fitting)
     if found is None:
         return plan, prediction
     print(f"the plan is GPU-bound: the CPU optimizer's workers run at nice {LANES_FIRST_NICE}, "
@@ -302,20 +324,9 @@ def _resumed_args(args):
 def _run_args(args) -> dict:
     """The arguments to store with checkpoints, paths made absolute so that a resume from
     another working directory finds the same files."""
-    kept = {k: v for k, v in vars(args).items()
-            if k != "run" and isinstance(v, str | int | float | bool | type(None))}
-    for key in ("model", "data", "eval_data", "tokenizer", "plan", "profile", "out",
-                "checkpoint_dir"):
-        value = kept.get(key)
-        made_here = key in ("out", "checkpoint_dir")  # may not exist yet
-        if value and (made_here or Path(value).expanduser().exists()):
-            kept[key] = str(Path(value).expanduser().resolve())
-    if kept.get("nvme_dir"):  # one folder per drive, comma-separated; made here if need be
-        from layerslide.executor.nvme import nvme_folders
-
-        kept["nvme_dir"] = ",".join(str(folder.resolve())
-                                    for folder in nvme_folders(kept["nvme_dir"]))
-    return kept
+    return with_absolute_paths({k: v for k, v in vars(args).items()
+                                if k != "run" and isinstance(v, str | int | float | bool
+                                                             | type(None))})
 
 
 def cmd_train(args) -> int:
@@ -501,7 +512,7 @@ def _report_prediction(args, prediction, trainer, logs, first_step: int) -> None
                       host_peak_bytes=[log.host_rss_bytes for log in logs], first_step=first_step,
                       host_copies_bytes=trainer.checkpoint_copy_bytes,
                       adamw_alone_params_per_s=adamw,
-                      profile_adamw_params_per_s=profile_of(args.profile).host.adamw_params_per_s)
+                      profile_adamw_params_per_s=_profile(args).host.adamw_params_per_s)
     where = "" if trainer.device.is_cuda else " (this run is on the CPU, the profile's is a GPU)"
     print(check.line() + where)
     segment = min(every for every in (args.segment_steps, args.checkpoint_every,

@@ -537,3 +537,39 @@ def test_the_tokenizer_the_data_was_read_with_is_saved_with_the_model(model_dir,
                  "--micro-batch", "2", "--seq-len", "16", "--out", str(out)]) == 0
     assert AutoTokenizer.from_pretrained(out).get_vocab() == AutoTokenizer.from_pretrained(
         model_dir).get_vocab()
+
+
+def test_the_resolved_options_name_files_by_absolute_paths(model_dir, data_file, tmp_path,
+                                                          monkeypatch):
+    from layerslide.cli.run_config import RESOLVED_NAME
+
+    shutil.copytree(model_dir, tmp_path / "model")
+    monkeypatch.chdir(tmp_path)  # every path below relative to the run's working directory
+    assert main(["train", "--model", "model", "--data", data_file.name, "--device", "cpu",
+                 "--steps", "1", "--micro-batch", "2", "--seq-len", "16", "--out", "out"]) == 0
+    resolved = (tmp_path / "out" / RESOLVED_NAME).read_text()
+    for option, path in (("model", "model"), ("data", data_file.name), ("out", "out")):
+        assert f'{option} = "{tmp_path / path}"' in resolved
+    monkeypatch.chdir(tmp_path.parent)  # a rerun from elsewhere finds the same files
+    assert main(["train", "--config", str(tmp_path / "out" / RESOLVED_NAME), "--out",
+                 str(tmp_path / "again")]) == 0
+
+
+def test_a_plan_is_predicted_on_the_profile_it_was_tuned_for(model_dir, tmp_path, capsys):
+    plan = build_repeatable_plan(model_from_hf_config(model_dir),
+                                 TrainSpec(micro_batch=2, seq_len=16), Policy.of(window=1))
+    plan.meta.update({"tuned_for_profile": "rtx4090-256gb", "tuned_for_nvme_drives": 1})
+    plan.save(tmp_path / "plan.json")
+    base = ["train", "--model", str(model_dir), "--plan", str(tmp_path / "plan.json"),
+            "--device", "cpu", "--steps", "3", "--data", "synthetic"]
+    assert main([*base, "--out", str(tmp_path / "tuned")]) == 0
+    check = json.loads((tmp_path / "tuned" / "prediction-check.json").read_text())
+    assert check["profile"] == "rtx4090-256gb"
+    assert main([*base, "--profile", "h200-bench", "--out", str(tmp_path / "other")]) == 0
+    check = json.loads((tmp_path / "other" / "prediction-check.json").read_text())
+    assert check["profile"] == "h200-bench"  # --profile given: it wins
+    plan.meta["tuned_for_profile"] = "my-lab-box"  # a profile file's name, not found here
+    plan.save(tmp_path / "plan.json")
+    capsys.readouterr()
+    assert main(base) == 2
+    assert "was tuned for profile my-lab-box, which is not found here" in capsys.readouterr().err
