@@ -4,6 +4,7 @@ so host memory holds at most one tensor (reading) or one shard (writing) beyond 
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import shutil
@@ -252,6 +253,9 @@ def save_hf_folder(
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+            if not _owner_alive(stale):  # a killed save's whole-model leftovers
+                shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed run that had our pid
         tmp.mkdir()
     except OSError as exc:
@@ -294,6 +298,21 @@ def save_hf_folder(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _owner_alive(tmp: Path) -> bool:
+    """Whether the process that named a temporary save folder (.NAME.tmp-PID) still runs: a
+    save beside ours, into the same folder, is left alone."""
+    pid = tmp.name.rsplit("-", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _replace(tmp: Path, target: Path) -> None:

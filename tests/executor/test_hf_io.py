@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -341,3 +342,20 @@ def test_missing_safetensors_errors(tmp_path: Path) -> None:
         checkpoint_tensor_index(sharded)
     with pytest.raises(ValueError, match="missing shard"):
         next(iter_checkpoint_tensors(sharded))
+
+
+def test_a_killed_saves_leftovers_go_and_a_live_saves_stay(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    model = _qwen3_tied()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    killed = tmp_path / f".run[1].tmp-{dead}"  # a save killed mid-write, by its pid
+    killed.mkdir()
+    (killed / "model.safetensors").write_bytes(b"partial")
+    alive = tmp_path / f".run[1].tmp-{os.getppid()}"  # a save running beside this one
+    alive.mkdir()
+    save_hf_folder(tmp_path / "run[1]", model.config.to_dict(), _saved_state(model).items())
+    assert not killed.exists() and alive.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [alive.name, "run[1]"]
