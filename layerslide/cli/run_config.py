@@ -35,6 +35,9 @@ def load_run_config(path: str, parser: argparse.ArgumentParser) -> dict:
     options, values = file_options(parser), {}
     for key, value in table.items():
         dest = key.replace("-", "_")
+        if dest in NOT_IN_FILE:
+            raise UsageError(f"--config {path}: {key!r} is a command-line-only option: pass "
+                             f"--{dest.replace('_', '-')} on the command line, not in the file")
         if dest not in options:
             close = difflib.get_close_matches(dest, options, n=1)
             hint = f" (did you mean {close[0].replace('_', '-')}?)" if close else ""

@@ -401,6 +401,7 @@ def test_a_refused_option_set_in_a_run_config_says_so(model_dir, tmp_path, capsy
     ('activations = "disk"', "choose one of gpu, host, nvme"),
     ("serial = 1", "give true or false"),
     ("steps = [1, 2]", "give one value"),
+    ('resume = "ckpt"', "a command-line-only option: pass --resume on the command line"),
     ("steps = ", "not a readable TOML file"),
 ])
 def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, capsys):

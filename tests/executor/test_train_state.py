@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
@@ -171,9 +173,13 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
     with make_trainer(config, spec, train, Policy.of()) as trainer:
         with pytest.raises(CheckpointCorruptError, match="block_0"):
             trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
-        with pytest.warns(RuntimeWarning, match="skipping checkpoint .*step-000000002"):
+        with pytest.warns(RuntimeWarning) as said:
             info = trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ), fallback=True)
         assert info.step == 1 and trainer.step == 1
+        messages = " | ".join(str(w.message) for w in said)
+        assert re.search("skipping checkpoint .*step-000000002", messages)
+        assert "set aside as damaged-step-000000002" in messages  # no longer the newest
+        assert store.latest().step == 1
 
 
 def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defaults():
