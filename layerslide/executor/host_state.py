@@ -26,6 +26,7 @@ from layerslide.executor.moments import Moments, moment_seed
 from layerslide.executor.native import load_kernels
 from layerslide.executor.nvme import (
     ActivationFiles,
+    NvmeFolderLocks,
     NvmeState,
     check_nvme_folder,
     nvme_folders,
@@ -79,6 +80,8 @@ class HostState:
                              f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
                              f"weights_on_nvme={where.weights_on_nvme}, activations="
                              f"{where.activations}): pass a folder on that disk (--nvme-dir)")
+        # one run a folder: the file names are fixed, and a run's end deletes its files
+        self.nvme_locks = NvmeFolderLocks(self.nvme_dir) if where.uses_nvme else None
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         # (per folder: they are dealt out over the folders in turn)
         per_file = padded(2 * train.tokens_per_micro_batch * blocks.config.hidden_size)

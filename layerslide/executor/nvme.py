@@ -207,6 +207,48 @@ class NvmeState:
         self.write(block, 0)
 
 
+LOCK_NAME = ".layerslide-nvme.lock"
+
+
+class NvmeFolderLocks:
+    """An exclusive lock on each NVMe folder for one run's life: two runs there would share
+    the state_*.bin and activation file names, each reading the other's writes, and the first
+    to end would delete the other's files (one process's runs are its own affair). Released by
+    release(), or when the process ends."""
+
+    def __init__(self, folders: Sequence[Path]):
+        import fcntl
+
+        self._files = []
+        try:
+            for folder in folders:
+                check_nvme_folder(folder, 0)  # writable, or refused in the folder's words
+                lock = open(folder / LOCK_NAME, "a+")  # noqa: SIM115 (held for the run)
+                self._files.append(lock)
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    lock.seek(0)
+                    holder = lock.read().strip() or "another process"
+                    if holder == f"pid {os.getpid()}":  # a run of this process, not closed
+                        continue  # (a notebook's, a test's): the lock keeps out the others
+                    raise ValueError(f"the NVMe folder {folder} is in use by another run "
+                                     f"({holder}): give this run a folder of its own "
+                                     "(--nvme-dir)") from None
+                lock.seek(0)
+                lock.truncate()
+                lock.write(f"pid {os.getpid()}")
+                lock.flush()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for lock in self._files:
+            lock.close()  # closing drops the flock
+        self._files = []
+
+
 def check_nvme_folder(folder: Path, needed_bytes: int) -> None:
     """Refuse a folder that cannot be written or lacks room, before anything is allocated."""
     try:

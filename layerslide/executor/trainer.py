@@ -589,12 +589,13 @@ class Trainer:
                               stacklevel=2)
         self._copy_buffers.clear()
         self.device.close()
-        if self.failed:
-            return
-        if self.state.nvme is not None:
-            self.state.nvme.remove_files()
-        if self.runner.activation_files is not None:
-            self.runner.activation_files.remove_files()
+        if not self.failed:
+            if self.state.nvme is not None:
+                self.state.nvme.remove_files()
+            if self.runner.activation_files is not None:
+                self.runner.activation_files.remove_files()
+        if self.state.nvme_locks is not None:
+            self.state.nvme_locks.release()
 
     def __enter__(self) -> Self:
         return self

@@ -490,3 +490,23 @@ def test_a_folder_whose_o_direct_fails_on_the_memory_goes_on_through_the_page_ca
     with pytest.raises(nvme_module.NvmeSpaceError, match="activation checkpoint"):
         files.write(0, written)
     assert files.direct[tmp_path]
+
+
+def test_a_folder_another_run_holds_is_refused_and_a_closed_runs_is_free(tmp_path):
+    config = tiny_config("llama", False)
+    spec = spec_of(config, tmp_path)
+    plan = build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of(moments_on_nvme=1))
+    folder = tmp_path / "nvme"
+    folder.mkdir()
+    with open(folder / nvme_module.LOCK_NAME, "a+") as other:  # a run of another process
+        other.write("pid 4242")
+        other.flush()
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ValueError, match=r"the NVMe folder .*nvme is in use by another run "
+                                             r"\(pid 4242\): give this run a folder of its own"):
+            Trainer(config=config, plan=plan, optim=OPTIM, device="cpu", nvme_dir=folder)
+    for _ in range(2):  # free once that run has ended, and once this one has closed
+        with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu",
+                     nvme_dir=folder) as trainer:
+            trainer.init_random(0)
+            trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 1)
