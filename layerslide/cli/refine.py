@@ -49,7 +49,8 @@ def kept_rate(check: dict, source: str) -> tuple[float, float]:
                          "(updated on the GPU, never without a copy beside them, or a run "
                          f"too short): train a plan whose layers the CPU updates, "
                          f"{WARMUP_STEPS + 2} steps or more")
-    if check.get("first_step", 0) <= WARMUP_STEPS:
+    past_warmup = check.get("past_warmup")  # a check from before it was recorded: by number
+    if not (past_warmup if past_warmup is not None else check.get("first_step", 0) > WARMUP_STEPS):
         raise UsageError(f"{source} measured its warm-up steps only (compilation, first "
                          f"touches): train {WARMUP_STEPS + 2} steps or more")
     ratio = measured / predicted

@@ -32,6 +32,9 @@ class RunCheck:
     predicted_host_bytes: int
     measured_host_bytes: int
     host_copies_bytes: int = 0  # RAM kept for checkpoint copies, outside the plan (predicted)
+    # whether the measured steps are past this process's warm-up (a resumed run's first steps
+    # compile and touch memory as a fresh run's do, whatever their numbers)
+    past_warmup: bool | None = None
     # the decoder layers' CPU AdamW with no copy beside it (reports.validation's "alone"),
     # params/s, where both traces had such tasks: the profile's figure a CPU-bound step rests on
     predicted_adamw_alone_params_per_s: float | None = None
@@ -95,6 +98,7 @@ def check_run(*, profile: str, predicted_step_s: float, predicted_gpu_allocated_
     skip = WARMUP_STEPS if len(step_s) > WARMUP_STEPS else len(step_s) - 1
     steady = step_s[skip:]
     return RunCheck(profile=profile, first_step=first_step + skip,
+                    past_warmup=len(step_s) > WARMUP_STEPS,
                     last_step=first_step + len(step_s) - 1, predicted_step_s=predicted_step_s,
                     measured_step_s=statistics.median(steady),
                     predicted_gpu_allocated_bytes=predicted_gpu_allocated_bytes,

@@ -59,6 +59,8 @@ def test_refining_again_or_another_profile_sets_the_rate_the_run_kept(tmp_path):
 @pytest.mark.parametrize(("check", "said"), [
     ({"predicted_adamw_alone_params_per_s": None}, "no CPU AdamW rate of the run's decoder"),
     ({"first_step": 2}, "measured its warm-up steps only"),
+    # a resumed run's steps are numbered past the warm-up, yet it warmed up in them
+    ({"first_step": 8, "past_warmup": False}, "measured its warm-up steps only"),
     ({"measured_adamw_alone_params_per_s": 33e9}, "a run on another machine"),
 ])
 def test_refine_refuses_a_rate_it_cannot_trust(tmp_path, capsys, check, said):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from layerslide.reports.run_check import check_run, one_step, write_run_check
+from layerslide.reports.run_check import WARMUP_STEPS, check_run, one_step, write_run_check
 from layerslide.trace import Trace, TraceEvent
 
 
@@ -43,6 +43,16 @@ def test_ram_kept_for_checkpoint_copies_joins_the_predicted_host_peak_and_is_nam
     assert found.predicted_host_bytes == 4 << 30 and found.error("host_bytes") == 0
     assert "host peak 4.00 (with 1.00 GiB kept for checkpoint copies) against 4.00 GiB" in (
         found.line())
+
+
+def test_a_resumed_runs_steps_are_past_the_warm_up_by_their_count_not_their_numbers():
+    def resumed(steps):
+        return check_run(profile="box", predicted_step_s=1.0, predicted_gpu_allocated_bytes=0,
+                         predicted_host_bytes=0, step_s=[1.0] * steps, gpu_peak_bytes=[0],
+                         host_peak_bytes=[0], first_step=8)
+
+    assert resumed(1).first_step == 8 and resumed(1).past_warmup is False
+    assert resumed(WARMUP_STEPS + 1).past_warmup is True
 
 
 def events(step, start_s, lanes=("gpu", "cpu")):
