@@ -1,6 +1,6 @@
 """`layerslide train --save-every N`: the model as an HF folder every N steps, beside --out
-(OUT-step-N), the newest --keep-saves of this run's kept (an earlier run's are left alone). Each is written atomically
-(hf_io.save_hf_folder); the older ones go once a newer one is whole."""
+(OUT-step-N), the newest --keep-saves of this run's kept (an earlier run's are left alone).
+Each is written atomically (hf_io.save_hf_folder); the older ones go once a newer one is whole."""
 
 from __future__ import annotations
 

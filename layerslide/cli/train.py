@@ -447,38 +447,33 @@ def cmd_train(args) -> int:
                 saved, args, args.train_parser))
             bar.write(f"saved the model after step {step} to {path}", file=sys.stdout)
 
-        try:
-            logs = trainer.fit(data, args.steps - trainer.step,
-                        on_step=reporter,
-                        on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
-                        on_checkpoint=lambda info, seconds: bar.write(
-                            f"checkpoint of step {info.step} in {info.path}: "
-                            f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s "
-                            "for it", file=sys.stdout), stop=stop.event,
-                        evals=evals, on_eval=reporter.report_eval,
-                        save_every=None if saves is None else saves.every_steps,
-                        on_save=save_model)
-        except (TaskFailedError, CheckpointError) as err:
-            stop.restore()
-            bar.close()
-            print(f"layerslide train: training stopped: {err}", file=sys.stderr)
-            if schedule is not None and schedule.store.latest() is not None:
-                print(f"the last complete checkpoint, {schedule.store.latest().path}, is "
-                      f"intact: continue with `layerslide train --resume "
-                      f"{schedule.store.root}`", file=sys.stderr)
-            return 1
-        except BaseException:
-            stop.restore()
-            raise
-        finally:
-            bar.close()
-            reporter.close()
-            if args.trace_out:
-                trainer.trace(f"{spec.name} measured").save(args.trace_out)
-        if trainer.stopped:
-            stop.restore()
-            return _stopped(trainer, schedule, stop.signum)
-        try:  # a first Ctrl-C while the model is written lets the write finish
+        try:  # the handlers stay through the final save: a first Ctrl-C lets it finish
+            try:
+                logs = trainer.fit(data, args.steps - trainer.step,
+                            on_step=reporter,
+                            on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
+                            on_checkpoint=lambda info, seconds: bar.write(
+                                f"checkpoint of step {info.step} in {info.path}: "
+                                f"{info.total_bytes / 1e9:.2f} GB; training paused "
+                                f"{seconds:.1f} s for it", file=sys.stdout), stop=stop.event,
+                            evals=evals, on_eval=reporter.report_eval,
+                            save_every=None if saves is None else saves.every_steps,
+                            on_save=save_model)
+            except (TaskFailedError, CheckpointError) as err:
+                bar.close()
+                print(f"layerslide train: training stopped: {err}", file=sys.stderr)
+                if schedule is not None and schedule.store.latest() is not None:
+                    print(f"the last complete checkpoint, {schedule.store.latest().path}, is "
+                          f"intact: continue with `layerslide train --resume "
+                          f"{schedule.store.root}`", file=sys.stderr)
+                return 1
+            finally:
+                bar.close()
+                reporter.close()
+                if args.trace_out:
+                    trainer.trace(f"{spec.name} measured").save(args.trace_out)
+            if trainer.stopped:
+                return _stopped(trainer, schedule, stop.signum)
             if args.out:
                 stop.doing = f"the model's save to {args.out}"
                 saved = trainer.save(args.out, overwrite=args.overwrite, extra_files=extra)

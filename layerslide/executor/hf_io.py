@@ -254,9 +254,8 @@ def save_hf_folder(
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
-            if not _owner_alive(stale):  # a killed save's whole-model leftovers
+            if not _owner_alive(stale):  # a killed save's whole-model leftovers (ours too)
                 shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a crashed run that had our pid
         tmp.mkdir()
     except OSError as exc:
         raise ValueError(
@@ -301,8 +300,9 @@ def save_hf_folder(
 
 
 def _owner_alive(tmp: Path) -> bool:
-    """Whether the process that named a temporary save folder (.NAME.tmp-PID) still runs: a
-    save beside ours, into the same folder, is left alone."""
+    """Whether another process that named a temporary save folder (.NAME.tmp-PID) still runs:
+    a save beside ours, into the same folder, is left alone; our own pid's is a crashed
+    run's that had it."""
     pid = tmp.name.rsplit("-", 1)[-1]
     if not pid.isdigit() or int(pid) == os.getpid():
         return False
