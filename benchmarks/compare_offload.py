@@ -153,12 +153,12 @@ def step_times_layerslide(spec, mb: int, seq: int, steps: int, cap: int, device:
                           tune_budget: int | None = None) -> list[float]:
     """tuned_on: a profile to take tune's pick from (as validate_sim does), under tune_budget
     bytes of GPU memory (default: 0.9 of the cap), else Policy.of()."""
+    from layerslide.data.sources import SyntheticTokens
     from layerslide.executor.blocks import hf_config_from_spec
-    from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
-    from layerslide.executor.trainer import Trainer
     from layerslide.planner.build import build_plan
     from layerslide.planner.settings import Policy, TrainSpec
+    from layerslide.training.trainer import Trainer
 
     train = TrainSpec(micro_batch=mb, seq_len=seq)
     policy = Policy.of()

@@ -26,11 +26,10 @@ import torch
 from layerslide.calibrate.gpu import host_sharing_rates
 from layerslide.calibrate.host import memory_bandwidth
 from layerslide.calibrate.sharing import fit_host_sharing
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
 from layerslide.executor.compute import layer_call
-from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
 from layerslide.hwprofiles.units import parse_bytes
 from layerslide.kernels.linear_cross_entropy import fused_linear_cross_entropy
@@ -39,6 +38,7 @@ from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.simulator.predict import simulate
+from layerslide.training.trainer import Trainer
 from layerslide.tuner import SearchSpace, tune
 
 GIB = 2**30

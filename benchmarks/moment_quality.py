@@ -51,15 +51,15 @@ import torch
 import torch.nn.functional as F
 
 from layerslide.cli.options import with_env_overrides
-from layerslide.executor.data import DatasetTokens
-from layerslide.executor.data_files import RecordTable
-from layerslide.executor.data_formats import Corpus, Encoder, tokenize_tables
+from layerslide.data.files import RecordTable
+from layerslide.data.formats import Corpus, Encoder, tokenize_tables
+from layerslide.data.sources import DatasetTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import StepLog, Trainer
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import MOMENT_PRECISIONS, Policy, TrainSpec
+from layerslide.training.trainer import StepLog, Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 # folders of the standard library that are not its own source: test suites and installed packages

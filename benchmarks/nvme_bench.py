@@ -21,16 +21,16 @@ from pathlib import Path
 import torch
 
 from layerslide.calibrate.host import disk
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.blocks import hf_config_from_spec
-from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
 from layerslide.hwprofiles.units import parse_bytes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.simulator.predict import simulate
+from layerslide.training.trainer import Trainer
 
 GIB = 2**30
 

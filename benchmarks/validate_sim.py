@@ -143,16 +143,16 @@ def run_one(label: str, cfg: dict, args) -> dict:
 
     import torch
 
+    from layerslide.data.sources import SyntheticTokens
     from layerslide.executor.blocks import hf_config_from_spec
-    from layerslide.executor.data import SyntheticTokens
     from layerslide.executor.optim import OptimConfig
-    from layerslide.executor.trainer import Trainer
     from layerslide.hwprofiles import load_profile
     from layerslide.hwprofiles.units import parse_bytes
     from layerslide.planner.build import build_plan
     from layerslide.planner.model import resolve_model
     from layerslide.planner.settings import Policy, TrainSpec
     from layerslide.reports.validation import adamw_rates_by_company, gpu_dispatch, median_task_s
+    from layerslide.training.trainer import Trainer
     from layerslide.tuner import SearchSpace, tune
 
     spec = resolve_model(args.model_override or cfg["model"])
@@ -340,7 +340,7 @@ def preload() -> None:
     import torch
     import transformers  # noqa: F401
 
-    import layerslide.executor.trainer
+    import layerslide.training.trainer
     import layerslide.tuner  # noqa: F401
     from layerslide.executor.blocks import ModelBlocks, hf_config_from_spec
     from layerslide.planner.model import resolve_model

@@ -20,11 +20,11 @@ _EXPORTS = {
     "load_profile": "layerslide.hwprofiles",
     "simulate": "layerslide.simulator",
     "SearchSpace": "layerslide.tuner", "tune": "layerslide.tuner",
-    "open_token_source": "layerslide.executor.data",
-    "split_token_sources": "layerslide.executor.data", "eval_batches": "layerslide.executor.data",
+    "open_token_source": "layerslide.data.sources",
+    "split_token_sources": "layerslide.data.sources", "eval_batches": "layerslide.data.sources",
     "OptimConfig": "layerslide.executor.optim",
-    "CheckpointSchedule": "layerslide.executor.trainer", "Trainer": "layerslide.executor.trainer",
-    "EvalSchedule": "layerslide.executor.trainer",
+    "CheckpointSchedule": "layerslide.training.train_state", "Trainer": "layerslide.training.trainer",
+    "EvalSchedule": "layerslide.training.trainer",
 }
 __all__ = list(_EXPORTS)
 

@@ -28,15 +28,15 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch
 
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.blocks import hf_config_from_spec
-from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.native import NativeKernels, load_kernels
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles.units import parse_bytes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import ExecutorKnobs, Policy, TrainSpec
+from layerslide.training.trainer import Trainer
 
 ADAMW_BYTES_PER_PARAM = 28  # read g 2, p m v 12; write p m v 12, bf16 weights 2
 HUGE_PAGE_BYTES = 2 * 2**20

@@ -12,15 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.blocks import hf_config_from_spec
-from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.hwprofiles import load_profile
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import resolve_model
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.simulator.predict import simulate
+from layerslide.training.trainer import Trainer
 
 GIB = 2**30
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from layerslide.cli.options import UsageError, byte_size, profile_of
-from layerslide.cli.outputs import writable_file
+from layerslide.outputs import writable_file
 
 
 def add_calibrate_command(sub, units: str) -> None:

@@ -21,7 +21,6 @@ from layerslide.cli.options import (
     train_of,
     with_env_overrides,
 )
-from layerslide.cli.outputs import writable_file, writable_folder
 from layerslide.cli.refusals import (
     FIT_HINTS,
     check_gpu_cap,
@@ -30,6 +29,7 @@ from layerslide.cli.refusals import (
     refuse_policy_flags_that_would_not_act,
 )
 from layerslide.hwprofiles import builtin_profiles
+from layerslide.outputs import writable_file, writable_folder
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.reports import (

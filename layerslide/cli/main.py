@@ -28,11 +28,11 @@ from layerslide.cli.options import (
     profile_list,
     str_list,
 )
-from layerslide.cli.outputs import writable_folder
 from layerslide.cli.refine import add_refine_command
 from layerslide.cli.train import add_train_command
 from layerslide.hwprofiles import builtin_card_names
 from layerslide.hwprofiles.variants import SPEC_SYNTAX
+from layerslide.outputs import writable_folder
 from layerslide.planner.settings import MOMENT_PRECISIONS
 from layerslide.tuner import SearchSpace
 from layerslide.tuner.purchase import DEFAULT_CARDS, DEFAULT_DRIVE_COUNTS, DEFAULT_PLATFORMS

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from layerslide.cli.options import UsageError, profile_of
-from layerslide.cli.outputs import writable_file
+from layerslide.outputs import writable_file
 from layerslide.reports.run_check import CHECK_FILE, WARMUP_STEPS
 
 # a ratio outside this says more about the run than about the machine's AdamW

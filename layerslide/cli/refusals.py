@@ -10,57 +10,27 @@ import sys
 from layerslide.cli.options import GIB, UsageError, given_as, plan_settings
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import Policy, TrainSpec
-
-# what to change when a tier's need exceeds its limit, by tier (simulate and train say it)
-FIT_HINTS = {
-    "gpu": "lower --micro-batch or --window, keep activations off the GPU (--activations host), "
-           "or let `layerslide tune` pick settings that fit",
-    "host": "keep part of the state on NVMe (--moments-on-nvme/--master-on-nvme, fractions 0-1; "
-            "train needs --nvme-dir), checkpoints too (--activations nvme), or let "
-            "`layerslide tune` place it",
-    "nvme": "keep less on NVMe (lower the --*-on-nvme fractions), stripe over more drives "
-            "(--nvme-drives), or take a profile with a larger drive",
-}
+from layerslide.training.prepare import (  # FIT_HINTS: what simulate says too
+    FIT_HINTS,  # noqa: F401
+    refuse_options_a_plan_replaces,
+    refuse_policy_options_that_would_not_act,
+)
 
 
 def refuse_flags_a_plan_replaces(args, parser: argparse.ArgumentParser, plan, *,
                                  also: dict[str, object] | None = None) -> None:
     """A --plan file's training settings and policy replace the flags of those groups: refuse
-    one the user gave (args.given) with another value than the plan's, rather than drop it
-    unsaid (a --max-grad-norm that would not clip). also: more flags the plan decides, by dest,
-    with the plan's value."""
-    planned = {**plan.train.to_dict(), **plan.policy.flat(), **(also or {})}
-    dests = [*plan_settings(parser), *(also or {})]
-    clashes = [f"{given_as(args, dest)} {getattr(args, dest)} (the plan has {planned[dest]})"
-               for dest in dests if dest in planned and dest in getattr(args, "given", ())
-               and getattr(args, dest) != planned[dest]]
-    if clashes:
-        raise UsageError(f"--plan {args.plan} sets the training settings and policy, so these "
-                         f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
-                         "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
-                         "give the flags without --plan to build the plan from them")
+    one the user gave (args.given) with another value than the plan's (`prepare`'s rule)."""
+    given = set(getattr(args, "given", ())) & {*plan_settings(parser), *(also or {})}
+    refuse_options_a_plan_replaces(plan, args.plan, given, lambda dest: getattr(args, dest),
+                                   lambda dest: given_as(args, dest), also=also)
 
 
 def refuse_policy_flags_that_would_not_act(args, train: TrainSpec, policy: Policy) -> None:
-    """Refuse a policy flag given (args.given) where the rest of the plan leaves it nothing to
-    change: said with what it needs, rather than planned as if it did something."""
-    given = getattr(args, "given", frozenset())
-    s = policy.schedule
-    idle = {
-        "cast_worker": (s.cast_worker and not policy.cpu_casts,
-                        (f"there are no CPU cast tasks to give a worker (--cast {s.cast} with "
-                        f"--cpu-optimizer {policy.kernels.cpu_optimizer}); --cast cpu_per_load, "
-                        "or cpu_once with --cpu-optimizer torch, has them")),
-        "accumulation": (train.grad_accum == 1, "it schedules --grad-accum above 1"),
-        "sweep_groups": (train.grad_accum == 1 or s.accumulation != "layer_major",
-                         ("it groups a layer_major sweep (--accumulation layer_major with "
-                         "--grad-accum above 1)")),
-        "gpu_updated_order": (policy.residency.gpu_updated_blocks == 0,
-                              "it orders --gpu-updated-blocks, and there are none"),
-    }
-    for dest, (inert, why) in idle.items():
-        if dest in given and inert:
-            raise UsageError(f"{given_as(args, dest)} would change nothing here: {why}; drop it")
+    """A policy flag given where the rest of the plan leaves it nothing to change (`prepare`'s
+    rule)."""
+    refuse_policy_options_that_would_not_act(train, policy, getattr(args, "given", frozenset()),
+                                             lambda dest: given_as(args, dest))
 
 
 def check_gpu_cap(gpu_memory: int | None, profile: HardwareProfile) -> None:

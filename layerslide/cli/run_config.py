@@ -9,7 +9,13 @@ import difflib
 import tomllib
 from pathlib import Path
 
-from layerslide.cli.options import UsageError, plan_settings
+from layerslide.cli.options import UsageError
+from layerslide.training.run import (
+    POLICY_OPTIONS,
+    TRAIN_OPTIONS,
+    RunConfig,
+    with_absolute_paths,
+)
 
 RESOLVED_NAME = "layerslide-train.toml"
 # options that are not run settings: how the file itself is found, or how a run is resumed
@@ -77,7 +83,6 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
         resolved = parser.parse_args(argv)
     finally:
         parser.set_defaults(**{k: defaults[k] for k in values})
-    resolved.parser_defaults = args.parser_defaults  # flags given tell from defaults, as before
     # the file gives its entries too, those at the flag's default aside (a resolved file lists
     # every option, --keep-checkpoints at its default with no --checkpoint-dir among them)
     typed = getattr(args, "given", frozenset())
@@ -86,40 +91,15 @@ def with_run_config(args, parser: argparse.ArgumentParser, argv: list[str]):
     return resolved
 
 
-# options naming files or folders; those a run makes may not exist yet
-PATH_OPTIONS = ("model", "data", "eval_data", "tokenizer", "plan", "profile", "out",
-                "checkpoint_dir")
-MADE_BY_THE_RUN = ("out", "checkpoint_dir")
-
-
-def with_absolute_paths(options: dict) -> dict:
-    """options with their paths made absolute, so that a resume or a rerun from another
-    working directory finds the same files (a name that is no path, a preset, stays)."""
-    options = dict(options)
-    for key in PATH_OPTIONS:
-        value = options.get(key)
-        if value and (key in MADE_BY_THE_RUN or Path(value).expanduser().exists()):
-            options[key] = str(Path(value).expanduser().resolve())
-    if options.get("nvme_dir"):  # one folder per drive, comma-separated; made here if need be
-        from layerslide.executor.nvme import nvme_folders
-
-        options["nvme_dir"] = ",".join(str(folder.resolve())
-                                       for folder in nvme_folders(options["nvme_dir"]))
-    return options
-
-
-def write_resolved(folder: str | Path, args, parser: argparse.ArgumentParser) -> Path:
+def write_resolved(folder: str | Path, config: RunConfig) -> Path:
     """The run's options as a config file (those left unset are left out, and under --plan
     the training settings and policy: the plan has them), into folder; paths absolute."""
     lines = ["# the options `layerslide train` ran with; rerun with --config this-file"]
-    planned = set(plan_settings(parser)) if getattr(args, "plan", None) else set()
-    values = with_absolute_paths({dest: getattr(args, dest, None)
-                                  for dest in file_options(parser)})
-    for dest in file_options(parser):
-        value = values[dest]
-        if value is None or dest in ("parser_defaults",) or dest in planned:
+    planned = set(TRAIN_OPTIONS) | set(POLICY_OPTIONS) if config.plan else set()
+    for name, value in with_absolute_paths(config.options()).items():
+        if value is None or name in planned or name in NOT_IN_FILE:
             continue
-        lines.append(f"{dest.replace('_', '-')} = {_toml_value(value)}")
+        lines.append(f"{name.replace('_', '-')} = {_toml_value(value)}")
     path = Path(folder) / RESOLVED_NAME
     path.write_text("\n".join(lines) + "\n")
     return path

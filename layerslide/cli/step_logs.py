@@ -8,7 +8,8 @@ import json
 import sys
 from dataclasses import asdict
 
-from layerslide.cli.options import UsageError, gib
+from layerslide.cli.options import gib
+from layerslide.training.inputs import require_tensorboard
 
 # TensorBoard scalar tag -> the StepLog field it shows (memory in GiB)
 TENSORBOARD_SCALARS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm",
@@ -16,15 +17,6 @@ TENSORBOARD_SCALARS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm"
                        "speed/model_tflops": "model_tflops",
                        "memory/gpu_peak_gib": "gpu_peak_bytes",
                        "memory/host_rss_gib": "host_rss_bytes"}
-
-
-def require_tensorboard() -> None:
-    """Refuse --tensorboard before any work where the tensorboard package is missing."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-    except ImportError as err:
-        raise UsageError("--tensorboard needs the tensorboard package: pip install tensorboard "
-                         f"({err})") from err
 
 
 def tensorboard_writer(folder: str | None):

@@ -17,10 +17,10 @@ import pytest
 from transformers import LlamaConfig
 
 from layerslide.cli.main import main
-from layerslide.executor.checkpoint_store import CheckpointStore
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.checkpoint_store import CheckpointStore
 
 STEPS = 8
 
@@ -100,7 +100,7 @@ def signal_at(step: int, sig: str = "SIGINT", once_whole: int | None = None) -> 
     import threading, time
     from pathlib import Path
     from layerslide.executor import runner
-    from layerslide.executor.checkpoint_store import CheckpointStore
+    from layerslide.training.checkpoint_store import CheckpointStore
     run = runner.TaskRunner.run
     sent = []
     def signalled_run(self, task):
@@ -123,7 +123,7 @@ def signal_at(step: int, sig: str = "SIGINT", once_whole: int | None = None) -> 
 # disk) resumes after step 2, which the writing kill below covers
 KILL_MID_STEP_5 = signal_at(5, "SIGKILL", once_whole=4)
 KILL_WRITING_CHECKPOINT_4 = """
-    from layerslide.executor import checkpoint_store
+    from layerslide.training import checkpoint_store
     write = checkpoint_store._write_group
     def dying_write(path, *args):
         if "step-000000004" in str(path) and "block_0" in str(path):
@@ -235,7 +235,7 @@ def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir
 # any thread, and the main thread, blocked waiting for the write, must still hear of it
 AGAIN_WRITING_CHECKPOINT_4 = """
     import threading, time
-    from layerslide.executor import checkpoint_store
+    from layerslide.training import checkpoint_store
     write = checkpoint_store._write_group
     def interrupted_write(path, *args):
         if "step-000000004" in str(path) and "block_0" in str(path):
@@ -340,7 +340,7 @@ def test_resume_takes_a_flag_typed_at_its_default_and_refuses_what_a_plan_replac
 
 
 SIGINT_WHILE_SAVING = """
-    from layerslide.executor import trainer
+    from layerslide.training import trainer
     save = trainer.Trainer.save
     def interrupted_save(self, folder, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C as the final model is written

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 
-from layerslide.executor.data import SyntheticTokens
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.trainer import Trainer
 
 CASES = [
     ("default", TrainSpec(micro_batch=2, seq_len=SEQ), Policy.of()),

@@ -13,14 +13,15 @@ import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 from safetensors.torch import load_file
 
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor import nvme as nvme_module
-from layerslide.executor.checkpoint_store import CheckpointStore
-from layerslide.executor.data import SyntheticTokens
 from layerslide.executor.engine import TaskFailedError
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import CheckpointSchedule, Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.checkpoint_store import CheckpointStore
+from layerslide.training.train_state import CheckpointSchedule
+from layerslide.training.trainer import Trainer
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=1)
 

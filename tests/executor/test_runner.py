@@ -4,14 +4,14 @@ import pytest
 import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 
-from layerslide.executor.data import SyntheticTokens
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner, checkpoint_views
-from layerslide.executor.trainer import Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.plan import EMBEDDING
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.trainer import Trainer
 
 
 def test_the_layers_checkpoints_are_views_of_one_buffer_without_rounding():

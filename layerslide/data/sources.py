@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from layerslide.executor.data_files import read_tables
-from layerslide.executor.data_formats import (
+from layerslide.data.files import read_tables
+from layerslide.data.formats import (
     CHAT_FORMATS,
     DATA_FORMATS,
     Encoder,
@@ -21,7 +21,7 @@ from layerslide.executor.data_formats import (
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 if TYPE_CHECKING:
-    from layerslide.executor.data_formats import Corpus
+    from layerslide.data.formats import Corpus
 
 _TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError)
 _MASK64 = (1 << 64) - 1

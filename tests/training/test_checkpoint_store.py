@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from layerslide.executor import checkpoint_store as cs
-from layerslide.executor.checkpoint_store import (
+from layerslide.training import checkpoint_store as cs
+from layerslide.training.checkpoint_store import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointSpaceError,
@@ -113,7 +113,7 @@ def test_large_group_is_chunked_with_progress(tmp_path):
 KILL_SCRIPT = r"""
 import os, signal, sys
 import torch
-from layerslide.executor import checkpoint_store as cs
+from layerslide.training import checkpoint_store as cs
 
 root, mode = sys.argv[1], sys.argv[2]
 cs.CHUNK = 1 << 16  # so the kill lands inside a tensor
@@ -369,7 +369,7 @@ def test_link_files(tmp_path, monkeypatch, hard_link):
 
 
 def test_page_aligned_tensors_go_to_the_disk_direct_with_the_same_bytes(tmp_path, monkeypatch):
-    from layerslide.executor.checkpoint_snapshot import page_aligned_like
+    from layerslide.training.checkpoint_snapshot import page_aligned_like
     if not cs.supports_direct(tmp_path):
         pytest.skip("this filesystem takes no O_DIRECT writes")
     values = {"w": torch.arange(5000.0), "b": torch.arange(7, dtype=torch.bfloat16),
@@ -400,7 +400,7 @@ def test_page_aligned_tensors_go_to_the_disk_direct_with_the_same_bytes(tmp_path
 
 @pytest.mark.parametrize("refusal", ["einval", "short"])
 def test_a_direct_write_refused_or_cut_short_goes_on_buffered(tmp_path, monkeypatch, refusal):
-    from layerslide.executor.checkpoint_snapshot import page_aligned_like
+    from layerslide.training.checkpoint_snapshot import page_aligned_like
     values = torch.arange(3 * cs.ALIGN + 5, dtype=torch.float32)
     aligned = page_aligned_like(values)
     aligned.copy_(values)

@@ -8,7 +8,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from layerslide.cli.options import UsageError
+
+class OutputPathError(ValueError):
+    """A path a command would write that it cannot: the message says what to choose instead."""
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -22,13 +24,13 @@ def _probe(flag: str, shown: str, folder: Path) -> None:
     nearest folder above it that does)."""
     base = _nearest_existing(folder)
     if not base.is_dir():
-        raise UsageError(f"{flag} {shown}: {base} is a file, not a folder: choose another path")
+        raise OutputPathError(f"{flag} {shown}: {base} is a file, not a folder: choose another path")
     try:
         fd, probe = tempfile.mkstemp(prefix=".layerslide-probe-", dir=base)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise UsageError(f"{flag} {shown}: cannot write in {base} ({err.strerror or err}): "
+        raise OutputPathError(f"{flag} {shown}: cannot write in {base} ({err.strerror or err}): "
                          "choose a writable location") from err
 
 
@@ -39,13 +41,13 @@ def writable_file(flag: str, path: str | None, *, overwrite: bool = True) -> Non
         return
     target = Path(path).expanduser()
     if target.is_dir():
-        raise UsageError(f"{flag} {path} is a folder: give a file path")
+        raise OutputPathError(f"{flag} {path} is a folder: give a file path")
     if target.exists() and not overwrite:
-        raise UsageError(f"{flag} {path} exists: pass --overwrite or another file")
+        raise OutputPathError(f"{flag} {path} exists: pass --overwrite or another file")
     if target.exists() and not os.access(target, os.W_OK):
-        raise UsageError(f"{flag} {path}: the file is not writable: choose another path")
+        raise OutputPathError(f"{flag} {path}: the file is not writable: choose another path")
     if not target.parent.exists():  # files go into a folder that is there (folders are made)
-        raise UsageError(f"{flag} {path}: folder {target.parent} does not exist: make it or "
+        raise OutputPathError(f"{flag} {path}: folder {target.parent} does not exist: make it or "
                          "choose another path")
     _probe(flag, path, target.parent)
 
@@ -57,7 +59,7 @@ def writable_folder(flag: str, path: str | None, *, overwrite: bool = True) -> N
         return
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
-        raise UsageError(f"{flag} {path} is a file: give a folder path")
+        raise OutputPathError(f"{flag} {path} is a file: give a folder path")
     if target.exists() and not overwrite:
-        raise UsageError(f"{flag} {path} exists: pass --overwrite or another folder")
+        raise OutputPathError(f"{flag} {path} exists: pass --overwrite or another folder")
     _probe(flag, path, target)

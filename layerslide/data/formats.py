@@ -24,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from layerslide.executor.data_files import RecordTable
+    from layerslide.data.files import RecordTable
 
 DATA_FORMATS = ("auto", "text", "messages", "alpaca", "prompt_completion")
 CHAT_FORMATS = ("messages", "alpaca", "prompt_completion")

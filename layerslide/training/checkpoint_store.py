@@ -46,8 +46,8 @@ from pathlib import Path
 import torch
 
 from layerslide.executor import waits
-from layerslide.executor.hf_io import fsync_path
 from layerslide.executor.nvme import supports_direct
+from layerslide.training.hf_io import fsync_path
 
 FORMAT, VERSION = "layerslide-checkpoint", 1
 ALIGN = 4096  # tensor starts are page-aligned: a reader may mmap them or use O_DIRECT

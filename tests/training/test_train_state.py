@@ -8,12 +8,13 @@ import pytest
 import torch
 from helpers import SEQ, VOCAB, spec_of, tiny_config
 
-from layerslide.executor.checkpoint_store import CheckpointCorruptError, CheckpointStore
-from layerslide.executor.data import SyntheticTokens
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import CheckpointSchedule, Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.checkpoint_store import CheckpointCorruptError, CheckpointStore
+from layerslide.training.train_state import CheckpointSchedule
+from layerslide.training.trainer import Trainer
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=6)
 
@@ -123,7 +124,7 @@ def test_restore_under_another_schedule_takes_the_state_as_it_was(tmp_path, sche
     train, policy = schedule
     with make_trainer(config, spec, train, policy) as trainer:
         data = SyntheticTokens(VOCAB, SEQ)
-        trainer.restore_state(store, data)
+        trainer.checkpointing.restore_state(store, data)
         trainer.runner.store_gpu_state()
         weights = {n: v.clone() for n, v in trainer.state.named_master()}
         assert all(torch.equal(weights[n], saved[0][n]) for n in saved[0])
@@ -149,11 +150,11 @@ def test_restore_refuses_a_checkpoint_whose_state_means_or_lies_otherwise(tmp_pa
     train = TrainSpec(micro_batch=1, seq_len=SEQ)
     with make_trainer(config, spec, train, Policy.of()) as trainer:
         trainer.init_random(0)
-        trainer.save_state(store, SyntheticTokens(VOCAB, SEQ))
+        trainer.checkpointing.save_state(store, SyntheticTokens(VOCAB, SEQ))
     with Trainer(config=config, plan=build_plan(spec, train, policy), optim=optim,
                  device="cpu", nvme_dir=tmp_path / "nvme") as trainer, \
             pytest.raises(ValueError, match=words):
-        trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+        trainer.checkpointing.restore_state(store, SyntheticTokens(VOCAB, SEQ))
 
 
 def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
@@ -172,9 +173,9 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
     victim.write_bytes(bytes(raw))
     with make_trainer(config, spec, train, Policy.of()) as trainer:
         with pytest.raises(CheckpointCorruptError, match="block_0"):
-            trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+            trainer.checkpointing.restore_state(store, SyntheticTokens(VOCAB, SEQ))
         with pytest.warns(RuntimeWarning) as said:
-            info = trainer.restore_state(store, SyntheticTokens(VOCAB, SEQ), fallback=True)
+            info = trainer.checkpointing.restore_state(store, SyntheticTokens(VOCAB, SEQ), fallback=True)
         assert info.step == 1 and trainer.step == 1
         messages = " | ".join(str(w.message) for w in said)
         assert re.search("skipping checkpoint .*step-000000002", messages)
@@ -183,7 +184,7 @@ def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
 
 
 def test_a_checkpoint_from_before_a_policy_field_existed_still_matches_its_defaults():
-    from layerslide.executor.trainer import RUN_ONLY_POLICY_FIELDS, _with_defaults
+    from layerslide.training.train_state import RUN_ONLY_POLICY_FIELDS, _with_defaults
 
     policy = Policy.of(window=4)
     computes = _with_defaults("policy", policy.to_dict())
@@ -226,14 +227,14 @@ def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, p
                      device="cpu", segment_steps=4,
                      nvme_dir=tmp_path / f"nvme-{background}") as trainer:
             trainer.init_random(0)
-            assert trainer.checkpoint_copy_bytes == 0
+            assert trainer.checkpointing.checkpoint_copy_bytes == 0
             logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6,
                                checkpoints=CheckpointSchedule(store=store, every_steps=2,
                                                               background=background),
                                on_checkpoint=lambda info, stall_s, seen=stalls: seen.append(
                                    (info.step, stall_s)))
             # fit made the copies' buffers ahead (and zeroed them) for checkpoints beside it
-            assert (trainer.checkpoint_copy_bytes > 0) == background
+            assert (trainer.checkpointing.checkpoint_copy_bytes > 0) == background
             runs[background] = store, logs, final_state(trainer)
         assert [step for step, _ in stalls] == [2, 4, 6] and all(s >= 0 for _, s in stalls)
     (sync_store, sync_logs, _), (store, logs, state) = runs[False], runs[True]

@@ -17,11 +17,11 @@ from helpers import SEQ, VOCAB, PackedDocuments, spec_of, tiny_config
 from reference_training import ReferenceTrainer
 from transformers import AutoModelForCausalLM
 
-from layerslide.executor.data import SyntheticTokens
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import Trainer
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.trainer import Trainer
 
 GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 

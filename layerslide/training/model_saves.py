@@ -8,15 +8,15 @@ import re
 import shutil
 from pathlib import Path
 
-from layerslide.cli.options import UsageError
+from layerslide.training.run import RunError
 
 
 class ModelSaves:
     def __init__(self, out: str, every_steps: int, keep: int):
         if every_steps < 1:
-            raise UsageError(f"--save-every {every_steps}: save at most every step (>= 1)")
+            raise RunError(f"--save-every {every_steps}: save at most every step (>= 1)")
         if keep < 1:
-            raise UsageError(f"--keep-saves {keep}: keep at least 1")
+            raise RunError(f"--keep-saves {keep}: keep at least 1")
         self.out, self.every_steps, self.keep = Path(out).expanduser(), every_steps, keep
         self._pattern = re.compile(re.escape(self.out.name) + r"-step-(\d+)")
         self._own: dict[int, Path] = {}  # the saves --keep-saves prunes: this run's alone
@@ -34,7 +34,7 @@ class ModelSaves:
                                                         self.every_steps)
                  if self.folder_of(step).exists()]
         if taken and not overwrite:
-            raise UsageError(f"--save-every {self.every_steps} would write {taken[0]}, which "
+            raise RunError(f"--save-every {self.every_steps} would write {taken[0]}, which "
                              "exists: pass --overwrite or choose another --out")
 
     def existing(self) -> list[tuple[int, Path]]:

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from layerslide.executor.checkpoint_snapshot import CheckpointSnapshot, SnapshotGuard
-from layerslide.executor.checkpoint_store import CheckpointStore
+from layerslide.training.checkpoint_snapshot import CheckpointSnapshot, SnapshotGuard
+from layerslide.training.checkpoint_store import CheckpointStore
 
 
 def two_groups():
@@ -64,7 +64,7 @@ def test_the_copier_copies_ahead_in_order_what_fits_and_skips_what_does_not():
 
 
 def test_a_copy_that_fails_leaves_the_group_to_the_writer_and_the_update_raises(monkeypatch):
-    from layerslide.executor import checkpoint_snapshot
+    from layerslide.training import checkpoint_snapshot
 
     def broken(src, dst, pool):
         raise MemoryError("no room")
@@ -89,7 +89,7 @@ def test_a_copy_that_fails_leaves_the_group_to_the_writer_and_the_update_raises(
 def test_a_parallel_copy_of_a_strided_tensor_holds_its_values():
     from concurrent.futures import ThreadPoolExecutor
 
-    from layerslide.executor import checkpoint_snapshot
+    from layerslide.training import checkpoint_snapshot
     tensor = torch.arange(12.0).reshape(3, 4).t()
     copy = torch.empty(4, 3)
     with ThreadPoolExecutor(2) as pool:
@@ -126,7 +126,7 @@ def test_copies_are_kept_for_the_next_checkpoint_and_copy_outside_its_budget():
 
 
 def test_copy_buffers_are_made_ahead_in_order_within_the_budget_and_touched():
-    from layerslide.executor.checkpoint_snapshot import keep_copy_buffers
+    from layerslide.training.checkpoint_snapshot import keep_copy_buffers
     groups = {"block_2": {"master": torch.ones(8), "exp_avg": torch.ones(8)},
               "block_1": {"master": torch.ones(64)}, "block_0": {"master": torch.ones(4)}}
     kept = {}

@@ -21,7 +21,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from layerslide.executor.hf_io import (
+from layerslide.training.hf_io import (
     INDEX_FILE,
     SINGLE_FILE,
     check_checkpoint,

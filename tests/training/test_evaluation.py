@@ -8,12 +8,12 @@ import torch
 from helpers import SEQ, VOCAB, PackedDocuments, spec_of, tiny_config
 from reference_training import ReferenceTrainer
 
-from layerslide.executor.data import SyntheticTokens
+from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.trainer import EvalSchedule, Trainer
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 from layerslide.planner.build import build_plan
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training.trainer import EvalSchedule, Trainer
 
 GPU = pytest.param("cuda", marks=pytest.mark.gpu)
 

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 
 from layerslide.executor import waits
-from layerslide.executor.checkpoint_store import (
+from layerslide.executor.nvme import aligned_buffer
+from layerslide.training.checkpoint_store import (
     CheckpointInfo,
     CheckpointStore,
     GroupAccess,
     Groups,
 )
-from layerslide.executor.nvme import aligned_buffer
 
 RAM_RESERVE_BYTES = 8 << 30  # left to the OS and the CUDA driver (as host.reserve in profiles)
 COPY_CHUNK = 16 << 20  # elements a copy thread takes at a time

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerslide.executor.data import (
+from layerslide.data.sources import (
     EVAL_DATA,
     DatasetTokens,
     SyntheticTokens,

@@ -16,58 +16,29 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import torch
 from transformers import PretrainedConfig
 
-from layerslide.executor import hf_io
+from layerslide.data.sources import TokenSource
 from layerslide.executor.blocks import ModelBlocks, check_supported
-from layerslide.executor.checkpoint_snapshot import (
-    RAM_RESERVE_BYTES,
-    CheckpointSnapshot,
-    SnapshotGuard,
-    available_ram_bytes,
-    keep_copy_buffers,
-)
-from layerslide.executor.checkpoint_store import CheckpointInfo, CheckpointStore
-from layerslide.executor.data import TokenSource
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
-from layerslide.executor.evaluation import EvalResult, evaluate
 from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
-from layerslide.executor.moments import Moments
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.runner import TaskRunner
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
-from layerslide.planner.settings import STATE_LAYOUT_FIELDS, Policy, TrainSpec
+from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import MemorySample, Trace, TraceEvent
-
-STATE_FORMAT = "layerslide-train-state/1"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointSchedule:
-    """When fit() writes the full training state: every `every_steps` steps and/or once
-    `every_minutes` have passed since the last one (checked where segments end), and at the end.
-    `meta` is stored with it (the CLI keeps its arguments there to resume from). background:
-    written while the next steps run (checkpoint_snapshot); else the pipeline waits for it."""
-
-    store: CheckpointStore
-    every_steps: int | None = None
-    every_minutes: float | None = None
-    meta: dict = field(default_factory=dict)
-    background: bool = True
-
-    def __post_init__(self) -> None:
-        if self.every_steps is not None and self.every_steps < 1:
-            raise ValueError(f"checkpoint every_steps={self.every_steps}: must be >= 1")
-        if self.every_minutes is not None and not self.every_minutes > 0:
-            raise ValueError(f"checkpoint every_minutes={self.every_minutes}: must be > 0")
+from layerslide.training import hf_io
+from layerslide.training.checkpoint_store import CheckpointInfo
+from layerslide.training.evaluation import EvalResult, evaluate
+from layerslide.training.train_state import Checkpointing, CheckpointSchedule
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,10 +126,7 @@ class Trainer:
         self.step = 0  # optimizer steps taken (or skipped) so far
         self.failed = False  # training or a save raised: close() keeps the NVMe files
         self.stopped = False  # fit() ended early on its stop event
-        self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
-        self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
-        # at most this much RAM for checkpoint copies (None: what is free beyond the reserve)
-        self.checkpoint_copy_ram_bytes: int | None = None
+        self.checkpointing = Checkpointing(self)  # the full state's saves and restores
         # the measured trace grows by every task of every step: a long run that does not ask for
         # it (keep_trace=False) keeps none, or the segments that start within keep_trace=N steps
         if not isinstance(keep_trace, bool) and (not isinstance(keep_trace, int)
@@ -199,7 +167,7 @@ class Trainer:
         for b in self.blocks.blocks:
             if b not in in_ram:
                 self.state.set_master(b, self.blocks.init_block(b, seed))
-        self._weights_changed()
+        self.weights_changed()
 
     def load_checkpoint(self, folder: str | Path) -> None:
         """Read an HF folder's safetensors tensor by tensor into the fp32 master weights."""
@@ -210,9 +178,9 @@ class Trainer:
         missing = set(self.blocks.expected_tensors()) - placed
         if missing:
             raise ValueError(f"{folder}: no weights for {sorted(missing)[:3]}")
-        self._weights_changed()
+        self.weights_changed()
 
-    def _weights_changed(self) -> None:
+    def weights_changed(self) -> None:
         if self.policy.schedule.cast == "cpu_once":  # the first loads read the bf16 copies
             for b in self.state.upload:
                 self.state.cast_to_upload(b)
@@ -227,172 +195,6 @@ class Trainer:
         config.pop("_attn_implementation_autoset", None)
         return hf_io.save_hf_folder(folder, config, self.state.named_master(),
                                     overwrite=overwrite, extra_files=extra_files)
-
-    # --- the full training state ------------------------------------------------------------------
-    def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Every tensor of the training state by block, on the host: fp32 master weights and
-        AdamW moments (their tensors named as moments.Moments.layout names them). GPU-updated
-        blocks get host staging buffers of their own (for the time of a save or restore).
-        In the order the blocks' updates come in a step (head first): a checkpoint written
-        beside training writes each before its next update wants it."""
-        gpu, groups = self.runner.gpu_blocks, {}
-        for b in reversed(self.blocks.blocks):
-            if b in gpu:
-                moments = Moments.zeros(self.state.moment_precision, self.blocks.numel(b))
-                master = torch.empty_like(self.state.master[b])
-            else:
-                moments, master = self.state.moments[b], self.state.master[b]
-            groups[f"block_{b}"] = {"master": master, **moments.tensors}
-        return groups
-
-    def _gpu_moments_staging(self, groups: dict, block: int) -> Moments:
-        return Moments(self.state.moment_precision,
-                       {name: groups[f"block_{block}"][name]
-                        for name in self.runner.gpu_blocks.moments[block].tensors})
-
-    def _identity(self) -> dict:  # what a checkpoint records of the run that wrote it
-        return {"model": self.spec.to_dict(), "train": self.train.to_dict(),
-                "policy": _what_it_computes(self.policy.to_dict()),
-                "optim": self.optim.to_dict()}
-
-    def _check_resumable(self, path: Path, meta: dict) -> None:
-        """The state is per block whatever the schedule (micro-batch, window, placement, ...):
-        what it means, and where its parts lie, must match this run's."""
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"{path}: not a layerslide training state "
-                             f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
-        mine, theirs = _state_identity(self._identity()), _state_identity(meta)
-        for key, value in mine.items():
-            if theirs.get(key) != value:
-                raise ValueError(f"{path} was written with other {key} settings "
-                                 f"({theirs.get(key)}) than this run's ({value}): resume with "
-                                 f"the {key} settings of the run that wrote it")
-
-    def save_state(self, store: CheckpointStore, data: TokenSource, *,
-                   meta: dict | None = None) -> CheckpointInfo:
-        """Write the full training state (weights, moments, step counts, data position) as one
-        checkpoint; call where the pipeline is drained (between fit() calls or segments)."""
-        self.wait_for_checkpoint()
-        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
-        return store.save(step, groups, state_meta, link_files=links)
-
-    def start_save_state(self, store: CheckpointStore, data: TokenSource, *,
-                         meta: dict | None = None) -> CheckpointSnapshot:
-        """save_state's checkpoint, written while training goes on: call where the pipeline
-        is drained; the next updates of each block wait for (or copy) its part, within the RAM
-        the machine has free beyond RAM_RESERVE_BYTES. wait_for_checkpoint() gives its info."""
-        self.wait_for_checkpoint()
-        start_s = time.monotonic()
-        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
-        cpu_groups = {b: f"block_{b}" for b in self.state.steps_taken}
-        guard = SnapshotGuard(groups, cpu_groups, self._copy_budget_bytes(),
-                              kept=self._copy_buffers)
-        self.state.update_guard = guard
-        self._snapshot = CheckpointSnapshot(store, step, groups, state_meta, link_files=links,
-                                            guard=guard, stall_s=time.monotonic() - start_s)
-        return self._snapshot
-
-    def keep_checkpoint_copies(self) -> int:
-        """Before the first checkpoint written beside training: make the RAM its copies of the
-        state go into (within what the machine has free beyond RAM_RESERVE_BYTES, the blocks
-        updated first first) and touch every page, so that its copies run at memory speed.
-        fit() with background checkpoints calls this when none are kept; checkpoints keep
-        them from one to the next anyway. Returns the bytes held."""
-        self.wait_for_checkpoint()
-        return keep_copy_buffers(self._host_updated_groups(), self._copy_budget_bytes(),
-                                 self._copy_buffers)
-
-    def _copy_budget_bytes(self) -> int:
-        """RAM new checkpoint copies may take: what is free beyond the reserve, within
-        checkpoint_copy_ram_bytes less the copies kept already."""
-        free = available_ram_bytes() - RAM_RESERVE_BYTES
-        if self.checkpoint_copy_ram_bytes is None:
-            return free
-        return min(free, self.checkpoint_copy_ram_bytes - self.checkpoint_copy_bytes)
-
-    def _host_updated_groups(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The state's groups a checkpoint beside training copies: the blocks the host
-        updates, in update order."""
-        return {f"block_{b}": {"master": self.state.master[b], **self.state.moments[b].tensors}
-                for b in reversed(self.blocks.blocks) if b in self.state.steps_taken}
-
-    @property
-    def host_updated_state_bytes(self) -> int:
-        """Bytes of the state a checkpoint beside training copies (all of it kept: no waits)."""
-        return sum(t.nbytes for ts in self._host_updated_groups().values() for t in ts.values())
-
-    @property
-    def checkpoint_copy_bytes(self) -> int:
-        """RAM held for checkpoint copies (outside the plan's buffers)."""
-        # a list: a checkpoint's writer threads may add to the dict meanwhile
-        return sum(t.nbytes for buffers in list(self._copy_buffers.values())
-                   for t in buffers.values())
-
-    def drop_checkpoint_copies(self) -> None:
-        """Free the RAM kept for checkpoint copies (the next checkpoint beside training
-        allocates afresh)."""
-        self.wait_for_checkpoint()
-        self._copy_buffers.clear()
-
-    def wait_for_checkpoint(self) -> tuple[CheckpointInfo, CheckpointSnapshot] | None:
-        """Wait for the checkpoint start_save_state began (None if none is in flight); raises
-        what its write raised."""
-        snapshot, self._snapshot = self._snapshot, None
-        if snapshot is None:
-            return None
-        try:
-            return snapshot.wait(), snapshot
-        finally:
-            self.state.update_guard = None
-
-    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None):
-        """What CheckpointStore.save takes, for the state as it is now."""
-        groups = self._state_groups()
-        gpu = self.runner.gpu_blocks
-        for b in gpu.ids:
-            gpu.store(b, groups[f"block_{b}"]["master"])
-            self._gpu_moments_staging(groups, b).copy_(gpu.moments[b])
-        self.device.synchronize()
-        steps_taken = {str(b): n for b, n in self.state.steps_taken.items()}
-        steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
-        state_meta = {"format": STATE_FORMAT, "step": self.step, "steps_taken": steps_taken,
-                      "data": data.state_dict(), **self._identity(), "run": meta or {}}
-        # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
-        # file by rename, never in place, so a linked checkpoint stays as it was)
-        nvme = self.state.nvme
-        links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
-                                         for path in nvme.paths(b)}
-        store.check_space(groups, link_files=links)
-        return self.step, groups, state_meta, links
-
-    def restore_state(self, store: CheckpointStore, data: TokenSource, *,
-                      fallback: bool = False) -> CheckpointInfo:
-        """Continue from the newest good checkpoint in `store` (with `fallback`, an older one
-        when the newest fails its checksums): weights, moments, step counts, data position.
-        It reads into the live state: after a failure, restore again or discard the trainer."""
-        groups = self._state_groups()
-        newest = store.latest()
-        if newest is not None:  # before reading tensors sized by settings that may differ
-            self._check_resumable(newest.path, newest.meta)
-        info, meta = store.load_latest_good(groups, fallback=fallback)
-        self._check_resumable(info.path, meta)
-        gpu = self.runner.gpu_blocks
-        for b in self.blocks.blocks:
-            taken = meta["steps_taken"][str(b)]
-            if b in gpu:
-                self.state.master[b].copy_(groups[f"block_{b}"]["master"])
-                gpu.moments[b].copy_(self._gpu_moments_staging(groups, b))
-                gpu.steps[b].fill_(taken)
-            else:
-                self.state.set_steps_taken(b, taken)
-        nvme = self.state.nvme
-        for b in () if nvme is None else nvme.disk_blocks:
-            nvme.restore_files(b, [info.path / path.name for path in nvme.paths(b)])
-        data.load_state_dict(meta["data"])
-        self.step = meta["step"]
-        self._weights_changed()
-        self.device.synchronize()
-        return info
 
     # --- training --------------------------------------------------------------------------------
     def fit(self, data: TokenSource, num_steps: int,
@@ -417,8 +219,9 @@ class Trainer:
         the pipeline is drained and the host's master weights are whole (to save the model)."""
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every={save_every}: must be >= 1")
-        if checkpoints is not None and checkpoints.background and not self._copy_buffers:
-            self.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
+        saves = self.checkpointing
+        if checkpoints is not None and checkpoints.background and not saves.copies_kept:
+            saves.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
         logs: list[StepLog] = []
         last_save_s = time.monotonic()
         self.stopped = False
@@ -459,7 +262,7 @@ class Trainer:
                 and self.step % checkpoints.every_steps == 0) or (
                 checkpoints.every_minutes is not None
                 and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
-            if self._snapshot is not None and self._snapshot.done():
+            if saves.done_in_background():
                 self._checkpoint_written(on_checkpoint)
             if due:
                 start_s = time.monotonic()
@@ -467,11 +270,11 @@ class Trainer:
                     waited_s = self._checkpoint_written(on_checkpoint)
                     last = self.stopped or len(logs) == num_steps  # nothing to write beside
                     if checkpoints.background and not last:
-                        snapshot = self.start_save_state(checkpoints.store, data,
+                        snapshot = saves.start_save_state(checkpoints.store, data,
                                                          meta=checkpoints.meta)
                         snapshot.waited_s = waited_s
                     else:
-                        info = self.save_state(checkpoints.store, data, meta=checkpoints.meta)
+                        info = saves.save_state(checkpoints.store, data, meta=checkpoints.meta)
                         if on_checkpoint is not None:
                             on_checkpoint(info, time.monotonic() - start_s)
                 except BaseException:
@@ -491,7 +294,7 @@ class Trainer:
         """Wait for a checkpoint being written beside training and report it with the time
         training stalled for it; returns the seconds this wait took."""
         start_s = time.monotonic()
-        written = self.wait_for_checkpoint()
+        written = self.checkpointing.wait_for_checkpoint()
         waited_s = time.monotonic() - start_s
         if written is not None and on_checkpoint is not None:
             info, snapshot = written
@@ -581,13 +384,13 @@ class Trainer:
         """Unpin host memory and delete the NVMe tier's files, state and activation checkpoints:
         scratch once the run is over, and what a checkpoint hard-linked stays. A run that failed
         keeps them, as they were at its last good step."""
-        if self._snapshot is not None:  # a checkpoint of a step before a failure is good
+        if self.checkpointing.in_flight:  # a checkpoint of a step before a failure is good
             try:
-                self.wait_for_checkpoint()
+                self.checkpointing.wait_for_checkpoint()
             except Exception as err:  # noqa: BLE001 (the failure that ended the run comes first)
                 warnings.warn(f"the checkpoint being written failed too: {err}", RuntimeWarning,
                               stacklevel=2)
-        self._copy_buffers.clear()
+        self.checkpointing.drop_checkpoint_copies()
         self.device.close()
         if not self.failed:
             if self.state.nvme is not None:
@@ -603,39 +406,3 @@ class Trainer:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         self.failed = self.failed or exc_type is not None
         self.close()
-
-
-def _state_identity(meta: dict) -> dict:
-    """What a checkpoint's state means and how it is laid out: the model, the optimizer's
-    settings, the moments' precision and the NVMe fractions (not the schedule, which a resumed
-    run may change)."""
-    policy = _with_defaults("policy", meta.get("policy"))
-    residency = policy.get("residency", {}) if isinstance(policy, dict) else {}
-    layout = {k: residency.get(k) for k in STATE_LAYOUT_FIELDS if k != "moment_precision"}
-    return {"model": meta.get("model"), "optim": meta.get("optim"),
-            "moment precision": residency.get("moment_precision"),
-            "NVMe state layout": layout}
-
-
-def _with_defaults(key: str, stored: object) -> object:
-    """A checkpoint's stored policy or train settings read back through their dataclass, so
-    that fields added since it was written take their defaults instead of differing."""
-    kinds = {"policy": Policy, "train": TrainSpec}
-    if key not in kinds or not isinstance(stored, dict):
-        return stored
-    try:
-        settings = kinds[key].from_dict(stored).to_dict()
-    except (TypeError, ValueError):
-        return stored  # not ours to read: the comparison reports it
-    return _what_it_computes(settings) if key == "policy" else settings
-
-
-# policy fields that change how a run goes, not what it computes: a resumed run may differ there
-RUN_ONLY_POLICY_FIELDS = ("executor", "stream_run_ahead")
-
-
-def _what_it_computes(policy: dict) -> dict:
-    """A policy's to_dict without the fields that say how a run goes (one level into its
-    groups: executor is a group, stream_run_ahead a field of the schedule)."""
-    return {group: {k: v for k, v in fields.items() if k not in RUN_ONLY_POLICY_FIELDS}
-            for group, fields in policy.items() if group not in RUN_ONLY_POLICY_FIELDS}

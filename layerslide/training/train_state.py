@@ -1,0 +1,283 @@
+"""The full training state of a Trainer's run, as checkpoints hold it: fp32 master weights and
+AdamW moments by block, step counts and the data position, written by `CheckpointStore` (at a
+drained pipeline, or beside training through a `SnapshotGuard`) and read back on resume.
+
+A checkpoint holds each block's state whatever the schedule, so a resume checks only what the
+state means and how it is laid out (model, optimizer settings, moment precision, the NVMe
+fractions): a run may resume under another micro-batch, window, placement or kernel choice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from layerslide.data.sources import TokenSource
+from layerslide.executor.moments import Moments
+from layerslide.planner.settings import STATE_LAYOUT_FIELDS, Policy, TrainSpec
+from layerslide.training.checkpoint_snapshot import (
+    RAM_RESERVE_BYTES,
+    CheckpointSnapshot,
+    SnapshotGuard,
+    available_ram_bytes,
+    keep_copy_buffers,
+)
+from layerslide.training.checkpoint_store import CheckpointInfo, CheckpointStore
+
+if TYPE_CHECKING:
+    from layerslide.training.trainer import Trainer
+
+STATE_FORMAT = "layerslide-train-state/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSchedule:
+    """When fit() writes the full training state: every `every_steps` steps and/or once
+    `every_minutes` have passed since the last one (checked where segments end), and at the end.
+    `meta` is stored with it (the CLI keeps its arguments there to resume from). background:
+    written while the next steps run (checkpoint_snapshot); else the pipeline waits for it."""
+
+    store: CheckpointStore
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    meta: dict = field(default_factory=dict)
+    background: bool = True
+
+    def __post_init__(self) -> None:
+        if self.every_steps is not None and self.every_steps < 1:
+            raise ValueError(f"checkpoint every_steps={self.every_steps}: must be >= 1")
+        if self.every_minutes is not None and not self.every_minutes > 0:
+            raise ValueError(f"checkpoint every_minutes={self.every_minutes}: must be > 0")
+
+
+
+class Checkpointing:
+    """Saves and restores a Trainer's full state (`trainer.checkpointing`). A checkpoint
+    written beside training is in flight until wait_for_checkpoint(); its copies of the state
+    go into buffers kept from one checkpoint to the next."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
+        self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
+        # at most this much RAM for checkpoint copies (None: what is free beyond the reserve)
+        self.copy_ram_bytes: int | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self._snapshot is not None
+
+    def done_in_background(self) -> bool:
+        """A checkpoint written beside training has finished (wait_for_checkpoint reports it)."""
+        return self._snapshot is not None and self._snapshot.done()
+
+    @property
+    def copies_kept(self) -> bool:
+        return bool(self._copy_buffers)
+
+    def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every tensor of the training state by block, on the host: fp32 master weights and
+        AdamW moments (their tensors named as moments.Moments.layout names them). GPU-updated
+        blocks get host staging buffers of their own (for the time of a save or restore).
+        In the order the blocks' updates come in a step (head first): a checkpoint written
+        beside training writes each before its next update wants it."""
+        gpu, groups = self.trainer.runner.gpu_blocks, {}
+        for b in reversed(self.trainer.blocks.blocks):
+            if b in gpu:
+                moments = Moments.zeros(self.trainer.state.moment_precision, self.trainer.blocks.numel(b))
+                master = torch.empty_like(self.trainer.state.master[b])
+            else:
+                moments, master = self.trainer.state.moments[b], self.trainer.state.master[b]
+            groups[f"block_{b}"] = {"master": master, **moments.tensors}
+        return groups
+
+    def _gpu_moments_staging(self, groups: dict, block: int) -> Moments:
+        return Moments(self.trainer.state.moment_precision,
+                       {name: groups[f"block_{block}"][name]
+                        for name in self.trainer.runner.gpu_blocks.moments[block].tensors})
+
+    def _identity(self) -> dict:  # what a checkpoint records of the run that wrote it
+        return {"model": self.trainer.spec.to_dict(), "train": self.trainer.train.to_dict(),
+                "policy": _what_it_computes(self.trainer.policy.to_dict()),
+                "optim": self.trainer.optim.to_dict()}
+
+    def _check_resumable(self, path: Path, meta: dict) -> None:
+        """The state is per block whatever the schedule (micro-batch, window, placement, ...):
+        what it means, and where its parts lie, must match this run's."""
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"{path}: not a layerslide training state "
+                             f"(format {meta.get('format')!r}, expected {STATE_FORMAT!r})")
+        mine, theirs = _state_identity(self._identity()), _state_identity(meta)
+        for key, value in mine.items():
+            if theirs.get(key) != value:
+                raise ValueError(f"{path} was written with other {key} settings "
+                                 f"({theirs.get(key)}) than this run's ({value}): resume with "
+                                 f"the {key} settings of the run that wrote it")
+
+    def save_state(self, store: CheckpointStore, data: TokenSource, *,
+                   meta: dict | None = None) -> CheckpointInfo:
+        """Write the full training state (weights, moments, step counts, data position) as one
+        checkpoint; call where the pipeline is drained (between fit() calls or segments)."""
+        self.wait_for_checkpoint()
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        return store.save(step, groups, state_meta, link_files=links)
+
+    def start_save_state(self, store: CheckpointStore, data: TokenSource, *,
+                         meta: dict | None = None) -> CheckpointSnapshot:
+        """save_state's checkpoint, written while training goes on: call where the pipeline
+        is drained; the next updates of each block wait for (or copy) its part, within the RAM
+        the machine has free beyond RAM_RESERVE_BYTES. wait_for_checkpoint() gives its info."""
+        self.wait_for_checkpoint()
+        start_s = time.monotonic()
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        cpu_groups = {b: f"block_{b}" for b in self.trainer.state.steps_taken}
+        guard = SnapshotGuard(groups, cpu_groups, self._copy_budget_bytes(),
+                              kept=self._copy_buffers)
+        self.trainer.state.update_guard = guard
+        self._snapshot = CheckpointSnapshot(store, step, groups, state_meta, link_files=links,
+                                            guard=guard, stall_s=time.monotonic() - start_s)
+        return self._snapshot
+
+    def keep_checkpoint_copies(self) -> int:
+        """Before the first checkpoint written beside training: make the RAM its copies of the
+        state go into (within what the machine has free beyond RAM_RESERVE_BYTES, the blocks
+        updated first first) and touch every page, so that its copies run at memory speed.
+        fit() with background checkpoints calls this when none are kept; checkpoints keep
+        them from one to the next anyway. Returns the bytes held."""
+        self.wait_for_checkpoint()
+        return keep_copy_buffers(self._host_updated_groups(), self._copy_budget_bytes(),
+                                 self._copy_buffers)
+
+    def _copy_budget_bytes(self) -> int:
+        """RAM new checkpoint copies may take: what is free beyond the reserve, within
+        checkpoint_copy_ram_bytes less the copies kept already."""
+        free = available_ram_bytes() - RAM_RESERVE_BYTES
+        if self.copy_ram_bytes is None:
+            return free
+        return min(free, self.copy_ram_bytes - self.checkpoint_copy_bytes)
+
+    def _host_updated_groups(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The state's groups a checkpoint beside training copies: the blocks the host
+        updates, in update order."""
+        return {f"block_{b}": {"master": self.trainer.state.master[b], **self.trainer.state.moments[b].tensors}
+                for b in reversed(self.trainer.blocks.blocks) if b in self.trainer.state.steps_taken}
+
+    @property
+    def host_updated_state_bytes(self) -> int:
+        """Bytes of the state a checkpoint beside training copies (all of it kept: no waits)."""
+        return sum(t.nbytes for ts in self._host_updated_groups().values() for t in ts.values())
+
+    @property
+    def checkpoint_copy_bytes(self) -> int:
+        """RAM held for checkpoint copies (outside the plan's buffers)."""
+        # a list: a checkpoint's writer threads may add to the dict meanwhile
+        return sum(t.nbytes for buffers in list(self._copy_buffers.values())
+                   for t in buffers.values())
+
+    def drop_checkpoint_copies(self) -> None:
+        """Free the RAM kept for checkpoint copies (the next checkpoint beside training
+        allocates afresh)."""
+        self.wait_for_checkpoint()
+        self._copy_buffers.clear()
+
+    def wait_for_checkpoint(self) -> tuple[CheckpointInfo, CheckpointSnapshot] | None:
+        """Wait for the checkpoint start_save_state began (None if none is in flight); raises
+        what its write raised."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is None:
+            return None
+        try:
+            return snapshot.wait(), snapshot
+        finally:
+            self.trainer.state.update_guard = None
+
+    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None):
+        """What CheckpointStore.save takes, for the state as it is now."""
+        groups = self._state_groups()
+        gpu = self.trainer.runner.gpu_blocks
+        for b in gpu.ids:
+            gpu.store(b, groups[f"block_{b}"]["master"])
+            self._gpu_moments_staging(groups, b).copy_(gpu.moments[b])
+        self.trainer.device.synchronize()
+        steps_taken = {str(b): n for b, n in self.trainer.state.steps_taken.items()}
+        steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
+        state_meta = {"format": STATE_FORMAT, "step": self.trainer.step, "steps_taken": steps_taken,
+                      "data": data.state_dict(), **self._identity(), "run": meta or {}}
+        # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
+        # file by rename, never in place, so a linked checkpoint stays as it was)
+        nvme = self.trainer.state.nvme
+        links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
+                                         for path in nvme.paths(b)}
+        store.check_space(groups, link_files=links)
+        return self.trainer.step, groups, state_meta, links
+
+    def restore_state(self, store: CheckpointStore, data: TokenSource, *,
+                      fallback: bool = False) -> CheckpointInfo:
+        """Continue from the newest good checkpoint in `store` (with `fallback`, an older one
+        when the newest fails its checksums): weights, moments, step counts, data position.
+        It reads into the live state: after a failure, restore again or discard the trainer."""
+        groups = self._state_groups()
+        newest = store.latest()
+        if newest is not None:  # before reading tensors sized by settings that may differ
+            self._check_resumable(newest.path, newest.meta)
+        info, meta = store.load_latest_good(groups, fallback=fallback)
+        self._check_resumable(info.path, meta)
+        gpu = self.trainer.runner.gpu_blocks
+        for b in self.trainer.blocks.blocks:
+            taken = meta["steps_taken"][str(b)]
+            if b in gpu:
+                self.trainer.state.master[b].copy_(groups[f"block_{b}"]["master"])
+                gpu.moments[b].copy_(self._gpu_moments_staging(groups, b))
+                gpu.steps[b].fill_(taken)
+            else:
+                self.trainer.state.set_steps_taken(b, taken)
+        nvme = self.trainer.state.nvme
+        for b in () if nvme is None else nvme.disk_blocks:
+            nvme.restore_files(b, [info.path / path.name for path in nvme.paths(b)])
+        data.load_state_dict(meta["data"])
+        self.trainer.step = meta["step"]
+        self.trainer.weights_changed()
+        self.trainer.device.synchronize()
+        return info
+
+
+
+
+def _state_identity(meta: dict) -> dict:
+    """What a checkpoint's state means and how it is laid out: the model, the optimizer's
+    settings, the moments' precision and the NVMe fractions (not the schedule, which a resumed
+    run may change)."""
+    policy = _with_defaults("policy", meta.get("policy"))
+    residency = policy.get("residency", {}) if isinstance(policy, dict) else {}
+    layout = {k: residency.get(k) for k in STATE_LAYOUT_FIELDS if k != "moment_precision"}
+    return {"model": meta.get("model"), "optim": meta.get("optim"),
+            "moment precision": residency.get("moment_precision"),
+            "NVMe state layout": layout}
+
+
+def _with_defaults(key: str, stored: object) -> object:
+    """A checkpoint's stored policy or train settings read back through their dataclass, so
+    that fields added since it was written take their defaults instead of differing."""
+    kinds = {"policy": Policy, "train": TrainSpec}
+    if key not in kinds or not isinstance(stored, dict):
+        return stored
+    try:
+        settings = kinds[key].from_dict(stored).to_dict()
+    except (TypeError, ValueError):
+        return stored  # not ours to read: the comparison reports it
+    return _what_it_computes(settings) if key == "policy" else settings
+
+
+# policy fields that change how a run goes, not what it computes: a resumed run may differ there
+RUN_ONLY_POLICY_FIELDS = ("executor", "stream_run_ahead")
+
+
+def _what_it_computes(policy: dict) -> dict:
+    """A policy's to_dict without the fields that say how a run goes (one level into its
+    groups: executor is a group, stream_run_ahead a field of the schedule)."""
+    return {group: {k: v for k, v in fields.items() if k not in RUN_ONLY_POLICY_FIELDS}
+            for group, fields in policy.items() if group not in RUN_ONLY_POLICY_FIELDS}
