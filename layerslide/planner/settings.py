@@ -6,7 +6,7 @@ import math
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Literal, get_args
 
 # GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
@@ -77,6 +77,17 @@ def disk_cut(numel: int, fraction: float, precision: MomentPrecision) -> int:
     return numel if fraction == 1.0 else min(whole, numel)
 
 
+def setting(default, doc: str):
+    """A field with its doc beside it: where the field is a command-line flag, the doc is the
+    flag's help (plain text: cli.options escapes it for argparse)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def doc_of(f: Field) -> str | None:
+    """A field's doc as setting() gave it (None: declared without one)."""
+    return f.metadata.get("doc")
+
+
 def _fail(owner: str, name: str, value: object, what: str) -> None:
     raise ValueError(f"{owner}.{name}={value!r}: {what}")
 
@@ -85,12 +96,13 @@ def _fail(owner: str, name: str, value: object, what: str) -> None:
 class TrainSpec:
     """Per-step training shape: micro-batch, sequence length, accumulation, clipping."""
 
-    micro_batch: int = 8
-    seq_len: int = 1024
-    grad_accum: int = 1
+    micro_batch: int = setting(8, "sequences per micro-batch")
+    seq_len: int = setting(1024, "tokens per sequence")
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
     # Global gradient-norm clipping needs every gradient before any update: the plan makes
     # every optimizer step of a step wait for all gradients to land.
-    max_grad_norm: float | None = None
+    max_grad_norm: float | None = setting(
+        None, "global gradient-norm clipping threshold (off by default)")
 
     def __post_init__(self) -> None:
         _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum")
@@ -226,28 +238,42 @@ class Residency:
     """Where state lives and how much of it at once: the window of weights on the GPU, blocks
     kept or updated there, checkpoints, the NVMe tier's share, grads awaiting their offload."""
 
-    window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
-    resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
+    window: int = setting(
+        2, "decoder layers whose bf16 weights are on the GPU at once (cache units)")
+    resident_layers: int = setting(0, "decoder layers kept on the GPU outside the window")
     # Blocks whose fp32 master weights, AdamW moments and grads live on the GPU and are updated
     # there (fused AdamW): the first gpu_updated_blocks of gpu_updated_order's sequence,
     # updated in the order the next forward needs them. They never cross PCIe and cost the CPU
     # nothing: GPU memory (sizes.GPU_UPDATED_BYTES_PER_PARAM) buys CPU time.
-    gpu_updated_blocks: int = 0
-    gpu_updated_order: GpuUpdateOrder = "forward"  # which blocks come first: GPU_UPDATE_ORDERS
-    activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
-    master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
-    moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
-    # fraction of the bf16 weights the GPU loads (the upload copy) kept on NVMe: each load of a
-    # block reads its part from the drive, each update writes it back with the state
-    weights_on_nvme: float = 0.0
-    grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
+    gpu_updated_blocks: int = setting(
+        0, "blocks (embedding, layer 0, 1, ..., head) whose fp32 state stays on the GPU and is "
+           "updated there (18 B/param of GPU memory, no CPU work)")
+    gpu_updated_order: GpuUpdateOrder = setting(
+        "forward", "which blocks --gpu-updated-blocks takes first: the next forward's order "
+                   "(embedding first) or the decoder layers first (leaves out a large embedding)")
+    activations: ActivationPlacement = setting(
+        "host", "where per-layer checkpoints wait for backward")
+    master_on_nvme: float = setting(0.0, "fraction (0-1) of fp32 master weights kept on NVMe")
+    moments_on_nvme: float = setting(0.0, "fraction (0-1) of AdamW moments kept on NVMe")
+    weights_on_nvme: float = setting(
+        0.0, "fraction (0-1) of the bf16 weights the GPU loads kept on NVMe (read at each load, "
+             "written with the state at each update; grads then land in a pool of host "
+             "buffers, 4 unless --host-grad-buffers says)")
+    grad_buffers: int = setting(
+        2, "layers whose bf16 grads may await their offload on the GPU at once")
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload); with
     # weights on NVMe, None is BOUNDED_LANDING_BUFFERS (landing_buffers).
-    host_grad_buffers: int | None = None
-    moment_precision: MomentPrecision = "fp32"  # how m and v are stored: MOMENT_PRECISIONS
+    host_grad_buffers: int | None = setting(
+        None, "pinned host buffers that offloaded grads land in (default: one per block; fewer "
+              "saves RAM but makes the backward wait for the CPU)")
+    moment_precision: MomentPrecision = setting(
+        "fp32", "how AdamW's m and v are stored (master weights stay fp32): fp32; bf16, rounded "
+                "stochastically (4 B/param less RAM and 8 less host traffic); int8, 8-bit codes "
+                "with a scale per 2048 as 8-bit Adam keeps them (6 B and 12 less). The compact "
+                "ones change the numerics: opt-in")
 
     @property
     def state_on_nvme(self) -> bool:
@@ -278,25 +304,34 @@ class Residency:
 class Schedule:
     """In what order and how far ahead the work runs: prefetch, the CPU's order, the cast."""
 
-    # how many layers ahead a weight load may run (layer-major: blocks, each a run of a task per
-    # group) and how many GPU tasks ahead an activation fetch may
-    prefetch_depth: int = 1
+    prefetch_depth: int = setting(
+        1, "layers ahead that a weight load may run (layer_major: blocks, each a run of tasks), "
+           "and GPU tasks ahead that an activation fetch may")
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
-    optimizer_order: OptimizerOrder = "deadline"  # ready steps by arrival or next-use deadline
-    cast: CastMode = "cpu_once"
-    # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
-    # bandwidth and the cores instead of taking turns.
-    cast_worker: bool = False
+    optimizer_order: OptimizerOrder = setting(
+        "deadline", "CPU runs ready optimizer steps by grad arrival or next-forward deadline")
+    cast: CastMode = setting(
+        "cpu_once", "where fp32->bf16 happens: once per step on the CPU, per load on the CPU, "
+                    "or on the GPU")
+    # A cast worker and the optimizer's then share host memory bandwidth and the cores instead
+    # of taking turns.
+    cast_worker: bool = setting(
+        False, "run casts on a CPU worker of their own, beside the optimizer's")
     # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
     # before it waits to enqueue the next (0: no bound): unbounded, a tensor handed to another
     # stream stays held by the caching allocator until that stream has done all queued at its
     # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
     stream_run_ahead: int = 3
-    accumulation: Accumulation = "step_major"  # how micro-batches meet the layers: ACCUMULATIONS
-    # Layer-major: the step's micro-batches are split into at most this many groups, and a
-    # block's task runs its group's micro-batches in turn. Fewer: a smaller plan, quicker to
-    # simulate, and more checkpoints fetched to the GPU at once; more: finer overlap.
-    sweep_groups: int = 8
+    accumulation: Accumulation = setting(
+        "step_major", "with --grad-accum > 1: step_major runs each micro-batch through every "
+                      "layer (weights reloaded per micro-batch, grads summed on the host); "
+                      "layer_major runs each layer for all micro-batches while its weights are "
+                      "loaded once (grads summed on the GPU, one offload per step)")
+    # More groups: finer overlap.
+    sweep_groups: int = setting(
+        8, "layer_major: the step's micro-batches run in at most this many groups, a block's "
+           "task running its group's in turn (fewer: a smaller plan, quicker to simulate, more "
+           "checkpoints fetched to the GPU at once)")
 
     def __post_init__(self) -> None:
         _positive("Policy", self, "prefetch_depth", "nvme_prefetch", "sweep_groups")
@@ -309,13 +344,19 @@ class Schedule:
 class Kernels:
     """Which kernels do the work: the layers', the head's loss, the CPU optimizer."""
 
-    layer_kernels: LayerKernels = "compiled"  # how decoder layers run on the GPU
-    head_loss: HeadLoss = "fused"  # fused linear cross-entropy (no full logits) or materialized
+    layer_kernels: LayerKernels = setting(
+        "compiled", "compiled: decoder layers under torch.compile (fused RMSNorm, RoPE, SwiGLU; "
+                    "~25% faster on the GPU); eager: Hugging Face's modules as is")
+    head_loss: HeadLoss = setting(
+        "fused", "fused linear cross-entropy or materialised logits")
     # GPU bytes of one chunk of the fused head's bf16 logits: smaller chunks hold less at the
     # head and leave smaller holes in the allocator's cache, for a slower head
     # (benchmarks/results/kernels_2026-11-29/head_bench.md)
     head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
-    cpu_optimizer: CpuOptimizer = "native"
+    cpu_optimizer: CpuOptimizer = setting(
+        "native", "native: one-pass AdamW on the landed bf16 grads that also writes the bf16 "
+                  "weights (28 B/param of host traffic); torch: torch's fused AdamW plus upcast "
+                  "and cast passes (40 B/param)")
 
     def __post_init__(self) -> None:
         if (not isinstance(self.head_chunk_bytes, int) or isinstance(self.head_chunk_bytes, bool)
