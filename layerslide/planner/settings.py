@@ -7,7 +7,7 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import Field, asdict, dataclass, field, fields
-from typing import Literal, get_args
+from typing import Literal, get_args, get_type_hints
 
 # GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
 # at a 128k vocab, 4k-row chunks
@@ -168,13 +168,9 @@ class ExecutorKnobs:
     @staticmethod
     def env_settings(environ: Mapping[str, str] = os.environ) -> dict:
         """The knobs those variables set, by field name: only the variables that are set."""
-        given = {}
-        for name, var, kind in (("cpu_threads", "LAYERSLIDE_CPU_THREADS", int),
-                                ("cpu_chunk_elements", "LAYERSLIDE_CPU_CHUNK", int),
-                                ("cpu_nice", "LAYERSLIDE_CPU_NICE", int),
-                                ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
-                                 float),
-                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str)):
+        given, hints = {}, get_type_hints(ExecutorKnobs)
+        for name in (f.name for f in fields(ExecutorKnobs)):
+            var, kind = FROM_ENVIRONMENT[name], hints[name] if hints[name] in (int, float) else str
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
@@ -194,7 +190,8 @@ class ExecutorKnobs:
 
 def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) -> int:
     """Policy.schedule.stream_run_ahead as LAYERSLIDE_RUN_AHEAD sets it, else `default`."""
-    raw = environ.get("LAYERSLIDE_RUN_AHEAD", "").strip()
+    var = FROM_ENVIRONMENT["stream_run_ahead"]
+    raw = environ.get(var, "").strip()
     if not raw:
         return default
     try:
@@ -202,7 +199,7 @@ def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) ->
     except ValueError:
         tasks = -1
     if tasks < 0:
-        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={raw!r}: give a whole number of tasks >= 1 "
+        raise ValueError(f"{var}={raw!r}: give a whole number of tasks >= 1 "
                          "(0: no bound)")
     return tasks
 
@@ -367,9 +364,40 @@ class Kernels:
                 cpu_optimizer=CPU_OPTIMIZERS)
 
 
-_GROUPS = {"residency": Residency, "schedule": Schedule, "kernels": Kernels,
-           "executor": ExecutorKnobs}
-_GROUP_OF = {f.name: group for group, cls in _GROUPS.items() for f in fields(cls)}
+# Policy's groups by attribute, in the order --help lists their flags
+POLICY_GROUPS = {"residency": Residency, "schedule": Schedule, "kernels": Kernels,
+                 "executor": ExecutorKnobs}
+_GROUP_OF = {f.name: group for group, cls in POLICY_GROUPS.items() for f in fields(cls)}
+
+# What sets each field from outside the code. Every field of TrainSpec and of Policy's groups is
+# a command-line flag (plan, simulate, train; its doc is its help) but those named here:
+# the executor's settings, which the environment sets, by these variables (how a plan runs, not
+# what it computes: recorded in the plan that runs)...
+FROM_ENVIRONMENT = {
+    "cpu_threads": "LAYERSLIDE_CPU_THREADS",
+    "cpu_chunk_elements": "LAYERSLIDE_CPU_CHUNK",
+    "cpu_nice": "LAYERSLIDE_CPU_NICE",
+    "lane_switch_interval_s": "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
+    "lane_waits": "LAYERSLIDE_LANE_WAITS",
+    "stream_run_ahead": "LAYERSLIDE_RUN_AHEAD",
+}
+# ...and those no one sets at the command line, with who does.
+NOT_ON_COMMAND_LINE = {
+    "nvme_prefetch": "tune's NVMe search (tuner/search.py)",
+    "head_chunk_bytes": "a plan file, or a Policy made in code (benchmarks' cases)",
+}
+
+
+def flag_fields(cls: type) -> tuple[Field, ...]:
+    """The fields of TrainSpec or of one of Policy's groups that are command-line flags, in
+    their declared order: a new field is one unless named above."""
+    return tuple(f for f in fields(cls)
+                 if f.name not in FROM_ENVIRONMENT and f.name not in NOT_ON_COMMAND_LINE)
+
+
+def policy_flag_fields() -> tuple[Field, ...]:
+    """The Policy fields that are command-line flags, group by group."""
+    return tuple(f for cls in POLICY_GROUPS.values() for f in flag_fields(cls))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,10 +418,10 @@ class Policy:
         unknown = sorted(set(settings) - set(_GROUP_OF))
         if unknown:
             raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
-        groups = {g: {} for g in _GROUPS}
+        groups = {g: {} for g in POLICY_GROUPS}
         for name, value in settings.items():
             groups[_GROUP_OF[name]][name] = value
-        return cls(**{g: _GROUPS[g](**given) for g, given in groups.items()})
+        return cls(**{g: POLICY_GROUPS[g](**given) for g, given in groups.items()})
 
     def with_(self, **changes) -> Policy:
         """This policy with some fields (by name) changed."""
@@ -414,7 +442,7 @@ class Policy:
         return self.schedule.cast != "gpu" and not self.optimizer_casts
 
     def __post_init__(self) -> None:
-        for group, cls in _GROUPS.items():
+        for group, cls in POLICY_GROUPS.items():
             if not isinstance(getattr(self, group), cls):
                 _fail("Policy", group, getattr(self, group), f"must be a {cls.__name__}")
         window, depth = self.residency.window, self.schedule.prefetch_depth
@@ -443,7 +471,7 @@ class Policy:
         """From to_dict's nested form, or the flat one that checkpoints written before the
         groups existed hold. Fields since removed (RETIRED_FIELDS) are dropped: they changed
         how fast a run went, never what it computed."""
-        if not set(data) <= set(_GROUPS):  # flat
+        if not set(data) <= set(POLICY_GROUPS):  # flat
             return cls.of(**data)
         data = dict(data)
         for group, given in data.items():
@@ -455,7 +483,7 @@ class Policy:
                          if _GROUP_OF.get(k) != g)
         if unknown:
             raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
-        return cls(**{g: _GROUPS[g](**given) for g, given in data.items()})
+        return cls(**{g: POLICY_GROUPS[g](**given) for g, given in data.items()})
 
 
 # (group, field) -> (the value that is now the only behaviour, why the field went)
