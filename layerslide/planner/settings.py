@@ -13,8 +13,8 @@ from typing import Literal, get_args, get_type_hints
 # at a 128k vocab, 4k-row chunks
 HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
-# Each choice is a Literal type (for readers and type checkers) and its tuple of values (what
-# __post_init__ checks and the CLI offers), the one made from the other.
+# Each choice is a Literal type (for readers, type checkers and a flag's choices) and its tuple
+# of values (what __post_init__ checks), the one made from the other.
 ActivationPlacement = Literal["gpu", "host", "nvme"]
 ACTIVATION_PLACEMENTS = get_args(ActivationPlacement)
 OptimizerOrder = Literal["arrival", "deadline"]
