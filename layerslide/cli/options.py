@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from types import SimpleNamespace
+from dataclasses import MISSING, Field
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 from layerslide.hwprofiles import HardwareProfile, parse_bytes, resolve_profile
 from layerslide.planner import ModelSpec, Policy, TrainSpec, resolve_model
 from layerslide.planner.plan import STEADY_STEPS
 from layerslide.planner.settings import (
-    ACCUMULATIONS,
-    ACTIVATION_PLACEMENTS,
-    CAST_MODES,
-    CPU_OPTIMIZERS,
-    GPU_UPDATE_ORDERS,
-    LAYER_KERNEL_MODES,
-    MOMENT_PRECISIONS,
-    OPTIMIZER_ORDERS,
-    ExecutorKnobs,
-    run_ahead_from_env,
+    POLICY_GROUPS,
+    doc_of,
+    flag_fields,
+    policy_flag_fields,
 )
+from layerslide.training.run import with_environment as with_env_overrides
 
 GIB = 1024**3
 
@@ -157,81 +154,48 @@ def add_nvme_drives(p: argparse.ArgumentParser) -> None:
 
 
 def add_train(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("training settings")
-    g.add_argument("--micro-batch", type=int, default=8, help="sequences per micro-batch")
-    g.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence")
-    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--max-grad-norm", type=float, default=None,
-                   help="global gradient-norm clipping threshold (off by default)")
+    add_field_flags(p.add_argument_group("training settings"), TrainSpec)
 
 
 def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
-    d = SimpleNamespace(**Policy.of().flat())  # the defaults by field name
     g = p.add_argument_group("policy")
-    g.add_argument("--window", type=int, default=d.window,
-                   help="decoder layers whose bf16 weights are on the GPU at once (cache units)")
-    g.add_argument("--grad-buffers", type=int, default=d.grad_buffers,
-                   help="layers whose bf16 grads may await their offload on the GPU at once")
-    g.add_argument("--prefetch-depth", type=int, default=d.prefetch_depth,
-                   help="layers ahead that a weight load may run (layer_major: blocks, each "
-                        "a run of tasks), and GPU tasks ahead that an activation fetch may")
-    g.add_argument("--activations", choices=ACTIVATION_PLACEMENTS, default=d.activations,
-                   help="where per-layer checkpoints wait for backward")
-    g.add_argument("--moments-on-nvme", type=float, default=d.moments_on_nvme,
-                   help="fraction (0-1) of AdamW moments kept on NVMe")
-    g.add_argument("--master-on-nvme", type=float, default=d.master_on_nvme,
-                   help="fraction (0-1) of fp32 master weights kept on NVMe")
-    g.add_argument("--weights-on-nvme", type=float, default=d.weights_on_nvme,
-                   help="fraction (0-1) of the bf16 weights the GPU loads kept on NVMe (read "
-                        "at each load, written with the state at each update; grads then land "
-                        "in a pool of host buffers, 4 unless --host-grad-buffers says)")
-    g.add_argument("--resident-layers", type=int, default=d.resident_layers,
-                   help="decoder layers kept on the GPU outside the window")
-    g.add_argument("--gpu-updated-blocks", type=int, default=d.gpu_updated_blocks,
-                   help="blocks (embedding, layer 0, 1, ..., head) whose fp32 state stays on the "
-                        "GPU and is updated there (18 B/param of GPU memory, no CPU work)")
-    g.add_argument("--gpu-updated-order", choices=GPU_UPDATE_ORDERS, default=d.gpu_updated_order,
-                   help="which blocks --gpu-updated-blocks takes first: the next forward's order "
-                        "(embedding first) or the decoder layers first (leaves out a large "
-                        "embedding)")
-    g.add_argument("--optimizer-order", choices=OPTIMIZER_ORDERS, default=d.optimizer_order,
-                   help="CPU runs ready optimizer steps by grad arrival or next-forward deadline")
-    g.add_argument("--cast", choices=CAST_MODES, default=d.cast,
-                   help="where fp32->bf16 happens: once per step on the CPU, per load on the CPU, "
-                        "or on the GPU")
-    g.add_argument("--cast-worker", action="store_true",
-                   help="run casts on a CPU worker of their own, beside the optimizer's")
-    g.add_argument("--head-loss", choices=("fused", "materialized"), default=d.head_loss,
-                   help="fused linear cross-entropy or materialised logits")
-    g.add_argument("--layer-kernels", choices=LAYER_KERNEL_MODES, default=d.layer_kernels,
-                   help="compiled: decoder layers under torch.compile (fused RMSNorm, RoPE, "
-                        "SwiGLU; ~25%% faster on the GPU); eager: Hugging Face's modules as is")
-    g.add_argument("--host-grad-buffers", type=int, default=d.host_grad_buffers,
-                   help="pinned host buffers that offloaded grads land in (default: one per "
-                        "block; fewer saves RAM but makes the backward wait for the CPU)")
-    g.add_argument("--cpu-optimizer", choices=CPU_OPTIMIZERS, default=d.cpu_optimizer,
-                   help="native: one-pass AdamW on the landed bf16 grads that also writes the "
-                        "bf16 weights (28 B/param of host traffic); torch: torch's fused AdamW "
-                        "plus upcast and cast passes (40 B/param)")
-    g.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default=d.moment_precision,
-                   help="how AdamW's m and v are stored (master weights stay fp32): fp32; bf16, "
-                        "rounded stochastically (4 B/param less RAM and 8 less host traffic); "
-                        "int8, 8-bit codes with a scale per 2048 as 8-bit Adam keeps them (6 B "
-                        "and 12 less). The compact ones change the numerics: opt-in")
-    g.add_argument("--accumulation", choices=ACCUMULATIONS, default=d.accumulation,
-                   help="with --grad-accum > 1: step_major runs each micro-batch through every "
-                        "layer (weights reloaded per micro-batch, grads summed on the host); "
-                        "layer_major runs each layer for all micro-batches while its weights "
-                        "are loaded once (grads summed on the GPU, one offload per step)")
-    g.add_argument("--sweep-groups", type=int, default=d.sweep_groups,
-                   help="layer_major: the step's micro-batches run in at most this many groups, "
-                        "a block's task running its group's in turn (fewer: a smaller plan, "
-                        "quicker to simulate, more checkpoints fetched to the GPU at once)")
+    for cls in POLICY_GROUPS.values():
+        add_field_flags(g, cls)
     if not plan_steps:
         return
     p.add_argument("--steps", type=int, default=STEADY_STEPS,
                    help=f"consecutive training steps to plan (simulate needs >= {STEADY_STEPS}: "
                         "the last cycle is the steady-state step it reports)")
+
+
+def add_field_flags(group: argparse._ArgumentGroup, cls: type) -> None:
+    """A flag for each field of a settings class that is one (settings.flag_fields), all read
+    off the field: --its-name, its doc the help, its default, a Literal's values the choices."""
+    hints = get_type_hints(cls)
+    for f in flag_fields(cls):
+        group.add_argument(flag_of(f.name), **_flag_options(cls, f, hints[f.name]))
+
+
+def _flag_options(cls: type, f: Field, hint) -> dict:
+    """argparse's options for a field's flag: a bool is a switch, X | None takes an X."""
+    where = f"{cls.__name__}.{f.name}"
+    if doc_of(f) is None or f.default is MISSING:
+        raise TypeError(f"{where} is a command-line flag: declare it with settings.setting("
+                        "default, doc), or name it in settings.NOT_ON_COMMAND_LINE")
+    options = {"default": f.default, "help": doc_of(f).replace("%", "%%")}  # argparse's %
+    if hint is bool:
+        if f.default is not False:
+            raise TypeError(f"{where}: a switch defaults to False (its flag turns it on)")
+        return {**options, "action": "store_true"}
+    if get_origin(hint) is Literal:
+        return {**options, "choices": get_args(hint)}
+    if get_origin(hint) in (Union, UnionType):  # X | None: None is the default's, not a value
+        kinds = [t for t in get_args(hint) if t is not type(None)]
+        hint = kinds[0] if len(kinds) == 1 else hint
+    if hint not in (int, float, str):
+        raise TypeError(f"{where}: no flag for a {hint}; give it int, float, str, bool, a "
+                        "Literal, or one of those | None")
+    return {**options, "type": hint}
 
 
 def add_json(p: argparse.ArgumentParser) -> None:
@@ -257,31 +221,13 @@ def profile_of(name: str, nvme_drives: int | None = None) -> HardwareProfile:
 
 
 def train_of(args) -> TrainSpec:
-    return TrainSpec(micro_batch=args.micro_batch, seq_len=args.seq_len,
-                     grad_accum=args.grad_accum, max_grad_norm=args.max_grad_norm)
+    return TrainSpec(**{f.name: getattr(args, f.name) for f in flag_fields(TrainSpec)})
 
 
 def policy_of(args) -> Policy:
     """The policy the flags say, with the executor settings the environment gives."""
-    return with_env_overrides(Policy.of(
-        window=args.window, grad_buffers=args.grad_buffers,
-        prefetch_depth=args.prefetch_depth, activations=args.activations,
-        moments_on_nvme=args.moments_on_nvme, master_on_nvme=args.master_on_nvme,
-        weights_on_nvme=args.weights_on_nvme,
-        resident_layers=args.resident_layers, gpu_updated_blocks=args.gpu_updated_blocks,
-        gpu_updated_order=args.gpu_updated_order, optimizer_order=args.optimizer_order,
-        cast=args.cast, cast_worker=args.cast_worker, head_loss=args.head_loss,
-        layer_kernels=args.layer_kernels, host_grad_buffers=args.host_grad_buffers,
-        cpu_optimizer=args.cpu_optimizer, accumulation=args.accumulation,
-        sweep_groups=args.sweep_groups, moment_precision=args.moment_precision))
-
-
-def with_env_overrides(policy: Policy) -> Policy:
-    """The policy with the executor settings the environment gives (recorded in the plan that
-    runs): LAYERSLIDE_RUN_AHEAD and ExecutorKnobs.from_env's variables, where they are set."""
-    knobs = ExecutorKnobs.env_settings()  # only what the environment sets
-    return policy.with_(stream_run_ahead=run_ahead_from_env(policy.schedule.stream_run_ahead),
-                        **knobs)
+    return with_env_overrides(Policy.of(**{f.name: getattr(args, f.name)
+                                           for f in policy_flag_fields()}))
 
 
 def progress_printer(what: str):

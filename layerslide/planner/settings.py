@@ -6,15 +6,15 @@ import math
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, get_args
+from dataclasses import Field, asdict, dataclass, field, fields
+from typing import Literal, get_args, get_type_hints
 
 # GPU bytes one chunk of the fused head's bf16 logits may take by default (head_chunk_bytes):
 # at a 128k vocab, 4k-row chunks
 HEAD_CHUNK_LOGIT_BYTES = 1 << 30
 
-# Each choice is a Literal type (for readers and type checkers) and its tuple of values (what
-# __post_init__ checks and the CLI offers), the one made from the other.
+# Each choice is a Literal type (for readers, type checkers and a flag's choices) and its tuple
+# of values (what __post_init__ checks), the one made from the other.
 ActivationPlacement = Literal["gpu", "host", "nvme"]
 ACTIVATION_PLACEMENTS = get_args(ActivationPlacement)
 OptimizerOrder = Literal["arrival", "deadline"]
@@ -77,6 +77,17 @@ def disk_cut(numel: int, fraction: float, precision: MomentPrecision) -> int:
     return numel if fraction == 1.0 else min(whole, numel)
 
 
+def setting(default, doc: str):
+    """A field with its doc beside it: where the field is a command-line flag, the doc is the
+    flag's help (plain text: cli.options escapes it for argparse)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def doc_of(f: Field) -> str | None:
+    """A field's doc as setting() gave it (None: declared without one)."""
+    return f.metadata.get("doc")
+
+
 def _fail(owner: str, name: str, value: object, what: str) -> None:
     raise ValueError(f"{owner}.{name}={value!r}: {what}")
 
@@ -85,12 +96,13 @@ def _fail(owner: str, name: str, value: object, what: str) -> None:
 class TrainSpec:
     """Per-step training shape: micro-batch, sequence length, accumulation, clipping."""
 
-    micro_batch: int = 8
-    seq_len: int = 1024
-    grad_accum: int = 1
+    micro_batch: int = setting(8, "sequences per micro-batch")
+    seq_len: int = setting(1024, "tokens per sequence")
+    grad_accum: int = setting(1, "micro-batches per optimizer step")
     # Global gradient-norm clipping needs every gradient before any update: the plan makes
     # every optimizer step of a step wait for all gradients to land.
-    max_grad_norm: float | None = None
+    max_grad_norm: float | None = setting(
+        None, "global gradient-norm clipping threshold (off by default)")
 
     def __post_init__(self) -> None:
         _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum")
@@ -156,13 +168,9 @@ class ExecutorKnobs:
     @staticmethod
     def env_settings(environ: Mapping[str, str] = os.environ) -> dict:
         """The knobs those variables set, by field name: only the variables that are set."""
-        given = {}
-        for name, var, kind in (("cpu_threads", "LAYERSLIDE_CPU_THREADS", int),
-                                ("cpu_chunk_elements", "LAYERSLIDE_CPU_CHUNK", int),
-                                ("cpu_nice", "LAYERSLIDE_CPU_NICE", int),
-                                ("lane_switch_interval_s", "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
-                                 float),
-                                ("lane_waits", "LAYERSLIDE_LANE_WAITS", str)):
+        given, hints = {}, get_type_hints(ExecutorKnobs)
+        for name in (f.name for f in fields(ExecutorKnobs)):
+            var, kind = FROM_ENVIRONMENT[name], hints[name] if hints[name] in (int, float) else str
             raw = environ.get(var, "").strip()
             if not raw:
                 continue
@@ -182,7 +190,8 @@ class ExecutorKnobs:
 
 def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) -> int:
     """Policy.schedule.stream_run_ahead as LAYERSLIDE_RUN_AHEAD sets it, else `default`."""
-    raw = environ.get("LAYERSLIDE_RUN_AHEAD", "").strip()
+    var = FROM_ENVIRONMENT["stream_run_ahead"]
+    raw = environ.get(var, "").strip()
     if not raw:
         return default
     try:
@@ -190,7 +199,7 @@ def run_ahead_from_env(default: int, environ: Mapping[str, str] = os.environ) ->
     except ValueError:
         tasks = -1
     if tasks < 0:
-        raise ValueError(f"LAYERSLIDE_RUN_AHEAD={raw!r}: give a whole number of tasks >= 1 "
+        raise ValueError(f"{var}={raw!r}: give a whole number of tasks >= 1 "
                          "(0: no bound)")
     return tasks
 
@@ -226,28 +235,42 @@ class Residency:
     """Where state lives and how much of it at once: the window of weights on the GPU, blocks
     kept or updated there, checkpoints, the NVMe tier's share, grads awaiting their offload."""
 
-    window: int = 2  # decoder layers whose bf16 weights are on the GPU at once (cache units)
-    resident_layers: int = 0  # decoder layers kept on the GPU outside the sliding window
+    window: int = setting(
+        2, "decoder layers whose bf16 weights are on the GPU at once (cache units)")
+    resident_layers: int = setting(0, "decoder layers kept on the GPU outside the window")
     # Blocks whose fp32 master weights, AdamW moments and grads live on the GPU and are updated
     # there (fused AdamW): the first gpu_updated_blocks of gpu_updated_order's sequence,
     # updated in the order the next forward needs them. They never cross PCIe and cost the CPU
     # nothing: GPU memory (sizes.GPU_UPDATED_BYTES_PER_PARAM) buys CPU time.
-    gpu_updated_blocks: int = 0
-    gpu_updated_order: GpuUpdateOrder = "forward"  # which blocks come first: GPU_UPDATE_ORDERS
-    activations: ActivationPlacement = "host"  # where per-layer checkpoints wait for backward
-    master_on_nvme: float = 0.0  # fraction of fp32 master weights kept on NVMe
-    moments_on_nvme: float = 0.0  # fraction of AdamW moments (m, v) kept on NVMe
-    # fraction of the bf16 weights the GPU loads (the upload copy) kept on NVMe: each load of a
-    # block reads its part from the drive, each update writes it back with the state
-    weights_on_nvme: float = 0.0
-    grad_buffers: int = 2  # layers whose bf16 grads may await their offload on the GPU at once
+    gpu_updated_blocks: int = setting(
+        0, "blocks (embedding, layer 0, 1, ..., head) whose fp32 state stays on the GPU and is "
+           "updated there (18 B/param of GPU memory, no CPU work)")
+    gpu_updated_order: GpuUpdateOrder = setting(
+        "forward", "which blocks --gpu-updated-blocks takes first: the next forward's order "
+                   "(embedding first) or the decoder layers first (leaves out a large embedding)")
+    activations: ActivationPlacement = setting(
+        "host", "where per-layer checkpoints wait for backward")
+    master_on_nvme: float = setting(0.0, "fraction (0-1) of fp32 master weights kept on NVMe")
+    moments_on_nvme: float = setting(0.0, "fraction (0-1) of AdamW moments kept on NVMe")
+    weights_on_nvme: float = setting(
+        0.0, "fraction (0-1) of the bf16 weights the GPU loads kept on NVMe (read at each load, "
+             "written with the state at each update; grads then land in a pool of host "
+             "buffers, 4 unless --host-grad-buffers says)")
+    grad_buffers: int = setting(
+        2, "layers whose bf16 grads may await their offload on the GPU at once")
     # Pinned host buffers that offloaded grads land in; when all wait for the CPU, the next
     # offload waits (backpressure on the backward). None: one per block, so the backward never
     # waits and a CPU-bound step can update deadline-first. Clipping always uses one per block.
     # Not used where grads land in the blocks' upload buffers (grads_land_in_upload); with
     # weights on NVMe, None is BOUNDED_LANDING_BUFFERS (landing_buffers).
-    host_grad_buffers: int | None = None
-    moment_precision: MomentPrecision = "fp32"  # how m and v are stored: MOMENT_PRECISIONS
+    host_grad_buffers: int | None = setting(
+        None, "pinned host buffers that offloaded grads land in (default: one per block; fewer "
+              "saves RAM but makes the backward wait for the CPU)")
+    moment_precision: MomentPrecision = setting(
+        "fp32", "how AdamW's m and v are stored (master weights stay fp32): fp32; bf16, rounded "
+                "stochastically (4 B/param less RAM and 8 less host traffic); int8, 8-bit codes "
+                "with a scale per 2048 as 8-bit Adam keeps them (6 B and 12 less). The compact "
+                "ones change the numerics: opt-in")
 
     @property
     def state_on_nvme(self) -> bool:
@@ -278,25 +301,34 @@ class Residency:
 class Schedule:
     """In what order and how far ahead the work runs: prefetch, the CPU's order, the cast."""
 
-    # how many layers ahead a weight load may run (layer-major: blocks, each a run of a task per
-    # group) and how many GPU tasks ahead an activation fetch may
-    prefetch_depth: int = 1
+    prefetch_depth: int = setting(
+        1, "layers ahead that a weight load may run (layer_major: blocks, each a run of tasks), "
+           "and GPU tasks ahead that an activation fetch may")
     nvme_prefetch: int = 2  # optimizer-state reads that may run ahead of the CPU
-    optimizer_order: OptimizerOrder = "deadline"  # ready steps by arrival or next-use deadline
-    cast: CastMode = "cpu_once"
-    # Casts on a CPU worker of their own, beside the optimizer's: both then share host memory
-    # bandwidth and the cores instead of taking turns.
-    cast_worker: bool = False
+    optimizer_order: OptimizerOrder = setting(
+        "deadline", "CPU runs ready optimizer steps by grad arrival or next-forward deadline")
+    cast: CastMode = setting(
+        "cpu_once", "where fp32->bf16 happens: once per step on the CPU, per load on the CPU, "
+                    "or on the GPU")
+    # A cast worker and the optimizer's then share host memory bandwidth and the cores instead
+    # of taking turns.
+    cast_worker: bool = setting(
+        False, "run casts on a CPU worker of their own, beside the optimizer's")
     # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
     # before it waits to enqueue the next (0: no bound): unbounded, a tensor handed to another
     # stream stays held by the caching allocator until that stream has done all queued at its
     # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
     stream_run_ahead: int = 3
-    accumulation: Accumulation = "step_major"  # how micro-batches meet the layers: ACCUMULATIONS
-    # Layer-major: the step's micro-batches are split into at most this many groups, and a
-    # block's task runs its group's micro-batches in turn. Fewer: a smaller plan, quicker to
-    # simulate, and more checkpoints fetched to the GPU at once; more: finer overlap.
-    sweep_groups: int = 8
+    accumulation: Accumulation = setting(
+        "step_major", "with --grad-accum > 1: step_major runs each micro-batch through every "
+                      "layer (weights reloaded per micro-batch, grads summed on the host); "
+                      "layer_major runs each layer for all micro-batches while its weights are "
+                      "loaded once (grads summed on the GPU, one offload per step)")
+    # More groups: finer overlap.
+    sweep_groups: int = setting(
+        8, "layer_major: the step's micro-batches run in at most this many groups, a block's "
+           "task running its group's in turn (fewer: a smaller plan, quicker to simulate, more "
+           "checkpoints fetched to the GPU at once)")
 
     def __post_init__(self) -> None:
         _positive("Policy", self, "prefetch_depth", "nvme_prefetch", "sweep_groups")
@@ -309,13 +341,19 @@ class Schedule:
 class Kernels:
     """Which kernels do the work: the layers', the head's loss, the CPU optimizer."""
 
-    layer_kernels: LayerKernels = "compiled"  # how decoder layers run on the GPU
-    head_loss: HeadLoss = "fused"  # fused linear cross-entropy (no full logits) or materialized
+    layer_kernels: LayerKernels = setting(
+        "compiled", "compiled: decoder layers under torch.compile (fused RMSNorm, RoPE, SwiGLU; "
+                    "~25% faster on the GPU); eager: Hugging Face's modules as is")
+    head_loss: HeadLoss = setting(
+        "fused", "fused linear cross-entropy or materialised logits")
     # GPU bytes of one chunk of the fused head's bf16 logits: smaller chunks hold less at the
     # head and leave smaller holes in the allocator's cache, for a slower head
     # (benchmarks/results/kernels_2026-11-29/head_bench.md)
     head_chunk_bytes: int = HEAD_CHUNK_LOGIT_BYTES
-    cpu_optimizer: CpuOptimizer = "native"
+    cpu_optimizer: CpuOptimizer = setting(
+        "native", "native: one-pass AdamW on the landed bf16 grads that also writes the bf16 "
+                  "weights (28 B/param of host traffic); torch: torch's fused AdamW plus upcast "
+                  "and cast passes (40 B/param)")
 
     def __post_init__(self) -> None:
         if (not isinstance(self.head_chunk_bytes, int) or isinstance(self.head_chunk_bytes, bool)
@@ -326,9 +364,40 @@ class Kernels:
                 cpu_optimizer=CPU_OPTIMIZERS)
 
 
-_GROUPS = {"residency": Residency, "schedule": Schedule, "kernels": Kernels,
-           "executor": ExecutorKnobs}
-_GROUP_OF = {f.name: group for group, cls in _GROUPS.items() for f in fields(cls)}
+# Policy's groups by attribute, in the order --help lists their flags
+POLICY_GROUPS = {"residency": Residency, "schedule": Schedule, "kernels": Kernels,
+                 "executor": ExecutorKnobs}
+_GROUP_OF = {f.name: group for group, cls in POLICY_GROUPS.items() for f in fields(cls)}
+
+# What sets each field from outside the code. Every field of TrainSpec and of Policy's groups is
+# a command-line flag (plan, simulate, train; its doc is its help) but those named here:
+# the executor's settings, which the environment sets, by these variables (how a plan runs, not
+# what it computes: recorded in the plan that runs)...
+FROM_ENVIRONMENT = {
+    "cpu_threads": "LAYERSLIDE_CPU_THREADS",
+    "cpu_chunk_elements": "LAYERSLIDE_CPU_CHUNK",
+    "cpu_nice": "LAYERSLIDE_CPU_NICE",
+    "lane_switch_interval_s": "LAYERSLIDE_LANE_SWITCH_INTERVAL_S",
+    "lane_waits": "LAYERSLIDE_LANE_WAITS",
+    "stream_run_ahead": "LAYERSLIDE_RUN_AHEAD",
+}
+# ...and those no one sets at the command line, with who does.
+NOT_ON_COMMAND_LINE = {
+    "nvme_prefetch": "tune's NVMe search (tuner/search.py)",
+    "head_chunk_bytes": "a plan file, or a Policy made in code (benchmarks' cases)",
+}
+
+
+def flag_fields(cls: type) -> tuple[Field, ...]:
+    """The fields of TrainSpec or of one of Policy's groups that are command-line flags, in
+    their declared order: a new field is one unless named above."""
+    return tuple(f for f in fields(cls)
+                 if f.name not in FROM_ENVIRONMENT and f.name not in NOT_ON_COMMAND_LINE)
+
+
+def policy_flag_fields() -> tuple[Field, ...]:
+    """The Policy fields that are command-line flags, group by group."""
+    return tuple(f for cls in POLICY_GROUPS.values() for f in flag_fields(cls))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,10 +418,10 @@ class Policy:
         unknown = sorted(set(settings) - set(_GROUP_OF))
         if unknown:
             raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
-        groups = {g: {} for g in _GROUPS}
+        groups = {g: {} for g in POLICY_GROUPS}
         for name, value in settings.items():
             groups[_GROUP_OF[name]][name] = value
-        return cls(**{g: _GROUPS[g](**given) for g, given in groups.items()})
+        return cls(**{g: POLICY_GROUPS[g](**given) for g, given in groups.items()})
 
     def with_(self, **changes) -> Policy:
         """This policy with some fields (by name) changed."""
@@ -373,7 +442,7 @@ class Policy:
         return self.schedule.cast != "gpu" and not self.optimizer_casts
 
     def __post_init__(self) -> None:
-        for group, cls in _GROUPS.items():
+        for group, cls in POLICY_GROUPS.items():
             if not isinstance(getattr(self, group), cls):
                 _fail("Policy", group, getattr(self, group), f"must be a {cls.__name__}")
         window, depth = self.residency.window, self.schedule.prefetch_depth
@@ -402,7 +471,7 @@ class Policy:
         """From to_dict's nested form, or the flat one that checkpoints written before the
         groups existed hold. Fields since removed (RETIRED_FIELDS) are dropped: they changed
         how fast a run went, never what it computed."""
-        if not set(data) <= set(_GROUPS):  # flat
+        if not set(data) <= set(POLICY_GROUPS):  # flat
             return cls.of(**data)
         data = dict(data)
         for group, given in data.items():
@@ -414,7 +483,7 @@ class Policy:
                          if _GROUP_OF.get(k) != g)
         if unknown:
             raise ValueError(f"unknown policy fields {unknown}; known: {sorted(_GROUP_OF)}")
-        return cls(**{g: _GROUPS[g](**given) for g, given in data.items()})
+        return cls(**{g: POLICY_GROUPS[g](**given) for g, given in data.items()})
 
 
 # (group, field) -> (the value that is now the only behaviour, why the field went)

@@ -19,15 +19,14 @@ from layerslide.planner.settings import (
     ExecutorKnobs,
     Policy,
     TrainSpec,
+    flag_fields,
+    policy_flag_fields,
     run_ahead_from_env,
 )
 
-# the policy's fields no train option sets: the environment's executor settings, and what the
-# planner alone decides
-NOT_POLICY_OPTIONS = frozenset({*(f.name for f in dataclasses.fields(ExecutorKnobs)),
-                                "stream_run_ahead", "nvme_prefetch", "head_chunk_bytes"})
-POLICY_OPTIONS = tuple(name for name in Policy.of().flat() if name not in NOT_POLICY_OPTIONS)
-TRAIN_OPTIONS = tuple(f.name for f in dataclasses.fields(TrainSpec))
+# the plan's settings a train option sets: the fields that are flags (planner.settings says)
+POLICY_OPTIONS = tuple(f.name for f in policy_flag_fields())
+TRAIN_OPTIONS = tuple(f.name for f in flag_fields(TrainSpec))
 DEFAULT_TRAIN = TrainSpec(micro_batch=8, seq_len=1024, grad_accum=1)
 
 # what a resumed run takes from this invocation: how it runs, not what it computes

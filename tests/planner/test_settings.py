@@ -75,3 +75,44 @@ def test_what_a_policy_keeps_on_nvme_and_whether_it_casts_on_the_cpu():
     assert not Policy.of().cpu_casts  # the native optimizer writes the bf16 copy itself
     assert Policy.of(cast="cpu_per_load").cpu_casts and not Policy.of(cast="gpu").cpu_casts
     assert Policy.of(cpu_optimizer="torch").cpu_casts
+
+
+def test_every_field_is_a_flag_or_named_with_what_sets_it():
+    from dataclasses import fields
+
+    from layerslide.planner.settings import (
+        FROM_ENVIRONMENT,
+        NOT_ON_COMMAND_LINE,
+        POLICY_GROUPS,
+        doc_of,
+        flag_fields,
+        policy_flag_fields,
+    )
+
+    every = [f.name for cls in (TrainSpec, *POLICY_GROUPS.values()) for f in fields(cls)]
+    flags = [f.name for f in (*flag_fields(TrainSpec), *policy_flag_fields())]
+    assert sorted(flags + [*FROM_ENVIRONMENT] + [*NOT_ON_COMMAND_LINE]) == sorted(every)
+    assert set(flags).isdisjoint(FROM_ENVIRONMENT) and set(flags).isdisjoint(NOT_ON_COMMAND_LINE)
+    assert {f.name for f in fields(ExecutorKnobs)} <= set(FROM_ENVIRONMENT)  # as its doc says
+    assert "stream_run_ahead" in FROM_ENVIRONMENT and "window" in flags
+    assert [f.name for f in flag_fields(TrainSpec)] == [
+        "micro_batch", "seq_len", "grad_accum", "max_grad_norm"]
+    assert all(doc_of(f) for f in (*flag_fields(TrainSpec), *policy_flag_fields()))
+
+
+def test_the_environment_sets_each_field_by_its_variable():
+    from layerslide.planner.settings import FROM_ENVIRONMENT, run_ahead_from_env
+
+    values = {"cpu_threads": "3", "cpu_chunk_elements": "4096", "cpu_nice": "19",
+              "lane_switch_interval_s": "0.001", "lane_waits": "watch", "stream_run_ahead": "0"}
+    environ = {FROM_ENVIRONMENT[name]: raw for name, raw in values.items()}
+    assert ExecutorKnobs.env_settings(environ) == {
+        "cpu_threads": 3, "cpu_chunk_elements": 4096, "cpu_nice": 19,
+        "lane_switch_interval_s": 0.001, "lane_waits": "watch"}
+    assert run_ahead_from_env(3, environ) == 0 and run_ahead_from_env(3, {}) == 3
+    with pytest.raises(ValueError, match="LAYERSLIDE_CPU_CHUNK='x': must be a whole number"):
+        ExecutorKnobs.env_settings({"LAYERSLIDE_CPU_CHUNK": "x"})
+    with pytest.raises(ValueError, match="LAYERSLIDE_LANE_SWITCH_INTERVAL_S='x'.*seconds"):
+        ExecutorKnobs.env_settings({"LAYERSLIDE_LANE_SWITCH_INTERVAL_S": "x"})
+    with pytest.raises(ValueError, match="lane_waits=.spin.: choose one of poll, watch"):
+        ExecutorKnobs.env_settings({"LAYERSLIDE_LANE_WAITS": "spin"})
