@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").glob("*.md"),
                *(REPO / "dev").glob("*.md"),
                REPO / "benchmarks" / "results" / "README.md",
+               REPO / "benchmarks" / "results" / "archive" / "README.md",
                REPO / "benchmarks" / "probes" / "README.md", REPO / "benchmarks" / "README.md"])
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # design docs for users must not send them outside the repository, even in prose
