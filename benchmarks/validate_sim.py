@@ -104,7 +104,7 @@ CONFIGS = {
                                               "expandable_segments:False"},
                                       "variant_of": "3b-mb8-w2-host"},
     # activation checkpoints through the page cache, as the executor wrote them until session
-    # 28 (O_DIRECT since: benchmarks/results/activation_io_2026-12-04)
+    # 28 (O_DIRECT since: benchmarks/results/archive/activation_io_2026-12-04)
     "qwen4b-mb8-w2-nvme-buffered": {"model": "qwen3-4b", "micro_batch": 8, "window": 2,
                                     "activations": "nvme",
                                     "env": {"LAYERSLIDE_ACTIVATION_IO": "buffered"},

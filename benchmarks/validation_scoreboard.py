@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench
 
 from benchmarks.validate_sim import CONFIGS, report, repredict
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# issue 26's validation calls, from before the suites, are in the results' archive
+RESULTS = Path(__file__).resolve().parent / "results" / "archive"
 # the calls with a thorough calibration of their own (validation_2026-12-04b's calls 2-3 and
 # lane_waits_2026-12-04 compare executor variants on call1's profile: not predictions)
 CALLS = ("validation_2026-12-03a", "validation_2026-12-03b/call1",
@@ -42,7 +43,7 @@ SUPERSEDED = {("validation_2026-12-03a", "qwen4b-mb4x4-w2-host"):
 # rows whose reserved GPU memory the executor has changed since (their step time and allocated
 # peak still count): under layer-major accumulation the embedding's dense grad stayed alive
 # through the rounding of its sum, a third [V, h] block beside the head's allocated peak (fixed
-# in session 26, benchmarks/results/validation_2026-12-04)
+# in session 26, benchmarks/results/archive/validation_2026-12-04)
 EMBEDDING_GRAD_FIX = "held the embedding's grad through its sum's rounding; again in 12-04/call2"
 GPU_RESERVE_SUPERSEDED = {
     ("validation_2026-12-03b/call1", "8b-mb4x4-w2-host-lm"): EMBEDDING_GRAD_FIX,
@@ -140,8 +141,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the report")
     ap.add_argument("--calls", default=",".join(CALLS),
-                    help="comma-separated folders under benchmarks/results (default: issue 26's "
-                         "calls since 2026-12-03)")
+                    help="comma-separated folders under benchmarks/results/archive (default: "
+                         "issue 26's calls since 2026-12-03)")
     ap.add_argument("--scale", type=profile_field_and_number, action="append", default=[],
                     metavar="PART.FIELD=FACTOR",
                     help="what-if: every call's profile with this field times the factor "

@@ -2,6 +2,7 @@
 and flags exist, layerslide commands parse), a suite is added by one module, and a run writes
 one self-describing result JSON."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -54,6 +55,34 @@ def test_current_results_named_by_suites_exist():
     for suite in registry.discover().values():
         if suite.current:
             assert (REPO / suite.current).exists(), (suite.name, suite.current)
+
+
+def current_result_files() -> list[str]:
+    """Every file a current figure comes from: the suites' and the README table's."""
+    spec = importlib.util.spec_from_file_location("results_table",
+                                                  REPO / "scripts" / "results_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return ([s.current for s in registry.discover().values() if s.current]
+            + [f"benchmarks/results/{row[-1]}" for row in table.ROWS])
+
+
+def test_results_show_the_current_record_per_suite_and_archive_the_rest():
+    """benchmarks/results/ holds the suites' records, the folders the current figures come from
+    and archive/; everything else from before the suites is in archive/, a line each in its
+    index."""
+    results = REPO / "benchmarks" / "results"
+    current = {Path(f).relative_to("benchmarks/results").parts[0]
+               for f in current_result_files()}
+    allowed = {"README.md", "archive", *registry.discover(), *current}
+    assert {p.name for p in results.iterdir()} <= allowed
+    archive = results / "archive"
+    index = (archive / "README.md").read_text()
+    archived = sorted(p.name for p in archive.iterdir() if p.name != "README.md")
+    assert archived and not set(archived) & current
+    for name in archived:
+        assert index.count(f"| [{name}]({name}) |") == 1, f"{name} has no line in the index"
+    assert index.count("\n| [") == len(archived)
 
 
 def test_dry_run_finds_what_would_fail():

@@ -1,5 +1,5 @@
-"""The documentation holds together: every relative link in README.md, CONTRIBUTING.md and
-docs/ (and the benchmarks' READMEs) resolves to a file or heading in the repository, nothing
+"""The documentation holds together: every relative link in README.md, CONTRIBUTING.md, docs/
+and dev/ (and the benchmarks' READMEs) resolves to a file or heading in the repository, nothing
 links outside it but http(s), and the profile examples in docs/profiles.md load."""
 
 import re
@@ -11,7 +11,9 @@ from layerslide.hwprofiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([REPO / "README.md", REPO / "CONTRIBUTING.md", *(REPO / "docs").glob("*.md"),
+               *(REPO / "dev").glob("*.md"),
                REPO / "benchmarks" / "results" / "README.md",
+               REPO / "benchmarks" / "results" / "archive" / "README.md",
                REPO / "benchmarks" / "probes" / "README.md", REPO / "benchmarks" / "README.md"])
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 # design docs for users must not send them outside the repository, even in prose
@@ -98,3 +100,10 @@ def test_profile_examples_in_docs_load(tmp_path):
         path.write_text(example)
         profile = load_profile(path)
         assert profile.name and profile.gpu.memory_bytes > 0 and profile.host.ram_bytes > 0
+
+
+def test_docs_holds_only_user_docs():
+    """Process history (the log, the measurements' history) lives in dev/, not beside the
+    user docs; a new file in docs/ is a user doc, held to the rules above."""
+    assert set((REPO / "docs").glob("*.md")) == {d for d in SELF_CONTAINED
+                                                 if d.parent == REPO / "docs"}

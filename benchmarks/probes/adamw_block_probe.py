@@ -1,7 +1,7 @@
 """Does the CPU AdamW's rate depend on the block it updates? In training the embedding's step
 (263 M params at 1B, 394 M at 3B) ran 5.0-5.9 Gparam/s where the decoder layers' (61 M, 101 M)
 ran 4.0-5.4 on the same machine, and calibrate's figure (blocks of 64 Mi) was 4.6-4.85
-(benchmarks/results/README.md, session 11). One run, side by side:
+(dev/HISTORY.md, session 11). One run, side by side:
 
 - the executor's native AdamW (calibrate.host.adamw_blocks: bf16 grads in, bf16 weights out)
   over 2 arrays of each block size in turn, each call timed; the sizes take turns round by

@@ -3,7 +3,8 @@ thread's delay after the layer's backward is enqueued, the enqueue's own time, a
 offload is still not enqueued when the next layer's backward begins its enqueue, and (measured)
 how often long and short enqueues ran beside another lane thread's. Until then the
 layer's bf16 grads count in torch's allocated bytes beside the next backward's workspace: why
-Mistral-7B mb8's allocated peak is predicted 11-13% low (benchmarks/results/scoreboard_2026-12-04c).
+Mistral-7B mb8's allocated peak is predicted 11-13% low
+(benchmarks/results/archive/scoreboard_2026-12-04c).
 
 usage: python benchmarks/probes/offload_enqueue.py TRACES LABEL [LABEL ...]
   TRACES: a folder with LABEL.measured.json.gz and LABEL.predicted.json.gz (a validation call's

@@ -199,8 +199,8 @@ def launch_beside_kernels(tiny: torch.Tensor, block_params: int, *, nice: int = 
     an event (as the lanes waiting for GPU work do; none where the run's lanes are watched),
     under the run's GIL switch interval (ExecutorKnobs from the environment). In training on
     the H200 machine a layer's backward enqueued 1.4-1.5x slower beside AdamW than without it
-    (benchmarks/results/validation_2026-12-04b); an idle launch loop did not show it. Niceness
-    is process-wide and is not lowered again: time the niced price last."""
+    (benchmarks/results/archive/validation_2026-12-04b); an idle launch loop did not show it.
+    Niceness is process-wide and is not lowered again: time the niced price last."""
     from layerslide.executor.engine import POLL_S
 
     keys = {0: "host.kernel_launch_beside_kernels",

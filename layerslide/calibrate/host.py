@@ -75,7 +75,7 @@ def repeated_randn(numel: int, scale: float = 1.0,
     """numel values that repeat one random pattern: an elementwise kernel's time does not
     depend on them, and torch.randn over every value took most of a calibration's AdamW tests
     (116 s against 43 for the whole calibration on a 2-core machine:
-    benchmarks/results/calibrate_fill_2026-12-03)."""
+    benchmarks/results/archive/calibrate_fill_2026-12-03)."""
     pattern = (torch.randn(min(numel, PATTERN_NUMEL)) * scale).to(dtype)
     return pattern.repeat(-(-numel // pattern.numel()))[:numel]
 
@@ -132,7 +132,7 @@ def adamw_throughput(numel: int, repeats: int, arrays: int = 4) -> Measurement:
 
     On the H200 machine the best single call over one array ran 15% faster than the
     executor's own AdamW tasks, and this sustained rate within 5% of them
-    (benchmarks/results/cpu_split_2026-11-30)."""
+    (benchmarks/results/archive/cpu_split_2026-11-30)."""
     size = max(numel // arrays, 1)
     passes = max(repeats // 3, 2)
     steps, kernel = adamw_blocks(size, arrays)
@@ -198,7 +198,7 @@ def disk(folder: Path, nbytes: int) -> list[Measurement]:
     first (the tier's writes and read-aheads overlap), then write the first again, and the free
     space there. The write rate kept is the first: on the H200 machine the second pass ran
     1.27 GB/s against 1.80, and the NVMe row of the validation came out +12% on the second and
-    +0.7% on the first (benchmarks/results/validation_2026-11-30i); the second stays in the
+    +0.7% on the first (benchmarks/results/archive/validation_2026-11-30i); the second stays in the
     source, a sign of how the disk holds up under sustained writes."""
     folder.mkdir(parents=True, exist_ok=True)
     path, other = folder / ".layerslide-calibrate.bin", folder / ".layerslide-calibrate-2.bin"

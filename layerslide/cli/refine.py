@@ -2,9 +2,9 @@
 
 On the lent H200s the rate AdamW kept inside training strayed from calibrate's test by more
 than the CPU-bound target, and the rate other runs of the lease kept predicted a CPU-bound run
-better (benchmarks/results/adamw_from_call_rows_2026-12-04). `train` writes what refine reads
-into its prediction check: the decoder layers' AdamW with no copy beside it, predicted and
-measured, and the profile's figure the prediction used."""
+better (benchmarks/results/archive/adamw_from_call_rows_2026-12-04). `train` writes what refine
+reads into its prediction check: the decoder layers' AdamW with no copy beside it, predicted
+and measured, and the profile's figure the prediction used."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def layer_call(kernels: str, device: torch.device, *, backend: str = "inductor")
     fuses RMSNorm, RoPE, SwiGLU and the residual adds into Triton kernels and saves fewer
     tensors for the backward (on the H200, a Llama-3.2-3B layer's forward + recompute + backward
     at 64k tokens: 90.5 ms against 120.6 eager, 7.6 GiB peak against 11.4;
-    benchmarks/results/layer_kernels_2026-11-29). One graph serves every cache unit: the
+    benchmarks/results/archive/layer_kernels_2026-11-29). One graph serves every cache unit: the
     modules differ only in the parameters Dynamo takes as inputs. On the CPU device (a test
     mode) layers run eager: Inductor's CPU kernels would only cost compile time there."""
     if kernels not in LAYER_KERNEL_MODES:

@@ -83,7 +83,7 @@ class LaneDevice:
         left to autograd's first backward GEMM, it landed above everything step 0 had live and
         split the pool's address range, and the head's logits chunk no longer fit below it
         (allocator histories, H200: 160-460 MiB more reserved at micro-batch 8-16;
-        benchmarks/results/README.md, session 10). A no-op on the CPU."""
+        dev/HISTORY.md, session 10). A no-op on the CPU."""
         if not self.is_cuda:
             return
         with self.on(lane):

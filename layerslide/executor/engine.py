@@ -11,7 +11,7 @@ Waiting for GPU work (Policy.executor.lane_waits): "poll" has each waiting threa
 events every POLL_S; "watch" gives each stream lane a thread that sleeps on its tasks' end events
 in turn (without the GIL) and wakes the threads waiting on them. A poll takes the GIL, and with
 every core running the CPU kernels each hand-over waits for a core: the GPU lane's enqueue ran
-1.4-2.5x slower beside AdamW (benchmarks/results/validation_2026-12-04b).
+1.4-2.5x slower beside AdamW (benchmarks/results/archive/validation_2026-12-04b).
 
 Serial mode runs the same tasks one at a time in a topological order, synchronising the GPU
 after each: the correctness oracle for the overlapped mode.
@@ -42,7 +42,7 @@ COMPUTE_LANE = "gpu"  # the lane whose thread runs the layers' GEMMs (and autogr
 # While the lanes run, Python's GIL switch interval is the plan's
 # (Policy.executor.lane_switch_interval_s; the interpreter's default is 5 ms): the CPU lane needs
 # the GIL back between its optimizer calls, which another lane's thread may hold for up to the
-# interval (benchmarks/results/cpu_split_gil_2026-11-30).
+# interval (benchmarks/results/archive/cpu_split_gil_2026-11-30).
 # engines running at once share the process-wide interval: the first in sets it, the last out
 # puts the caller's back
 _switch_lock = threading.Lock()

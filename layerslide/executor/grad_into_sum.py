@@ -5,7 +5,7 @@ write each weight's bf16 grad and then add it into the fp32 sum: a second pass o
 parameter, each micro-batch, and a bf16 rounding of every micro-batch's grad. Here each linear
 layer's weight-grad GEMM accumulates into its view of the sum itself (cuBLAS with an fp32
 output, beta 1), so the grad is rounded once, in fp32, and never exists in bf16
-(benchmarks/results/lm_gap_2026-12-02: 3.2x less time over a 3B layer's GEMMs at 4k tokens).
+(benchmarks/results/archive/lm_gap_2026-12-02: 3.2x less time over a 3B layer's GEMMs at 4k tokens).
 
 The sum views ride on the linear modules as buffers, which torch.compile takes as graph inputs
 like the parameters (one graph still serves every cache unit); the accumulation is a custom op

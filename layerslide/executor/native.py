@@ -39,7 +39,7 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPI
 _F, _I, _P = ctypes.c_float, ctypes.c_int64, ctypes.c_void_p
 _ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F, _I, _I]
 # Elements a thread takes at a time (0: OpenMP's static split, one slice per thread): with
-# chunks a pre-empted thread's share goes to the others (benchmarks/results/cpu_split_2026-11-30).
+# chunks a pre-empted thread's share goes to the others (benchmarks/results/archive/cpu_split_2026-11-30).
 # ExecutorKnobs.cpu_chunk_elements defaults to the same.
 DEFAULT_CHUNK = 1 << 20
 

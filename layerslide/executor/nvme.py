@@ -298,7 +298,7 @@ class ActivationFiles:
     O_DIRECT where the filesystem takes it, whole 4 KiB blocks from page-aligned buffers
     (`host_buffer`), at the rates calibrate measures and the simulator prices: rewritten through
     the page cache into a truncated file they ran slower than those on the H200, and over the
-    old bytes they stay in RAM (benchmarks/results/activation_io_2026-12-04)."""
+    old bytes they stay in RAM (benchmarks/results/archive/activation_io_2026-12-04)."""
 
     def __init__(self, folders: str | Path | Sequence[str | Path], num_layers: int,
                  copies: int = 1):

@@ -477,7 +477,7 @@ class TaskRunner:
                 dgrad, ids, self.spec.vocab_size, -1, False)]
         # the list is the grad's only holder: summed on the GPU, it goes before the sum is
         # rounded (a local name kept it through the rounding, a third [V, h] block beside the
-        # sum and its rounded copy: benchmarks/results/validation_2026-12-04)
+        # sum and its rounded copy: benchmarks/results/archive/validation_2026-12-04)
         self._keep_grads(s, m, EMBEDDING, grads)
 
     def load_gpu_state(self) -> None:

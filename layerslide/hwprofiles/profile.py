@@ -37,8 +37,8 @@ class GPUSpec:
     # continuous load) the GPU computes when it is busy that fraction of the time. A GPU at its
     # power cap clocks up when it idles between bursts: the H200 machine ran a 3B layer's GEMMs
     # at 1470-1515 MHz busy 100% of the time and 1800-1980 MHz at 50%, 1.18x as fast
-    # (benchmarks/results/validation_2026-11-30d, gpu_duty_probe.py). None: the tables at any
-    # duty.
+    # (benchmarks/results/archive/validation_2026-11-30d, gpu_duty_probe.py). None: the tables at
+    # any duty.
     busy_speedup: tuple[tuple[float, float], ...] | None = None
 
     def __post_init__(self) -> None:
@@ -107,7 +107,8 @@ class HostSpec:
     # there: D2H) of the capacity, and an oversubscribed capacity is split by weight, the CPU's
     # 1.0, H2D's dma_share, D2H's dma_write_share (None: dma_share). On the H200 machine a D2H
     # byte cost 0.64 and kept its full rate beside AdamW, an H2D byte 0.42 at weight 0.8
-    # (benchmarks/results/sharing_2026-11-30). A cost may be 0: a copy that never slowed AdamW.
+    # (benchmarks/results/archive/sharing_2026-11-30). A cost may be 0: a copy that never slowed
+    # AdamW.
     dma_share: float
     # The native AdamW's rate with compact moments (executor/moments.py), measured as
     # adamw_params_per_s is: their rounding and 8-bit codes cost compute, so on some CPUs the
@@ -118,7 +119,7 @@ class HostSpec:
     # The fixed part of one AdamW call on a block (starting its threads, the last chunks'
     # tail): a block of n params takes adamw_call_s + n / adamw_params_per_s, so larger blocks
     # run faster (H200 machine: 2.28 ms and 5.10 Gparam/s fit blocks of 17-394 M params,
-    # benchmarks/results/adamw_blocks_2026-11-30). 0: every size at adamw_params_per_s.
+    # benchmarks/results/archive/adamw_blocks_2026-11-30). 0: every size at adamw_params_per_s.
     adamw_call_s: float = 0.0
     dma_write_share: float | None = None
     dma_read_cost: float = 1.0
@@ -129,20 +130,20 @@ class HostSpec:
     # weights: see kernel_launch_beside_kernels_s), and the
     # chunks of a call wait on the thread that shares a core (H200 machine: 15% at a 3B layer,
     # 2.8 cores; a profile with 2.8 predicted the validation suite no better than with 1.0,
-    # benchmarks/results/README.md session 11). calibrate does not measure it.
+    # dev/HISTORY.md, session 11). calibrate does not measure it.
     dispatch_cores: float = 1.0
     # Seconds a tiny kernel launch takes from the executor's lane threads while the CPU's
     # kernels (AdamW) run on every core: the GPU lane's enqueue waits for a core and the GIL
     # (H200 machine: a layer's backward enqueue 1.4-1.5x as long beside AdamW as without it,
-    # benchmarks/results/validation_2026-12-04b). The simulator weighs a dispatch against the
-    # CPU's kernels so that it runs at gpu.kernel_launch over this of its speed alone (and a
+    # benchmarks/results/archive/validation_2026-12-04b). The simulator weighs a dispatch against
+    # the CPU's kernels so that it runs at gpu.kernel_launch over this of its speed alone (and a
     # kernel beside it at cores / (cores + dispatch_cores * weight)). A host figure: a profile
     # that swaps the card keeps it, against the new card's kernel_launch. None: equal weights
     # (a dispatch beside a kernel on every core at cores / (cores + dispatch_cores)).
     kernel_launch_beside_kernels_s: float | None = None
     # The same with the kernels' workers at nice 19 (ExecutorKnobs.lanes_first: the lane
     # threads take a core first; H200 machine 21.9 us where nice 0 was 31.5 on another lease,
-    # benchmarks/results/validation_2026-12-04c). Plans that nice them are priced with it;
+    # benchmarks/results/archive/validation_2026-12-04c). Plans that nice them are priced with it;
     # None: with kernel_launch_beside_kernels_s.
     kernel_launch_beside_niced_kernels_s: float | None = None
     # RAM a run cannot have beside its own process: the OS, the CUDA driver's host side,
@@ -189,7 +190,7 @@ class StorageSpec:
     # (read + write) / 2 together (a slow disk on the H200 machine moved 14-30% less than that)
     duplex_bytes_per_s: float | None = None
     # the reads' part of those bytes; None: an even split. On the H200 machine the NVMe
-    # tier's reads took ~60% beside its writes (benchmarks/results/sharing_2026-11-30)
+    # tier's reads took ~60% beside its writes (benchmarks/results/archive/sharing_2026-11-30)
     duplex_read_share: float | None = None
     drives: int = 1
     # The most drives the platform attaches at their full rate (CPU-attached M.2 slots or lanes

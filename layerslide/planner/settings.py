@@ -36,7 +36,7 @@ CpuOptimizer = Literal["native", "torch"]
 CPU_OPTIMIZERS = get_args(CpuOptimizer)
 # The CPU kernels' workers' niceness that lets the lanes' threads take a core first: a GPU-bound
 # plan's dispatch stops queueing behind AdamW (H200: Qwen3-4B layer-major -25% step time); a
-# CPU-bound one moved -3% to +8%, so it keeps 0 (benchmarks/results/validation_2026-12-04c)
+# CPU-bound one moved -3% to +8%, so it keeps 0 (benchmarks/results/archive/validation_2026-12-04c)
 LANES_FIRST_NICE = 19
 # How the executor's lanes learn that GPU work they wait for is done (ExecutorKnobs.lane_waits)
 LaneWaits = Literal["poll", "watch"]
@@ -317,7 +317,7 @@ class Schedule:
     # How many of its tasks a stream lane's host thread may have queued on the GPU, unfinished,
     # before it waits to enqueue the next (0: no bound): unbounded, a tensor handed to another
     # stream stays held by the caching allocator until that stream has done all queued at its
-    # free (benchmarks/results/validation_2026-11-30b). The simulator models the same bound.
+    # free (benchmarks/results/archive/validation_2026-11-30b). The simulator models the same bound.
     stream_run_ahead: int = 3
     accumulation: Accumulation = setting(
         "step_major", "with --grad-accum > 1: step_major runs each micro-batch through every "
@@ -489,7 +489,7 @@ class Policy:
 # (group, field) -> (the value that is now the only behaviour, why the field went)
 RETIRED_FIELDS = {("executor", "cpu_sched"): (
     "normal", ("SCHED_BATCH workers ran no faster than normal ones on the H200 "
-               "(benchmarks/results/validation_2026-12-04c)"))}
+               "(benchmarks/results/archive/validation_2026-12-04c)"))}
 
 
 def _warn_retired(group: str, name: str, value) -> None:

@@ -102,7 +102,7 @@ ACCUMULATE_BYTES_PER_PARAM = BF16_BYTES + 2 * FP32_BYTES
 GPU_GRAD_SUM_BYTES_PER_PARAM = ACCUMULATE_BYTES_PER_PARAM
 # A decoder layer's projection weights skip that add: their weight-grad GEMMs read and write
 # the fp32 sum themselves (8 B), most of it under the GEMM's math; charged as the HBM bytes of
-# the time it adds (benchmarks/results/lm_gap_2026-12-02, grad_sum_probe at 4k tokens).
+# the time it adds (benchmarks/results/archive/lm_gap_2026-12-02, grad_sum_probe at 4k tokens).
 GPU_GRAD_INTO_SUM_BYTES_PER_PARAM = 5
 GPU_GRAD_ROUND_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 
@@ -150,7 +150,7 @@ def layer_saved_bytes_per_token(model: ModelSpec, layer_kernels: str) -> int:
     outputs and recomputes the cheap elementwise results (norms, RoPE, silu(gate) * up) in the
     backward: 2h + 2q + 2kv + 2f bf16 values plus the attention's fp32 logsumexp. On the H200, a
     Llama-3.2-3B layer at 64k tokens peaked at 7.6 GiB compiled, 11.4 eager
-    (benchmarks/results/layer_kernels_2026-11-29)."""
+    (benchmarks/results/archive/layer_kernels_2026-11-29)."""
     if layer_kernels == "compiled":
         h, q, kv, f = model.hidden_size, model.q_dim, model.kv_dim, model.intermediate_size
         return BF16_BYTES * (2 * h + 2 * q + 2 * kv + 2 * f) + FP32_BYTES * (
@@ -189,7 +189,7 @@ def fused_head_chunk_tokens(model: ModelSpec, tokens: int,
 # upcast to fp32, the normalised fp32 values and their bf16 cast: 10 B per hidden element. H200:
 # the head's measured peak ran 0.16 GiB above the plan without it at 1B micro-batch 8 (8k x 2048
 # elements: 0.16 GiB) and 0.13 at 3B micro-batch 4 (4k x 3072: 0.12 GiB)
-# (benchmarks/results/validation_2026-11-30c).
+# (benchmarks/results/archive/validation_2026-11-30c).
 FINAL_NORM_SAVED_BYTES_PER_ELEMENT = 2 * FP32_BYTES + BF16_BYTES
 
 

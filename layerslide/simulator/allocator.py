@@ -8,7 +8,7 @@ as it could grow); with none, it takes the free end plus new pages. So a block f
 middle of the range that is too small for the next big request stays mapped beside it, and the
 reserve outgrows the allocated peak. Replaying the requests recorded in nine H200 runs through
 this model gave every stream's reserve exactly (16 of 16; benchmarks/allocator_replay.py,
-benchmarks/results/README.md, session 8).
+dev/HISTORY.md, session 8).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or 
 # cores, host.cores: the CPU lanes' kernels (AdamW, casts) run a thread on every core, and a
 # stream lane's host thread takes host.dispatch_cores of them while it launches kernels. H200
 # machine: a thread launching kernels flat out slowed AdamW by 4-17% at decoder-layer sizes
-# (benchmarks/results/adamw_blocks_2026-11-30), the chunks of a call waiting on the thread
+# (benchmarks/results/archive/adamw_blocks_2026-11-30), the chunks of a call waiting on the thread
 # that shares its core.
 HOST_CORES = "host_cores"
 
@@ -197,7 +197,7 @@ class CostModel:
         if storage.duplex_bytes_per_s is not None:
             # a disk measured reading and writing at once splits its bytes between the
             # directions, not its time (H200 machine: reads ~60% beside the NVMe tier's writes,
-            # benchmarks/results/sharing_2026-11-30): a flow's weight is its bytes over its
+            # benchmarks/results/archive/sharing_2026-11-30): a flow's weight is its bytes over its
             # rate, scaled so that an even split keeps dma_share's size against host-memory
             # users (the weight is the flow's on every resource it uses)
             read, write = self.duplex_split()

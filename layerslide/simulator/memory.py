@@ -8,7 +8,7 @@ the lane whose task allocates it (a layer's fetched checkpoint on h2d, its grads
 plan runs. torch's caching allocator keeps one pool per stream and never hands a block freed on
 one stream to another, so the pools' peaks add up even where they fall at different times (3B
 micro-batch 32, H200: h2d held 0.57 GiB of fetched checkpoints;
-benchmarks/results/validation_2026-11-30c), and each pool keeps the holes its own order of
+benchmarks/results/archive/validation_2026-11-30c), and each pool keeps the holes its own order of
 requests leaves (simulator.allocator).
 
 The allocator's model follows the host threads instead, as the caching allocator sees the
@@ -24,7 +24,7 @@ torch's allocated counter (max_memory_allocated) follows the host threads too, b
 block until the host drops its tensor, as its last user is enqueued, whichever stream that is:
 record_stream defers the block's reuse, not the count. The ledger keeps that held count beside
 the bytes in use; on the untied large-vocabulary rows it took the allocated peak's error from
-+11-17% to within 5% (benchmarks/results/validation_2026-12-03c, allocated_counter).
++11-17% to within 5% (benchmarks/results/archive/validation_2026-12-03c, allocated_counter).
 """
 
 from __future__ import annotations

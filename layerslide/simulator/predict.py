@@ -142,7 +142,7 @@ def gpu_need_bytes(peak: int, pool_reserves: dict[str, int], runtime: int) -> in
     with the holes its order of requests leaves (so at least each pool at its own peak); the
     tier's peak where nothing was modelled. Under a cap the allocator would hand cached blocks
     on only by freeing and remapping them, which made 3B micro-batch 32 11-12% slower
-    (benchmarks/results/validation_2026-11-30c, -cap)."""
+    (benchmarks/results/archive/validation_2026-11-30c, -cap)."""
     return max(peak, sum(pool_reserves.values()) + runtime)
 
 

@@ -11,7 +11,7 @@ time updates spend waiting or copying is the training's stall (CheckpointSnapsho
 
 Copy buffers are kept from one checkpoint to the next (keep_copy_buffers makes them ahead of
 the first): a copy into fresh memory faults its pages in, well below memory speed
-(benchmarks/results/checkpoint_stall_2026-12-03).
+(benchmarks/results/archive/checkpoint_stall_2026-12-03).
 """
 
 from __future__ import annotations

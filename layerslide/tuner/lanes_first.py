@@ -1,7 +1,7 @@
 """Which plans run their CPU kernels niced. A GPU-bound plan waits on its launches, which queue
 behind AdamW's workers for a core; niced workers let them through (H200: Qwen3-4B layer-major
 -25% step time). A CPU-bound plan gains nothing sure from it (-3% to +8% step time), so it
-keeps them at 0 (benchmarks/results/validation_2026-12-04c). A plan given as a file, or a
+keeps them at 0 (benchmarks/results/archive/validation_2026-12-04c). A plan given as a file, or a
 niceness set in the environment, is run as given."""
 
 from __future__ import annotations

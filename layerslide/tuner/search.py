@@ -54,7 +54,7 @@ FILL_FINALISTS = 16
 # fine-tuning set gets too few optimizer steps, however much faster each token is.
 MAX_TOKENS_PER_STEP = 256 * 1024
 # Step-major accumulation is tried up to this many micro-batches: beyond, each micro-batch
-# reloads every weight and offloads every grad (results/layer_major_2026-12-01: 2.5x slower
+# reloads every weight and offloads every grad (results/archive/layer_major_2026-12-01: 2.5x slower
 # than layer-major at 3B x16), and its plan holds a copy of the GPU sequence per micro-batch,
 # slow to simulate.
 STEP_MAJOR_MAX_ACCUM = 4

@@ -8,7 +8,7 @@ from layerslide.calibrate.sharing import fit_host_sharing
 from layerslide.simulator.sharing import water_fill
 
 GB = 1e9
-# medians of benchmarks/results/sharing_2026-11-30/host_sharing.json (bytes/s)
+# medians of benchmarks/results/archive/sharing_2026-11-30/host_sharing.json (bytes/s)
 MEASURED = {
     "adamw": {"adamw": 120.6 * GB},
     "h2d": {"h2d": 54.7 * GB},

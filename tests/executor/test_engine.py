@@ -16,6 +16,7 @@ from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskFailedError
 from layerslide.kinds import STREAM_LANES
 from layerslide.planner import Policy, TrainSpec, build_plan
+from layerslide.planner.plan import task_id
 
 PLAN = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
                   Policy.of(cast_worker=True, cpu_optimizer="torch"), num_steps=3)
@@ -70,7 +71,8 @@ def test_stream_tasks_keep_their_enqueue_and_host_lane_tasks_none():
 
 @pytest.mark.parametrize(("plan", "serial"), [(PLAN, False), (PLAN, True), (WATCHED, False)])
 def test_a_failing_task_is_named_and_stops_every_lane(plan, serial):
-    victim = "s1.m1.backward.L1"
+    victim = task_id(kind="backward", block=1, step=1, micro_batch=1,
+                     num_layers=plan.model.num_layers)
 
     def run_task(task):
         if task.id == victim:
@@ -124,10 +126,12 @@ def test_lanes_run_under_a_short_gil_switch_interval_which_is_put_back_after():
     before = sys.getswitchinterval()
     assert before != pytest.approx(LANE_SWITCH_INTERVAL_S)
     seen = set()
+    failing = task_id(kind="backward", block=0, step=2, micro_batch=0,
+                      num_layers=PLAN.model.num_layers)
 
     def run_task(task):
         seen.add(sys.getswitchinterval())
-        if task.id == "s2.m0.backward.L0":
+        if task.id == failing:
             raise RuntimeError("boom")
 
     with pytest.raises(TaskFailedError):

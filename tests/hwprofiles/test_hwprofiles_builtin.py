@@ -12,7 +12,7 @@ from layerslide.hwprofiles import (
 )
 from layerslide.hwprofiles.loader import BUILTIN_DIR, CARDS_DIR, OPTIONAL_FIELDS, SOURCE_KINDS
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+ARCHIVE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "archive"
 
 # The profiles a buyer chooses between (issue 28): every figure datasheet, derived (saying from
 # what) or a stated assumption, none an unexplained "estimate".
@@ -134,8 +134,8 @@ def test_h200_bench_matches_design_md_and_the_probe():
     assert p.gpu.memory_bytes == 139 * GiB
     assert p.gpu.bf16_flops_per_s == pytest.approx(989e12)
     assert p.gpu.kernel_launch_s == pytest.approx(12e-6)
-    # benchmarks/results/h200_probe_2026-11-29.json: copy 4.18 TB/s; the 3B layer's GEMMs reach
-    # 0.69 of peak at 8192 tokens, 0.46 at 1024; SDPA forward 0.59 at 8192 tokens
+    # benchmarks/results/archive/h200_probe_2026-11-29.json: copy 4.18 TB/s; the 3B layer's GEMMs
+    # reach 0.69 of peak at 8192 tokens, 0.46 at 1024; SDPA forward 0.59 at 8192 tokens
     assert p.gpu.hbm_bytes_per_s == pytest.approx(4.18e12)
     assert p.gpu.matmul_efficiency_at(8192) == pytest.approx(0.69)
     assert p.gpu.matmul_efficiency_at(1024) == pytest.approx(0.46)
@@ -168,7 +168,7 @@ def test_h200_host_sharing_is_the_one_measured():
 
     host = load_profile("h200-bench").host
     assert host.adamw_call_s == pytest.approx(2.28e-3)
-    probe = json.loads((RESULTS / "sharing_2026-11-30" / "host_sharing.json").read_text())
+    probe = json.loads((ARCHIVE / "sharing_2026-11-30" / "host_sharing.json").read_text())
     rates = {mode: {key.removesuffix("_gb_s"): value * 1e9 for key, value in run.items()
                     if key.endswith("_gb_s")} for mode, run in probe["median"].items()}
     fitted = {m.key: m.value for m in fit_host_sharing(

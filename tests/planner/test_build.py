@@ -8,6 +8,7 @@ import networkx as nx
 import pytest
 from helpers import make_tiny_model
 
+from layerslide.kinds import TaskKind
 from layerslide.planner import (
     EMBEDDING,
     PRESETS,
@@ -19,11 +20,21 @@ from layerslide.planner import (
     sizes,
 )
 from layerslide.planner.model import BF16_BYTES, FP32_BYTES
-from layerslide.planner.plan import HOST_CHECKPOINTS, HOST_GRAD_ACCUM
+from layerslide.planner.plan import HOST_CHECKPOINTS, HOST_GRAD_ACCUM, task_buffer_id, task_id
+
+HEAD = "head"  # tid's name for the head's block (block L of an L-layer model)
 
 
 def kinds_on(plan: Plan, lane: str) -> Counter:
     return Counter(plan.task(t).kind for t in plan.lane_order[lane])
+
+
+def tid(plan: Plan, kind: str, block: int | str, *, step: int = 0, micro_batch: int = 0,
+        for_kind: str = "") -> str:
+    """The id plan.task_id gives `kind`'s task of `block` (EMBEDDING, a layer or HEAD)."""
+    num_layers = plan.model.num_layers
+    return task_id(kind=TaskKind(kind), block=num_layers if block == HEAD else block, step=step,
+                   micro_batch=micro_batch, num_layers=num_layers, for_kind=for_kind)
 
 
 def buffer_named(plan: Plan, buffer_id: str) -> Buffer:
@@ -31,12 +42,18 @@ def buffer_named(plan: Plan, buffer_id: str) -> Buffer:
     return found
 
 
+def task_buffer(plan: Plan, task: str, name: str) -> Buffer:
+    """The buffer `name` that task `task` makes."""
+    return buffer_named(plan, task_buffer_id(task, name))
+
+
 def test_gpu_order_is_forward_head_backward_per_micro_batch(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
-    assert step0 == ["s0.m0.forward.emb", "s0.m0.forward.L0", "s0.m0.forward.L1", "s0.m0.head.head",
-                     "s0.m0.backward.L1", "s0.m0.backward.L0", "s0.m0.backward.emb"]
-    assert plan.meta["step_markers"] == ["s0.m0.backward.emb", "s1.m0.backward.emb"]
+    assert step0 == [tid(plan, "forward", EMBEDDING), tid(plan, "forward", 0),
+                     tid(plan, "forward", 1), tid(plan, "head", HEAD), tid(plan, "backward", 1),
+                     tid(plan, "backward", 0), tid(plan, "backward", EMBEDDING)]
+    assert plan.meta["step_markers"] == [tid(plan, "backward", EMBEDDING, step=s) for s in (0, 1)]
 
 
 def test_window_decides_how_many_layers_are_loaded_twice():
@@ -67,13 +84,12 @@ def test_optimizer_step_precedes_next_steps_load_of_same_layer(tiny_model):
     for cast in ("cpu_once", "cpu_per_load", "gpu"):
         plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast=cast),
                           num_steps=3)
-        for tid in plan.lane_order["h2d"]:
-            load = plan.task(tid)
+        for load_id in plan.lane_order["h2d"]:
+            load = plan.task(load_id)
             if load.kind != "load_weights" or load.step == 0:
                 continue
-            blk = {EMBEDDING: "emb", tiny_model.num_layers: "head"}.get(load.block,
-                                                                       f"L{load.block}")
-            assert nx.has_path(plan.graph, f"s{load.step - 1}.m0.optimizer_step.{blk}", tid), tid
+            update = tid(plan, "optimizer_step", load.block, step=load.step - 1)
+            assert nx.has_path(plan.graph, update, load_id), load_id
 
 
 def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
@@ -91,19 +107,21 @@ def test_clipping_makes_every_update_wait_for_every_gradient(tiny_model):
 
 def test_without_clipping_an_update_does_not_wait_for_other_layers(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
-    assert not nx.has_path(plan.graph, "s0.m0.offload_grads.L0", "s0.m0.optimizer_step.L1")
+    assert not nx.has_path(plan.graph, tid(plan, "offload_grads", 0),
+                           tid(plan, "optimizer_step", 1))
 
 
 def test_optimizer_priority_order_follows_policy(tiny_model):
     train = TrainSpec(micro_batch=2, seq_len=16)
 
-    def update_order(order: str) -> list[str]:
+    def update_order(order: str) -> list[int]:
         plan = build_plan(tiny_model, train, Policy.of(optimizer_order=order), num_steps=2)
-        return [t.split(".")[-1] for t in plan.lane_order["cpu"]
+        return [plan.task(t).block for t in plan.lane_order["cpu"]
                 if plan.task(t).kind == "optimizer_step" and plan.task(t).step == 0]
 
-    assert update_order("arrival") == ["head", "L1", "L0", "emb"]
-    assert update_order("deadline") == ["emb", "L0", "L1", "head"]
+    head = tiny_model.num_layers
+    assert update_order("arrival") == [head, 1, 0, EMBEDDING]
+    assert update_order("deadline") == [EMBEDDING, 0, 1, head]
 
 
 def test_accumulation_adds_host_accumulation_per_block_and_micro_batch(tiny_model):
@@ -125,16 +143,16 @@ def test_activation_policies_route_checkpoints(tiny_model):
     assert kinds_on(on_host, "h2d")["fetch_activation"] == 2 * tiny_model.num_layers
     on_nvme = build_plan(tiny_model, train, Policy.of(activations="nvme"), num_steps=2)
     assert kinds_on(on_nvme, "nvme_write")["write_activation"] == 2 * tiny_model.num_layers
-    ckpt = on_nvme.task("s0.m0.read_activation.L1")
+    ckpt = on_nvme.task(tid(on_nvme, "read_activation", 1))
     assert ckpt.bytes == BF16_BYTES * tiny_model.hidden_size * train.tokens_per_micro_batch
 
 
 def test_optimizer_state_on_nvme_is_read_and_written_per_block(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16),
                       Policy.of(master_on_nvme=0.5, moments_on_nvme=1.0), num_steps=2)
-    read = plan.task("s1.m0.read_state.L0")
+    read = plan.task(tid(plan, "read_state", 0, step=1))
     assert read.bytes == tiny_model.layer_params * (4 * 0.5 + 8 * 1.0)
-    assert nx.has_path(plan.graph, "s0.m0.write_state.L0", "s1.m0.read_state.L0")
+    assert nx.has_path(plan.graph, tid(plan, "write_state", 0), read.id)
     n = tiny_model.total_params
     assert plan.static_bytes("nvme") == int(4 * n * 0.5) + 8 * n
 
@@ -171,16 +189,16 @@ def test_grads_landing_in_the_upload_copy_follow_every_load_of_their_block(tiny_
         tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(cast="cpu_once",
         host_grad_buffers=1), num_steps=2).static_bytes("host") + 1  # no pool can beat none
     g = plan.graph
-    for block in ("L0", "L1"):
-        offload = f"s0.m0.offload_grads.{block}"
+    for block in (0, 1):
+        offload = tid(plan, "offload_grads", block)
         loads = [t for t in g if plan.task(t).kind == "load_weights"
-                 and plan.task(t).step == 0 and f".load_weights.{block}." in t]
+                 and plan.task(t).step == 0 and plan.task(t).block == block]
         assert loads
         for load in loads:
             assert nx.has_path(g, load, offload), (load, offload)
         for load in (t for t in g if plan.task(t).kind == "load_weights"
-                     and plan.task(t).step == 1 and f".load_weights.{block}." in t):
-            assert nx.has_path(g, f"s0.m0.optimizer_step.{block}", load)
+                     and plan.task(t).step == 1 and plan.task(t).block == block):
+            assert nx.has_path(g, tid(plan, "optimizer_step", block), load)
 
 
 def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
@@ -188,9 +206,10 @@ def test_gpu_cast_sends_fp32_and_charges_the_cast_to_the_consumer(tiny_model):
     base = build_plan(tiny_model, train, Policy.of(cast="cpu_once"), num_steps=2)
     gpu = build_plan(tiny_model, train, Policy.of(cast="gpu"), num_steps=2)
     p = tiny_model.layer_params
-    assert gpu.task("s0.m0.load_weights.L0.forward").bytes == 4 * p
-    assert base.task("s0.m0.load_weights.L0.forward").bytes == 2 * p
-    assert gpu.task("s0.m0.forward.L0").bytes - base.task("s0.m0.forward.L0").bytes == 6 * p
+    load, forward = tid(base, "load_weights", 0, for_kind="forward"), tid(base, "forward", 0)
+    assert gpu.task(load).bytes == 4 * p
+    assert base.task(load).bytes == 2 * p
+    assert gpu.task(forward).bytes - base.task(forward).bytes == 6 * p
 
 
 @pytest.mark.parametrize("preset", ["llama-3.2-3b", "qwen3-8b", "mistral-large-123b"])
@@ -219,7 +238,7 @@ def test_gpu_cast_needs_fp32_landing_buffers_on_the_gpu(tiny_model):
 
 def test_edges_to_tasks_that_do_not_exist_are_refused(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
-    plan.graph.add_edge("s0.m0.forward.L0", "no.such.task")
+    plan.graph.add_edge(tid(plan, "forward", 0), "no.such.task")
     with pytest.raises(ValueError, match="does not have"):
         plan.validate()
 
@@ -239,8 +258,8 @@ def test_cast_from_nvme_staging_finishes_before_the_write_back(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
                       Policy.of(master_on_nvme=1.0, moments_on_nvme=1.0, cpu_optimizer="torch"),
                       num_steps=2)
-    for blk in ("emb", "L0", "L1", "head"):
-        assert nx.has_path(plan.graph, f"s0.m0.cast.{blk}", f"s0.m0.write_state.{blk}")
+    for block in (EMBEDDING, 0, 1, HEAD):
+        assert nx.has_path(plan.graph, tid(plan, "cast", block), tid(plan, "write_state", block))
 
 
 def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
@@ -249,7 +268,8 @@ def test_tied_head_waits_for_the_embedding_grads_of_the_previous_micro_batch():
     plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2), Policy.of(),
                       num_steps=2)
     # both write the embedding's GPU grad buffer: the head of micro-batch 1 after the offload
-    assert nx.has_path(plan.graph, "s0.m0.offload_grads.emb", "s0.m1.head.head")
+    assert nx.has_path(plan.graph, tid(plan, "offload_grads", EMBEDDING),
+                       tid(plan, "head", HEAD, micro_batch=1))
 
 
 def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
@@ -259,33 +279,37 @@ def test_grads_on_the_gpu_live_from_their_backward_to_their_offload():
                       num_steps=2)
     # tied: the head makes the [V, h] LM-weight grad, the embedding backward adds its rows into
     # it, and it leaves as the embedding's grads: one such buffer, from the head to the offload
-    emb = buffer_named(plan, "s0.m0.head.head.tied_grad")
+    head_task, emb_backward = tid(plan, "head", HEAD), tid(plan, "backward", EMBEDDING)
+    emb = task_buffer(plan, head_task, "tied_grad")
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64  # vocab x hidden
-    assert emb.alloc_task == "s0.m0.head.head"
-    assert emb.release_tasks == ("s0.m0.offload_grads.emb",)
-    assert not [b for b in plan.buffers if b.id == "s0.m0.backward.emb.offloaded_grads"]
+    assert emb.alloc_task == head_task
+    assert emb.release_tasks == (tid(plan, "offload_grads", EMBEDDING),)
+    assert not [b for b in plan.buffers
+                if b.id == task_buffer_id(emb_backward, "offloaded_grads")]
     # the backward's workspace: its rows summed per token id (16 tokens of hidden 64, bf16)
-    rows = buffer_named(plan, "s0.m0.backward.emb.rows")
-    assert rows.bytes == BF16_BYTES * 16 * 64 and rows.release_tasks == ("s0.m0.backward.emb",)
+    rows = task_buffer(plan, emb_backward, "rows")
+    assert rows.bytes == BF16_BYTES * 16 * 64 and rows.release_tasks == (emb_backward,)
     # untied: autograd makes the embedding's own bf16 grads in its backward, freed offloaded
     untied = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
                         Policy.of(), num_steps=2)
-    own = buffer_named(untied, "s0.m0.backward.emb.offloaded_grads")
-    assert own.bytes == BF16_BYTES * 256 * 64 and own.alloc_task == "s0.m0.backward.emb"
-    assert own.release_tasks == ("s0.m0.offload_grads.emb",)
+    own = task_buffer(untied, tid(untied, "backward", EMBEDDING), "offloaded_grads")
+    assert own.bytes == BF16_BYTES * 256 * 64
+    assert own.alloc_task == tid(untied, "backward", EMBEDDING)
+    assert own.release_tasks == (tid(untied, "offload_grads", EMBEDDING),)
     # tied: the head block's own grads are the final norm's (hidden 64), made by the head task
-    head = buffer_named(plan, "s0.m0.head.head.offloaded_grads")
+    head = task_buffer(plan, head_task, "offloaded_grads")
     assert head.tier == "gpu" and head.bytes == BF16_BYTES * 64
-    assert head.alloc_task == "s0.m0.head.head"
-    assert head.release_tasks == ("s0.m0.offload_grads.head",)
+    assert head.alloc_task == head_task
+    assert head.release_tasks == (tid(plan, "offload_grads", HEAD),)
     # one per micro-batch of each step (2 x 2), not one held for the run
     assert len([b for b in plan.buffers if b.id.endswith(".tied_grad")]) == 4
     # a decoder layer's grads too: made by its backward, freed once offloaded (autograd's, from
     # the caching allocator: no standing grad buffers on the GPU)
-    layer = buffer_named(plan, "s0.m1.backward.L1.offloaded_grads")
+    backward = tid(plan, "backward", 1, micro_batch=1)
+    layer = task_buffer(plan, backward, "offloaded_grads")
     assert layer.bytes == BF16_BYTES * tied.layer_params
-    assert layer.alloc_task == "s0.m1.backward.L1"
-    assert layer.release_tasks == ("s0.m1.offload_grads.L1",)
+    assert layer.alloc_task == backward
+    assert layer.release_tasks == (tid(plan, "offload_grads", 1, micro_batch=1),)
     assert not [b.id for b in plan.buffers if b.tier == "gpu" and b.is_static and "grad" in b.id]
 
 
@@ -295,14 +319,17 @@ def test_blocks_updated_on_the_gpu_hold_their_fresh_bf16_grads_only_within_their
     0); the backward adds it into the block's fp32 sum on the GPU before it ends."""
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16),
                       Policy.of(gpu_updated_blocks=2), num_steps=2)
-    emb = buffer_named(plan, "s0.m0.backward.emb.grads")
+    emb_backward, layer0_backward = tid(plan, "backward", EMBEDDING), tid(plan, "backward", 0)
+    emb = task_buffer(plan, emb_backward, "grads")
     assert emb.tier == "gpu" and emb.bytes == BF16_BYTES * 256 * 64
-    assert emb.alloc_task == "s0.m0.backward.emb" and emb.release_tasks == ("s0.m0.backward.emb",)
-    layer0 = buffer_named(plan, "s0.m0.backward.L0.grads")
-    assert layer0.bytes == BF16_BYTES * 36992 and layer0.release_tasks == ("s0.m0.backward.L0",)
-    # nothing of theirs is offloaded
-    assert not [b for b in plan.buffers if ".offload_grads.emb" in b.id or
-                ".offload_grads.L0" in b.id]
+    assert emb.alloc_task == emb_backward and emb.release_tasks == (emb_backward,)
+    layer0 = task_buffer(plan, layer0_backward, "grads")
+    assert layer0.bytes == BF16_BYTES * 36992 and layer0.release_tasks == (layer0_backward,)
+    # nothing of theirs is offloaded: no grads made for an offload, as layer 1's are
+    ids = {b.id for b in plan.buffers}
+    assert task_buffer_id(tid(plan, "backward", 1), "offloaded_grads") in ids
+    assert not {task_buffer_id(tid(plan, "backward", block, step=s), "offloaded_grads")
+                for block in (EMBEDDING, 0) for s in (0, 1)} & ids
 
 
 def test_host_grad_landing_is_one_buffer_per_cpu_block_or_a_pool_of_the_largest(tiny_model):
@@ -349,9 +376,10 @@ def test_host_checkpoints_are_one_static_buffer_only_when_activations_go_to_the_
     # on NVMe they pass through the host one at a time: transient buffers, no static one
     on_nvme = plan_for("nvme")
     assert not [b for b in on_nvme.buffers if b.id == "host.checkpoints"]
-    host = buffer_named(on_nvme, "s0.m0.offload_activation.L1.host")
-    assert host.alloc_task == "s0.m0.offload_activation.L1"
-    assert host.release_tasks == ("s0.m0.write_activation.L1",)
+    offload = tid(on_nvme, "offload_activation", 1)
+    host = task_buffer(on_nvme, offload, "host")
+    assert host.alloc_task == offload
+    assert host.release_tasks == (tid(on_nvme, "write_activation", 1),)
 
 
 def test_all_layers_resident_needs_no_ring_units(tiny_model):
@@ -373,9 +401,10 @@ def test_gpu_updated_blocks_never_cross_pcie_nor_touch_the_cpu(tiny_model):
     assert ("optimizer_step", 1) in moved and ("load_weights", 1) in moved
     # their updates run on the GPU after the step's backwards, before the next step's forward
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
-    assert step0[-2:] == ["s0.m0.optimizer_step.emb", "s0.m0.optimizer_step.L0"]
-    assert nx.has_path(plan.graph, "s0.m0.optimizer_step.L0", "s1.m0.forward.L0")
-    assert nx.has_path(plan.graph, "s0.m0.backward.L0", "s0.m0.optimizer_step.L0")
+    update0 = tid(plan, "optimizer_step", 0)
+    assert step0[-2:] == [tid(plan, "optimizer_step", EMBEDDING), update0]
+    assert nx.has_path(plan.graph, update0, tid(plan, "forward", 0, step=1))
+    assert nx.has_path(plan.graph, tid(plan, "backward", 0), update0)
 
 
 def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
@@ -389,15 +418,17 @@ def test_gpu_updated_state_moves_from_host_to_gpu_memory(tiny_model):
     # the GPU gains fp32 master, m, v and grads (16 B/param) as static state
     assert moved.static_bytes("gpu") - base.static_bytes("gpu") == 16 * e
     # and no longer makes the transient bf16 grads (2 B/param) the backward made for the offload
-    assert buffer_named(base, "s0.m0.backward.emb.offloaded_grads").bytes == 2 * e
-    assert not [b for b in moved.buffers if b.tier == "gpu" and ".offload_grads.emb" in b.id]
+    made = task_buffer_id(tid(base, "backward", EMBEDDING), "offloaded_grads")
+    assert buffer_named(base, made).bytes == 2 * e
+    assert not [b for b in moved.buffers if b.tier == "gpu" and b.id == made]
 
 
 def test_clipping_makes_gpu_updates_wait_for_the_norm(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, max_grad_norm=1.0),
                       Policy.of(gpu_updated_blocks=1), num_steps=2)
-    assert nx.has_path(plan.graph, "s0.m0.offload_grads.L1", "s0.m0.optimizer_step.emb")
-    assert nx.has_path(plan.graph, "s0.m0.backward.emb", "s0.m0.grad_norm.head")
+    assert nx.has_path(plan.graph, tid(plan, "offload_grads", 1),
+                       tid(plan, "optimizer_step", EMBEDDING))
+    assert nx.has_path(plan.graph, tid(plan, "backward", EMBEDDING), tid(plan, "grad_norm", HEAD))
 
 
 def test_plan_names_the_gpu_unit_of_each_load_and_backward():
@@ -439,11 +470,12 @@ def test_native_optimizer_writes_the_bf16_weights_itself(tiny_model):
     assert not [t for t in native.tasks if t.kind == "cast"]
     assert len([t for t in torch_.tasks if t.kind == "cast"]) == 2 * 4
     # step 1's first load of a block waits for step 0's optimizer step of that block
-    assert native.graph.has_edge("s0.m0.optimizer_step.L0", "s1.m0.load_weights.L0.forward")
-    assert torch_.graph.has_edge("s0.m0.cast.L0", "s1.m0.load_weights.L0.forward")
+    load = tid(native, "load_weights", 0, step=1, for_kind="forward")
+    assert native.graph.has_edge(tid(native, "optimizer_step", 0), load)
+    assert torch_.graph.has_edge(tid(torch_, "cast", 0), load)
     # one pass over bf16 grads that writes bf16 weights: no upcast traffic, no fp32 buffer
-    opt = native.task("s0.m0.optimizer_step.L0")
-    assert opt.bytes == 0 and torch_.task("s0.m0.optimizer_step.L0").bytes == 6 * opt.params
+    opt = native.task(tid(native, "optimizer_step", 0))
+    assert opt.bytes == 0 and torch_.task(opt.id).bytes == 6 * opt.params
     assert not [b for b in native.buffers if b.id.endswith("grad_fp32")]
 
 
@@ -468,7 +500,8 @@ def test_the_head_workspace_follows_the_policy_head_chunk():
 
     def workspace_bytes(policy):
         plan = build_plan(spec, train, policy, num_steps=3)
-        (buffer,) = [b for b in plan.buffers if b.id == "s0.m0.head.head.workspace"]
+        workspace = task_buffer_id(tid(plan, "head", HEAD), "workspace")
+        (buffer,) = [b for b in plan.buffers if b.id == workspace]
         return buffer.bytes
 
     # 8k tokens of a 128k vocab: 4096-row chunks of bf16 logits at 1 GiB, 2048 at 0.5
@@ -504,17 +537,18 @@ def test_cublas_workspaces_are_the_compute_pools_first_buffers_and_stay(tiny_mod
 
 def test_a_tasks_outputs_are_made_as_it_ends_and_the_heads_requests_keep_their_order(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=2, seq_len=16), Policy.of(), num_steps=2)
-    head = "s0.m0.head.head"
-    assert buffer_named(plan, "s0.m0.backward.L1.offloaded_grads").at_end  # a backward's grads
-    assert buffer_named(plan, "s0.m0.backward.L1.dgrad").at_end  # and the grad it hands on
-    assert buffer_named(plan, f"{head}.dgrad").at_end
-    assert not buffer_named(plan, "s0.m0.backward.L1.workspace").at_end  # scratch: at the start
+    head, backward = tid(plan, "head", HEAD), tid(plan, "backward", 1)
+    assert task_buffer(plan, backward, "offloaded_grads").at_end  # a backward's grads
+    assert task_buffer(plan, backward, "dgrad").at_end  # and the grad it hands on
+    assert task_buffer(plan, head, "dgrad").at_end
+    assert not task_buffer(plan, backward, "workspace").at_end  # scratch: at the start
     order = [b.id for b in plan.buffers if b.alloc_task == head]
     # the final norm's saved tensors, then the LM weight's grad (summed over the loss's chunks:
     # there from the start), then the loss's logits
-    grad = "s0.m0.head.head.offloaded_grads"
+    grad = task_buffer_id(head, "offloaded_grads")
     assert not buffer_named(plan, grad).at_end
-    assert order.index(f"{head}.norm") < order.index(grad) < order.index(f"{head}.workspace")
+    assert (order.index(task_buffer_id(head, "norm")) < order.index(grad)
+            < order.index(task_buffer_id(head, "workspace")))
 
 
 @pytest.mark.parametrize("prefetch", [1, 2, 3])
@@ -541,10 +575,11 @@ def test_layer_major_runs_each_task_for_every_micro_batch_in_turn(tiny_model):
     plan = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
                       LAYER_MAJOR, num_steps=2)
     step0 = [t for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
-    assert step0 == [f"s0.m{m}.{name}" for name in
-                     ("forward.emb", "forward.L0", "forward.L1", "head.head", "backward.L1",
-                      "backward.L0", "backward.emb") for m in (0, 1)]
-    assert plan.meta["step_markers"] == ["s0.m1.backward.emb", "s1.m1.backward.emb"]
+    assert step0 == [tid(plan, kind, block, micro_batch=m) for kind, block in
+                     (("forward", EMBEDDING), ("forward", 0), ("forward", 1), ("head", HEAD),
+                      ("backward", 1), ("backward", 0), ("backward", EMBEDDING)) for m in (0, 1)]
+    assert plan.meta["step_markers"] == [tid(plan, "backward", EMBEDDING, step=s, micro_batch=1)
+                                         for s in (0, 1)]
 
 
 def test_layer_major_loads_and_offloads_each_block_once_per_sweep():
@@ -583,30 +618,35 @@ def test_layer_major_sums_grads_on_the_gpu_from_the_first_micro_batch_to_the_off
     tied = type(tied)(**{**tied.to_dict(), "tie_word_embeddings": True})
     plan = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3), LAYER_MAJOR,
                       num_steps=2)
-    layer = buffer_named(plan, "s0.m0.backward.L1.grad_sum")
+    layer = task_buffer(plan, tid(plan, "backward", 1), "grad_sum")
     assert layer.tier == "gpu" and layer.bytes == FP32_BYTES * tied.layer_params
-    assert not layer.at_end and layer.release_tasks == ("s0.m2.backward.L1",)
-    rounded = buffer_named(plan, "s0.m2.backward.L1.offloaded_grads")
+    last = tid(plan, "backward", 1, micro_batch=2)
+    assert not layer.at_end and layer.release_tasks == (last,)
+    rounded = task_buffer(plan, last, "offloaded_grads")
     # made as the last backward ends, its scratch gone, beside the sum (an input there)
     assert rounded.bytes == BF16_BYTES * tied.layer_params and rounded.at_end
-    assert rounded.release_tasks == ("s0.m2.offload_grads.L1",)
+    assert rounded.release_tasks == (tid(plan, "offload_grads", 1, micro_batch=2),)
     into = tied.layer_matmul_params  # the projections' GEMMs add into the sum themselves
     for m in range(3):  # autograd's bf16 grads of the norms, added in within the task
-        fresh = buffer_named(plan, f"s0.m{m}.backward.L1.grads")
-        assert fresh.release_tasks == (f"s0.m{m}.backward.L1",)
+        backward = tid(plan, "backward", 1, micro_batch=m)
+        fresh = task_buffer(plan, backward, "grads")
+        assert fresh.release_tasks == (backward,)
         assert fresh.bytes == BF16_BYTES * (tied.layer_params - into)
     # tied: the heads start the embedding's sum with their LM-weight grads, its backwards add
     # their rows, the last rounds it; each head's own [V, h] grad is gone within the head
-    emb = buffer_named(plan, "s0.m0.head.head.tied_grad_sum")
-    assert emb.bytes == FP32_BYTES * 256 * 64 and emb.release_tasks == ("s0.m2.backward.emb",)
-    assert buffer_named(plan, "s0.m1.head.head.tied_grad").release_tasks == ("s0.m1.head.head",)
+    emb = task_buffer(plan, tid(plan, "head", HEAD), "tied_grad_sum")
+    assert emb.bytes == FP32_BYTES * 256 * 64
+    assert emb.release_tasks == (tid(plan, "backward", EMBEDDING, micro_batch=2),)
+    head1 = tid(plan, "head", HEAD, micro_batch=1)
+    assert task_buffer(plan, head1, "tied_grad").release_tasks == (head1,)
     # the next step's sum waits for this one's offload
-    assert nx.has_path(plan.graph, "s0.m2.offload_grads.emb", "s1.m0.head.head")
+    assert nx.has_path(plan.graph, tid(plan, "offload_grads", EMBEDDING, micro_batch=2),
+                       tid(plan, "head", HEAD, step=1))
     # the adds and the rounding cost GPU memory traffic
     step_major = build_plan(tied, TrainSpec(micro_batch=1, seq_len=16, grad_accum=3),
                             Policy.of(), num_steps=2)
     def extra(m: int) -> float:
-        task = f"s0.m{m}.backward.L1"
+        task = tid(plan, "backward", 1, micro_batch=m)
         return plan.task(task).bytes - step_major.task(task).bytes
 
     added = 10 * (tied.layer_params - into) + 5 * into
@@ -624,42 +664,48 @@ def test_layer_major_sums_are_copied_from_the_first_grads_as_their_task_ends():
     model = make_tiny_model()  # untied
     train = TrainSpec(micro_batch=1, seq_len=16, grad_accum=3)
     plan = build_plan(model, train, LAYER_MAJOR, num_steps=2)
-    for kind in ("head.head", "backward.emb"):
-        total = buffer_named(plan, f"s0.m0.{kind}.grad_sum")
-        assert total.at_end and total.release_tasks == (f"s0.m2.{kind}",)
-        assert buffer_named(plan, f"s0.m0.{kind}.grads").outlives_outputs
-        assert not buffer_named(plan, f"s0.m1.{kind}.grads").outlives_outputs
-    layer = buffer_named(plan, "s0.m0.backward.L1.grad_sum")
+    for kind, block in (("head", HEAD), ("backward", EMBEDDING)):
+        first, second = (tid(plan, kind, block, micro_batch=m) for m in (0, 1))
+        total = task_buffer(plan, first, "grad_sum")
+        assert total.at_end and total.release_tasks == (tid(plan, kind, block, micro_batch=2),)
+        assert task_buffer(plan, first, "grads").outlives_outputs
+        assert not task_buffer(plan, second, "grads").outlives_outputs
+    layer = task_buffer(plan, tid(plan, "backward", 1), "grad_sum")
     assert not layer.at_end and not layer.outlives_outputs
     # the loss's LM-weight grad and the final norm's are two tensors: the rounded sum, one
     # block of both, does not fit the first's hole
-    assert buffer_named(plan, "s0.m0.head.head.grads").bytes == BF16_BYTES * model.head_params
-    assert (buffer_named(plan, "s0.m0.head.head.norm_grads").bytes
+    head = tid(plan, "head", HEAD)
+    assert task_buffer(plan, head, "grads").bytes == BF16_BYTES * model.head_params
+    assert (task_buffer(plan, head, "norm_grads").bytes
             == BF16_BYTES * model.final_norm_params)
     # the head holds its norm's bf16 output until it returns; the fp32 saved tensors go before
-    normed = buffer_named(plan, "s0.m0.head.head.normed")
+    normed = task_buffer(plan, head, "normed")
     assert normed.outlives_outputs and normed.bytes == 16 * 64 * BF16_BYTES
-    assert (normed.bytes + buffer_named(plan, "s0.m0.head.head.norm").bytes
+    assert (normed.bytes + task_buffer(plan, head, "norm").bytes
             == sizes.final_norm_saved_bytes(model, 16))
     # its fp32 saved tensors go before a layer-major head's sums are made; a step-major head's
     # one output, the dgrad its norm's backward makes, comes while they are alive
-    assert not buffer_named(plan, "s0.m0.head.head.norm").outlives_outputs
+    assert not task_buffer(plan, head, "norm").outlives_outputs
     step_major = build_plan(model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
                             num_steps=2)
-    assert buffer_named(step_major, "s0.m0.head.head.norm").outlives_outputs
+    assert task_buffer(step_major, tid(step_major, "head", HEAD), "norm").outlives_outputs
     # tied: the head copies its LM-weight grad into the embedding's new sum the same way
     tied = type(model)(**{**model.to_dict(), "tie_word_embeddings": True})
     tied_plan = build_plan(tied, train, LAYER_MAJOR, num_steps=2)
-    total = buffer_named(tied_plan, "s0.m0.head.head.tied_grad_sum")
-    assert total.at_end and total.release_tasks == ("s0.m2.backward.emb",)
-    assert buffer_named(tied_plan, "s0.m0.head.head.tied_grad").outlives_outputs
-    assert not buffer_named(tied_plan, "s0.m1.head.head.tied_grad").outlives_outputs
+    tied_head = tid(tied_plan, "head", HEAD)
+    total = task_buffer(tied_plan, tied_head, "tied_grad_sum")
+    assert total.at_end
+    assert total.release_tasks == (tid(tied_plan, "backward", EMBEDDING, micro_batch=2),)
+    assert task_buffer(tied_plan, tied_head, "tied_grad").outlives_outputs
+    assert not task_buffer(tied_plan, tid(tied_plan, "head", HEAD, micro_batch=1),
+                           "tied_grad").outlives_outputs
     # one group of three: its task makes the sum and rounds it, holding it past the rounding
     grouped = build_plan(model, train, LAYER_MAJOR.with_(sweep_groups=1), num_steps=2)
-    for kind in ("head.head", "backward.emb", "backward.L1"):
-        total = buffer_named(grouped, f"s0.m0.{kind}.grad_sum")
+    for kind, block in (("head", HEAD), ("backward", EMBEDDING), ("backward", 1)):
+        task = tid(grouped, kind, block)
+        total = task_buffer(grouped, task, "grad_sum")
         assert not total.at_end and total.outlives_outputs
-        assert buffer_named(grouped, f"s0.m0.{kind}.offloaded_grads").at_end
+        assert task_buffer(grouped, task, "offloaded_grads").at_end
 
 
 def test_layer_major_prefetches_weights_a_whole_sweep_ahead():
@@ -669,9 +715,9 @@ def test_layer_major_prefetches_weights_a_whole_sweep_ahead():
                       num_steps=2)
     # layer 2's forward load may start once layer 1's forwards begin (the last of layer 0's
     # ended), as it would start at layer 1's forward with one micro-batch
-    (gate,) = [u for u, _, r in plan.graph.in_edges("s1.m0.load_weights.L2.forward",
-                                                     data="reason") if r == "prefetch"]
-    assert gate == "s1.m2.forward.L0"
+    load = tid(plan, "load_weights", 2, step=1, for_kind="forward")
+    (gate,) = [u for u, _, r in plan.graph.in_edges(load, data="reason") if r == "prefetch"]
+    assert gate == tid(plan, "forward", 0, step=1, micro_batch=2)
 
 
 def test_layer_major_with_one_micro_batch_is_the_plain_plan(tiny_model):
@@ -686,24 +732,25 @@ def test_layer_major_tasks_run_groups_of_micro_batches_and_cost_them_together(ti
     step0 = [plan.task(t) for t in plan.lane_order["gpu"] if plan.task(t).step == 0]
     # groups of 3 and 2 micro-batches: each block's task for each group in turn
     assert [(t.id, t.micro_batches) for t in step0[:4]] == [
-        ("s0.m0.forward.emb", 3), ("s0.m3.forward.emb", 2),
-        ("s0.m0.forward.L0", 3), ("s0.m3.forward.L0", 2)]
+        (tid(plan, "forward", EMBEDDING), 3), (tid(plan, "forward", EMBEDDING, micro_batch=3), 2),
+        (tid(plan, "forward", 0), 3), (tid(plan, "forward", 0, micro_batch=3), 2)]
     single = build_plan(tiny_model, TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
                         num_steps=2)
-    one, three = single.task("s0.m0.forward.L0"), plan.task("s0.m0.forward.L0")
+    one, three = single.task(tid(single, "forward", 0)), plan.task(tid(plan, "forward", 0))
     assert three.flops == 3 * one.flops and three.tokens == one.tokens
     assert three.host_ops == 3 * one.host_ops
-    offload = plan.task("s0.m3.offload_activation.L1")
+    offload = plan.task(tid(plan, "offload_activation", 1, micro_batch=3))
     assert offload.micro_batches == 2 and offload.bytes == 2 * 16 * 64 * BF16_BYTES
     # a group's checkpoints come one by one as its task runs: counted from its start
-    checkpoint = buffer_named(plan, "s0.m0.forward.L0.checkpoint")
+    checkpoint = task_buffer(plan, tid(plan, "forward", 0), "checkpoint")
     assert checkpoint.bytes == 3 * 16 * 64 * BF16_BYTES and not checkpoint.at_end
     # one offload per block, made by the last group's task, read by the optimizer step
     offloads = [t for t in plan.lane_order["d2h"] if plan.task(t).kind == "offload_grads"
                 and plan.task(t).step == 0]
-    assert offloads == [f"s0.m3.offload_grads.{b}" for b in ("head", "L1", "L0", "emb")]
-    assert buffer_named(plan, "s0.m0.backward.L0.grad_sum").release_tasks == (
-        "s0.m3.backward.L0",)
+    assert offloads == [tid(plan, "offload_grads", b, micro_batch=3)
+                        for b in (HEAD, 1, 0, EMBEDDING)]
+    assert task_buffer(plan, tid(plan, "backward", 0), "grad_sum").release_tasks == (
+        tid(plan, "backward", 0, micro_batch=3),)
     # a step runs 2 groups through 7 GPU tasks each
     assert len(step0) == 2 * 7
 

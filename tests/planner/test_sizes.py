@@ -5,6 +5,7 @@ from __future__ import annotations
 from layerslide.planner import sizes
 from layerslide.planner.build import build_plan
 from layerslide.planner.model import PRESETS
+from layerslide.planner.plan import task_id
 from layerslide.planner.settings import Policy, TrainSpec
 
 LLAMA_3B = PRESETS["llama-3.2-3b"]  # h 3072, q 3072, kv 1024, f 8192, vocab 128256
@@ -31,7 +32,9 @@ def test_plans_carry_the_layer_kernels_bytes():
     train = TrainSpec(micro_batch=2, seq_len=1024)
     by_mode = {mode: build_plan(LLAMA_3B, train, Policy.of(layer_kernels=mode), num_steps=2)
                for mode in ("eager", "compiled")}
-    forward = {mode: plan.task("s0.m0.forward.L0").bytes for mode, plan in by_mode.items()}
+    layer0 = task_id(kind="forward", block=0, step=0, micro_batch=0,
+                     num_layers=LLAMA_3B.num_layers)
+    forward = {mode: plan.task(layer0).bytes for mode, plan in by_mode.items()}
     assert forward["compiled"] == sizes.layer_elementwise_bytes_per_token(
         LLAMA_3B, "compiled") * 2048
     assert forward["compiled"] < forward["eager"]

@@ -1,6 +1,6 @@
 """water_fill and SharedResources: fluid sharing of host memory bandwidth, the CPU's cores,
 PCIe and the disk, checked against the contention measured on the H200 benchmark machine
-(benchmarks/results/sharing_2026-11-30)."""
+(benchmarks/results/archive/sharing_2026-11-30)."""
 
 from __future__ import annotations
 
