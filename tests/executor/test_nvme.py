@@ -203,7 +203,7 @@ def test_striped_state_checkpoints_and_resumes_bit_for_bit(tmp_path):
     assert (store.latest().path / "state_0.s1.bin").exists()
     with trainer() as second:
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
-        second.restore_state(store, data)
+        second.checkpointing.restore_state(store, data)
         resumed = [log.loss for log in second.fit(data, 2)]
     assert resumed == expected[2:]
 
@@ -309,7 +309,7 @@ def test_checkpoints_link_the_moment_files_and_resume_bit_for_bit(tmp_path):
     # files the checkpoint links
     with trainer(tmp_path / "first") as second:
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
-        second.restore_state(store, data)
+        second.checkpointing.restore_state(store, data)
         resumed = [log.loss for log in second.fit(data, 2)]
     assert resumed == expected[2:]
 

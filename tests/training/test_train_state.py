@@ -73,7 +73,7 @@ def test_resumed_run_matches_an_uninterrupted_one_bit_for_bit(tmp_path, device, 
     with make_trainer(config, spec, train, policy, segment_steps=2, device=device) as second:
         second.init_random(7)
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
-        info = second.restore_state(store, data)
+        info = second.checkpointing.restore_state(store, data)
         assert info.step == 3 and second.step == 3
         resumed_logs = second.fit(data, 3)
         got = final_state(second)
@@ -247,7 +247,7 @@ def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, p
                  segment_steps=2, nvme_dir=tmp_path / "nvme-resumed") as resumed:
         resumed.init_random(5)
         data = SyntheticTokens(VOCAB, SEQ, seed=1)
-        assert resumed.restore_state(store, data).step == 4
+        assert resumed.checkpointing.restore_state(store, data).step == 4
         tail = resumed.fit(data, 2)
         got = final_state(resumed)
     assert [log.loss for log in tail] == [log.loss for log in logs[4:]]
