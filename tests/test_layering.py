@@ -104,3 +104,39 @@ def test_kinds_and_lanes_are_defined_once():
         text = path.read_text()
         assert '"gpu", "h2d", "d2h", "cpu"' not in text, path
         assert '"offload_activation",\n' not in text, path
+
+
+# modules of executor/ that are leaving it (the trainer and what only it uses); the rest is the
+# interpreter of plans
+LEAVING_EXECUTOR = {"trainer.py", "checkpoint_store.py", "checkpoint_snapshot.py",
+                    "evaluation.py", "hf_io.py", "data.py", "data_files.py", "data_formats.py"}
+# what the planner decided and wrote into the plan (Placement): the interpreter reads that
+PLANNER_ONLY_GROUPS = {"residency", "schedule"}
+
+
+def planner_only_helpers() -> set[str]:
+    """settings.py's functions and Policy properties that read a residency or schedule field:
+    reading one of them is reading those groups."""
+    tree = ast.parse((PACKAGE / "planner" / "settings.py").read_text())
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("__") and any(
+                isinstance(inner, ast.Attribute) and inner.attr in PLANNER_ONLY_GROUPS
+                for inner in ast.walk(node))}
+
+
+def test_the_executor_reads_no_residency_or_schedule_of_a_policy():
+    """The plan is the program: the interpreter follows the placement the planner wrote, and
+    never decides again from the policy's residency or schedule."""
+    helpers = planner_only_helpers()
+    assert {"optimizer_casts", "sums_grads_on_host"} <= helpers  # the scan finds them
+    reads = []
+    for path in sorted((PACKAGE / "executor").glob("*.py")):
+        if path.name in LEAVING_EXECUTOR:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = (node.attr if isinstance(node, ast.Attribute)
+                    else node.id if isinstance(node, ast.Name)
+                    else node.name if isinstance(node, ast.alias) else None)
+            if name in PLANNER_ONLY_GROUPS | helpers:
+                reads.append(f"{path.name}:{getattr(node, 'lineno', '?')} {name}")
+    assert not reads, f"the executor reads the policy's residency or schedule: {reads}"

@@ -4,7 +4,7 @@ One thread per lane. A strict lane (a CUDA stream) takes its tasks in lane order
 lane (a CPU or I/O worker) takes the first task in lane order whose inputs are ready. An edge
 between two stream lanes becomes a CUDA event the consumer's stream waits on; an edge from a
 stream lane into a host lane makes the worker wait for that event. A stream lane's thread keeps
-at most `run_ahead` of its tasks queued on the GPU (Policy.schedule.stream_run_ahead). The
+at most `run_ahead` of its tasks queued on the GPU (Plan.stream_run_ahead). The
 engine knows nothing of what tasks do: `run_task` does the work (enqueued on the current stream).
 
 Waiting for GPU work (Policy.executor.lane_waits): "poll" has each waiting thread query its
@@ -73,9 +73,9 @@ class PlanEngine:
         self.plan, self.device, self.run_task, self.serial = plan, device, run_task, serial
         self.stop = stop  # once set, the run ends after the step in flight (_request_stop)
         self.on_step_done = on_step_done
-        # the policy's bound, unless the caller says otherwise
+        # the plan's bound, unless the caller says otherwise
         if run_ahead is None:
-            run_ahead = plan.policy.schedule.stream_run_ahead
+            run_ahead = plan.stream_run_ahead
         self.run_ahead = run_ahead
         if self.run_ahead < 0:
             raise ValueError(f"run_ahead={self.run_ahead}: must be >= 1 task, or 0 for no bound")

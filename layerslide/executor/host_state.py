@@ -7,8 +7,9 @@ Each block's state is one flat buffer, so one AdamW call updates it: the decayed
 the front, norms and biases behind them. The call is layerslide's native one-pass kernel (reads
 the landed bf16 grads, may write the bf16 upload copy) or torch's fused AdamW, multi-threaded and
 as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a separate cast.
-The moments are kept in the policy's moment precision (executor/moments.py; compact ones need
-the native kernel).
+The moments are kept in the placement's moment precision (executor/moments.py; compact ones
+need the native kernel). What lives where is the plan's Placement: this state never reads the
+policy's residency or schedule.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from layerslide.planner.plan import (
     NVME_WEIGHTS,
     Placement,
 )
-from layerslide.planner.settings import Policy, TrainSpec, sums_grads_on_host
+from layerslide.planner.settings import Policy, TrainSpec
 
 
 class HostState:
@@ -73,22 +74,18 @@ class HostState:
         self.nvme = None  # checked (room, writable) before the RAM state is allocated
         # the tier's folders, one per drive (NvmeState stripes each block's file over them)
         self.nvme_dir = None if nvme_dir is None else nvme_folders(nvme_dir)
-        where = policy.residency
-        state_on_nvme = where.state_on_nvme
-        if where.uses_nvme and nvme_dir is None:
-            raise ValueError(f"the policy keeps state on NVMe (master_on_nvme="
-                             f"{where.master_on_nvme}, moments_on_nvme={where.moments_on_nvme}, "
-                             f"weights_on_nvme={where.weights_on_nvme}, activations="
-                             f"{where.activations}): pass a folder on that disk (--nvme-dir)")
+        if placement.uses_nvme and nvme_dir is None:
+            raise ValueError(f"the plan keeps {' and '.join(_on_nvme(placement))} on NVMe: "
+                             "pass a folder on that disk (--nvme-dir)")
         # one run a folder: the file names are fixed, and a run's end deletes its files
-        self.nvme_locks = NvmeFolderLocks(self.nvme_dir) if where.uses_nvme else None
+        self.nvme_locks = NvmeFolderLocks(self.nvme_dir) if placement.uses_nvme else None
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         # (per folder: they are dealt out over the folders in turn)
         per_file = padded(2 * train.tokens_per_micro_batch * blocks.config.hidden_size)
         activation_bytes = (per_file * ActivationFiles.files_per_folder(
             blocks.num_layers, placement.checkpoints_per_layer, len(self.nvme_dir))
-            if policy.residency.activations == "nvme" and self.nvme_dir else 0)
-        if state_on_nvme:
+            if placement.checkpoint_tier == "nvme" and self.nvme_dir else 0)
+        if placement.state_on_nvme:
             if self.native is None:
                 raise ValueError("state on NVMe needs layerslide's native CPU AdamW "
                                  "(cpu_optimizer='native' and a C compiler, LAYERSLIDE_NATIVE "
@@ -98,18 +95,18 @@ class HostState:
                                   weight_staging_buffers=placement.weight_staging_slots,
                                   pin=device.pin, extra_bytes=activation_bytes,
                                   checkpoint_copies=nvme_checkpoint_copies,
-                                  moment_precision=where.moment_precision)
+                                  moment_precision=placement.moment_precision)
         elif activation_bytes:
             for folder in self.nvme_dir:
                 check_nvme_folder(folder, activation_bytes)
-        # cast=gpu sends fp32 master weights over PCIe: then they must be page-locked
-        pin_master = policy.schedule.cast == "gpu"
+        # loads that send the fp32 master weights over PCIe need them page-locked
+        pin_master = placement.load_source == "master"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
                                             torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
         self.upload = ({b: device.host_empty(blocks.numel(b) - self.disk_weights[b],
                                              torch.bfloat16)
-                        for b in cpu_blocks} if policy.schedule.cast == "cpu_once" else {})
+                        for b in cpu_blocks} if placement.load_source == "upload" else {})
         # where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or a
         # pool whose buffers the plan's tasks name (its backpressure edges make reuse safe)
         self.land_in_upload = placement.grad_landing == "upload"
@@ -122,7 +119,8 @@ class HostState:
         elif not self.land_in_upload:
             self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
-        self.sums_on_host = sums_grads_on_host(self.policy, train)
+        self.sums_on_host = placement.grad_sums == "host"
+        self.writes_upload = placement.optimizer_writes_upload
         if self.sums_on_host:  # fp32 sums of the micro-batches' grads
             self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
                            for b in cpu_blocks}
@@ -131,7 +129,7 @@ class HostState:
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
-        self.moment_precision = where.moment_precision
+        self.moment_precision = placement.moment_precision
         self.moments: dict[int, Moments] = {}  # each block's RAM part
         self.steps_taken = dict.fromkeys(cpu_blocks, 0)
         # a checkpoint being written beside training (checkpoint_snapshot.SnapshotGuard):
@@ -265,14 +263,14 @@ class HostState:
 
     def step(self, block: int, lr: float, clip_coef: float, landed: torch.Tensor | None) -> None:
         """One AdamW step of the block with its grads (the fp32 sum, or the landed bf16 grads
-        when not accumulating) scaled by clip_coef; with policy.optimizer_casts the bf16 upload
-        copy is refreshed in the same pass."""
+        when not accumulating) scaled by clip_coef; where the optimizer writes the upload copy
+        (Placement.optimizer_writes_upload) the bf16 weights are refreshed in the same pass."""
         if self.update_guard is not None:
             self.update_guard.before_update(block)
         grads = self.grad32[block] if self.sums_on_host else landed
         self.steps_taken[block] += 1
         if self.native is not None:
-            casts = self.policy.optimizer_casts
+            casts = self.writes_upload
             step = self.steps_taken[block]
             for part, param, moments, weights in self._state_parts(block):
                 self.native.adamw_step_moments(
@@ -285,7 +283,7 @@ class HostState:
                     seed=moment_seed(block, step), index_base=part.start)
             return
         self._torch_step(block, grads, lr, clip_coef)
-        if self.policy.optimizer_casts:  # no native kernel here: the plan still has no casts
+        if self.writes_upload:  # no native kernel here: the plan still has no casts
             self.upload[block].copy_(self.master[block])
 
     def restore_upload(self, block: int) -> None:
@@ -370,3 +368,11 @@ class HostState:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
         return total + sum(moments.nbytes for moments in self.moments.values())
+
+
+def _on_nvme(placement: Placement) -> list[str]:
+    """What the placement keeps on NVMe, as a message names it."""
+    parts = (("master weights", placement.master_on_nvme), ("moments", placement.moments_on_nvme),
+             ("bf16 weights", placement.weights_on_nvme))
+    return ([name for name, numel in parts if any(numel)]
+            + (["activation checkpoints"] if placement.checkpoint_tier == "nvme" else []))

@@ -34,7 +34,7 @@ from layerslide.kernels.linear_cross_entropy import (
     fused_linear_cross_entropy,
     triton_head_available,
 )
-from layerslide.kinds import COMPUTE_KINDS, TaskKind
+from layerslide.kinds import COMPUTE_KINDS, Lane, TaskKind
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import (
     DEDICATED,
@@ -42,11 +42,13 @@ from layerslide.planner.plan import (
     GPU_UPDATED_STATE,
     GPU_WEIGHT_UNITS,
     HOST_CHECKPOINTS,
+    NO_SLOT,
     Buffer,
     Placement,
     Plan,
     Task,
     block_weights_buffer_id,
+    slot_space,
 )
 
 
@@ -104,11 +106,13 @@ class TaskRunner:
         self.policy, self.train = policy, train
         self.L = blocks.num_layers
         dev = device.device
-        landing = policy.schedule.cast == "gpu"
+        self.load_source = placement.load_source
+        landing = self.load_source == "master"
         self.gpu_updated = list(placement.gpu_updated)
-        # layer-major: a block's grads are summed in fp32 on the GPU over the step's
-        # micro-batches and offloaded once; step-major sums them on the host
-        self.sums_on_gpu = train.grad_accum > 1 and not state.sums_on_host
+        # a block's grads of the step's micro-batches summed in fp32 on the GPU and offloaded
+        # once (layer-major), or offloaded one by one and summed on the host (step-major)
+        self.sums_on_gpu = placement.grad_sums == "gpu"
+        self.checkpoint_tier = placement.checkpoint_tier
         self.checkpoint_copies = placement.checkpoints_per_layer
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 
@@ -163,7 +167,7 @@ class TaskRunner:
         self.act_passing: dict[tuple[int, int, int], torch.Tensor] = {}
         self.activation_files = (ActivationFiles(self.state.nvme_dir, spec.num_layers,
                                                  self.checkpoint_copies)
-                                 if policy.residency.activations == "nvme" else None)
+                                 if self.checkpoint_tier == "nvme" else None)
         self._reset_segment()
 
     def allocated_bytes(self) -> dict[str, int]:
@@ -215,7 +219,7 @@ class TaskRunner:
         for task in plan.tasks:  # raise where the plan names a unit or slot that is not here
             if task.kind in (*COMPUTE_KINDS, TaskKind.LOAD_WEIGHTS) and task.block >= 0:
                 self._weight_unit(task)
-            self._check_slot(task, plan.placement)
+            check_slot(task, plan.placement)
         self._made, self._read = plan.dataflow()
         for s in range(plan.num_steps):
             self.outcomes[s] = StepOutcome()
@@ -239,31 +243,11 @@ class TaskRunner:
                              f"{len(self.ring)} ring units")
         return self.ring[task.unit]
 
-    def _check_slot(self, task: Task, placement: Placement) -> None:
-        """A landing or staging slot the task uses must be one of the placement's buffers."""
-        landing = (TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP)
-        if task.kind in landing and task.lane != "gpu":
-            # an optimizer step reads the landed grads only without accumulation
-            reads = task.kind != TaskKind.OPTIMIZER_STEP or not self.state.sums_on_host
-            if placement.grad_landing != "pool" or not reads:
-                return
-            count, what = placement.grad_landing_buffers, "landing"
-        elif task.kind in (TaskKind.READ_STATE, TaskKind.WRITE_STATE):
-            count, what = placement.nvme_staging_slots, "staging"
-        elif task.kind == TaskKind.READ_WEIGHTS or (task.kind == TaskKind.LOAD_WEIGHTS
-                                                    and task.slot >= 0):
-            count, what = placement.weight_staging_slots, "weight staging"
-        else:
-            return
-        if not 0 <= task.slot < count:
-            raise ValueError(f"{task.id}: slot {task.slot} is not one of the plan's {count} "
-                             f"{what} buffers")
-
     def _do_load_weights(self, task: Task) -> None:
         unit = self._weight_unit(task)
-        if self.policy.schedule.cast == "gpu":
+        if self.load_source == "master":
             unit.landing_fp32.copy_(self.state.master[task.block], non_blocking=True)
-        elif self.policy.schedule.cast == "cpu_per_load":
+        elif self.load_source == "staging":
             unit.flat.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
         elif task.slot >= 0:  # the first part read from NVMe into a weight staging buffer
             staged = self.state.nvme.staged_weights(task.block, task.slot)
@@ -350,7 +334,7 @@ class TaskRunner:
 
     def _do_offload_activation(self, task: Task) -> None:
         for m, x in zip(_micro_batches(task), self._receive(task, "checkpoint"), strict=True):
-            if self.policy.residency.activations == "nvme":
+            if self.checkpoint_tier == "nvme":
                 # only between the copy and the disk write: from torch's pinned caching
                 # allocator, which reuses the memory for the next layer's checkpoint
                 host = ActivationFiles.host_buffer(x.numel(), x.dtype, self.device.is_cuda)
@@ -368,7 +352,7 @@ class TaskRunner:
         shape = (self.train.micro_batch, self.train.seq_len, self.spec.hidden_size)
         fetched = []
         for m in _micro_batches(task):
-            if self.policy.residency.activations == "nvme":  # read back by its read_activation
+            if self.checkpoint_tier == "nvme":  # read back by its read_activation
                 host = self.act_passing.pop((task.step, m, task.block))
             else:
                 host = self.act_host[self._checkpoint_copy(task.block, m)]
@@ -618,6 +602,30 @@ class TaskRunner:
             host = self.act_passing.pop((task.step, m, task.block))
             layer, copy = self._checkpoint_copy(task.block, m)
             self.activation_files.write(layer, host, copy)
+
+
+def check_slot(task: Task, placement: Placement) -> None:
+    """A slot the task takes must be one of the buffers the placement holds for its space
+    (planner.plan.SLOT_SPACES); ValueError names the task otherwise."""
+    space = slot_space(task.kind)
+    count = None if space is None else space.placed(placement)
+    if count is None or (task.slot == NO_SLOT and not _takes_slot(task, placement)):
+        return
+    if not 0 <= task.slot < count:
+        raise ValueError(f"{task.id}: slot {task.slot} is not one of the plan's {count} "
+                         f"{space.what} buffers")
+
+
+def _takes_slot(task: Task, placement: Placement) -> bool:
+    """Whether the task's handler takes a buffer of its slot space's pool, so that it must
+    name one: every NVMe read and write of state or weights, and where grads land in a pool,
+    each host task that reads them (an optimizer step does only without host sums)."""
+    if task.kind in (TaskKind.READ_STATE, TaskKind.WRITE_STATE, TaskKind.READ_WEIGHTS):
+        return True
+    if placement.grad_landing != "pool" or task.lane == Lane.GPU:
+        return False
+    return task.kind in (TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS) or (
+        task.kind == TaskKind.OPTIMIZER_STEP and placement.grad_sums != "host")
 
 
 def _micro_batches(task: Task) -> range:

@@ -46,6 +46,7 @@ from layerslide.planner.plan import (
     Task,
     block_name,
     block_weights_buffer_id,
+    policy_placement,
     runtime_buffer_id,
     task_buffer_id,
     task_id,
@@ -743,17 +744,20 @@ class _Builder:
 
     # --- static buffers ------------------------------------------------------------------------
     def static_buffers(self) -> None:
-        model, pol = self.model, self.policy
+        model = self.model
+        # what the placement records (policy_placement), and the executor allocates by
+        placed = policy_placement(self.policy, self.train)
         on_gpu = sum(self.params(b) for b in self.gpu_updated)
         n = model.total_params - on_gpu  # parameters whose state lives on the host
-        unit = (BF16_BYTES + (FP32_BYTES if pol.schedule.cast == "gpu" else 0)) * model.layer_params
+        sent_fp32 = placed["load_source"] == "master"  # fp32 arrives in a unit, then is cast
+        unit = (BF16_BYTES + (FP32_BYTES if sent_fp32 else 0)) * model.layer_params
         self.buffer(None, runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
         self.buffer(None, GPU_WEIGHT_UNITS, "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
         loaded_layers = len(self.resident) - 2 - updated_layers  # resident, updated on the CPU
         self.buffer(None, GPU_RESIDENT_LAYERS, "gpu", loaded_layers * unit
                     + updated_layers * BF16_BYTES * model.layer_params)
-        landing = FP32_BYTES if pol.schedule.cast == "gpu" else 0  # fp32 arrives, then is cast
+        landing = FP32_BYTES if sent_fp32 else 0
         for b in (EMBEDDING, self.L):
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
             self.buffer(None, block_weights_buffer_id(b, self.L), "gpu",
@@ -768,7 +772,7 @@ class _Builder:
         master_disk = sum(m for m, _ in self.disk.values())
         self.buffer(None, HOST_MASTER, "host",
                     sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
-        if pol.residency.activations == "host":
+        if placed["checkpoint_tier"] == "host":
             # page-locked buffers, one per layer and micro-batch of a sweep, allocated at the
             # first offload and reused by every sweep and step after it (H200, 3B: RSS +5.1 GiB
             # from micro-batch 1 to 32, the checkpoints' size)
@@ -778,7 +782,7 @@ class _Builder:
             moments_nbytes(self.params(b) - self.disk[b][1], self.moments)
             for b in self.disk if b not in self.gpu_updated))
         weights_disk = sum(self.disk_weights.values())
-        if pol.schedule.cast == "cpu_once":
+        if placed["load_source"] == "upload":
             self.buffer(None, HOST_UPLOAD, "host",
                         sizes.UPLOAD_BYTES_PER_PARAM * (n - weights_disk))
         # offloaded bf16 grads land in page-locked buffers allocated once: in the blocks' upload
@@ -792,7 +796,7 @@ class _Builder:
         else:
             landing = sum(self.params(b) for b in cpu_blocks)
         self.buffer(None, HOST_GRAD_LANDING, "host", BF16_BYTES * landing)
-        if self.host_sums:
+        if placed["grad_sums"] == "host":
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)
         self.buffer(None, NVME_MASTER, "nvme", sizes.MASTER_BYTES_PER_PARAM * master_disk)
         self.buffer(None, NVME_MOMENTS, "nvme", sum(moments_nbytes(v, self.moments)
@@ -817,6 +821,7 @@ class _Builder:
     def placement(self) -> Placement:
         pol, tokens = self.policy, self.tokens
         return Placement(
+            **policy_placement(pol, self.train),
             gpu_updated=self.layout.gpu_updated, dedicated_layers=self.layout.dedicated_layers,
             ring_units=self.layout.ring_units, grad_landing=self.grad_landing,
             grad_landing_buffers=self.host_grad_pool if self.grad_landing == "pool" else 0,

@@ -18,7 +18,13 @@ import networkx as nx
 
 from layerslide.kinds import Lane, TaskKind
 from layerslide.planner.model import ModelSpec
-from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.settings import (
+    ActivationPlacement,
+    MomentPrecision,
+    Policy,
+    TrainSpec,
+    sums_grads_on_host,
+)
 
 PLAN_FORMAT_VERSION = 2
 
@@ -37,6 +43,13 @@ STEADY_STEPS = 3
 EMBEDDING = -1  # block index of the token embedding; decoder layers are 0..L-1, the head is L
 # where offloaded grads land on the host (Placement.grad_landing)
 GradLanding = Literal["upload", "per_block", "pool"]
+# what a load sends to the GPU (Placement.load_source): the block's persistent bf16 upload copy,
+# a bf16 copy the load's own cast task made, or the fp32 master weights (page-locked), which the
+# compute task casts on the GPU
+LoadSource = Literal["upload", "staging", "master"]
+# where a CPU-updated block's grads of a step's micro-batches are summed in fp32
+# (Placement.grad_sums): nowhere (one micro-batch a step), on the host, or on the GPU
+GradSums = Literal["none", "host", "gpu"]
 DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slides)
 NO_SLOT = -1
 
@@ -119,7 +132,9 @@ class Task:
 
 @dataclass(frozen=True, kw_only=True)
 class Placement:
-    """What the executor allocates and where, as the planner laid it out."""
+    """What the executor allocates, where, and which way weights and grads take between them,
+    as the planner laid it out: the executor reads this, never the policy's residency or
+    schedule."""
 
     gpu_updated: tuple[int, ...] = ()  # updated on the GPU, in the order the next forward needs
     dedicated_layers: tuple[int, ...] = ()  # decoder layers with a GPU unit of their own
@@ -141,11 +156,21 @@ class Placement:
     # weight_staging_slots host buffers before each load
     weights_on_nvme: tuple[int, ...] = ()
     weight_staging_slots: int = 0
+    load_source: LoadSource
+    # the CPU optimizer step writes the new bf16 weights into the upload copy itself (no cast
+    # task does)
+    optimizer_writes_upload: bool
+    grad_sums: GradSums
+    checkpoint_tier: ActivationPlacement  # where checkpoints wait for their backward
+    moment_precision: MomentPrecision  # of every block's AdamW m and v, wherever they live
 
     def __post_init__(self) -> None:
-        if self.grad_landing not in get_args(GradLanding):
-            raise ValueError(f"Placement.grad_landing={self.grad_landing!r}: choose upload, "
-                             "per_block or pool")
+        for name, kind in (("grad_landing", GradLanding), ("load_source", LoadSource),
+                           ("grad_sums", GradSums), ("checkpoint_tier", ActivationPlacement),
+                           ("moment_precision", MomentPrecision)):
+            if getattr(self, name) not in get_args(kind):
+                raise ValueError(f"Placement.{name}={getattr(self, name)!r}: choose one of "
+                                 f"{', '.join(get_args(kind))}")
         for name in ("gpu_updated", "dedicated_layers", "master_on_nvme", "moments_on_nvme",
                      "weights_on_nvme"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
@@ -160,8 +185,33 @@ class Placement:
         """bf16 weights of the block that live on NVMe."""
         return self.weights_on_nvme[block + 1] if self.weights_on_nvme else 0
 
+    @property
+    def state_on_nvme(self) -> bool:
+        """Part of some block's master weights, moments or bf16 weights lives on NVMe."""
+        return any((*self.master_on_nvme, *self.moments_on_nvme, *self.weights_on_nvme))
+
+    @property
+    def uses_nvme(self) -> bool:
+        """The run needs an NVMe folder: state or checkpoints there."""
+        return self.state_on_nvme or self.checkpoint_tier == "nvme"
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def policy_placement(policy: Policy, train: TrainSpec) -> dict:
+    """The Placement fields that follow from the policy and training settings alone: what the
+    builder writes, and what a plan file saved before they were fields is given on load."""
+    sums_on_host = sums_grads_on_host(policy, train)
+    return {"load_source": _LOAD_SOURCES[policy.schedule.cast],
+            "optimizer_writes_upload": policy.optimizer_casts,
+            "grad_sums": "host" if sums_on_host else "gpu" if train.grad_accum > 1 else "none",
+            "checkpoint_tier": policy.residency.activations,
+            "moment_precision": policy.residency.moment_precision}
+
+
+_LOAD_SOURCES: dict[str, LoadSource] = {"cpu_once": "upload", "cpu_per_load": "staging",
+                                        "gpu": "master"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,6 +262,13 @@ class Plan:
 
     def task(self, task_id: str) -> Task:
         return self.graph.nodes[task_id]["task"]
+
+    @property
+    def stream_run_ahead(self) -> int:
+        """How many of its tasks a stream lane may have queued on the GPU (0: no bound): the
+        policy's, read through rather than copied into the placement, since the environment
+        may set it on a plan already made (cli.options.with_env_overrides)."""
+        return self.policy.schedule.stream_run_ahead
 
     @property
     def tasks(self) -> list[Task]:
@@ -348,16 +405,18 @@ class Plan:
             graph.add_edge(u, v, reason=reason)
         buffers = tuple(Buffer(**{**b, "release_tasks": tuple(b["release_tasks"])})
                         for b in data["buffers"])
+        train, policy = TrainSpec.from_dict(data["train"]), Policy.from_dict(data["policy"])
         plan = cls(
             model=ModelSpec.from_dict(data["model"]),
-            train=TrainSpec.from_dict(data["train"]),
-            policy=Policy.from_dict(data["policy"]),
+            train=train,
+            policy=policy,
             num_steps=data["num_steps"],
             graph=graph,
             lane_order={lane: tuple(o) for lane, o in data["lane_order"].items()},
             lane_discipline=dict(data["lane_discipline"]),
             buffers=buffers,
-            placement=Placement(**data["placement"]),
+            # a file saved before a field was one has it from the policy, as the builder does
+            placement=Placement(**{**policy_placement(policy, train), **data["placement"]}),
             meta=dict(data.get("meta", {})),
         )
         plan.validate()
@@ -417,8 +476,8 @@ class Plan:
             ahead = step - task.step
             return replace(task, step=step, priority=(pos + ahead * shift, tie),
                            id=same_task(task, step),
-                           unit=turn.apply(("unit",), task.unit, ahead),
-                           slot=turn.apply(("slot", _slot_kinds(task.kind)), task.slot, ahead))
+                           unit=turn.unit(task.unit, ahead),
+                           slot=turn.slot(task.kind, task.slot, ahead))
         graph = self.graph.copy()
         lane_order = {lane: list(order) for lane, order in self.lane_order.items()}
         buffers = list(self.buffers)
@@ -494,25 +553,42 @@ class Plan:
         return self.to_dict() == other.to_dict()
 
 
-# the kinds that share one space of slots (Task.slot): landing buffers, NVMe staging, grad slots
-_SLOT_SPACES = ((TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS, TaskKind.OPTIMIZER_STEP),
-                (TaskKind.READ_STATE, TaskKind.WRITE_STATE), (TaskKind.BACKWARD,),
-                (TaskKind.READ_WEIGHTS, TaskKind.LOAD_WEIGHTS))
+@dataclass(frozen=True)
+class SlotSpace:
+    """Task kinds whose Task.slot indexes one pool of buffers, taken in turn."""
+
+    what: str  # the buffers, as messages name them
+    kinds: tuple[TaskKind, ...]
+    # the Placement field that counts the pool ("": not the placement's, the policy's GPU grad
+    # slots, which bound grads awaiting their offload and which the executor never allocates)
+    count_field: str
+
+    def placed(self, placement: Placement) -> int | None:
+        """How many buffers the placement holds for the pool (None: it holds none)."""
+        return getattr(placement, self.count_field) if self.count_field else None
 
 
-def _slot_kinds(kind: TaskKind) -> tuple[TaskKind, ...]:
-    return next((space for space in _SLOT_SPACES if kind in space), (kind,))
+# the slots' spaces, defined once: the executor checks a plan's slots against the placement by
+# them, unroll turns each as the last step did
+SLOT_SPACES = (
+    SlotSpace("landing", (TaskKind.OFFLOAD_GRADS, TaskKind.ACCUMULATE_GRADS,
+                          TaskKind.OPTIMIZER_STEP), "grad_landing_buffers"),
+    SlotSpace("staging", (TaskKind.READ_STATE, TaskKind.WRITE_STATE), "nvme_staging_slots"),
+    SlotSpace("GPU grad", (TaskKind.BACKWARD,), ""),
+    SlotSpace("weight staging", (TaskKind.READ_WEIGHTS, TaskKind.LOAD_WEIGHTS),
+              "weight_staging_slots"),
+)
 
 
-def _slot_count(plan: Plan, space: tuple[TaskKind, ...]) -> int:
+def slot_space(kind: TaskKind) -> SlotSpace | None:
+    """The space of slots a task of this kind takes from (None: a kind that takes none)."""
+    return next((space for space in SLOT_SPACES if kind in space.kinds), None)
+
+
+def _slot_count(plan: Plan, space: SlotSpace) -> int:
     """How many slots a space has: its tasks take them in turn, one after another."""
-    if TaskKind.OFFLOAD_GRADS in space:
-        return plan.placement.grad_landing_buffers
-    if TaskKind.READ_STATE in space:
-        return plan.placement.nvme_staging_slots
-    if TaskKind.READ_WEIGHTS in space:
-        return plan.placement.weight_staging_slots
-    return plan.policy.residency.grad_buffers
+    placed = space.placed(plan.placement)
+    return plan.policy.residency.grad_buffers if placed is None else placed
 
 
 @dataclass
@@ -521,17 +597,20 @@ class _Permutations:
     permutation), and how far it turned each space of slots (taken in turn: a rotation)."""
 
     units: dict[int, int]
-    slot_turns: dict[tuple[TaskKind, ...], tuple[int, int]]  # space -> (turn, slot count)
+    slot_turns: dict[SlotSpace, tuple[int, int]]  # space -> (turn, slot count)
 
-    def apply(self, space: tuple, value: int, times: int) -> int:
-        if value < 0:  # DEDICATED / NO_SLOT
+    def unit(self, value: int, times: int) -> int:
+        if value < 0:  # DEDICATED
             return value
-        if space[0] == "slot":
-            turn, count = self.slot_turns[space[1]]
-            return (value + times * turn) % count
         for _ in range(times):
             value = self.units[value]
         return value
+
+    def slot(self, kind: TaskKind, value: int, times: int) -> int:
+        if value < 0:  # NO_SLOT
+            return value
+        turn, count = self.slot_turns[slot_space(kind)]
+        return (value + times * turn) % count
 
 
 def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
@@ -539,7 +618,7 @@ def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
         raise ValueError(f"a plan of {plan.num_steps} step cannot be repeated: plan at least "
                          f"{MIN_STEPS}")
     units: dict[int, int] = {}
-    turns: dict[tuple[TaskKind, ...], tuple[int, int]] = {}
+    turns: dict[SlotSpace, tuple[int, int]] = {}
     L = plan.model.num_layers
 
     def refuse(what: str) -> None:
@@ -559,13 +638,15 @@ def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
         if t.unit >= 0 and units.setdefault(prev.unit, t.unit) != t.unit:
             refuse(f"unit {prev.unit} of the step before became two units")
         if t.slot >= 0:
-            space = _slot_kinds(t.kind)
+            space = slot_space(t.kind)
+            if space is None:
+                refuse(f"task {t.id} takes slot {t.slot}, but no task of its kind takes one")
             count = _slot_count(plan, space)
             if not 0 <= t.slot < count:
                 refuse(f"task {t.id} takes slot {t.slot} of {count}")
             turn = (t.slot - prev.slot) % count
             if turns.setdefault(space, (turn, count)) != (turn, count):
-                refuse(f"the slots of {space[0]} do not turn by one step's count")
+                refuse(f"the slots of {space.kinds[0]} do not turn by one step's count")
     if sorted(units) != sorted(units.values()):
         refuse("its units are not a permutation of the step before's")
     return _Permutations(units, turns)

@@ -4,7 +4,7 @@ memory tracked per tier as buffers are allocated and released.
 A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
 lane's tasks in order, each once its predecessors are enqueued (on a stream) or done (on a host
 lane), taking the task's dispatch time (longer while the CPU lanes' kernels hold the cores it
-needs: CostModel's HOST_CORES), with at most Policy.schedule.stream_run_ahead of them queued and
+needs: CostModel's HOST_CORES), with at most Plan.stream_run_ahead of them queued and
 unfinished. The stream runs a task once its predecessors are done and its dispatch has begun,
 and the task ends no sooner than its dispatch. So the dispatch of a task waiting for its inputs
 (a layer's weights in flight) hides behind that wait. A task's buffers come as it starts (its
@@ -75,7 +75,7 @@ class _PlanRun:
             if not order:
                 continue
             if self.plan.lane_discipline[lane] == "strict":
-                StreamLane(self, order, self.plan.policy.schedule.stream_run_ahead)
+                StreamLane(self, order, self.plan.stream_run_ahead)
             else:
                 self.workers[lane].start(len(order))
         self.env.run()

@@ -1,4 +1,5 @@
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -7,10 +8,12 @@ from helpers import SEQ, VOCAB, spec_of, tiny_config
 from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.optim import OptimConfig
-from layerslide.executor.runner import TaskRunner, checkpoint_views
+from layerslide.executor.runner import TaskRunner, check_slot, checkpoint_views
+from layerslide.kinds import TaskKind
 from layerslide.planner.build import build_plan
-from layerslide.planner.plan import EMBEDDING
+from layerslide.planner.plan import EMBEDDING, NO_SLOT
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.training import trainer as trainer_module
 from layerslide.training.trainer import Trainer
 
 
@@ -58,3 +61,74 @@ def test_a_layer_major_blocks_grads_are_gone_before_its_sum_is_rounded(tmp_path,
     assert (EMBEDDING in handed) != tied
     assert EMBEDDING in alive_at_rounding and plan.model.num_layers - 1 in alive_at_rounding
     assert alive_at_rounding == dict.fromkeys(alive_at_rounding, 0)
+
+
+class _InterpreterView:
+    """A policy as the interpreter may read it: its kernels and executor settings. Its residency
+    and schedule are the planner's, written into the plan's placement: reading them fails."""
+
+    def __init__(self, policy: Policy):
+        self.kernels, self.executor = policy.kernels, policy.executor
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the interpreter read the policy's {name}")
+
+
+# each value of each placement field the interpreter reads: where loads come from, where grads
+# are summed and land, where checkpoints wait, who writes the upload copy, the moments' format
+FOLLOWED = [
+    (TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy.of(cast="gpu")),
+    (TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
+     Policy.of(cast="cpu_per_load", accumulation="layer_major", host_grad_buffers=2,
+               activations="nvme")),
+    (TrainSpec(micro_batch=1, seq_len=SEQ),
+     Policy.of(moment_precision="bf16", moments_on_nvme=0.5, weights_on_nvme=0.5,
+               activations="gpu")),
+    (TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2), Policy.of(cpu_optimizer="torch")),
+]
+
+
+@pytest.mark.parametrize(("train", "policy"), FOLLOWED)
+def test_the_interpreter_follows_the_placement_and_never_reads_residency_or_schedule(
+        tmp_path, monkeypatch, train, policy):
+    config = tiny_config("llama")
+    plan = build_plan(spec_of(config, tmp_path), train, policy)
+
+    def losses() -> list[float]:
+        with Trainer(config=config, plan=plan, optim=OptimConfig(lr=1e-3), device="cpu",
+                     serial=True, nvme_dir=tmp_path / "nvme") as trainer:
+            trainer.init_random(0)
+            return [log.loss for log in trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 2)]
+
+    expected = losses()
+    real = trainer_module.HostState  # the runner takes its policy from the host state
+
+    def host_state(blocks, device, policy, *args, **kwargs):
+        return real(blocks, device, _InterpreterView(policy), *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "HostState", host_state)
+    assert losses() == expected
+
+
+def test_a_slot_off_its_placed_pool_is_refused_and_a_task_that_takes_one_must_name_one(
+        tmp_path):
+    plan = build_plan(spec_of(tiny_config("llama"), tmp_path),
+                      TrainSpec(micro_batch=1, seq_len=SEQ, grad_accum=2),
+                      Policy.of(moments_on_nvme=0.5, host_grad_buffers=2))
+    placement = plan.placement
+    assert placement.grad_landing == "pool" and placement.grad_sums == "host"
+    for task in plan.tasks:  # the builder's slots (the optimizer steps, summed on the host,
+        check_slot(task, placement)  # read no landing buffer and name none)
+
+    def first(kind: TaskKind):
+        return next(t for t in plan.tasks if t.kind == kind)
+
+    count = placement.nvme_staging_slots
+    for slot in (count, NO_SLOT):
+        with pytest.raises(ValueError, match=f"slot {slot} is not one of the plan's {count} "
+                                             "staging"):
+            check_slot(replace(first(TaskKind.READ_STATE), slot=slot), placement)
+    with pytest.raises(ValueError, match="slot -1 is not one of the plan's 2 landing"):
+        check_slot(replace(first(TaskKind.ACCUMULATE_GRADS), slot=NO_SLOT), placement)
+    # the GPU grad slots bound grads awaiting their offload: the executor allocates none
+    check_slot(replace(first(TaskKind.BACKWARD), slot=99), placement)

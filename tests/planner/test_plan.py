@@ -102,6 +102,67 @@ def test_a_plan_file_from_before_outlives_outputs_still_loads(plan):
     assert not any(b.outlives_outputs for b in Plan.from_dict(data).buffers)
 
 
+# what the placement records of the policy, as a plan file of format 2 before it had them
+POLICY_PLACEMENT_FIELDS = ("load_source", "optimizer_writes_upload", "grad_sums",
+                           "checkpoint_tier", "moment_precision")
+RECORDED = [
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+     {"load_source": "upload", "optimizer_writes_upload": True, "grad_sums": "none",
+      "checkpoint_tier": "host", "moment_precision": "fp32"}),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+     Policy.of(cast="gpu", activations="gpu", moment_precision="bf16"),
+     {"load_source": "master", "optimizer_writes_upload": False, "grad_sums": "host",
+      "checkpoint_tier": "gpu", "moment_precision": "bf16"}),
+    (TrainSpec(micro_batch=1, seq_len=16, grad_accum=2),
+     Policy.of(cast="cpu_per_load", accumulation="layer_major", activations="nvme"),
+     {"load_source": "staging", "optimizer_writes_upload": False, "grad_sums": "gpu",
+      "checkpoint_tier": "nvme", "moment_precision": "fp32"}),
+    (TrainSpec(micro_batch=1, seq_len=16), Policy.of(cpu_optimizer="torch"),
+     {"load_source": "upload", "optimizer_writes_upload": False, "grad_sums": "none",
+      "checkpoint_tier": "host", "moment_precision": "fp32"}),
+]
+
+
+@pytest.mark.parametrize(("train", "policy", "recorded"), RECORDED)
+def test_the_placement_records_what_the_policy_decided_and_an_older_file_gets_the_same(
+        tiny_model, train, policy, recorded):
+    """The executor reads these from the placement: the builder writes them, and a plan file
+    saved before they were fields is given them on load by the same rule."""
+    built = build_plan(tiny_model, train, policy, num_steps=2)
+    assert {k: getattr(built.placement, k) for k in POLICY_PLACEMENT_FIELDS} == recorded
+    data = json.loads(json.dumps(built.to_dict()))
+    for name in POLICY_PLACEMENT_FIELDS:
+        del data["placement"][name]
+    assert Plan.from_dict(data) == built
+
+
+def test_a_placement_field_out_of_its_choices_is_refused(plan):
+    data = json.loads(json.dumps(plan.to_dict()))
+    data["placement"]["load_source"] = "disk"
+    with pytest.raises(ValueError, match="load_source='disk': choose one of upload"):
+        Plan.from_dict(data)
+
+
+def test_every_slot_a_plan_names_is_in_a_space_its_placement_sizes(tiny_model):
+    """The slot spaces are defined once (SLOT_SPACES): every task the builder gives a slot is of
+    a kind in one, within the pool the placement holds for it (the GPU grad slots: the
+    policy's)."""
+    from layerslide.planner.plan import slot_space
+
+    named = set()
+    for train, policy in UNROLLED_POLICIES:
+        plan = build_plan(tiny_model, train, policy)
+        for t in plan.tasks:
+            if t.slot < 0:
+                continue
+            space = slot_space(t.kind)
+            assert space is not None, t.id
+            count = space.placed(plan.placement)
+            assert 0 <= t.slot < (policy.residency.grad_buffers if count is None else count)
+            named.add(space.what)
+    assert named == {"landing", "staging", "GPU grad", "weight staging"}
+
+
 def _canonical(plan: Plan) -> dict:
     """The plan as data, its tasks, edges and buffers in a fixed order (ids are unique)."""
     data = plan.to_dict()
