@@ -181,7 +181,7 @@ class Trainer:
         self.weights_changed()
 
     def weights_changed(self) -> None:
-        if self.policy.schedule.cast == "cpu_once":  # the first loads read the bf16 copies
+        if self.plan.placement.load_source == "upload":  # the first loads read the bf16 copies
             for b in self.state.upload:
                 self.state.cast_to_upload(b)
         self.runner.load_gpu_state()
