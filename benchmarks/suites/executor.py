@@ -13,7 +13,7 @@ SUITE = Suite(
     cases=(
         Case("gpu-tests", "the executor's `-m gpu` tests (reference match, serial == lanes)",
              (step("{python} -m pytest -q -m gpu -p no:cacheprovider "
-                   "tests/executor/test_trainer.py", timeout_s=330),)),
+                   "tests/training/test_trainer.py", timeout_s=330),)),
         Case("sweep", "default policy, micro-batch 1-64, trace at micro-batch 8",
              (step("{python} benchmarks/executor_bench.py --out {out} "
                    "--batches 1,2,4,8,16,32,64 --steps 4 --trace-batch 8", timeout_s=600),),

@@ -34,7 +34,7 @@ def run_executor(config, spec, train, policy, optim, *, steps, serial=False, dev
         if poison is not None:
             block, index = poison
             trainer.state.master[block][index] = float("inf")
-            trainer._weights_changed()
+            trainer.weights_changed()
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), steps)
         final = {n: v.clone() for n, v in trainer.state.named_master()}
