@@ -71,7 +71,15 @@ class HostState:
         self.disk_moments = {b: placement.disk_numel(b)[1] for b in cpu_blocks}
         # likewise the first elements of its bf16 upload copy (self.upload holds the rest)
         self.disk_weights = {b: placement.disk_weights_numel(b) for b in cpu_blocks}
-        self.nvme = None  # checked (room, writable) before the RAM state is allocated
+        self._open_nvme(placement, train, nvme_dir, nvme_checkpoint_copies)
+        self._allocate_weights(placement, cpu_blocks)
+        self._allocate_grads(placement, cpu_blocks)
+        self._allocate_optimizer_state(placement, cpu_blocks)
+
+    def _open_nvme(self, placement: Placement, train: TrainSpec, nvme_dir, checkpoint_copies):
+        """The NVMe tier's folders, locked and checked for room before any RAM is allocated:
+        the state's files (NvmeState) and the activation checkpoints' files."""
+        self.nvme = None
         # the tier's folders, one per drive (NvmeState stripes each block's file over them)
         self.nvme_dir = None if nvme_dir is None else nvme_folders(nvme_dir)
         if placement.uses_nvme and nvme_dir is None:
@@ -81,9 +89,9 @@ class HostState:
         self.nvme_locks = NvmeFolderLocks(self.nvme_dir) if placement.uses_nvme else None
         # activation checkpoints on NVMe: a file per layer and checkpoint waiting at once
         # (per folder: they are dealt out over the folders in turn)
-        per_file = padded(2 * train.tokens_per_micro_batch * blocks.config.hidden_size)
+        per_file = padded(2 * train.tokens_per_micro_batch * self.blocks.config.hidden_size)
         activation_bytes = (per_file * ActivationFiles.files_per_folder(
-            blocks.num_layers, placement.checkpoints_per_layer, len(self.nvme_dir))
+            self.blocks.num_layers, placement.checkpoints_per_layer, len(self.nvme_dir))
             if placement.checkpoint_tier == "nvme" and self.nvme_dir else 0)
         if placement.state_on_nvme:
             if self.native is None:
@@ -93,12 +101,16 @@ class HostState:
             self.nvme = NvmeState(nvme_dir, self.disk_master, self.disk_moments,
                                   placement.nvme_staging_slots, weights_numel=self.disk_weights,
                                   weight_staging_buffers=placement.weight_staging_slots,
-                                  pin=device.pin, extra_bytes=activation_bytes,
-                                  checkpoint_copies=nvme_checkpoint_copies,
+                                  pin=self.device.pin, extra_bytes=activation_bytes,
+                                  checkpoint_copies=checkpoint_copies,
                                   moment_precision=placement.moment_precision)
         elif activation_bytes:
             for folder in self.nvme_dir:
                 check_nvme_folder(folder, activation_bytes)
+
+    def _allocate_weights(self, placement: Placement, cpu_blocks: list[int]) -> None:
+        """The fp32 master weights' RAM part, and the bf16 upload copies loads send."""
+        blocks, device = self.blocks, self.device
         # loads that send the fp32 master weights over PCIe need them page-locked
         pin_master = placement.load_source == "master"
         self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
@@ -107,8 +119,13 @@ class HostState:
         self.upload = ({b: device.host_empty(blocks.numel(b) - self.disk_weights[b],
                                              torch.bfloat16)
                         for b in cpu_blocks} if placement.load_source == "upload" else {})
-        # where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or a
-        # pool whose buffers the plan's tasks name (its backpressure edges make reuse safe)
+        self.writes_upload = placement.optimizer_writes_upload
+
+    def _allocate_grads(self, placement: Placement, cpu_blocks: list[int]) -> None:
+        """Where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or
+        a pool whose buffers the plan's tasks name (its backpressure edges make reuse safe);
+        and the fp32 sums of a step's micro-batches where the host sums them."""
+        blocks, device = self.blocks, self.device
         self.land_in_upload = placement.grad_landing == "upload"
         self.landing_pool: list[torch.Tensor] = []
         self.landing: dict[int, torch.Tensor] = {}
@@ -120,12 +137,12 @@ class HostState:
             self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
         self.sums_on_host = placement.grad_sums == "host"
-        self.writes_upload = placement.optimizer_writes_upload
-        if self.sums_on_host:  # fp32 sums of the micro-batches' grads
-            self.grad32 = {b: torch.empty(blocks.numel(b), dtype=torch.float32)
-                           for b in cpu_blocks}
-        else:
-            self.grad32 = {}
+        self.grad32 = ({b: torch.empty(blocks.numel(b), dtype=torch.float32)
+                        for b in cpu_blocks} if self.sums_on_host else {})
+
+    def _allocate_optimizer_state(self, placement: Placement, cpu_blocks: list[int]) -> None:
+        """Each CPU-updated block's moments (their RAM part) and step count; torch's AdamW where
+        the native kernel is not used."""
         self._scratch = None  # torch's AdamW: one fp32 upcast buffer, reused block by block
         self._params: dict[int, list[nn.Parameter]] = {}
         self.optimizers: dict[int, torch.optim.AdamW] = {}
@@ -136,7 +153,7 @@ class HostState:
         # each update first lets it take the block's state
         self.update_guard = None
         for b in cpu_blocks:
-            ram = blocks.numel(b) - self.disk_moments[b]
+            ram = self.blocks.numel(b) - self.disk_moments[b]
             self.moments[b] = Moments.zeros(self.moment_precision, ram)
             if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)

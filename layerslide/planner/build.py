@@ -385,34 +385,64 @@ class _Builder:
         """The GPU sequence of one sweep of step s: each task runs for each of its groups (by
         their first micro-batches, `micros`) in turn, and a group's task for each of the
         group's micro-batches (one micro-batch: step-major; all of the step's: layer-major)."""
-        model, pol, T, L = self.model, self.policy, self.tokens, self.L
-        hidden = sizes.hidden_bytes(model, T)
-        ew = sizes.layer_elementwise_bytes_per_token(model, pol.kernels.layer_kernels) * T
-        gemm_flops = sizes.layer_matmul_flops_per_token(model) * T
-        attn_flops = sizes.attention_flops_per_token(model, self.train.seq_len) * T
-
         # (tasks follow each other on the strict GPU lane: no edge between micro-batches needed)
-        producers: dict[tuple[int, int], str] = {}  # (layer, micro): its checkpointed input's maker
+        producers, fwd = self._forwards(s, micros)
+        heads = self._heads(s, micros, producers)
+        bwd, emb_bwd = self._backwards(s, micros, producers, fwd, heads)
+        for m in micros:
+            self.grads(s, m, self.L, heads[m])
+        for i in reversed(range(self.L)):
+            for m in micros:
+                self.grads(s, m, i, bwd[(i, m)])
+        for m in micros:
+            self.grads(s, m, EMBEDDING, emb_bwd[m])
+        kernels = self.policy.kernels
+        for m in micros:
+            self.buffer(heads[m], "workspace", "gpu",
+                        sizes.head_loss_workspace_bytes(self.model, self.tokens, kernels.head_loss,
+                                                        kernels.head_chunk_bytes),
+                        (heads[m],))
+
+    def _layer_amounts(self) -> tuple[int, int, int]:
+        """A decoder layer's forward on one micro-batch: elementwise bytes, GEMM and attention
+        FLOPs."""
+        model, T = self.model, self.tokens
+        ew = sizes.layer_elementwise_bytes_per_token(model, self.policy.kernels.layer_kernels) * T
+        return (ew, sizes.layer_matmul_flops_per_token(model) * T,
+                sizes.attention_flops_per_token(model, self.train.seq_len) * T)
+
+    def _forwards(self, s: int, micros: list[int]):
+        """The embedding's and each layer's forward; by (layer, micro): the maker of that
+        layer's checkpointed input (`producers`, L: the head's) and the layer's forward."""
+        hidden = sizes.hidden_bytes(self.model, self.tokens)
+        ew, gemm_flops, attn_flops = self._layer_amounts()
+        producers: dict[tuple[int, int], str] = {}
         for m in micros:
             emb = self.compute(s, m, K.FORWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
             self.ensure_weights(EMBEDDING, s, m, emb, self.pos(s, m, "fwd", EMBEDDING))
             producers[(0, m)] = emb
         fwd: dict[tuple[int, int], str] = {}
-        for i in range(L):
+        for i in range(self.L):
             for m in micros:
                 t = self.compute(s, m, K.FORWARD, i, flops=gemm_flops, attention_flops=attn_flops,
                                  nbytes=ew, host_ops=sizes.LAYER_FORWARD_OPS)
                 self.edge(producers[(i, m)], t, "data")
                 self.ensure_weights(i, s, m, t, self.pos(s, m, "fwd", i))
-                self.buffer(t, "workspace", "gpu", sizes.forward_workspace_bytes(model, T), (t,))
+                self.buffer(t, "workspace", "gpu",
+                            sizes.forward_workspace_bytes(self.model, self.tokens), (t,))
                 fwd[(i, m)] = producers[(i + 1, m)] = t
+        return producers, fwd
 
+    def _heads(self, s: int, micros: list[int], producers) -> dict[int, str]:
+        """The head (final norm, LM head, loss and its backward) of each group."""
+        model, T, L = self.model, self.tokens, self.L
+        hidden = sizes.hidden_bytes(model, T)
         heads: dict[int, str] = {}
         for m in micros:
             head = self.compute(s, m, K.HEAD, L,
                                 flops=3 * model.head_forward_flops_per_token * T,
-                                nbytes=4 * hidden + sizes.head_logit_bytes(model, T,
-                                                                           pol.kernels.head_loss),
+                                nbytes=4 * hidden + sizes.head_logit_bytes(
+                                    model, T, self.policy.kernels.head_loss),
                                 host_ops=sizes.HEAD_OPS)
             self.edge(producers[(L, m)], head, "data")
             self.ensure_weights(L, s, m, head, self.pos(s, m, "head", L))
@@ -432,9 +462,15 @@ class _Builder:
             self.buffer(producers[(L, m)], "final_hidden", "gpu", hidden * self.count(m),
                         (head,), at_end=self.count(m) == 1)
             heads[m] = head
+        return heads
 
+    def _backwards(self, s: int, micros: list[int], producers, fwd, heads):
+        """Each layer's backward (its forward recomputed from its checkpoint) and the
+        embedding's, the gradient flowing from the head down through them."""
+        hidden = sizes.hidden_bytes(self.model, self.tokens)
+        ew, gemm_flops, attn_flops = self._layer_amounts()
         bwd: dict[tuple[int, int], str] = {}
-        for i in reversed(range(L)):
+        for i in reversed(range(self.L)):
             for m in micros:
                 # recompute the forward, then backward (GEMMs and elementwise traffic twice the
                 # forward's)
@@ -443,37 +479,22 @@ class _Builder:
                                            host_ops=sizes.LAYER_BACKWARD_OPS)
         emb_bwd = {m: self.compute(s, m, K.BACKWARD, EMBEDDING, nbytes=2 * hidden, host_ops=2)
                    for m in micros}
-
-        # gradient flowing backwards: made by the head and each backward, read by the next
-        for m in micros:
-            flow_users = [heads[m], *(bwd[(i, m)] for i in reversed(range(L))), emb_bwd[m]]
+        for m in micros:  # the gradient: made by the head and each backward, read by the next
+            flow_users = [heads[m], *(bwd[(i, m)] for i in reversed(range(self.L))), emb_bwd[m]]
             for maker, reader in pairwise(flow_users):
                 self.edge(maker, reader, "data")
                 self.buffer(maker, "dgrad", "gpu", hidden * self.count(m), (reader,),
                             at_end=self.count(m) == 1)
-
-        for i in reversed(range(L)):
+        workspace = sizes.backward_workspace_bytes(self.model, self.tokens,
+                                                   self.policy.kernels.layer_kernels)
+        for i in reversed(range(self.L)):
             for m in micros:
                 t = bwd[(i, m)]
                 pos = self.pos(s, m, "bwd", i)
                 self.ensure_weights(i, s, m, t, pos)
-                self.buffer(t, "workspace", "gpu",
-                            sizes.backward_workspace_bytes(model, T, pol.kernels.layer_kernels),
-                            (t,))
+                self.buffer(t, "workspace", "gpu", workspace, (t,))
                 self.checkpoint(s, m, i, producers[(i, m)], fwd[(i, m)], t, pos)
-
-        for m in micros:
-            self.grads(s, m, L, heads[m])
-        for i in reversed(range(L)):
-            for m in micros:
-                self.grads(s, m, i, bwd[(i, m)])
-        for m in micros:
-            self.grads(s, m, EMBEDDING, emb_bwd[m])
-        for m in micros:
-            self.buffer(heads[m], "workspace", "gpu",
-                        sizes.head_loss_workspace_bytes(model, T, pol.kernels.head_loss,
-                                                        pol.kernels.head_chunk_bytes),
-                        (heads[m],))
+        return bwd, emb_bwd
 
     def checkpoint(self, s: int, m: int, i: int, producer: str, consumer_fwd: str,
                    consumer_bwd: str, bwd_pos: int) -> None:

@@ -66,6 +66,7 @@ class Checkpointing:
         self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
         # at most this much RAM for checkpoint copies (None: what is free beyond the reserve)
         self.copy_ram_bytes: int | None = None
+        self._last_save_s = time.monotonic()  # for a schedule's every_minutes
 
     @property
     def in_flight(self) -> bool:
@@ -78,6 +79,45 @@ class Checkpointing:
     @property
     def copies_kept(self) -> bool:
         return bool(self._copy_buffers)
+
+    def restart_clock(self) -> None:
+        """Count a schedule's every_minutes from now (fit() starts)."""
+        self._last_save_s = time.monotonic()
+
+    def at_segment_end(self, schedule: CheckpointSchedule, data: TokenSource, *, last: bool,
+                       on_checkpoint) -> None:
+        """Where fit()'s pipeline has drained: report a checkpoint written beside training,
+        and write one where the schedule says (at the last step always, and there whole: nothing
+        runs beside it). on_checkpoint(info, seconds the pipeline stalled for it)."""
+        step = self.trainer.step
+        due = last or (schedule.every_steps is not None and step % schedule.every_steps == 0) or (
+            schedule.every_minutes is not None
+            and time.monotonic() - self._last_save_s >= 60 * schedule.every_minutes)
+        if self.done_in_background():
+            self.report_written(on_checkpoint)
+        if not due:
+            return
+        start_s = time.monotonic()
+        waited_s = self.report_written(on_checkpoint)
+        if schedule.background and not last:
+            snapshot = self.start_save_state(schedule.store, data, meta=schedule.meta)
+            snapshot.waited_s = waited_s
+        else:
+            info = self.save_state(schedule.store, data, meta=schedule.meta)
+            if on_checkpoint is not None:
+                on_checkpoint(info, time.monotonic() - start_s)
+        self._last_save_s = time.monotonic()
+
+    def report_written(self, on_checkpoint) -> float:
+        """Wait for a checkpoint being written beside training and report it with the time
+        training stalled for it; returns the seconds this wait took."""
+        start_s = time.monotonic()
+        written = self.wait_for_checkpoint()
+        waited_s = time.monotonic() - start_s
+        if written is not None and on_checkpoint is not None:
+            info, snapshot = written
+            on_checkpoint(info, snapshot.stall_s + snapshot.waited_s + waited_s)
+        return waited_s
 
     def _state_groups(self) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor of the training state by block, on the host: fp32 master weights and

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -222,84 +222,66 @@ class Trainer:
         saves = self.checkpointing
         if checkpoints is not None and checkpoints.background and not saves.copies_kept:
             saves.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
+        saves.restart_clock()
         logs: list[StepLog] = []
-        last_save_s = time.monotonic()
         self.stopped = False
         while len(logs) < num_steps and not self.stopped:
             if stop is not None and stop.is_set():  # between segments: nothing in flight
                 self.stopped = True
                 break
-            count = min(self.segment_steps, num_steps - len(logs))
-            for every in (None if checkpoints is None else checkpoints.every_steps,
-                          None if evals is None else evals.every_steps, save_every):
-                if every is not None:
-                    count = min(count, every - self.step % every)
-            try:
+            count = self._segment_length(num_steps - len(logs), checkpoints, evals, save_every)
+            with self._failing():  # close() keeps the NVMe files as the last good step left them
                 segment = self._segment(data, count, on_step_done, stop)
-            except BaseException:
-                self.failed = True  # close() keeps the NVMe files as the last good step left them
-                raise
             for log in segment:
                 logs.append(log)
                 if on_step is not None:
                     on_step(log)
             self.stopped = len(segment) < count
-            if evals is not None and not self.stopped and (
-                    len(logs) == num_steps or (evals.every_steps is not None
-                                               and self.step % evals.every_steps == 0)):
-                result = self.evaluate(evals.batches)
-                if on_eval is not None:
-                    on_eval(result)
-            if (save_every is not None and on_save is not None and not self.stopped
-                    and len(logs) < num_steps and self.step % save_every == 0):
-                self.runner.store_gpu_state()
-                self.device.synchronize()
-                on_save(self.step)
-            if checkpoints is None:
-                continue
-            due = self.stopped or len(logs) == num_steps or (
-                checkpoints.every_steps is not None
-                and self.step % checkpoints.every_steps == 0) or (
-                checkpoints.every_minutes is not None
-                and time.monotonic() - last_save_s >= 60 * checkpoints.every_minutes)
-            if saves.done_in_background():
-                self._checkpoint_written(on_checkpoint)
-            if due:
-                start_s = time.monotonic()
-                try:
-                    waited_s = self._checkpoint_written(on_checkpoint)
-                    last = self.stopped or len(logs) == num_steps  # nothing to write beside
-                    if checkpoints.background and not last:
-                        snapshot = saves.start_save_state(checkpoints.store, data,
-                                                         meta=checkpoints.meta)
-                        snapshot.waited_s = waited_s
-                    else:
-                        info = saves.save_state(checkpoints.store, data, meta=checkpoints.meta)
-                        if on_checkpoint is not None:
-                            on_checkpoint(info, time.monotonic() - start_s)
-                except BaseException:
-                    self.failed = True  # keep the NVMe files: the checkpoint may be incomplete
-                    raise
-                last_save_s = time.monotonic()
-        try:
-            self._checkpoint_written(on_checkpoint)
-        except BaseException:
-            self.failed = True
-            raise
+            finished = len(logs) == num_steps
+            if not self.stopped:
+                self._score_and_save(evals, on_eval, save_every if not finished else None,
+                                     on_save, finished=finished)
+            if checkpoints is not None:
+                with self._failing():  # keep the NVMe files: the checkpoint may be incomplete
+                    saves.at_segment_end(checkpoints, data, last=self.stopped or finished,
+                                         on_checkpoint=on_checkpoint)
+        with self._failing():
+            saves.report_written(on_checkpoint)
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs
 
-    def _checkpoint_written(self, on_checkpoint) -> float:
-        """Wait for a checkpoint being written beside training and report it with the time
-        training stalled for it; returns the seconds this wait took."""
-        start_s = time.monotonic()
-        written = self.checkpointing.wait_for_checkpoint()
-        waited_s = time.monotonic() - start_s
-        if written is not None and on_checkpoint is not None:
-            info, snapshot = written
-            on_checkpoint(info, snapshot.stall_s + snapshot.waited_s + waited_s)
-        return waited_s
+    def _segment_length(self, steps_left: int, *schedules) -> int:
+        """The next segment's steps: at most segment_steps, ending where a checkpoint, an eval
+        or a save is due (schedules: those, or their every_steps, each None where not asked)."""
+        count = min(self.segment_steps, steps_left)
+        for schedule in schedules:
+            every = getattr(schedule, "every_steps", schedule)
+            if every is not None:
+                count = min(count, every - self.step % every)
+        return count
+
+    def _score_and_save(self, evals, on_eval, save_every, on_save, *, finished: bool) -> None:
+        """At a segment's end: the eval score where it is due (and after the last step), the
+        model's save where it is due (never after the last: the caller saves that one)."""
+        if evals is not None and (finished or (evals.every_steps is not None
+                                               and self.step % evals.every_steps == 0)):
+            result = self.evaluate(evals.batches)
+            if on_eval is not None:
+                on_eval(result)
+        if save_every is not None and on_save is not None and self.step % save_every == 0:
+            self.runner.store_gpu_state()
+            self.device.synchronize()
+            on_save(self.step)
+
+    @contextmanager
+    def _failing(self):
+        """Marks the run failed if the body raises: close() then keeps the NVMe files."""
+        try:
+            yield
+        except BaseException:
+            self.failed = True
+            raise
 
     def evaluate(self, batches: list[tuple[torch.Tensor, ...]]) -> EvalResult:
         """The loss and next-token accuracy of the current weights on `batches` (a forward
