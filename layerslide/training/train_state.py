@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +26,6 @@ from layerslide.training.checkpoint_snapshot import (
     keep_copy_buffers,
 )
 from layerslide.training.checkpoint_store import CheckpointInfo, CheckpointStore
-
-if TYPE_CHECKING:
-    from layerslide.training.trainer import Trainer
 
 STATE_FORMAT = "layerslide-train-state/1"
 
@@ -60,7 +56,7 @@ class Checkpointing:
     written beside training is in flight until wait_for_checkpoint(); its copies of the state
     go into buffers kept from one checkpoint to the next."""
 
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer):  # the Trainer whose state it is (its owner)
         self.trainer = trainer
         self._snapshot: CheckpointSnapshot | None = None  # a checkpoint being written
         self._copy_buffers: dict[str, dict[str, torch.Tensor]] = {}  # kept between checkpoints
