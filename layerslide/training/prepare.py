@@ -98,7 +98,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     config, plan, drives = _plan(config, spec)
     profile = _profile_of(config.profile, drives)
     prediction = check_fits(plan, profile, config.gpu_memory)
-    plan, prediction = _lanes_first(config, plan, prediction, profile, device, say)
+    plan, prediction = with_lanes_first(config, plan, prediction, profile, device, say)
     if config.nvme_dir and not plan.policy.residency.uses_nvme:
         say(f"note: --nvme-dir {config.nvme_dir}: this plan keeps nothing on NVMe (no "
             "--moments-on-nvme, --master-on-nvme, --weights-on-nvme or --activations nvme), "
@@ -241,7 +241,7 @@ def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True
     return prediction
 
 
-def _lanes_first(config: RunConfig, plan: Plan, prediction, profile, device: str, say):
+def with_lanes_first(config: RunConfig, plan: Plan, prediction, profile, device: str, say):
     """The plan with its CPU kernels niced where it is GPU-bound (tuner.lanes_first), built
     from the settings (a --plan file runs as it is), runs on a GPU (on the CPU its compute is
     no launch to let through) and LAYERSLIDE_CPU_NICE leaves the choice open; and its

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import pytest
 from helpers import make_round_profile, make_tiny_model
 
-from layerslide.cli import train as train_command
 from layerslide.kinds import Lane
 from layerslide.planner import Policy, TrainSpec, build_plan
 from layerslide.planner.settings import LANES_FIRST_NICE
 from layerslide.simulator import simulate
+from layerslide.training.prepare import with_lanes_first
+from layerslide.training.run import RunConfig
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.lanes_first import lanes_first
 
@@ -89,37 +89,34 @@ def test_tune_keeps_the_niceness_where_the_space_says_it_is_chosen():
     assert result.best.policy.executor.cpu_nice == 0
 
 
-def _train_args(profile, tmp_path, plan=None):
-    from layerslide.hwprofiles.writer import save_profile
-
-    return argparse.Namespace(profile=str(save_profile(profile, tmp_path / "p.toml")),
-                              gpu_memory=None, plan=plan)
+def _lanes_first(config: RunConfig, profile, plan, prediction, device: str):
+    """train's choice for a plan built from its settings (or a --plan file's)."""
+    return with_lanes_first(config, plan, prediction, profile, device, say=print)
 
 
 def test_train_nices_a_gpu_bound_plan_on_a_gpu_only_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("LAYERSLIDE_CPU_NICE", raising=False)
     profile = _profile(cpu_bound=False)
     plan, prediction = _prediction(profile)
-    args = _train_args(profile, tmp_path)
-    niced, niced_prediction = train_command._lanes_first(args, plan, prediction, "cuda:0")
+    config = RunConfig()
+    niced, niced_prediction = _lanes_first(config, profile, plan, prediction, "cuda:0")
     assert niced.policy.executor.lanes_first and niced.tasks == plan.tasks
     assert niced_prediction.step_s < prediction.step_s / 1.01  # priced as it will run
     assert f"nice {LANES_FIRST_NICE}" in capsys.readouterr().out
     # where the profile prices niced launches like plain ones, no second simulation
     alike = _profile(cpu_bound=False, niced_price=False)
     plan_alike, prediction_alike = _prediction(alike)
-    niced_alike, kept = train_command._lanes_first(_train_args(alike, tmp_path), plan_alike,
-                                                   prediction_alike, "cuda")
+    niced_alike, kept = _lanes_first(config, alike, plan_alike, prediction_alike, "cuda")
     assert niced_alike.policy.executor.lanes_first and kept is prediction_alike
     # on the CPU, with the niceness set by the environment (even to 0), or CPU-bound: as is
-    assert train_command._lanes_first(args, plan, prediction, "cpu") == (plan, prediction)
+    assert _lanes_first(config, profile, plan, prediction, "cpu") == (plan, prediction)
     monkeypatch.setenv("LAYERSLIDE_CPU_NICE", "0")
-    assert train_command._lanes_first(args, plan, prediction, "cuda") == (plan, prediction)
+    assert _lanes_first(config, profile, plan, prediction, "cuda") == (plan, prediction)
     monkeypatch.delenv("LAYERSLIDE_CPU_NICE")
-    from_file = _train_args(profile, tmp_path, plan="tuned.json")  # a plan file runs as it is
-    assert train_command._lanes_first(from_file, plan, prediction, "cuda") == (plan, prediction)
+    from_file = RunConfig(plan="tuned.json")  # a plan file runs as it is
+    assert _lanes_first(from_file, profile, plan, prediction, "cuda") == (plan, prediction)
     cpu_plan, cpu_prediction = _prediction(_profile(cpu_bound=True))
-    assert train_command._lanes_first(args, cpu_plan, cpu_prediction, "cuda") == (
+    assert _lanes_first(config, profile, cpu_plan, cpu_prediction, "cuda") == (
         cpu_plan, cpu_prediction)
 
 
