@@ -29,6 +29,9 @@ FIT_HINTS = {
     "nvme": "keep less on NVMe (lower the --*-on-nvme fractions), stripe over more drives "
             "(--nvme-drives), or take a profile with a larger drive",
 }
+# on --device cpu, where the GPU tier's share of a plan is what overflows RAM
+CPU_FIT_HINT = ("lower --micro-batch or --seq-len (on --device cpu the activations and "
+                "workspaces the GPU would hold are RAM), or train on a GPU")
 
 
 def _stderr(message: str) -> None:
@@ -97,7 +100,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     checkpoints = _checkpoint_schedule(config)
     config, plan, drives = _plan(config, spec)
     profile = _profile_of(config.profile, drives)
-    prediction = check_fits(plan, profile, config.gpu_memory)
+    prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = _lanes_first(config, plan, prediction, profile, device, say)
     if config.nvme_dir and not plan.policy.residency.uses_nvme:
         say(f"note: --nvme-dir {config.nvme_dir}: this plan keeps nothing on NVMe (no "
@@ -214,9 +217,11 @@ def refuse_policy_options_that_would_not_act(train, policy, given, flag) -> None
             raise RunError(f"{flag(name)} would change nothing here: {why}; drop it")
 
 
-def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True):
+def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True,
+               on_cpu: bool = False):
     """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM; the
-    prediction (on the profile) that says it fits. warn: say where RAM is tight."""
+    prediction (on the profile) that says it fits. warn: say where RAM is tight. on_cpu: the
+    run is on the CPU, whose RAM holds the GPU tier too."""
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
@@ -230,15 +235,27 @@ def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True
                        f"--gpu-memory {gpu_memory / GIB:.2f} GiB: {FIT_HINTS['gpu']}")
     ram = physical_ram_bytes()
     host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
+    # on the CPU the GPU tier's buffers (weights window, activations, workspaces) are RAM too;
+    # the CUDA context is not there
+    gpu_in_ram = prediction.gpu_allocated_peak_bytes if on_cpu else 0
+    need = host_need + gpu_in_ram
     reserve = profile.host.reserve_bytes
-    if warn and ram - reserve < host_need <= ram:  # a machine whose RAM grows may hold it
-        _stderr(f"warning: the plan needs {host_need / GIB:.1f} GiB of host memory at its peak, "
-                f"within {reserve / GIB:.0f} GiB of this machine's {ram / GIB:.1f} GiB "
+    if warn and ram - reserve < need <= ram:  # a machine whose RAM grows may hold it
+        _stderr(f"warning: the plan needs {_host_need(need, gpu_in_ram)}, within "
+                f"{reserve / GIB:.0f} GiB of this machine's {ram / GIB:.1f} GiB "
                 "(the OS and the CUDA driver need some): the OOM killer may stop it")
-    if host_need > ram:
-        raise RunError(f"the plan needs {host_need / GIB:.1f} GiB of host memory at its peak, "
-                       f"this machine has {ram / GIB:.1f} GiB: {FIT_HINTS['host']}")
+    if need > ram:
+        hint = CPU_FIT_HINT if gpu_in_ram > host_need else FIT_HINTS["host"]
+        raise RunError(f"the plan needs {_host_need(need, gpu_in_ram)}, this machine has "
+                       f"{ram / GIB:.1f} GiB: {hint}")
     return prediction
+
+
+def _host_need(need: int, gpu_in_ram: int) -> str:
+    """A plan's host memory need, said with the part of it that is the GPU tier's on the CPU."""
+    where = (f" ({gpu_in_ram / GIB:.1f} GiB of it the GPU's share, which --device cpu keeps in "
+             "RAM)" if gpu_in_ram else "")
+    return f"{need / GIB:.1f} GiB of host memory at its peak{where}"
 
 
 def _lanes_first(config: RunConfig, plan: Plan, prediction, profile, device: str, say):

@@ -139,6 +139,18 @@ def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys
     assert words in capsys.readouterr().err
 
 
+def test_on_the_cpu_a_micro_batch_that_would_overflow_ram_is_refused(model_dir, monkeypatch,
+                                                                    capsys):
+    """The GPU's share of the plan (activations, workspaces) is RAM on --device cpu: a
+    micro-batch of a million rows fits the host part of 16 GiB, not the whole."""
+    monkeypatch.setattr("layerslide.calibrate.host.physical_ram_bytes", lambda: 16 * 2**30)
+    assert main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+                 "--seq-len", "16", "--micro-batch", "1000000", "--data", "synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert "GiB of it the GPU's share, which --device cpu keeps in RAM), this machine has " \
+           "16.0 GiB: lower --micro-batch or --seq-len" in err
+
+
 def test_train_says_an_nvme_folder_the_plan_leaves_unused(model_dir, tmp_path, capsys):
     assert main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
                  "--seq-len", "16", "--micro-batch", "2", "--data", "synthetic",
