@@ -19,6 +19,13 @@ TENSORBOARD_SCALARS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm"
                        "memory/host_rss_gib": "host_rss_bytes"}
 
 
+def say(bar, line: str) -> None:
+    """A line on stdout above the progress bar, flushed: outside a terminal (a log file, a
+    pipe, a batch scheduler) stdout is block-buffered and lines would come in bursts."""
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
 def tensorboard_writer(folder: str | None):
     """A SummaryWriter into folder (None: no TensorBoard log)."""
     if folder is None:
@@ -45,10 +52,10 @@ class StepReporter:
         norm = "" if log.grad_norm is None else f" | grad norm {log.grad_norm:.3f}"
         predicted = ("" if self.predicted_step_s is None
                      else f" (predicted {self.predicted_step_s:.3f})")
-        self.bar.write(f"step {number}/{self.total} | loss {log.loss:.4f} | lr {log.lr:.2e}"
-                       f"{norm} | {log.step_s:.3f} s{predicted} | {log.tokens_per_s:,.0f} tok/s | "
-                       f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB"
-                       f" | host {gib(log.host_rss_bytes):.1f} GiB{status}", file=sys.stdout)
+        say(self.bar, f"step {number}/{self.total} | loss {log.loss:.4f} | lr {log.lr:.2e}"
+                      f"{norm} | {log.step_s:.3f} s{predicted} | {log.tokens_per_s:,.0f} tok/s | "
+                      f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB"
+                      f" | host {gib(log.host_rss_bytes):.1f} GiB{status}")
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({**asdict(log), "step": number,
                                          "predicted_step_s": self.predicted_step_s}) + "\n")
@@ -67,9 +74,8 @@ class StepReporter:
 
     def report_eval(self, result) -> None:
         """An EvalResult, numbered by the steps before it (0: before training)."""
-        self.bar.write(f"eval after step {result.step} | loss {result.loss:.4f} | accuracy "
-                       f"{result.accuracy:.2%} of {result.tokens:,} tokens | {result.seconds:.1f} s",
-                       file=sys.stdout)
+        say(self.bar, f"eval after step {result.step} | loss {result.loss:.4f} | accuracy "
+                      f"{result.accuracy:.2%} of {result.tokens:,} tokens | {result.seconds:.1f} s")
         if self.jsonl is not None:
             self.jsonl.write(json.dumps({"step": result.step, "eval_loss": result.loss,
                                          "eval_accuracy": result.accuracy,

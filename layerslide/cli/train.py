@@ -20,7 +20,7 @@ from layerslide.cli.options import (
     byte_size_or_zero,
 )
 from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
-from layerslide.cli.step_logs import StepReporter
+from layerslide.cli.step_logs import StepReporter, say
 from layerslide.training.prepare import Run
 from layerslide.training.run import RunConfig
 
@@ -224,17 +224,17 @@ def _train(run: Run, trainer) -> int:
     def save_model(step: int) -> None:
         path = run.saves.save(trainer, step, extra,
                               after_write=lambda saved: write_resolved(saved, run.config))
-        bar.write(f"saved the model after step {step} to {path}", file=sys.stdout)
+        say(bar, f"saved the model after step {step} to {path}")
 
     try:  # the handlers stay through the final save: a first Ctrl-C lets it finish
         try:
             logs = trainer.fit(
                 run.data, c.steps - trainer.step, on_step=reporter,
                 on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
-                on_checkpoint=lambda info, seconds: bar.write(
-                    f"checkpoint of step {info.step} in {info.path}: "
-                    f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s for it",
-                    file=sys.stdout), stop=stop.event, evals=run.evals,
+                on_checkpoint=lambda info, seconds: say(
+                    bar, f"checkpoint of step {info.step} in {info.path}: "
+                    f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s for it"),
+                stop=stop.event, evals=run.evals,
                 on_eval=reporter.report_eval,
                 save_every=None if run.saves is None else run.saves.every_steps,
                 on_save=save_model)
