@@ -291,6 +291,11 @@ def _model_saves(config: RunConfig):
     if not config.out:
         raise RunError("--save-every saves beside --out: give --out")
     saves = ModelSaves(config.out, config.save_every, config.keep_saves)
+    if config.save_every >= config.steps:  # saves come before the last step, never at it
+        raise RunError(f"{config.flag('save_every')} {config.save_every} would never save: "
+                       f"saves come every {config.save_every} steps before the last of --steps "
+                       f"{config.steps}, whose model goes to --out: give --save-every below "
+                       f"{config.steps}, or drop it")
     if config.resume:  # a resumed run's earlier saves are its own
         saves.adopt_existing()
     else:

@@ -415,6 +415,7 @@ def test_a_refused_option_set_in_a_run_config_says_so(model_dir, tmp_path, capsy
     ("steps = [1, 2]", "give one value"),
     ('resume = "ckpt"', "a command-line-only option: pass --resume on the command line"),
     ("steps = ", "not a readable TOML file"),
+    ("seq-len = 16\nseq_len = 32", "'seq-len' and 'seq_len' both set --seq-len: keep one"),
 ])
 def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, capsys):
     config = tmp_path / "run.toml"
@@ -423,6 +424,22 @@ def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, 
     assert words in capsys.readouterr().err
     assert main(["train", "--config", str(tmp_path / "none.toml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_save_every_that_would_never_save_is_refused(model_dir, tmp_path, capsys):
+    """Saves come every N steps before the last; the last step's model goes to --out."""
+    base = ["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
+            "--micro-batch", "2", "--data", "synthetic", "--out", str(tmp_path / "out")]
+    for every, steps in (("5", "3"), ("3", "3")):
+        assert main([*base, "--steps", steps, "--save-every", every]) == 2
+        assert (f"--save-every {every} would never save: saves come every {every} steps "
+                f"before the last of --steps {steps}, whose model goes to --out: give "
+                f"--save-every below {steps}, or drop it") in capsys.readouterr().err
+    config = tmp_path / "run.toml"
+    config.write_text("save-every = 9\n")
+    assert main([*base, "--steps", "3", "--config", str(config)]) == 2
+    assert f"--save-every (in --config {config}) 9 would never save" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file, tmp_path,
