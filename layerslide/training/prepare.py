@@ -83,6 +83,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     import torch
 
     from layerslide.executor.optim import OptimConfig
+    from layerslide.training.output_space import check_output_space, output_needs
 
     if config.resume:
         from layerslide.training.resume import resumed
@@ -102,6 +103,12 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     profile = _profile_of(config.profile, drives)
     prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = _lanes_first(config, plan, prediction, profile, device, say)
+    folder = Path(config.model).expanduser()
+    tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
+        folder if from_folder else None)
+    check_output_space(output_needs(config, plan, tokenizer=tokenizer,
+                                    predicted_step_s=prediction.step_s,
+                                    start=_progress(config, checkpoints, saves)))
     if config.nvme_dir and not plan.policy.residency.uses_nvme:
         say(f"note: --nvme-dir {config.nvme_dir}: this plan keeps nothing on NVMe (no "
             "--moments-on-nvme, --master-on-nvme, --weights-on-nvme or --activations nvme), "
@@ -111,15 +118,24 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     optim = OptimConfig(lr=config.lr, weight_decay=config.weight_decay,
                         warmup_steps=config.warmup_steps, min_lr_ratio=config.min_lr_ratio,
                         decay_steps=max(1, config.steps - config.warmup_steps))
-    folder = Path(config.model).expanduser()
-    tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
-        folder if from_folder else None)
     data, evals = inputs.data_sources(config, spec, plan.train, tokenizer)
     return Run(config=config, spec=spec, hf_config=hf_config,
                weights=folder if from_folder and not config.random_init else None, plan=plan,
                prediction=prediction, profile=profile, device=device, optim=optim, data=data,
                evals=evals, checkpoints=checkpoints, saves=saves, tokenizer=tokenizer,
                nvme_checkpoint_copies=_checkpoints_beside(config, checkpoints))
+
+
+def _progress(config: RunConfig, checkpoints, saves):
+    """Where a run starts (output_space.Progress): a resumed one after its newest checkpoint,
+    beside its checkpoints and saves (rotated as it goes on)."""
+    from layerslide.training.output_space import Progress
+
+    if not config.resume:
+        return Progress()
+    kept = checkpoints.store.list()
+    return Progress(steps_done=kept[-1].step if kept else 0, checkpoints=len(kept),
+                    saves=len(saves.existing()) if saves is not None else 0)
 
 
 def _model(config: RunConfig):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -603,3 +604,111 @@ def test_a_plan_is_predicted_on_the_profile_it_was_tuned_for(model_dir, tmp_path
     capsys.readouterr()
     assert main(base) == 2
     assert "was tuned for profile my-lab-box, which is not found here" in capsys.readouterr().err
+
+
+# outputs on a disk without room: refused before work, or (a disk that fills mid-run) nothing
+# trained is lost
+def tiny_run(model_dir, data_file, *extra: str) -> list[str]:
+    return ["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+            "--seq-len", "16", "--micro-batch", "2", "--lr", "1e-3", *extra]
+
+
+def test_outputs_a_disk_has_no_room_for_are_refused_before_any_work(model_dir, data_file,
+                                                                   small_disk, capsys):
+    disk = small_disk(2_000_000)
+    out, ckpt, log = disk.path / "tuned", disk.path / "ckpt", disk.path / "log.jsonl"
+    assert main(tiny_run(model_dir, data_file, "--steps", "4", "--out", str(out),
+                         "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+                         "--log-jsonl", str(log))) == 2
+    err = capsys.readouterr().err
+    assert f"not enough room for the run's outputs: --out {out} needs " in err
+    assert re.search(rf"--checkpoint-dir {re.escape(str(ckpt))} needs [0-9.]+ MB \(3 "
+                     r"checkpoint\(s\) of [0-9.]+ MB: --keep-checkpoints 2 and the one being "
+                     r"written\)", err), err
+    assert f"--log-jsonl {log} needs 1.0" in err and "where the disk of" in err
+    assert "or keep fewer checkpoints (--keep-checkpoints)" in err
+    assert [p for p in disk.path.rglob("*") if not p.is_dir()] == []  # nothing written
+    assert main(tiny_run(model_dir, data_file, "--steps", "4", "--out", str(out),
+                         "--save-every", "1", "--keep-saves", "3")) == 2
+    assert ("(the model folder and 3 --save-every save(s) of it kept beside it, "
+            in capsys.readouterr().err)
+
+
+def test_a_disk_that_fills_costs_the_logs_and_trace_never_the_run_or_the_model(
+        model_dir, data_file, tmp_path, small_disk, monkeypatch, capsys):
+    disk = small_disk(8 << 20)
+    log, trace, tb = disk.path / "log.jsonl", disk.path / "trace.json", disk.path / "tb"
+    import layerslide.cli.train as train_cli
+    start = train_cli._start
+
+    def start_then_fill(run, trainer):  # another process takes the room once the run began
+        start(run, trainer)
+        disk.fill()
+    monkeypatch.setattr(train_cli, "_start", start_then_fill)
+    out = tmp_path / "tuned"
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--log-jsonl", str(log), "--trace-out", str(trace),
+                         "--tensorboard", str(tb))) == 0
+    captured = capsys.readouterr()
+    assert "step 3/3" in captured.out and f"saved the fine-tuned model to {out}" in captured.out
+    assert captured.err.count(f"--log-jsonl {log}: writing failed (No space left on device); "
+                              "the run goes on without it (its last whole record is of no "
+                              "step)") == 1
+    assert captured.err.count(f"--tensorboard {tb}: writing failed") == 1
+    assert f"--trace-out {trace}: writing the trace failed (No space left on device)" \
+        in captured.err
+    assert "Traceback" not in captured.err
+    assert not trace.exists() and log.read_text() == ""  # no half record, no partial trace
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_a_full_disk_at_the_final_save_keeps_the_checkpoint_and_says_the_way_back(
+        model_dir, data_file, small_disk, monkeypatch, capsys):
+    from layerslide.training.checkpoint_store import CheckpointStore
+    from layerslide.training.trainer import Trainer
+
+    disk = small_disk(32 << 20)
+    out, ckpt = disk.path / "tuned", disk.path / "ckpt"
+    save = Trainer.save
+
+    def fill_then_save(self, folder, **kwargs):  # the disk fills once the last checkpoint is in
+        disk.fill()
+        return save(self, folder, **kwargs)
+    monkeypatch.setattr(Trainer, "save", fill_then_save)
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--checkpoint-dir", str(ckpt))) == 1
+    err = capsys.readouterr().err
+    assert f"writing the model to {out} failed: the disk is full" in err
+    assert "the partial copy is deleted" in err
+    assert (f"nothing trained is lost: checkpoint {ckpt / 'step-000000003'} holds the state of "
+            f"step 3; free ") in err
+    assert f"write it with `layerslide export {ckpt} --out {out}`" in err
+    latest = CheckpointStore(ckpt).latest()
+    assert latest.step == 3
+    CheckpointStore(ckpt).verify(latest)  # whole: every checksum holds
+    assert not out.exists() and not list(disk.path.glob(".tuned.tmp-*"))
+
+
+def test_a_save_along_the_way_that_finds_no_room_is_said_and_training_goes_on(
+        model_dir, data_file, small_disk, monkeypatch, capsys):
+    from layerslide.training.model_saves import ModelSaves
+
+    disk = small_disk(8 << 20)
+    out = disk.path / "tuned"
+    save = ModelSaves.save
+
+    def save_on_a_full_disk(self, trainer, step, *args, **kwargs):
+        disk.fill()
+        try:
+            return save(self, trainer, step, *args, **kwargs)
+        finally:
+            disk.free()
+    monkeypatch.setattr(ModelSaves, "save", save_on_a_full_disk)
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--save-every", "2")) == 0
+    captured = capsys.readouterr()
+    assert (f"warning: --save-every: writing the model to {disk.path / 'tuned-step-2'} failed: "
+            "the disk is full") in captured.err
+    assert "training goes on" in captured.err and "step 3/3" in captured.out
+    assert (out / "config.json").is_file() and not (disk.path / "tuned-step-2").exists()
+    assert not list(disk.path.glob(".tuned-step-2.tmp-*"))

@@ -32,3 +32,16 @@ def test_each_step_reaches_a_redirected_stdout_and_the_jsonl_before_the_next(tmp
             records = (tmp_path / "log.jsonl").read_text().splitlines()
             assert [json.loads(r)["step"] for r in records] == list(range(1, step + 2))
         reporter.close()
+
+
+def test_a_log_file_that_cannot_be_written_is_said_once_and_the_steps_go_on(capsys):
+    """/dev/full fails every write for space, as a full disk does."""
+    reporter = StepReporter(3, tqdm(total=3, disable=True), jsonl_path="/dev/full")
+    for step in range(3):
+        reporter(a_step(step))
+    reporter.close()
+    captured = capsys.readouterr()
+    assert captured.err.count("--log-jsonl /dev/full: writing failed (No space left on "
+                              "device); the run goes on without it") == 1
+    assert [line.split(" |")[0] for line in captured.out.splitlines()] == \
+        ["step 1/3", "step 2/3", "step 3/3"]
