@@ -123,10 +123,11 @@ def add_train_command(sub, units: str) -> None:
                    help="continue the run whose checkpoints are in DIR from its newest good "
                         "one; the run's settings come from the checkpoint, except that the "
                         "training settings and policy flags (but --seq-len and the NVMe "
-                        "fractions), --plan and --gpu-memory may give it a new schedule, and "
+                        "fractions), --plan, --gpu-memory and --steps (more steps: the cosine "
+                        "decay is stretched over them; a finished run trains on) may give it a "
+                        "new schedule, --out (and --overwrite) a new model folder, and "
                         "--device, --serial, --trace-out, --log-jsonl, --tensorboard and "
-                        "--resume-fallback "
-                        "apply; other flags are ignored")
+                        "--resume-fallback apply; other flags are ignored")
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
                         "before it instead of stopping")
@@ -307,7 +308,7 @@ def _save_failed(err: ValueError, run: Run) -> int:
     c, schedule = run.config, run.checkpoints
     print(f"layerslide train: error: {err}", file=sys.stderr)
     latest = None if schedule is None else schedule.store.latest()
-    need = size(model_bytes(run.plan, run.tokenizer))
+    need = size(model_bytes(run.spec.total_params, run.tokenizer))
     if latest is not None:
         print(f"nothing trained is lost: checkpoint {latest.path} holds the state of step "
               f"{latest.step}; free {need} for the model there (or choose another folder) and "

@@ -17,7 +17,6 @@ from layerslide.planner.model import BF16_BYTES
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import moments_nbytes
 from layerslide.planner.sizes import MASTER_BYTES_PER_PARAM
-from layerslide.training.hf_io import tokenizer_files
 from layerslide.training.run import RunConfig, RunError
 
 KIB, MIB = 1024, 1024**2
@@ -65,10 +64,19 @@ def size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def model_bytes(plan: Plan, tokenizer: Path | None) -> int:
+def model_bytes(num_params: int, tokenizer: Path | None) -> int:
     """A saved model folder: the weights in bf16 and the tokenizer's files beside them."""
+    from layerslide.training.hf_io import tokenizer_files
+
     extra = sum(path.stat().st_size for path in tokenizer_files(tokenizer).values())
-    return plan.model.total_params * BF16_BYTES + extra + MODEL_EXTRA_BYTES
+    return num_params * BF16_BYTES + extra + MODEL_EXTRA_BYTES
+
+
+def export_need(num_params: int, tokenizer: Path | None, out: str) -> Need:
+    """An export's model folder (layerslide export --out)."""
+    return Need("--out", out, model_bytes(num_params, tokenizer),
+                "the model folder: bf16 weights, tokenizer and config",
+                "give --out a folder on a disk with room")
 
 
 def checkpoint_bytes(plan: Plan, *, nvme_files_copied: bool) -> int:
@@ -141,7 +149,7 @@ def output_needs(config: RunConfig, plan: Plan, *, tokenizer: Path | None,
 
 def _model_need(config: RunConfig, plan: Plan, tokenizer: Path | None, start: Progress) -> Need:
     """The model at the end, and the --save-every saves kept beside it along the way."""
-    one = model_bytes(plan, tokenizer)
+    one = model_bytes(plan.model.total_params, tokenizer)
     written = saves_written(config, start.steps_done)
     count = max(1, min(start.saves + written, config.keep_saves) + 1 - start.saves) \
         if written else 1

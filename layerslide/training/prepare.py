@@ -98,7 +98,8 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     config = replace(config, data=inputs.data_of(config, from_folder and not config.random_init))
     inputs.refuse_options_that_would_not_act(config)
     inputs.check_eval_flags(config)
-    checkpoints = _checkpoint_schedule(config)
+    config = _own_checkpoint_dir(config, say)
+    checkpoints = _checkpoint_schedule(config, hf_config)
     config, plan, drives = _plan(config, spec)
     profile = _profile_of(config.profile, drives)
     prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
@@ -319,6 +320,15 @@ def _model_saves(config: RunConfig):
     return saves
 
 
+def _json_config(hf_config) -> dict:
+    """An HF config as config.json holds it (what Trainer.save writes)."""
+    import json
+
+    config = hf_config.to_dict()
+    config.pop("_attn_implementation_autoset", None)
+    return json.loads(json.dumps(config, default=str))
+
+
 def _checkpoints_beside(config: RunConfig, schedule) -> int:
     """Checkpoints kept on the NVMe folder's filesystem: each one keeps a copy of the NVMe
     state once training has replaced the files it linked."""
@@ -338,9 +348,30 @@ def _checkpoints_beside(config: RunConfig, schedule) -> int:
     return config.keep_checkpoints if same else 0
 
 
-def _checkpoint_schedule(config: RunConfig):
+def _own_checkpoint_dir(config: RunConfig, say) -> RunConfig:
+    """A rerun from a run's layerslide-train.toml ("same settings, longer") names that run's
+    --checkpoint-dir: its own checkpoints go to a fresh folder beside it, said, never among
+    the other run's (a --checkpoint-dir typed on the command line is taken as it is)."""
+    from layerslide.training.checkpoint_store import holds_checkpoints
+
+    if config.resume or "checkpoint_dir" not in config.from_config:
+        return config
+    taken = Path(config.checkpoint_dir).expanduser()
+    if not holds_checkpoints(taken):
+        return config
+    n = 2
+    while holds_checkpoints(f"{taken}-{n}"):
+        n += 1
+    say(f"note: --checkpoint-dir {taken} (in --config {config.config}) holds the checkpoints of "
+        f"the run that file records: this run writes its own to {taken}-{n} (pass "
+        "--checkpoint-dir to choose another)")
+    return replace(config, checkpoint_dir=f"{taken}-{n}")
+
+
+def _checkpoint_schedule(config: RunConfig, hf_config):
     """The CheckpointSchedule the options ask for (None without --checkpoint-dir); it stores
-    the config, paths absolute, for a resume to read back."""
+    the config, paths absolute, for a resume to read back, and the model's HF config, for an
+    export to write beside its weights."""
     from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
     from layerslide.training.train_state import CheckpointSchedule
 
@@ -362,7 +393,8 @@ def _checkpoint_schedule(config: RunConfig):
                            f"{config.checkpoint_dir}`, or give this run an empty folder")
         return CheckpointSchedule(store=store, every_steps=config.checkpoint_every,
                                   every_minutes=config.checkpoint_minutes,
-                                  meta={"args": with_absolute_paths(config.options())},
+                                  meta={"args": with_absolute_paths(config.options()),
+                                        "hf_config": _json_config(hf_config)},
                                   background=not config.checkpoint_sync)
     except CheckpointError as err:
         raise RunError(str(err)) from err

@@ -8,13 +8,10 @@ import shutil
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from helpers import WORDS, tiny_model_folder, tiny_text_data
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
 )
 
 from layerslide.cli.main import main
@@ -24,31 +21,15 @@ from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import Trace
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park", "with", "ball", "red", "blue"]
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(path)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=32,
-                         max_position_embeddings=64)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return tiny_model_folder(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture
 def data_file(tmp_path):
-    path = tmp_path / "data.jsonl"
-    lines = [json.dumps({"text": " ".join(WORDS[i % 7:i % 7 + 6])}) for i in range(40)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return tiny_text_data(tmp_path / "data.jsonl")
 
 
 def test_train_saves_a_model_transformers_loads(model_dir, data_file, tmp_path, capsys):
@@ -687,6 +668,10 @@ def test_a_full_disk_at_the_final_save_keeps_the_checkpoint_and_says_the_way_bac
     assert latest.step == 3
     CheckpointStore(ckpt).verify(latest)  # whole: every checksum holds
     assert not out.exists() and not list(disk.path.glob(".tuned.tmp-*"))
+    disk.free()  # room again: the command it said writes the trained model
+    assert main(["export", str(ckpt), "--out", str(out)]) == 0
+    assert f"exported step 3 ({latest.path}) to {out}" in capsys.readouterr().out
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
 
 
 def test_a_save_along_the_way_that_finds_no_room_is_said_and_training_goes_on(
