@@ -332,9 +332,11 @@ def _save_failed(target: Path, err: Exception) -> ModelSaveError:
 
 
 def free_space_at(folder: Path) -> str:
-    """The free bytes on folder's disk, said in GB."""
+    """The free bytes on folder's disk, said as the space checks say them."""
     from layerslide.outputs import free_bytes
-    return f"{free_bytes(folder) / 1e9:.2f} GB"
+    from layerslide.training.output_space import size
+
+    return size(free_bytes(folder))
 
 
 def _owner_alive(tmp: Path) -> bool:
