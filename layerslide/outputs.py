@@ -1,10 +1,12 @@
 """Every path a command will write, checked before any work starts: a run must not train for
 hours and then fail to save. A check creates nothing; it writes and removes one probe file in
-the folder (for a folder not made yet: the nearest one above it that exists)."""
+the folder (for a folder not made yet: the nearest one above it that exists). free_bytes and
+filesystem_of say how much room a path's disk has, for the checks of what will be written."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,6 +19,22 @@ def _nearest_existing(path: Path) -> Path:
     while not path.exists():
         path = path.parent
     return path
+
+
+def free_bytes(path: str | Path) -> int:
+    """Bytes free to this process on the filesystem that holds (or will hold) path: the one
+    place every space check asks (tests patch it where they cannot make a small disk)."""
+    return shutil.disk_usage(_nearest_existing(Path(path).expanduser().absolute())).free
+
+
+def filesystem_of(path: str | Path) -> tuple[int, Path]:
+    """(device id, mount point) of the filesystem that holds (or will hold) path: outputs on
+    one device share its free bytes."""
+    place = _nearest_existing(Path(path).expanduser().absolute())
+    device = place.stat().st_dev
+    while place != place.parent and place.parent.stat().st_dev == device:
+        place = place.parent
+    return device, place
 
 
 def _probe(flag: str, shown: str, folder: Path) -> None:

@@ -89,3 +89,36 @@ class PackedDocuments:
 
     def load_state_dict(self, state):
         pass
+
+
+# a tiny Llama folder with a word-level tokenizer, and text data in its words (train end to end)
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park", "with", "ball",
+         "red", "blue"]
+
+
+def tiny_model_folder(path):
+    """An HF folder (config.json, safetensors, tokenizer) of a 2-layer Llama, vocab 32."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(path)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=32,
+                         max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def tiny_text_data(path):
+    """40 JSONL text records of six of WORDS each."""
+    import json
+
+    lines = [json.dumps({"text": " ".join(WORDS[i % 7:i % 7 + 6])}) for i in range(40)]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,5 +1,5 @@
-"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, calibrate,
-refine, demo."""
+"""`layerslide` console script: profiles, models, plan, simulate, tune, whatif, train, export,
+calibrate, refine, demo."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from layerslide.cli import commands
 from layerslide.cli.calibrate import add_calibrate_command
 from layerslide.cli.demo import run_demo
+from layerslide.cli.export import add_export_command
 from layerslide.cli.options import (
     UsageError,
     add_json,
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=commands.cmd_whatif)
 
     add_train_command(sub, UNITS)
+    add_export_command(sub, UNITS)
     add_calibrate_command(sub, UNITS)
     add_refine_command(sub, UNITS)
 

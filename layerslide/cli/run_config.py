@@ -38,9 +38,13 @@ def load_run_config(path: str, parser: argparse.ArgumentParser) -> dict:
         raise UsageError(f"--config {path}: no such file") from err
     except (OSError, tomllib.TOMLDecodeError) as err:
         raise UsageError(f"--config {path}: not a readable TOML file ({err})") from err
-    options, values = file_options(parser), {}
+    options, values, keys = file_options(parser), {}, {}
     for key, value in table.items():
         dest = key.replace("-", "_")
+        if dest in keys:  # TOML takes both spellings as two keys: one would silently win
+            raise UsageError(f"--config {path}: {keys[dest]!r} and {key!r} both set "
+                             f"--{dest.replace('_', '-')}: keep one of them")
+        keys[dest] = key
         if dest in NOT_IN_FILE:
             raise UsageError(f"--config {path}: {key!r} is a command-line-only option: pass "
                              f"--{dest.replace('_', '-')} on the command line, not in the file")

@@ -1,11 +1,15 @@
 """Where `layerslide train` reports each optimizer step: a line on stdout, a JSON line in
 --log-jsonl and scalars in --tensorboard's event files, all numbered alike (1 for the first
-step, as the progress bar counts)."""
+step, as the progress bar counts). A log file that cannot be written (a full disk) is said once
+and dropped: the run goes on without it."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 
 from layerslide.cli.options import gib
@@ -19,6 +23,18 @@ TENSORBOARD_SCALARS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm"
                        "memory/host_rss_gib": "host_rss_bytes"}
 
 
+def say(bar, line: str) -> None:
+    """A line on stdout above the progress bar, flushed: outside a terminal (a log file, a
+    pipe, a batch scheduler) stdout is block-buffered and lines would come in bursts."""
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def warn(bar, line: str) -> None:
+    """A warning on stderr above the progress bar."""
+    bar.write(f"warning: {line}", file=sys.stderr)
+
+
 def tensorboard_writer(folder: str | None):
     """A SummaryWriter into folder (None: no TensorBoard log)."""
     if folder is None:
@@ -28,6 +44,22 @@ def tensorboard_writer(folder: str | None):
     return SummaryWriter(log_dir=folder)
 
 
+class _QuietTensorBoardThread:
+    """While installed, a TensorBoard writer thread's failure is not printed as a traceback:
+    the writer raises it again at its next call, where the reporter says it once."""
+
+    def __init__(self):
+        self._previous = threading.excepthook
+        threading.excepthook = self._hook
+
+    def _hook(self, args) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            self._previous(args)
+
+    def restore(self) -> None:
+        threading.excepthook = self._previous
+
+
 class StepReporter:
     """Reports each StepLog as its segment drains; close() flushes the files."""
 
@@ -35,8 +67,17 @@ class StepReporter:
                  tensorboard_dir: str | None = None, predicted_step_s: float | None = None):
         self.total, self.bar = total_steps, bar
         self.predicted_step_s = predicted_step_s  # the simulator's, shown beside each step
+        self.jsonl_path = jsonl_path
         self.jsonl = open(jsonl_path, "a") if jsonl_path else None  # noqa: SIM115
-        self.tensorboard = tensorboard_writer(tensorboard_dir)
+        self.tensorboard_dir = tensorboard_dir
+        # before the writer: its thread's first write may fail at once
+        self._quiet = _QuietTensorBoardThread() if tensorboard_dir is not None else None
+        self.tensorboard = None
+        try:
+            self.tensorboard = tensorboard_writer(tensorboard_dir)
+        except OSError as err:  # its first event is written at once
+            self._drop_tensorboard(err)
+        self.last_logged = 0  # the last step whose JSON line is whole in --log-jsonl
 
     def __call__(self, log) -> None:
         number = log.step + 1
@@ -45,44 +86,81 @@ class StepReporter:
         norm = "" if log.grad_norm is None else f" | grad norm {log.grad_norm:.3f}"
         predicted = ("" if self.predicted_step_s is None
                      else f" (predicted {self.predicted_step_s:.3f})")
-        self.bar.write(f"step {number}/{self.total} | loss {log.loss:.4f} | lr {log.lr:.2e}"
-                       f"{norm} | {log.step_s:.3f} s{predicted} | {log.tokens_per_s:,.0f} tok/s | "
-                       f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB"
-                       f" | host {gib(log.host_rss_bytes):.1f} GiB{status}", file=sys.stdout)
-        if self.jsonl is not None:
-            self.jsonl.write(json.dumps({**asdict(log), "step": number,
-                                         "predicted_step_s": self.predicted_step_s}) + "\n")
-            self.jsonl.flush()
-        if self.tensorboard is not None:
-            for tag, field in TENSORBOARD_SCALARS.items():
-                value = getattr(log, field)
-                if value is None:
-                    continue
-                if field.endswith("_bytes"):
-                    value = gib(value)
-                self.tensorboard.add_scalar(tag, value, global_step=number)
-            if self.predicted_step_s is not None:
-                self.tensorboard.add_scalar("speed/predicted_step_s", self.predicted_step_s,
-                                            global_step=number)
+        say(self.bar, f"step {number}/{self.total} | loss {log.loss:.4f} | lr {log.lr:.2e}"
+                      f"{norm} | {log.step_s:.3f} s{predicted} | {log.tokens_per_s:,.0f} tok/s | "
+                      f"{log.model_tflops:.1f} TFLOP/s | GPU {gib(log.gpu_peak_bytes):.2f} GiB"
+                      f" | host {gib(log.host_rss_bytes):.1f} GiB{status}")
+        self._append({**asdict(log), "step": number, "predicted_step_s": self.predicted_step_s},
+                     number)
+        self._scalars(number, {tag: getattr(log, field)
+                               for tag, field in TENSORBOARD_SCALARS.items()})
+
+    def _scalars(self, step: int, values: dict[str, float | None]) -> None:
+        def write(writer) -> None:
+            for tag, value in values.items():
+                if value is not None:
+                    writer.add_scalar(tag, gib(value) if tag.startswith("memory/") else value,
+                                      global_step=step)
+            if self.predicted_step_s is not None and "train/loss" in values:
+                writer.add_scalar("speed/predicted_step_s", self.predicted_step_s,
+                                  global_step=step)
+        self._to_tensorboard(write)
 
     def report_eval(self, result) -> None:
         """An EvalResult, numbered by the steps before it (0: before training)."""
-        self.bar.write(f"eval after step {result.step} | loss {result.loss:.4f} | accuracy "
-                       f"{result.accuracy:.2%} of {result.tokens:,} tokens | {result.seconds:.1f} s",
-                       file=sys.stdout)
-        if self.jsonl is not None:
-            self.jsonl.write(json.dumps({"step": result.step, "eval_loss": result.loss,
-                                         "eval_accuracy": result.accuracy,
-                                         "eval_tokens": result.tokens,
-                                         "eval_s": result.seconds}) + "\n")
+        say(self.bar, f"eval after step {result.step} | loss {result.loss:.4f} | accuracy "
+                      f"{result.accuracy:.2%} of {result.tokens:,} tokens | {result.seconds:.1f} s")
+        self._append({"step": result.step, "eval_loss": result.loss,
+                      "eval_accuracy": result.accuracy, "eval_tokens": result.tokens,
+                      "eval_s": result.seconds}, None)
+        self._scalars(result.step, {"eval/loss": result.loss, "eval/accuracy": result.accuracy})
+
+    def _append(self, record: dict, step: int | None) -> None:
+        """One JSON line, flushed; a failed write is cut back off the file (no half record for
+        a reader to choke on), said once, and the log dropped."""
+        if self.jsonl is None:
+            return
+        whole = self.jsonl.tell()
+        try:
+            self.jsonl.write(json.dumps(record) + "\n")
             self.jsonl.flush()
-        if self.tensorboard is not None:
-            self.tensorboard.add_scalar("eval/loss", result.loss, global_step=result.step)
-            self.tensorboard.add_scalar("eval/accuracy", result.accuracy,
-                                        global_step=result.step)
+        except OSError as err:
+            self._drop_jsonl(err, whole)
+            return
+        self.last_logged = step or self.last_logged
+
+    def _drop_jsonl(self, err: OSError, whole: int) -> None:
+        jsonl, self.jsonl = self.jsonl, None
+        for undo in (lambda: os.truncate(self.jsonl_path, whole), jsonl.close):
+            try:
+                undo()
+            except OSError:
+                pass  # the buffer that failed fails again on close: nothing more to keep
+        kept = f"step {self.last_logged}" if self.last_logged else "no step"
+        warn(self.bar, f"--log-jsonl {self.jsonl_path}: writing failed ({err.strerror or err}); "
+                       f"the run goes on without it (its last whole record is of {kept})")
+
+    def _to_tensorboard(self, write: Callable) -> None:
+        """Write through the TensorBoard writer; a failure (its thread's, raised here) is said
+        once and the event files dropped."""
+        if self.tensorboard is None:
+            return
+        try:
+            write(self.tensorboard)
+        except OSError as err:
+            self._drop_tensorboard(err)
+
+    def _drop_tensorboard(self, err: OSError) -> None:
+        self.tensorboard = None
+        warn(self.bar, f"--tensorboard {self.tensorboard_dir}: writing failed "
+                       f"({err.strerror or err}); the run goes on without it")
 
     def close(self) -> None:
         if self.jsonl is not None:
-            self.jsonl.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+            try:
+                self.jsonl.close()
+            except OSError:
+                pass  # every record was flushed as it was written
+        self._to_tensorboard(lambda writer: writer.close())
+        if self._quiet is not None:
+            self._quiet.restore()

@@ -20,14 +20,9 @@ from layerslide.cli.options import (
     byte_size_or_zero,
 )
 from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
-from layerslide.cli.step_logs import StepReporter
+from layerslide.cli.step_logs import StepReporter, say, warn
 from layerslide.training.prepare import Run
 from layerslide.training.run import RunConfig
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                   "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
-                   "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
-
 
 # the AdamW rate a run kept, off the profile's by more than this, is worth a refined profile
 REFINE_HINT_ERROR = 0.05
@@ -128,10 +123,11 @@ def add_train_command(sub, units: str) -> None:
                    help="continue the run whose checkpoints are in DIR from its newest good "
                         "one; the run's settings come from the checkpoint, except that the "
                         "training settings and policy flags (but --seq-len and the NVMe "
-                        "fractions), --plan and --gpu-memory may give it a new schedule, and "
+                        "fractions), --plan, --gpu-memory and --steps (more steps: the cosine "
+                        "decay is stretched over them; a finished run trains on) may give it a "
+                        "new schedule, --out (and --overwrite) a new model folder, and "
                         "--device, --serial, --trace-out, --log-jsonl, --tensorboard and "
-                        "--resume-fallback "
-                        "apply; other flags are ignored")
+                        "--resume-fallback apply; other flags are ignored")
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
                         "before it instead of stopping")
@@ -205,6 +201,7 @@ def _train(run: Run, trainer) -> int:
 
     from layerslide.executor.engine import TaskFailedError
     from layerslide.training.checkpoint_store import CheckpointError
+    from layerslide.training.hf_io import ModelSaveError, tokenizer_files
 
     c, schedule = run.config, run.checkpoints
     # the bar moves as steps finish; step logs come when their segment has drained
@@ -219,22 +216,26 @@ def _train(run: Run, trainer) -> int:
     if run.evals is not None and trainer.step == 0:  # the score training starts from
         reporter.report_eval(trainer.evaluate(run.evals.batches))
     stop = GracefulStop(bar)
-    extra = _tokenizer_files(run.tokenizer)  # the tokenizer the data was read with goes along
+    extra = tokenizer_files(run.tokenizer)  # the tokenizer the data was read with goes along
 
     def save_model(step: int) -> None:
-        path = run.saves.save(trainer, step, extra,
-                              after_write=lambda saved: write_resolved(saved, run.config))
-        bar.write(f"saved the model after step {step} to {path}", file=sys.stdout)
+        try:
+            path = run.saves.save(trainer, step, extra,
+                                  after_write=lambda saved: _write_options(saved, run, bar))
+        except ModelSaveError as err:  # a save along the way: the run goes on
+            warn(bar, f"--save-every: {err}; training goes on{_way_back(schedule)}")
+            return
+        say(bar, f"saved the model after step {step} to {path}")
 
     try:  # the handlers stay through the final save: a first Ctrl-C lets it finish
         try:
             logs = trainer.fit(
                 run.data, c.steps - trainer.step, on_step=reporter,
                 on_step_done=lambda _step: bar.update(1), checkpoints=schedule,
-                on_checkpoint=lambda info, seconds: bar.write(
-                    f"checkpoint of step {info.step} in {info.path}: "
-                    f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s for it",
-                    file=sys.stdout), stop=stop.event, evals=run.evals,
+                on_checkpoint=lambda info, seconds: say(
+                    bar, f"checkpoint of step {info.step} in {info.path}: "
+                    f"{info.total_bytes / 1e9:.2f} GB; training paused {seconds:.1f} s for it"),
+                stop=stop.event, evals=run.evals,
                 on_eval=reporter.report_eval,
                 save_every=None if run.saves is None else run.saves.every_steps,
                 on_save=save_model)
@@ -249,27 +250,76 @@ def _train(run: Run, trainer) -> int:
         finally:
             bar.close()
             reporter.close()
-            if c.trace_out:
-                trainer.trace(f"{run.spec.name} measured").save(c.trace_out)
         if trainer.stopped:
             return _stopped(trainer, schedule, stop.signum)
         if c.out:
             stop.doing = f"the model's save to {c.out}"
-            saved = trainer.save(c.out, overwrite=c.overwrite, extra_files=extra)
-            write_resolved(saved, run.config)
-            print(f"saved the fine-tuned model to {saved}")
+            try:
+                saved = trainer.save(c.out, overwrite=c.overwrite, extra_files=extra)
+            except ModelSaveError as err:
+                return _save_failed(err, run)
+            _write_options(saved, run, bar)
+            print(f"saved the fine-tuned model to {saved}", flush=True)
     finally:
         stop.restore()
+        if c.trace_out:  # after the model: a disk the trace fills costs the trace alone
+            _write_trace(trainer, run, bar)
     if stop.signum is not None:
         return 128 + stop.signum
     _report_prediction(run, trainer, logs, first_step)
     return 0
 
 
-def _tokenizer_files(folder: Path | None) -> dict[str, Path]:
-    """The tokenizer's files in folder, by name, to save beside the model."""
-    return {name: folder / name for name in TOKENIZER_FILES
-            if folder is not None and (folder / name).is_file()}
+def _write_options(folder: Path, run: Run, bar) -> None:
+    """The run's options beside a saved model (its layerslide-train.toml); a failed write
+    costs the file alone."""
+    try:
+        write_resolved(folder, run.config)
+    except OSError as err:
+        warn(bar, f"{folder / RESOLVED_NAME} was not written ({err.strerror or err}); the "
+                  "model beside it is whole")
+
+
+def _write_trace(trainer, run: Run, bar) -> None:
+    """--trace-out, once the model is saved; a failed write is said and leaves no partial
+    file."""
+    path = Path(run.config.trace_out)
+    try:
+        trainer.trace(f"{run.spec.name} measured").save(path)
+    except OSError as err:
+        path.unlink(missing_ok=True)
+        warn(bar, f"--trace-out {path}: writing the trace failed ({err.strerror or err}); "
+                  "nothing else is affected")
+
+
+def _way_back(schedule) -> str:
+    """Where the trained state is kept when a model folder could not be written."""
+    latest = None if schedule is None else schedule.store.latest()
+    if latest is None:
+        return ""
+    return (f"; checkpoint {latest.path} holds the state of step {latest.step}: "
+            f"`layerslide export {schedule.store.root} --out FOLDER` writes its model")
+
+
+def _save_failed(err: ValueError, run: Run) -> int:
+    """The final model could not be written: what it needs, and the way back to it."""
+    from layerslide.training.output_space import model_bytes, size
+
+    c, schedule = run.config, run.checkpoints
+    print(f"layerslide train: error: {err}", file=sys.stderr)
+    latest = None if schedule is None else schedule.store.latest()
+    need = size(model_bytes(run.spec.total_params, run.tokenizer))
+    if latest is not None:
+        print(f"nothing trained is lost: checkpoint {latest.path} holds the state of step "
+              f"{latest.step}; free {need} for the model there (or choose another folder) and "
+              f"write it with `layerslide export {schedule.store.root} --out {c.out}`",
+              file=sys.stderr)
+    else:
+        print("no checkpoint keeps the trained state (the run had no --checkpoint-dir), so "
+              f"these steps are lost; the model needs {need}: give the next run room there, "
+              "and --checkpoint-dir to keep a way back", file=sys.stderr)
+    return 1
+
 
 def _report_prediction(run: Run, trainer, logs, first_step: int) -> None:
     """The plan's predicted step and peaks against the run's, as a line and (with --out) as
@@ -301,8 +351,13 @@ def _report_prediction(run: Run, trainer, logs, first_step: int) -> None:
               "--checkpoint-every, --eval-every, --save-every): each measured step holds a "
               "fill and drain that the predicted steady step leaves out")
     if c.out:
-        written = write_run_check(check, c.out, predicted=prediction.trace,
-                                  measured=measured)
+        try:
+            written = write_run_check(check, c.out, predicted=prediction.trace,
+                                      measured=measured)
+        except OSError as err:
+            print(f"warning: the prediction's check was not written into {c.out} "
+                  f"({err.strerror or err}); the model there is whole", file=sys.stderr)
+            return
         print(f"the prediction's check: {', '.join(str(p) for p in written)}")
         hint = refine_hint(check, c.out, on_gpu=trainer.device.is_cuda)
         if hint:

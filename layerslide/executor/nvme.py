@@ -210,6 +210,31 @@ class NvmeState:
 LOCK_NAME = ".layerslide-nvme.lock"
 
 
+def state_file_stripes(files: dict[str, Path], block: int) -> list[Path]:
+    """A block's state file among files by name (a checkpoint's links): its stripes in order,
+    as StripedFile names them (state_B.bin alone, or state_B.s0.bin, state_B.s1.bin, ...)."""
+    if f"state_{block}.bin" in files:
+        return [files[f"state_{block}.bin"]]
+    stripes, i = [], 0
+    while f"state_{block}.s{i}.bin" in files:
+        stripes.append(files[f"state_{block}.s{i}.bin"])
+        i += 1
+    return stripes
+
+
+def master_from_stripes(stripes: list[Path], numel: int) -> torch.Tensor:
+    """The first numel fp32 master weights of a block's state file (NvmeState's layout puts
+    the master part first), read from its stripes in order."""
+    want, data = 4 * numel, bytearray()
+    for stripe in stripes:
+        with open(stripe, "rb") as f:
+            data += f.read(want - len(data))
+        if len(data) == want:
+            return torch.frombuffer(data, dtype=torch.float32).clone()
+    raise ValueError(f"{', '.join(map(str, stripes)) or 'no state file'}: holds fewer than the "
+                     f"{numel} master weights its checkpoint keeps on NVMe")
+
+
 class NvmeFolderLocks:
     """An exclusive lock on each NVMe folder for one run's life: two runs there would share
     the state_*.bin and activation file names, each reading the other's writes, and the first

@@ -306,6 +306,13 @@ def _mismatches(manifest: dict, into: Groups) -> list[str]:
     return sorted(out)
 
 
+def holds_checkpoints(root: str | Path) -> bool:
+    """Whether a folder holds any step folder, complete or not (nothing is made or changed)."""
+    root = Path(root)
+    return root.is_dir() and any(_STEP_DIR.fullmatch(p.name) and p.is_dir()
+                                 for p in root.iterdir())
+
+
 class CheckpointStore:
     """Checkpoints under one root directory; see the module docstring. One writer per root.
 
@@ -315,12 +322,16 @@ class CheckpointStore:
     """
 
     def __init__(self, root: str | Path, *, keep_last: int = 2, writer_threads: int = 4,
-                 direct_writes: bool = True):
+                 direct_writes: bool = True, read_only: bool = False):
         if keep_last < 1 or writer_threads < 1:
             raise ValueError(f"keep_last ({keep_last}) and writer_threads ({writer_threads}) "
                              "must be at least 1")
         self.root, self.keep_last, self.writer_threads = Path(root), keep_last, writer_threads
         self.direct_writes = direct_writes  # page-aligned tensors skip the page cache
+        if read_only:  # a reader (an export) changes nothing, and may read from read-only media
+            if not self.root.is_dir():
+                raise CheckpointError(f"{self.root} is not a folder of checkpoints")
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             os.close((probe := tempfile.mkstemp(dir=self.root, prefix=".tmp-probe-"))[0])
@@ -491,7 +502,28 @@ class CheckpointStore:
 
     def holds_checkpoints(self) -> bool:
         """Whether any step folder is here, complete or not (another run's, say)."""
-        return bool(self._step_dirs())
+        return holds_checkpoints(self.root)
+
+    def read_tensor(self, info_or_path: CheckpointInfo | str | Path, group: str,
+                    name: str) -> torch.Tensor:
+        """One stored tensor, its CRC32 checked (CheckpointCorruptError if it fails): an
+        export reads a checkpoint a block at a time, not into the whole state."""
+        path = self._path(info_or_path)
+        entry = self._manifest(path)["groups"][group]
+        stored = next(t for t in entry["tensors"] if t["name"] == name)
+        out = torch.empty(stored["shape"], dtype=getattr(torch, stored["dtype"]))
+        _read_group(path / entry["file"], {"tensors": [stored]}, {name: out},
+                    _Run(stored["nbytes"], None), True)
+        return out
+
+    def linked_files(self, info_or_path: CheckpointInfo | str | Path) -> dict[str, Path]:
+        """The checkpoint's linked files (NVMe state), each checked against its CRC32."""
+        path = self._path(info_or_path)
+        links = self._manifest(path)["links"]
+        run = _Run(sum(e["size"] for e in links.values()), None)
+        for name, entry in links.items():
+            _check_link(path / name, entry, run)
+        return {name: path / name for name in links}
 
     def _set_aside(self, path: Path) -> None:
         """Rename a damaged checkpoint out of the step folders: a run resumed from an older

@@ -3,6 +3,7 @@ so host memory holds at most one tensor (reading) or one shard (writing) beyond 
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import json
@@ -23,6 +24,24 @@ SINGLE_FILE = "model.safetensors"
 # and lm_head.weight when the config ties it to the embeddings (transformers drops it on load).
 DEFAULT_IGNORE = ("rotary_emb.inv_freq", "lm_head.weight")
 _MAX_LISTED = 5
+# a tokenizer's files (and chat template), saved beside the weights it was trained with
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                   "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
+                   "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+class ModelSaveError(ValueError):
+    """Writing a model folder failed; nothing partial is left. no_space: for want of room."""
+
+    def __init__(self, message: str, *, no_space: bool):
+        super().__init__(message)
+        self.no_space = no_space
+
+
+def tokenizer_files(folder: Path | None) -> dict[str, Path]:
+    """The tokenizer's files in folder, by name (none for None or a folder without them)."""
+    return {name: folder / name for name in TOKENIZER_FILES
+            if folder is not None and (folder / name).is_file()}
 
 
 def read_hf_config(folder: str | Path) -> dict:
@@ -293,10 +312,31 @@ def save_hf_folder(
             fsync_path(path)
         fsync_path(tmp)
         _replace(tmp, target)
+    except (OSError, SafetensorError) as err:  # a full disk, mostly: said as what to do
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _save_failed(target, err) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _save_failed(target: Path, err: Exception) -> ModelSaveError:
+    """What a failed write of a model folder says (its partial copy is deleted by then)."""
+    no_space = getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
+        "No space left" in str(err) or "os error 28" in str(err))
+    why = ("the disk is full" if no_space else "the write failed") + f" ({err})"
+    return ModelSaveError(f"writing the model to {target} failed: {why}; the partial copy is "
+                          f"deleted, {free_space_at(target.parent)} free there now",
+                          no_space=no_space)
+
+
+def free_space_at(folder: Path) -> str:
+    """The free bytes on folder's disk, said as the space checks say them."""
+    from layerslide.outputs import free_bytes
+    from layerslide.training.output_space import size
+
+    return size(free_bytes(folder))
 
 
 def _owner_alive(tmp: Path) -> bool:

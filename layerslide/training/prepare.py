@@ -29,6 +29,9 @@ FIT_HINTS = {
     "nvme": "keep less on NVMe (lower the --*-on-nvme fractions), stripe over more drives "
             "(--nvme-drives), or take a profile with a larger drive",
 }
+# on --device cpu, where the GPU tier's share of a plan is what overflows RAM
+CPU_FIT_HINT = ("lower --micro-batch or --seq-len (on --device cpu the activations and "
+                "workspaces the GPU would hold are RAM), or train on a GPU")
 
 
 def _stderr(message: str) -> None:
@@ -80,6 +83,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     import torch
 
     from layerslide.executor.optim import OptimConfig
+    from layerslide.training.output_space import check_output_space, output_needs
 
     if config.resume:
         from layerslide.training.resume import resumed
@@ -94,11 +98,18 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     config = replace(config, data=inputs.data_of(config, from_folder and not config.random_init))
     inputs.refuse_options_that_would_not_act(config)
     inputs.check_eval_flags(config)
-    checkpoints = _checkpoint_schedule(config)
+    config = _own_checkpoint_dir(config, say)
+    checkpoints = _checkpoint_schedule(config, hf_config)
     config, plan, drives = _plan(config, spec)
     profile = _profile_of(config.profile, drives)
-    prediction = check_fits(plan, profile, config.gpu_memory)
+    prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = with_lanes_first(config, plan, prediction, profile, device, say)
+    folder = Path(config.model).expanduser()
+    tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
+        folder if from_folder else None)
+    check_output_space(output_needs(config, plan, tokenizer=tokenizer,
+                                    predicted_step_s=prediction.step_s,
+                                    start=_progress(config, checkpoints, saves)))
     if config.nvme_dir and not plan.policy.residency.uses_nvme:
         say(f"note: --nvme-dir {config.nvme_dir}: this plan keeps nothing on NVMe (no "
             "--moments-on-nvme, --master-on-nvme, --weights-on-nvme or --activations nvme), "
@@ -108,15 +119,24 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     optim = OptimConfig(lr=config.lr, weight_decay=config.weight_decay,
                         warmup_steps=config.warmup_steps, min_lr_ratio=config.min_lr_ratio,
                         decay_steps=max(1, config.steps - config.warmup_steps))
-    folder = Path(config.model).expanduser()
-    tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
-        folder if from_folder else None)
     data, evals = inputs.data_sources(config, spec, plan.train, tokenizer)
     return Run(config=config, spec=spec, hf_config=hf_config,
                weights=folder if from_folder and not config.random_init else None, plan=plan,
                prediction=prediction, profile=profile, device=device, optim=optim, data=data,
                evals=evals, checkpoints=checkpoints, saves=saves, tokenizer=tokenizer,
                nvme_checkpoint_copies=_checkpoints_beside(config, checkpoints))
+
+
+def _progress(config: RunConfig, checkpoints, saves):
+    """Where a run starts (output_space.Progress): a resumed one after its newest checkpoint,
+    beside its checkpoints and saves (rotated as it goes on)."""
+    from layerslide.training.output_space import Progress
+
+    if not config.resume:
+        return Progress()
+    kept = checkpoints.store.list()
+    return Progress(steps_done=kept[-1].step if kept else 0, checkpoints=len(kept),
+                    saves=len(saves.existing()) if saves is not None else 0)
 
 
 def _model(config: RunConfig):
@@ -214,9 +234,11 @@ def refuse_policy_options_that_would_not_act(train, policy, given, flag) -> None
             raise RunError(f"{flag(name)} would change nothing here: {why}; drop it")
 
 
-def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True):
+def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True,
+               on_cpu: bool = False):
     """Refuse a plan whose predicted memory exceeds the GPU cap or this machine's RAM; the
-    prediction (on the profile) that says it fits. warn: say where RAM is tight."""
+    prediction (on the profile) that says it fits. warn: say where RAM is tight. on_cpu: the
+    run is on the CPU, whose RAM holds the GPU tier too."""
     from layerslide.calibrate.host import physical_ram_bytes
     from layerslide.simulator.predict import simulate
 
@@ -230,15 +252,27 @@ def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True
                        f"--gpu-memory {gpu_memory / GIB:.2f} GiB: {FIT_HINTS['gpu']}")
     ram = physical_ram_bytes()
     host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
+    # on the CPU the GPU tier's buffers (weights window, activations, workspaces) are RAM too;
+    # the CUDA context is not there
+    gpu_in_ram = prediction.gpu_allocated_peak_bytes if on_cpu else 0
+    need = host_need + gpu_in_ram
     reserve = profile.host.reserve_bytes
-    if warn and ram - reserve < host_need <= ram:  # a machine whose RAM grows may hold it
-        _stderr(f"warning: the plan needs {host_need / GIB:.1f} GiB of host memory at its peak, "
-                f"within {reserve / GIB:.0f} GiB of this machine's {ram / GIB:.1f} GiB "
+    if warn and ram - reserve < need <= ram:  # a machine whose RAM grows may hold it
+        _stderr(f"warning: the plan needs {_host_need(need, gpu_in_ram)}, within "
+                f"{reserve / GIB:.0f} GiB of this machine's {ram / GIB:.1f} GiB "
                 "(the OS and the CUDA driver need some): the OOM killer may stop it")
-    if host_need > ram:
-        raise RunError(f"the plan needs {host_need / GIB:.1f} GiB of host memory at its peak, "
-                       f"this machine has {ram / GIB:.1f} GiB: {FIT_HINTS['host']}")
+    if need > ram:
+        hint = CPU_FIT_HINT if gpu_in_ram > host_need else FIT_HINTS["host"]
+        raise RunError(f"the plan needs {_host_need(need, gpu_in_ram)}, this machine has "
+                       f"{ram / GIB:.1f} GiB: {hint}")
     return prediction
+
+
+def _host_need(need: int, gpu_in_ram: int) -> str:
+    """A plan's host memory need, said with the part of it that is the GPU tier's on the CPU."""
+    where = (f" ({gpu_in_ram / GIB:.1f} GiB of it the GPU's share, which --device cpu keeps in "
+             "RAM)" if gpu_in_ram else "")
+    return f"{need / GIB:.1f} GiB of host memory at its peak{where}"
 
 
 def with_lanes_first(config: RunConfig, plan: Plan, prediction, profile, device: str, say):
@@ -274,11 +308,25 @@ def _model_saves(config: RunConfig):
     if not config.out:
         raise RunError("--save-every saves beside --out: give --out")
     saves = ModelSaves(config.out, config.save_every, config.keep_saves)
+    if config.save_every >= config.steps:  # saves come before the last step, never at it
+        raise RunError(f"{config.flag('save_every')} {config.save_every} would never save: "
+                       f"saves come every {config.save_every} steps before the last of --steps "
+                       f"{config.steps}, whose model goes to --out: give --save-every below "
+                       f"{config.steps}, or drop it")
     if config.resume:  # a resumed run's earlier saves are its own
         saves.adopt_existing()
     else:
         saves.check_free(config.steps, config.overwrite)
     return saves
+
+
+def _json_config(hf_config) -> dict:
+    """An HF config as config.json holds it (what Trainer.save writes)."""
+    import json
+
+    config = hf_config.to_dict()
+    config.pop("_attn_implementation_autoset", None)
+    return json.loads(json.dumps(config, default=str))
 
 
 def _checkpoints_beside(config: RunConfig, schedule) -> int:
@@ -300,9 +348,30 @@ def _checkpoints_beside(config: RunConfig, schedule) -> int:
     return config.keep_checkpoints if same else 0
 
 
-def _checkpoint_schedule(config: RunConfig):
+def _own_checkpoint_dir(config: RunConfig, say) -> RunConfig:
+    """A rerun from a run's layerslide-train.toml ("same settings, longer") names that run's
+    --checkpoint-dir: its own checkpoints go to a fresh folder beside it, said, never among
+    the other run's (a --checkpoint-dir typed on the command line is taken as it is)."""
+    from layerslide.training.checkpoint_store import holds_checkpoints
+
+    if config.resume or "checkpoint_dir" not in config.from_config:
+        return config
+    taken = Path(config.checkpoint_dir).expanduser()
+    if not holds_checkpoints(taken):
+        return config
+    n = 2
+    while holds_checkpoints(f"{taken}-{n}"):
+        n += 1
+    say(f"note: --checkpoint-dir {taken} (in --config {config.config}) holds the checkpoints of "
+        f"the run that file records: this run writes its own to {taken}-{n} (pass "
+        "--checkpoint-dir to choose another)")
+    return replace(config, checkpoint_dir=f"{taken}-{n}")
+
+
+def _checkpoint_schedule(config: RunConfig, hf_config):
     """The CheckpointSchedule the options ask for (None without --checkpoint-dir); it stores
-    the config, paths absolute, for a resume to read back."""
+    the config, paths absolute, for a resume to read back, and the model's HF config, for an
+    export to write beside its weights."""
     from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
     from layerslide.training.train_state import CheckpointSchedule
 
@@ -324,7 +393,8 @@ def _checkpoint_schedule(config: RunConfig):
                            f"{config.checkpoint_dir}`, or give this run an empty folder")
         return CheckpointSchedule(store=store, every_steps=config.checkpoint_every,
                                   every_minutes=config.checkpoint_minutes,
-                                  meta={"args": with_absolute_paths(config.options())},
+                                  meta={"args": with_absolute_paths(config.options()),
+                                        "hf_config": _json_config(hf_config)},
                                   background=not config.checkpoint_sync)
     except CheckpointError as err:
         raise RunError(str(err)) from err

@@ -35,7 +35,9 @@ RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "re
 # what a resumed run may change: how the steps are scheduled, not what the state means or where
 # on the drive its parts lie (the sequence length positions the data)
 RESCHEDULABLE = frozenset({*TRAIN_OPTIONS, *POLICY_OPTIONS, "plan", "gpu_memory",
-                           "segment_steps"} - {"seq_len", *STATE_LAYOUT_FIELDS})
+                           "segment_steps", "steps"} - {"seq_len", *STATE_LAYOUT_FIELDS})
+# where a resumed run's model goes, when this invocation names it
+RESUMED_OUTPUTS = frozenset({"out", "overwrite"})
 
 
 class RunError(ValueError):

@@ -285,12 +285,15 @@ class Checkpointing:
 
 def _state_identity(meta: dict) -> dict:
     """What a checkpoint's state means and how it is laid out: the model, the optimizer's
-    settings, the moments' precision and the NVMe fractions (not the schedule, which a resumed
-    run may change)."""
+    settings but the decay's length, the moments' precision and the NVMe fractions (not the
+    schedule, which a resumed run may change)."""
     policy = _with_defaults("policy", meta.get("policy"))
     residency = policy.get("residency", {}) if isinstance(policy, dict) else {}
     layout = {k: residency.get(k) for k in STATE_LAYOUT_FIELDS if k != "moment_precision"}
-    return {"model": meta.get("model"), "optim": meta.get("optim"),
+    optim = meta.get("optim")
+    if isinstance(optim, dict):  # the schedule's length: a resume may train longer (--steps)
+        optim = {k: v for k, v in optim.items() if k != "decay_steps"}
+    return {"model": meta.get("model"), "optim": optim,
             "moment precision": residency.get("moment_precision"),
             "NVMe state layout": layout}
 

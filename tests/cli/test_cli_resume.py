@@ -225,10 +225,56 @@ def test_resume_names_the_flags_it_ignores_and_refuses_a_finished_run(config_dir
                  "--lr", "5"]) == 0
     err = capsys.readouterr().err
     assert "--lr, --model ignored" in err
-    # finished: nothing to resume (it said "pass --overwrite", which resume ignores)
+    # finished, without a model: the export command (it said "pass --overwrite", which resume
+    # ignores, and pointed at a folder that did not exist)
     assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert "that run finished all its 3 steps" in err and "--overwrite" not in err
+    assert (f"that run finished all its 3 steps but the run had no --out; its checkpoint of "
+            f"step 3 holds the trained state: write the model with `layerslide export {ckpt} "
+            f"--out FOLDER`, or `layerslide train --resume {ckpt} --steps N` with N above 3 "
+            "trains on from its optimizer state") in err
+    assert "--overwrite" not in err
+
+
+def test_a_finished_run_trains_on_for_more_steps_into_a_new_out(config_dir, tmp_path, capsys):
+    """--steps beyond the finished count continues from the checkpoint's optimizer state, the
+    cosine decay stretched over the new count; --out names where the model goes."""
+    from layerslide.executor.optim import OptimConfig
+
+    ckpt, out = tmp_path / "ckpt", tmp_path / "tuned"
+    assert main(["train", "--model", str(config_dir), "--random-init", "--device", "cpu",
+                 "--steps", "4", "--micro-batch", "1", "--seq-len", "16", "--lr", "1e-3",
+                 "--warmup-steps", "1", "--checkpoint-dir", str(ckpt), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
+    assert (f"that run finished all its 4 steps and its model is in {out}: nothing to "
+            f"resume; `layerslide train --resume {ckpt} --steps N`") in capsys.readouterr().err
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--steps", "4"]) == 2
+    assert (f"--steps 4: the checkpoint in {ckpt} is after step 4 already: to train on, give "
+            "--steps above 4") in capsys.readouterr().err
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert (f"nothing to train; its checkpoint of step 4 holds the trained state: write its "
+            f"model to {tmp_path / 'x'} with `layerslide export {ckpt} --out {tmp_path / 'x'}`"
+            in capsys.readouterr().err)
+    longer, log = tmp_path / "longer", tmp_path / "log.jsonl"
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--steps", "8", "--out",
+                 str(longer), "--log-jsonl", str(log)]) == 0
+    captured = capsys.readouterr()
+    stretched = OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=7)
+    old = OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=3)
+    assert ("note: --steps 8 (was 4): the learning rate's cosine decay now runs over steps 2-8 "
+            f"instead of 2-4: step 5 runs at {stretched.lr_at(4):.2e} (the old schedule's "
+            f"{old.lr_at(4):.2e}) and it ends at {stretched.lr_at(7):.2e} at step 8; the "
+            "optimizer's moments go on from the checkpoint") in captured.err
+    assert f"the resumed run saves its model to --out {longer} (was {out})" in captured.err
+    assert "after step 4" in captured.out and "step 8/8" in captured.out
+    records = losses(log)
+    assert sorted(records) == [4, 5, 6, 7]
+    assert [json.loads(r)["lr"] for r in log.read_text().splitlines()] == \
+        pytest.approx([stretched.lr_at(s) for s in range(4, 8)])
+    assert (longer / "config.json").is_file() and (out / "config.json").is_file()
+    assert CheckpointStore(ckpt).latest().step == 8
 
 
 # delivered to the writing thread, the worst case: a process-directed signal (Ctrl-C) may land on

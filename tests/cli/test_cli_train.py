@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
+from helpers import WORDS, tiny_model_folder, tiny_text_data
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
 )
 
 from layerslide.cli.main import main
@@ -23,31 +21,15 @@ from layerslide.planner.model import model_from_hf_config
 from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.trace import Trace
 
-WORDS = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "park", "with", "ball", "red", "blue"]
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", *WORDS])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(path)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=32,
-                         max_position_embeddings=64)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return tiny_model_folder(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture
 def data_file(tmp_path):
-    path = tmp_path / "data.jsonl"
-    lines = [json.dumps({"text": " ".join(WORDS[i % 7:i % 7 + 6])}) for i in range(40)]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return tiny_text_data(tmp_path / "data.jsonl")
 
 
 def test_train_saves_a_model_transformers_loads(model_dir, data_file, tmp_path, capsys):
@@ -137,6 +119,18 @@ def test_train_refuses_bad_input_before_training(model_dir, extra, words, capsys
                "--micro-batch", "2", "--steps", "1", "--data", "synthetic", *extra])
     assert rc == 2
     assert words in capsys.readouterr().err
+
+
+def test_on_the_cpu_a_micro_batch_that_would_overflow_ram_is_refused(model_dir, monkeypatch,
+                                                                    capsys):
+    """The GPU's share of the plan (activations, workspaces) is RAM on --device cpu: a
+    micro-batch of a million rows fits the host part of 16 GiB, not the whole."""
+    monkeypatch.setattr("layerslide.calibrate.host.physical_ram_bytes", lambda: 16 * 2**30)
+    assert main(["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+                 "--seq-len", "16", "--micro-batch", "1000000", "--data", "synthetic"]) == 2
+    err = capsys.readouterr().err
+    assert "GiB of it the GPU's share, which --device cpu keeps in RAM), this machine has " \
+           "16.0 GiB: lower --micro-batch or --seq-len" in err
 
 
 def test_train_says_an_nvme_folder_the_plan_leaves_unused(model_dir, tmp_path, capsys):
@@ -403,6 +397,7 @@ def test_a_refused_option_set_in_a_run_config_says_so(model_dir, tmp_path, capsy
     ("steps = [1, 2]", "give one value"),
     ('resume = "ckpt"', "a command-line-only option: pass --resume on the command line"),
     ("steps = ", "not a readable TOML file"),
+    ("seq-len = 16\nseq_len = 32", "'seq-len' and 'seq_len' both set --seq-len: keep one"),
 ])
 def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, capsys):
     config = tmp_path / "run.toml"
@@ -411,6 +406,22 @@ def test_a_bad_run_config_is_refused_with_what_to_change(tmp_path, text, words, 
     assert words in capsys.readouterr().err
     assert main(["train", "--config", str(tmp_path / "none.toml")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_save_every_that_would_never_save_is_refused(model_dir, tmp_path, capsys):
+    """Saves come every N steps before the last; the last step's model goes to --out."""
+    base = ["train", "--model", str(model_dir), "--device", "cpu", "--seq-len", "16",
+            "--micro-batch", "2", "--data", "synthetic", "--out", str(tmp_path / "out")]
+    for every, steps in (("5", "3"), ("3", "3")):
+        assert main([*base, "--steps", steps, "--save-every", every]) == 2
+        assert (f"--save-every {every} would never save: saves come every {every} steps "
+                f"before the last of --steps {steps}, whose model goes to --out: give "
+                f"--save-every below {steps}, or drop it") in capsys.readouterr().err
+    config = tmp_path / "run.toml"
+    config.write_text("save-every = 9\n")
+    assert main([*base, "--steps", "3", "--config", str(config)]) == 2
+    assert f"--save-every (in --config {config}) 9 would never save" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_save_every_writes_rotated_model_folders_beside_out(model_dir, data_file, tmp_path,
@@ -574,3 +585,115 @@ def test_a_plan_is_predicted_on_the_profile_it_was_tuned_for(model_dir, tmp_path
     capsys.readouterr()
     assert main(base) == 2
     assert "was tuned for profile my-lab-box, which is not found here" in capsys.readouterr().err
+
+
+# outputs on a disk without room: refused before work, or (a disk that fills mid-run) nothing
+# trained is lost
+def tiny_run(model_dir, data_file, *extra: str) -> list[str]:
+    return ["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
+            "--seq-len", "16", "--micro-batch", "2", "--lr", "1e-3", *extra]
+
+
+def test_outputs_a_disk_has_no_room_for_are_refused_before_any_work(model_dir, data_file,
+                                                                   small_disk, capsys):
+    disk = small_disk(2_000_000)
+    out, ckpt, log = disk.path / "tuned", disk.path / "ckpt", disk.path / "log.jsonl"
+    assert main(tiny_run(model_dir, data_file, "--steps", "4", "--out", str(out),
+                         "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+                         "--log-jsonl", str(log))) == 2
+    err = capsys.readouterr().err
+    assert f"not enough room for the run's outputs: --out {out} needs " in err
+    assert re.search(rf"--checkpoint-dir {re.escape(str(ckpt))} needs [0-9.]+ MB \(3 "
+                     r"checkpoint\(s\) of [0-9.]+ MB: --keep-checkpoints 2 and the one being "
+                     r"written\)", err), err
+    assert f"--log-jsonl {log} needs 1.0" in err and "where the disk of" in err
+    assert "or keep fewer checkpoints (--keep-checkpoints)" in err
+    assert [p for p in disk.path.rglob("*") if not p.is_dir()] == []  # nothing written
+    assert main(tiny_run(model_dir, data_file, "--steps", "4", "--out", str(out),
+                         "--save-every", "1", "--keep-saves", "3")) == 2
+    assert ("(the model folder and 3 --save-every save(s) of it kept beside it, "
+            in capsys.readouterr().err)
+
+
+def test_a_disk_that_fills_costs_the_logs_and_trace_never_the_run_or_the_model(
+        model_dir, data_file, tmp_path, small_disk, monkeypatch, capsys):
+    disk = small_disk(8 << 20)
+    log, trace, tb = disk.path / "log.jsonl", disk.path / "trace.json", disk.path / "tb"
+    import layerslide.cli.train as train_cli
+    start = train_cli._start
+
+    def start_then_fill(run, trainer):  # another process takes the room once the run began
+        start(run, trainer)
+        disk.fill()
+    monkeypatch.setattr(train_cli, "_start", start_then_fill)
+    out = tmp_path / "tuned"
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--log-jsonl", str(log), "--trace-out", str(trace),
+                         "--tensorboard", str(tb))) == 0
+    captured = capsys.readouterr()
+    assert "step 3/3" in captured.out and f"saved the fine-tuned model to {out}" in captured.out
+    assert captured.err.count(f"--log-jsonl {log}: writing failed (No space left on device); "
+                              "the run goes on without it (its last whole record is of no "
+                              "step)") == 1
+    assert captured.err.count(f"--tensorboard {tb}: writing failed") == 1
+    assert f"--trace-out {trace}: writing the trace failed (No space left on device)" \
+        in captured.err
+    assert "Traceback" not in captured.err
+    assert not trace.exists() and log.read_text() == ""  # no half record, no partial trace
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+
+
+def test_a_full_disk_at_the_final_save_keeps_the_checkpoint_and_says_the_way_back(
+        model_dir, data_file, small_disk, monkeypatch, capsys):
+    from layerslide.training.checkpoint_store import CheckpointStore
+    from layerslide.training.trainer import Trainer
+
+    disk = small_disk(32 << 20)
+    out, ckpt = disk.path / "tuned", disk.path / "ckpt"
+    save = Trainer.save
+
+    def fill_then_save(self, folder, **kwargs):  # the disk fills once the last checkpoint is in
+        disk.fill()
+        return save(self, folder, **kwargs)
+    monkeypatch.setattr(Trainer, "save", fill_then_save)
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--checkpoint-dir", str(ckpt))) == 1
+    err = capsys.readouterr().err
+    assert f"writing the model to {out} failed: the disk is full" in err
+    assert "the partial copy is deleted" in err
+    assert (f"nothing trained is lost: checkpoint {ckpt / 'step-000000003'} holds the state of "
+            f"step 3; free ") in err
+    assert f"write it with `layerslide export {ckpt} --out {out}`" in err
+    latest = CheckpointStore(ckpt).latest()
+    assert latest.step == 3
+    CheckpointStore(ckpt).verify(latest)  # whole: every checksum holds
+    assert not out.exists() and not list(disk.path.glob(".tuned.tmp-*"))
+    disk.free()  # room again: the command it said writes the trained model
+    assert main(["export", str(ckpt), "--out", str(out)]) == 0
+    assert f"exported step 3 ({latest.path}) to {out}" in capsys.readouterr().out
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+
+
+def test_a_save_along_the_way_that_finds_no_room_is_said_and_training_goes_on(
+        model_dir, data_file, small_disk, monkeypatch, capsys):
+    from layerslide.training.model_saves import ModelSaves
+
+    disk = small_disk(8 << 20)
+    out = disk.path / "tuned"
+    save = ModelSaves.save
+
+    def save_on_a_full_disk(self, trainer, step, *args, **kwargs):
+        disk.fill()
+        try:
+            return save(self, trainer, step, *args, **kwargs)
+        finally:
+            disk.free()
+    monkeypatch.setattr(ModelSaves, "save", save_on_a_full_disk)
+    assert main(tiny_run(model_dir, data_file, "--steps", "3", "--out", str(out),
+                         "--save-every", "2")) == 0
+    captured = capsys.readouterr()
+    assert (f"warning: --save-every: writing the model to {disk.path / 'tuned-step-2'} failed: "
+            "the disk is full") in captured.err
+    assert "training goes on" in captured.err and "step 3/3" in captured.out
+    assert (out / "config.json").is_file() and not (disk.path / "tuned-step-2").exists()
+    assert not list(disk.path.glob(".tuned-step-2.tmp-*"))

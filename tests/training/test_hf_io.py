@@ -24,6 +24,7 @@ from transformers import (
 from layerslide.training.hf_io import (
     INDEX_FILE,
     SINGLE_FILE,
+    ModelSaveError,
     check_checkpoint,
     checkpoint_tensor_index,
     iter_checkpoint_tensors,
@@ -206,6 +207,23 @@ def test_save_hf_folder_is_atomic(tmp_path: Path, existing: bool) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == (["out"] if existing else [])
     if existing:
         assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+
+def test_a_save_that_fills_its_disk_says_so_and_leaves_the_old_folder(small_disk) -> None:
+    model = _llama()
+    disk = small_disk(8 << 20)
+    target = disk.path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("old")
+    disk.fill(leave_bytes=40_000)  # room for a shard or so, not the model
+    with pytest.raises(ModelSaveError) as failed:
+        save_hf_folder(target, model.config.to_dict(), _saved_state(model).items(),
+                       max_shard_bytes=30_000, overwrite=True)
+    assert failed.value.no_space
+    assert f"writing the model to {target} failed: the disk is full" in str(failed.value)
+    assert "the partial copy is deleted" in str(failed.value)
+    assert sorted(p.name for p in disk.path.iterdir()) == [".filler", "out"]
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
 
 
 def test_save_hf_folder_overwrite(tmp_path: Path) -> None:

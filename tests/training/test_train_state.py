@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -155,6 +156,25 @@ def test_restore_refuses_a_checkpoint_whose_state_means_or_lies_otherwise(tmp_pa
                  device="cpu", nvme_dir=tmp_path / "nvme") as trainer, \
             pytest.raises(ValueError, match=words):
         trainer.checkpointing.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+
+
+def test_a_longer_schedule_restores_the_state_and_decays_over_the_new_count(tmp_path):
+    """The decay's length is the schedule, not what the state means: a resume with more
+    --steps takes the checkpoint and runs the lr of the stretched cosine."""
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    store = CheckpointStore(tmp_path / "ckpt")
+    train = TrainSpec(micro_batch=1, seq_len=SEQ)
+    with make_trainer(config, spec, train, Policy.of()) as trainer:
+        trainer.init_random(0)
+        trainer.fit(SyntheticTokens(VOCAB, SEQ), 4,
+                    checkpoints=CheckpointSchedule(store=store, every_steps=4))
+    longer = dataclasses.replace(OPTIM, decay_steps=OPTIM.decay_steps + 10)
+    with Trainer(config=config, plan=build_plan(spec, train, Policy.of()), optim=longer,
+                 device="cpu") as trainer:
+        trainer.checkpointing.restore_state(store, SyntheticTokens(VOCAB, SEQ))
+        (log,) = trainer.fit(SyntheticTokens(VOCAB, SEQ), 1)
+    assert trainer.step == 5 and log.lr == longer.lr_at(4) > OPTIM.lr_at(4)
 
 
 def test_corrupt_newest_checkpoint_is_refused_or_skipped_when_asked(tmp_path):
