@@ -10,7 +10,7 @@ import sys
 from layerslide.cli.options import GIB, UsageError, given_as, plan_settings
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import Policy, TrainSpec
-from layerslide.training.prepare import (  # FIT_HINTS: what simulate says too
+from layerslide.training.plan_checks import (  # FIT_HINTS: what simulate says too
     FIT_HINTS,  # noqa: F401
     refuse_options_a_plan_replaces,
     refuse_policy_options_that_would_not_act,

@@ -11,7 +11,7 @@ from layerslide.kinds import Lane
 from layerslide.planner import Policy, TrainSpec, build_plan
 from layerslide.planner.settings import LANES_FIRST_NICE
 from layerslide.simulator import simulate
-from layerslide.training.prepare import with_lanes_first
+from layerslide.training.plan_checks import with_lanes_first
 from layerslide.training.run import RunConfig
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.lanes_first import lanes_first
