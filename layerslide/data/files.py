@@ -194,11 +194,15 @@ def _raise_json_problem(path: Path) -> None:
         try:
             records = json.loads(text)
         except json.JSONDecodeError as err:
-            msg = (f"{path} line {err.lineno} column {err.colno} is not valid JSON ({err.msg}); "
-                   "fix it (the file must be one JSON array of objects, or JSON Lines)")
-            raise ValueError(msg) from err
-        _check_objects(path, ((f"record {i} (counting from 0)", r) for i, r in enumerate(records)))
-        return
+            if err.msg != "Extra data":  # "Extra data": a whole value, then more: JSON Lines
+                msg = (f"{path} line {err.lineno} column {err.colno} is not valid JSON "
+                       f"({err.msg}); fix it (the file must be one JSON array of objects, or "
+                       "JSON Lines)")
+                raise ValueError(msg) from err
+        else:
+            _check_objects(path, ((f"record {i} (counting from 0)", r)
+                                  for i, r in enumerate(records)))
+            return
     _check_objects(path, ((f"line {number}", _parse_line(path, number, line))
                           for number, line in enumerate(text.splitlines(), 1) if line.strip()))
 
@@ -219,7 +223,8 @@ def _check_objects(path: Path, records: Iterator[tuple[str, Any]]) -> None:
         if not isinstance(record, dict):
             kind = type(record).__name__
             msg = (f"{path} {where} is a JSON {kind}, not an object; each record must be an "
-                   'object of fields such as {"text": ...}')
+                   'object of fields, such as {"text": ...} or {"messages": [...]}: write it '
+                   "as one")
             raise ValueError(msg)  # noqa: TRY004 (bad input: ValueError, house style)
         fields = fields or bool(record)
         seen = True

@@ -30,6 +30,10 @@ DATA_FORMATS = ("auto", "text", "messages", "alpaca", "prompt_completion")
 CHAT_FORMATS = ("messages", "alpaca", "prompt_completion")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "system": "system"}
+ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates know
+# what other names for a role usually mean (sharegpt's, other tools')
+_ROLE_FOR = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
+             "ai": "assistant", "chatgpt": "assistant", "prompter": "user"}
 _ACCEPTED = ("text ({text_field!r}: str; set text_field for another field), messages "
              "('messages': [{{'role', 'content'}}, ...], or sharegpt 'conversations': "
              "[{{'from', 'value'}}, ...]), alpaca ('instruction', optional 'input', 'output'), "
@@ -52,19 +56,46 @@ def detect_format(table: RecordTable, data_format: str, text_field: str) -> str:
     if data_format != "auto":
         return data_format
     columns = set(table.columns)
-    shapes = {"text": [{text_field}], "messages": [{"messages"}, {"conversations"}],
-              "alpaca": [{"instruction", "output"}], "prompt_completion": [{"prompt", "completion"}]}
-    matches = [name for name, options in shapes.items() if any(o <= columns for o in options)]
+    matches = _formats_fitting(columns, text_field)
     if len(matches) == 1:
         return matches[0]
     accepted = _ACCEPTED.format(text_field=text_field)
     if matches:
+        _refuse_mixed_records(table, text_field)
         msg = (f"{table.path} records have fields {sorted(columns)} that fit several data "
                f"formats ({', '.join(matches)}); pass data_format as one of them ({accepted})")
     else:
         msg = (f"{table.path} records have fields {sorted(columns)}, which fit no data format; "
                f"accepted: {accepted}; rename the fields, or pass data_format (one of "
                f"{', '.join(DATA_FORMATS)}) and text_field")
+    raise ValueError(msg)
+
+
+def _formats_fitting(fields: set[str], text_field: str) -> list[str]:
+    """The formats whose fields are all among `fields`."""
+    shapes = {"text": [{text_field}], "messages": [{"messages"}, {"conversations"}],
+              "alpaca": [{"instruction", "output"}], "prompt_completion": [{"prompt", "completion"}]}
+    return [name for name, options in shapes.items() if any(o <= fields for o in options)]
+
+
+def _refuse_mixed_records(table: RecordTable, text_field: str) -> None:
+    """Refuse a table whose records are of several formats, each record of one (a table's
+    columns are all its records' fields, so they fit several formats though no record does)."""
+    first: dict[str, int] = {}  # format -> the first record that fits it alone
+    index = 0
+    for batch in table.batches():
+        for record in batch:
+            fits = _formats_fitting({k for k, v in record.items() if v is not None}, text_field)
+            if len(fits) == 1:
+                first.setdefault(fits[0], index)
+            index += 1
+    if len(first) < 2:
+        return
+    where = ", ".join(f"{table.where(i)} is a {name} record"
+                      for name, i in sorted(first.items(), key=lambda item: item[1]))
+    msg = (f"{table.path} mixes record formats: {where}; a run trains on one format: put each "
+           "format's records in a file of their own and train on one (or convert them all to "
+           "one format)")
     raise ValueError(msg)
 
 
@@ -124,6 +155,15 @@ class Encoder:
             return self._render_alpaca(record)
         return self._render_prompt_completion(record)
 
+    def other_format(self, record: dict[str, Any]) -> str:
+        """What to add to a refusal of a record that is of another format than this encoder's:
+        said so, with the fix; "" if it is not."""
+        fits = _formats_fitting({k for k, v in record.items() if v is not None}, self._text_field)
+        if len(fits) != 1 or fits[0] == self._format:
+            return ""
+        return (f" (it is a {fits[0]} record, not {self._format}: if the data mixes formats, "
+                "put each format's records in a file of their own and train on one)")
+
     def _render_alpaca(self, record: dict[str, Any]) -> Rendered:
         instruction, extra, output = (record.get(k) for k in ("instruction", "input", "output"))
         if not (isinstance(instruction, str) and isinstance(output, str)
@@ -165,6 +205,7 @@ class Encoder:
         full = self._template(messages)
         if self._train_on_prompt:
             return Rendered(full, ((0, len(full)),))
+        _refuse_replies_under_other_roles(messages, train_from)
         spans = []
         for index in range(train_from, len(messages)):
             if messages[index]["role"] != "assistant":
@@ -233,6 +274,26 @@ def _token_mask(offsets: list[tuple[int, int]], spans: tuple[tuple[int, int], ..
     return mask
 
 
+def _refuse_replies_under_other_roles(messages: list[dict[str, Any]], train_from: int) -> None:
+    """Refuse messages with no assistant turn to train on (from message train_from on) where
+    roles the templates do not know may be holding the replies (sharegpt's 'gpt' in
+    'messages')."""
+    roles = [m["role"] for m in messages[train_from:]]
+    others = list(dict.fromkeys(role for role in roles if role not in ROLES))
+    if "assistant" in roles or not others:
+        return
+    named = ", ".join(f"{role!r} (message {train_from + roles.index(role)})" for role in others)
+    renames = "; ".join(f"rename {role!r} to {_ROLE_FOR[role.lower()]!r}"
+                        if role.lower() in _ROLE_FOR else
+                        f"rename {role!r} to the role it plays ({', '.join(ROLES)})"
+                        for role in others)
+    sharegpt = (" (sharegpt's names belong in 'conversations' of 'from' and 'value')"
+                if any(role in _SHAREGPT_ROLES for role in others) else "")
+    msg = (f"has no assistant turn to train on, and roles {named} are none of "
+           f"{', '.join(ROLES)}: the loss is on the 'assistant' turns; {renames}{sharegpt}")
+    raise RecordError(msg)
+
+
 def _messages(value: Any, key: str) -> list[dict[str, Any]]:
     """Check a list of {role, content} (or sharegpt {from, value}) messages; return them as
     {role, content, ...} dicts without the None fields Arrow fills absent keys with."""
@@ -285,7 +346,8 @@ def tokenize_tables(tables: Sequence[RecordTable], encoder: Encoder) -> Corpus:
                 try:
                     rendered.append(encoder.render(record))
                 except RecordError as err:
-                    msg = f"{table.path} {table.where(index)} {err}"
+                    msg = (f"{table.path} {table.where(index)} {err}"
+                           f"{encoder.other_format(record)}")
                     raise ValueError(msg) from err
                 index += 1
             for example_ids, mask in encoder.encode(rendered):

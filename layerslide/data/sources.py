@@ -1,5 +1,5 @@
 """Token batches for causal-LM training: synthetic random tokens, or the examples of local data
-files (read by data_files.py, rendered and tokenised by data_formats.py), shuffled each epoch
+files (read by files.py, rendered and tokenised by formats.py), shuffled each epoch
 and packed into windows or one to a padded row."""
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 _TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError)
 _MASK64 = (1 << 64) - 1
 
+
+# what each format trains on, as messages say it
+_TRAINED_ON = {"messages": "the 'assistant' turns", "alpaca": "the 'output'",
+               "prompt_completion": "the completion"}
 
 # what messages call a source's examples
 DATA, EVAL_DATA, HELD_OUT = "data", "eval data", "held-out eval part"
@@ -165,10 +169,13 @@ class DatasetTokens:
         else:
             kept = (corpus.first_label >= 1) & (corpus.first_label < row)
             self._lengths = lengths.clamp(max=row)
+        considered = torch.ones_like(kept)
         if examples is not None:  # this part of a split: only these examples
-            only = torch.zeros_like(kept)
-            only[examples] = True
-            kept = kept & only
+            considered = torch.zeros_like(kept)
+            considered[examples] = True
+            kept = kept & considered
+        labelled = corpus.num_trained > 0 if packing else corpus.first_label >= 1
+        self._any_label = bool((labelled & considered).any())
         self._examples = kept.nonzero().flatten()
         self.num_examples = len(self._examples)
         self.num_skipped = (len(lengths) if examples is None else len(examples)) - (
@@ -200,13 +207,19 @@ class DatasetTokens:
     def _check_enough(self) -> None:
         use = "train on" if self._role == DATA else "score"
         more = "a larger eval_fraction" if self._role == HELD_OUT else f"more {self._role}"
+        of = "" if self._role == DATA else f" of the {self._role}"
+        if not self._any_label:
+            msg = (f"no example{of} has a token to {use} at all: {self.format} data is trained "
+                   f"on {_TRAINED_ON.get(self.format, 'its text')}, and no example has any; "
+                   "check the data's format and fields, or pass train_on_prompt=True to train "
+                   "on every token")
+            raise ValueError(msg)
         if self.packing and self.num_tokens < self.seq_len + 1:
             msg = (f"the {self._role} yields only {self.num_tokens} tokens to {use}, fewer than "
                    f"one window of seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or "
                    f"{more}")
             raise ValueError(msg)
         if not self.packing and self.num_examples == 0:
-            of = "" if self._role == DATA else f" of the {self._role}"
             msg = (f"no example{of} has a token to {use} within seq_len + 1 = {self.seq_len + 1} "
                    "tokens; check the data's format and fields, raise seq_len, or pass "
                    "train_on_prompt=True")
@@ -327,7 +340,7 @@ def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | No
     """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
     (see DatasetTokens), tokenised up front so that bad data fails here, before training.
 
-    data_format: "auto" (from the records' fields) or one of data_formats.DATA_FORMATS; text_field:
+    data_format: "auto" (from the records' fields) or one of formats.DATA_FORMATS; text_field:
     the field text records keep their text in; packing: None packs text and not chat-like data;
     train_on_prompt: train on prompts and templates too, not only on completions and replies;
     document_mask: packed examples attend only within themselves; role: what messages call

@@ -417,6 +417,32 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
                                                            {"from": "bot", "value": "dog"}]})},
         (r"line 1 message 1 of 'conversations' is from 'bot'; sharegpt messages are from one "
          r"of human, user, gpt, assistant, system")),
+    "replies under sharegpt roles": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER, {"messages": [turn("human", "cat"),
+                                                                   turn("gpt", "dog")]})},
+        (r"c\.jsonl line 2 has no assistant turn to train on, and roles 'human' \(message 0\), "
+         r"'gpt' \(message 1\) are none of system, user, assistant, tool: the loss is on the "
+         r"'assistant' turns; rename 'human' to 'user'; rename 'gpt' to 'assistant' \(sharegpt's "
+         r"names belong in 'conversations'")),
+    "replies under a role of its own": (
+        lambda t: {"spec": chat_file(t, {"messages": [turn("user", "cat"),
+                                                      turn("narrator", "dog")]})},
+        (r"line 1 has no assistant turn to train on, and roles 'narrator' \(message 1\) are "
+         r"none of .*rename 'narrator' to the role it plays \(system, user, assistant, tool\)$")),
+    "completion under another role": (
+        lambda t: {"spec": chat_file(t, {"prompt": [turn("user", "a")],
+                                         "completion": [turn("bot", "b")]})},
+        r"line 1 has no assistant turn .*'bot' \(message 1\).*rename 'bot' to 'assistant'$"),
+    "mixed records in a file": (
+        lambda t: {"spec": chat_file(t, {"text": "cat"}, {"text": "dog"}, USER_ANSWER)},
+        (r"c\.jsonl mixes record formats: line 1 is a text record, line 3 is a messages "
+         r"record; a run trains on one format: put each format's records in a file of their "
+         r"own")),
+    "a named format and a record of another": (
+        lambda t: {"spec": chat_file(t, {"text": "cat"}, USER_ANSWER), "data_format": "text"},
+        (r"c\.jsonl line 2 has no string field 'text'; add it, or pass .* as text_field \(it "
+         r"is a messages record, not text: if the data mixes formats, put each format's records "
+         r"in a file of their own")),
     "assistant first": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("assistant", "a")]})},
         r"line 1 starts with an assistant turn, which has no prompt to render"),
@@ -452,7 +478,12 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
         r"no example has a token to train on within seq_len \+ 1 = 4 tokens"),
     "no assistant turn": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("user", "a")]}), "packing": True},
-        "the data yields only 0 tokens to train on"),
+        (r"^no example has a token to train on at all: messages data is trained on the "
+         r"'assistant' turns, and no example has any; check the data's format and fields, or "
+         r"pass train_on_prompt=True")),
+    "no output at all, unpacked": (
+        lambda t: {"spec": chat_file(t, {"instruction": "a", "output": ""}), "tok": "bare"},
+        r"^no example has a token to train on at all: alpaca data is trained on the 'output'"),
     "bad train_on_prompt": (
         lambda t: {"spec": chat_file(t, USER_ANSWER), "train_on_prompt": "yes"},
         "train_on_prompt must be one of True, False, got 'yes'"),
@@ -478,6 +509,15 @@ def test_refuses_records_and_tokenizers_that_do_not_fit(toks, tmp_path, case):
     tok, spec = toks[args.pop("tok")], args.pop("spec")
     with pytest.raises(ValueError, match=match):
         open_token_source(str(spec), tokenizer_dir=tok, vocab_size=len(VOCAB), **args)
+
+
+def test_tool_turns_and_roles_beside_an_assistant_turn_are_rendered_not_trained(toks,
+                                                                                 tmp_path):
+    record = {"messages": [turn("user", "cat"), turn("tool", "dog"), turn("narrator", "a"),
+                           turn("assistant", "sat")]}
+    source = source_of(chat_file(tmp_path, record), toks["chat"], seq_len=16)
+    _, labels, *_ = source.next_batch(1)
+    assert [t for t in labels[0].tolist() if t != IGNORE_INDEX] == ids("sat <|end|>")
 
 
 def test_an_inconsistent_template_still_trains_on_whole_conversations(toks, tmp_path):

@@ -339,6 +339,9 @@ BAD_INPUTS = {
                        r"j\.json line 2 column 8 is not valid JSON"),
     "not an object": (lambda t: {"spec": put(t / "o.jsonl", b'{"text": "cat"}\n["cat"]\n')},
                       r"o\.jsonl line 2 is a JSON list, not an object"),
+    "json lines of arrays": (lambda t: {"spec": put(t / "a.jsonl", b'["cat", "sat"]\n["dog", "ran"]\n')},
+                             (r"a\.jsonl line 1 is a JSON list, not an object; each record must "
+                              r"be an object of fields")),
     "empty records": (lambda t: {"spec": put(t / "e.jsonl", b'{}\n{}\n')},
                       r"e\.jsonl holds only empty records.*needs fields"),
     "empty array": (lambda t: {"spec": put(t / "a.json", b'[]')}, r"a\.json holds no records"),
