@@ -334,17 +334,19 @@ class DatasetTokens:
 
 def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | None,
                       vocab_size: int | None, seq_len: int, seed: int = 0,
-                      data_format: str = "auto", text_field: str = "text",
+                      data_format: str = "auto", text_field: str | None = None,
                       packing: bool | None = None, train_on_prompt: bool = False,
                       document_mask: bool = True, role: str = DATA) -> TokenSource:
     """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
     (see DatasetTokens), tokenised up front so that bad data fails here, before training.
 
     data_format: "auto" (from the records' fields) or one of formats.DATA_FORMATS; text_field:
-    the field text records keep their text in; packing: None packs text and not chat-like data;
+    the field text records keep their text in (None: "text"; named, it is refused where the
+    data has no such records); packing: None packs text and not chat-like data;
     train_on_prompt: train on prompts and templates too, not only on completions and replies;
-    document_mask: packed examples attend only within themselves; role: what messages call
-    the data (EVAL_DATA for eval data of its own)."""
+    document_mask: packed examples attend only within themselves (False is refused where rows
+    are not packed); role: what messages call the data (EVAL_DATA for eval data of its own,
+    which the options are not judged by)."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
     return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
@@ -371,7 +373,7 @@ def split_token_sources(spec: str | Path, *, eval_fraction: float, tokenizer_dir
 
 def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_size: int | None,
                   seq_len: int, seed: int = 0, data_format: str = "auto",
-                  text_field: str = "text", packing: bool | None = None,
+                  text_field: str | None = None, packing: bool | None = None,
                   train_on_prompt: bool = False, document_mask: bool = True,
                   eval_fraction: float = 0.0,
                   roles: tuple[str, ...] = (DATA,)) -> tuple[DatasetTokens, ...]:
@@ -382,19 +384,24 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
     _check_choice("packing", packing, (None, True, False))
     _check_choice("train_on_prompt", train_on_prompt, (True, False))
     _check_choice("document_mask", document_mask, (True, False))
-    tables = read_tables(Path(spec), text_field)
+    field = "text" if text_field is None else text_field
+    tables = read_tables(Path(spec), field)
     tokenizer = _load_tokenizer(tokenizer_dir)
-    formats = {table.path.name: detect_format(table, data_format, text_field) for table in tables}
+    formats = {table.path.name: detect_format(table, data_format, field) for table in tables}
     if len(set(formats.values())) > 1:
         msg = (f"the data files hold different formats ({formats}); train on one format at a "
                "time: put the others in another folder")
         raise ValueError(msg)
     found = next(iter(formats.values()))
-    encoder = Encoder(tokenizer, found, text_field, train_on_prompt)
+    encoder = Encoder(tokenizer, found, field, train_on_prompt)
+    named = packing is not None
     if packing is None:
         # text is long running prose, where padding would waste compute; chat-like examples are
         # short and stand alone: one a row keeps each reply's context its own conversation
         packing = found not in CHAT_FORMATS
+    if DATA in roles:  # options are judged by the training data
+        _refuse_idle_options(tables, found, text_field, document_mask, packing=packing,
+                             packing_named=named)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if vocab_size is not None and pad_id is not None and pad_id >= vocab_size:
         # a pad added past the model's embedding: any id in it pads, since no real token
@@ -423,6 +430,26 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
                f"the model's vocab_size is {vocab_size}; use the model's own tokenizer")
         raise ValueError(msg)
     return sources
+
+
+def _refuse_idle_options(tables: list[Any], found: str, text_field: str | None,
+                         document_mask: bool, *, packing: bool, packing_named: bool) -> None:
+    """Refuse a text_field or document_mask=False that would change nothing for this data."""
+    if text_field is not None and found != "text":
+        msg = (f"text_field {text_field!r} names the field text records keep their text in, "
+               f"and the data holds {found} records, which are not read through it: drop "
+               "text_field")
+    elif text_field is not None and all(table.plain_text for table in tables):
+        msg = (f"text_field {text_field!r} names the field of JSON text records, and the data "
+               "is plain text (each paragraph a document), which has no fields: drop text_field")
+    elif not document_mask and not packing:
+        why = "packing=False" if packing_named else f"{found} data is not packed by default"
+        msg = ("document_mask=False lets packed examples attend to each other, and these rows "
+               f"are not packed ({why}): each row holds one example, which attends only to "
+               "itself; drop document_mask=False, or pass packing=True to pack the examples")
+    else:
+        return
+    raise ValueError(msg)
 
 
 def eval_batches(source: DatasetTokens, micro_batch: int, max_rows: int) -> list[tuple]:

@@ -380,6 +380,36 @@ def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, da
     assert main(["train", "--config", str(resolved), "--out", str(tmp_path / "again")]) == 0
 
 
+@pytest.mark.parametrize(("data", "flags", "words"), [
+    ("chat", ["--text-field", "body"],
+     ("--text-field 'body' names the field text records keep their text in, and the data holds "
+      "messages records, which are not read through it: drop --text-field")),
+    ("txt", ["--text-field", "text"],
+     "--text-field 'text' names the field of JSON text records, and the data is plain text"),
+    ("chat", ["--attend-across-documents"],
+     ("--attend-across-documents lets packed examples attend to each other, and these rows are "
+      "not packed (messages data is not packed by default): each row holds one example, which "
+      "attends only to itself; drop --attend-across-documents, or pass --packing on")),
+    ("txt", ["--attend-across-documents", "--packing", "off"],
+     ("--attend-across-documents lets packed examples attend to each other, and --packing off "
+      "puts one example a row: drop one of them")),
+])
+def test_data_options_that_would_change_nothing_are_refused(model_dir, tmp_path, data, flags,
+                                                            words, capsys):
+    path = tmp_path / ("chat.jsonl" if data == "chat" else "book.txt")
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "the cat"},
+                                             {"role": "assistant", "content": "sat"}]}) + "\n"
+                    if data == "chat" else "the cat sat\n\na dog ran\n")
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(model_dir, tokenizer)
+    chat = AutoTokenizer.from_pretrained(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    chat.save_pretrained(tokenizer)
+    assert main(["train", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--data",
+                 str(path), "--device", "cpu", "--steps", "1", "--seq-len", "16", *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
 def test_the_datas_warnings_are_said_in_flags(model_dir, data_file, capsys):
     assert main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
                  "--steps", "1", "--seq-len", "4", "--micro-batch", "2", "--packing", "off"]) == 0

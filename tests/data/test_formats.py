@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerslide.data.sources import DatasetTokens, open_token_source
+from layerslide.data.sources import EVAL_DATA, DatasetTokens, open_token_source
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
@@ -443,6 +443,22 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
         (r"c\.jsonl line 2 has no string field 'text'; add it, or pass .* as text_field \(it "
          r"is a messages record, not text: if the data mixes formats, put each format's records "
          r"in a file of their own")),
+    "a text field with chat data": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER), "text_field": "body"},
+        (r"^text_field 'body' names the field text records keep their text in, and the data "
+         r"holds messages records, which are not read through it: drop text_field$")),
+    "a text field with plain text": (
+        lambda t: {"spec": put_text(t), "text_field": "text"},  # named, even as the default
+        (r"^text_field 'text' names the field of JSON text records, and the data is plain text "
+         r"\(each paragraph a document\), which has no fields: drop text_field$")),
+    "attention across unpacked documents": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER), "document_mask": False},
+        (r"^document_mask=False lets packed examples attend to each other, and these rows are "
+         r"not packed \(messages data is not packed by default\): each row holds one example, "
+         r"which attends only to itself; drop document_mask=False, or pass packing=True")),
+    "attention across documents with packing off": (
+        lambda t: {"spec": put_text(t), "document_mask": False, "packing": False},
+        r"^document_mask=False .* and these rows are not packed \(packing=False\)"),
     "assistant first": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("assistant", "a")]})},
         r"line 1 starts with an assistant turn, which has no prompt to render"),
@@ -509,6 +525,18 @@ def test_refuses_records_and_tokenizers_that_do_not_fit(toks, tmp_path, case):
     tok, spec = toks[args.pop("tok")], args.pop("spec")
     with pytest.raises(ValueError, match=match):
         open_token_source(str(spec), tokenizer_dir=tok, vocab_size=len(VOCAB), **args)
+
+
+def test_a_text_field_and_attention_across_documents_act_where_they_change_something(
+        toks, tmp_path):
+    write(tmp_path / "a.jsonl", [{"body": "the cat sat"}])
+    (tmp_path / "b.txt").write_text("a dog ran")
+    source = source_of(tmp_path, toks["chat"], seq_len=4, text_field="body", document_mask=False)
+    assert (source.num_examples, source.packing, source.document_mask) == (2, True, False)
+    # eval data is read with the training data's options, which are judged by the training data
+    eval_source = source_of(tmp_path / "b.txt", toks["chat"], seq_len=2, text_field="body",
+                            document_mask=False, role=EVAL_DATA)
+    assert eval_source.num_examples == 1
 
 
 def test_tool_turns_and_roles_beside_an_assistant_turn_are_rendered_not_trained(toks,
