@@ -147,8 +147,9 @@ class DatasetTokens:
     Packed: an epoch's examples are concatenated and cut into windows that overlap by one token,
     so every token but the first is a label once an epoch (the last partial window is dropped);
     with document_mask each example's part of a window gets positions from 0 and attends only
-    to itself (next_batch adds position_ids); without it attention crosses example
-    boundaries. Unpacked: one example a row, truncated
+    to itself (next_batch adds position_ids), and an example's first token is no label (the
+    token before it, another example's last, cannot see it: as Hugging Face's
+    DataCollatorWithFlattening); without it attention crosses example boundaries. Unpacked: one example a row, truncated
     to seq_len + 1 tokens and padded at the end (labels IGNORE_INDEX), so that causal attention
     never lets a real token see a pad. Examples with no trained label are skipped."""
 
@@ -163,18 +164,20 @@ class DatasetTokens:
         self._vocab_size, self._corpus, self._pad_id = vocab_size, corpus, pad_id
         row = seq_len + 1
         lengths = corpus.lengths
+        # what makes an example trainable: a label, where its first token is none
+        labelled = (corpus.num_trained > 0 if packing and not self.document_mask
+                    else corpus.first_label >= 1)
         if packing:
-            kept = corpus.num_trained > 0
+            kept = labelled
             self._lengths = lengths
         else:
-            kept = (corpus.first_label >= 1) & (corpus.first_label < row)
+            kept = labelled & (corpus.first_label < row)
             self._lengths = lengths.clamp(max=row)
         considered = torch.ones_like(kept)
         if examples is not None:  # this part of a split: only these examples
             considered = torch.zeros_like(kept)
             considered[examples] = True
             kept = kept & considered
-        labelled = corpus.num_trained > 0 if packing else corpus.first_label >= 1
         self._any_label = bool((labelled & considered).any())
         self._examples = kept.nonzero().flatten()
         self.num_examples = len(self._examples)
@@ -195,10 +198,12 @@ class DatasetTokens:
     def _count_trained(self, truncated: torch.Tensor) -> int:
         """The labels with loss an epoch has (packed: before the dropped partial window)."""
         trained = int(self._corpus.num_trained[self._examples].sum())
-        if self.packing:
+        if self.packing and not self.document_mask:
             return trained
         starts = self._corpus.starts
         trained -= int(self._corpus.trained[starts[self._examples]].sum())  # never a label
+        if self.packing:
+            return trained
         for example in truncated.tolist():
             trained -= int(self._corpus.trained[starts[example] + self.seq_len + 1:
                                                 starts[example + 1]].sum())
@@ -308,6 +313,8 @@ class DatasetTokens:
                                    zip(*(self._next_row() for _ in range(micro_batch)),
                                        strict=True))
         tokens = ids.to(torch.int64)
+        if self.document_mask:  # a document's first token (position 0) is no label
+            trained = trained & (positions > 0)
         labels = torch.where(trained[:, 1:], tokens[:, 1:], IGNORE_INDEX)
         batch = tokens[:, :-1].contiguous(), labels.contiguous()
         if self.document_mask:

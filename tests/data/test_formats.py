@@ -197,9 +197,11 @@ def test_train_on_prompt_trains_every_token_bos_included(toks, tmp_path):
         ids("<s>      <|user|> the cat     <|end|>       <|assistant|> a dog   <|end|>"),
         ids("<|user|> the      cat <|end|> <|assistant|> a             dog <|end|> _"))]
     path = tmp_path / "t.txt"
-    path.write_text("the cat\n\nsat on")  # two documents: the second's BOS is a label
-    for train_on_prompt, bos in ((True, "<s>"), (False, "_")):
-        source = source_of(path, toks["chat"], seq_len=7, train_on_prompt=train_on_prompt)
+    path.write_text("the cat\n\nsat on")  # two documents: is the second's BOS a label?
+    for train_on_prompt, document_mask, bos in ((True, False, "<s>"), (True, True, "_"),
+                                                (False, False, "_")):
+        source = source_of(path, toks["chat"], seq_len=7, train_on_prompt=train_on_prompt,
+                           document_mask=document_mask)
         assert source.next_batch(1)[1][0].tolist()[3] == ids(bos)[0]
 
 
