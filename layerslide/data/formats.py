@@ -15,6 +15,8 @@ train_on_prompt trains on every token instead (BOS included)."""
 
 from __future__ import annotations
 
+import re
+import warnings
 from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,10 @@ _ACCEPTED = ("text ({text_field!r}: str; set text_field for another field), mess
              "('messages': [{{'role', 'content'}}, ...], or sharegpt 'conversations': "
              "[{{'from', 'value'}}, ...]), alpaca ('instruction', optional 'input', 'output'), "
              "prompt_completion ('prompt', 'completion')")
+
+
+# a chat template's mark of what the assistant generates, as transformers finds it
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 class RecordError(ValueError):
@@ -101,13 +107,16 @@ def _refuse_mixed_records(table: RecordTable, text_field: str) -> None:
 
 @dataclass(frozen=True)
 class Rendered:
-    """One example as text, the character spans [start, end) whose tokens carry the loss, and
-    whether BOS goes before it and EOS after it (as ids: text would not tokenise to them)."""
+    """One example as text, the character spans [start, end) whose tokens carry the loss,
+    whether BOS goes before it and EOS after it (as ids: text would not tokenise to them), and
+    how many of its assistant turns could not be found in the render (not trained on)."""
 
     text: str
     trained: tuple[tuple[int, int], ...]
     bos: bool = False
     eos: bool = False
+    turns: int = 0  # its assistant turns to train on
+    lost_turns: int = 0  # of those, the ones the chat template renders inconsistently
 
 
 class Encoder:
@@ -133,10 +142,12 @@ class Encoder:
                    "characters to tokens; add one to the model folder, or pass "
                    "train_on_prompt=True to train on every token")
             raise ValueError(msg)
+        self._marked = False  # whether the template marks the assistant's turns
         if self._has_template:
             from jinja2 import TemplateError  # only chat templates need jinja2
 
             self._template_errors = (TemplateError, ValueError, TypeError, KeyError, IndexError)
+            self._marked = bool(GENERATION_MARKER.search(tokenizer.get_chat_template()))
 
     def render(self, record: dict[str, Any]) -> Rendered:
         """Render one record of this encoder's format, raising RecordError if it does not fit."""
@@ -200,13 +211,23 @@ class Encoder:
                         bos=True, eos=True)
 
     def _render_chat(self, messages: list[dict[str, Any]], train_from: int) -> Rendered:
-        """Render with the chat template; each assistant turn from message train_from on is
-        what the full render adds to the prompt rendered up to it with the generation prompt."""
+        """Render with the chat template, training the assistant turns from message train_from
+        on: those its {% generation %} markers mark, where it has them, else by prefixes."""
         full = self._template(messages)
         if self._train_on_prompt:
             return Rendered(full, ((0, len(full)),))
         _refuse_replies_under_other_roles(messages, train_from)
-        spans = []
+        if self._marked:
+            return Rendered(full, self._marked_spans(messages, train_from))
+        return self._by_prefixes(messages, train_from, full)
+
+    def _by_prefixes(self, messages: list[dict[str, Any]], train_from: int, full: str,
+                     ) -> Rendered:
+        """Each assistant turn is what the render through it adds to the prompt rendered up to
+        it with the generation prompt, where both start the full render; a turn the template
+        renders otherwise once later turns follow (as templates that drop earlier turns'
+        reasoning do) is not trained on, and counted as lost (the last never is)."""
+        spans, turns = [], 0
         for index in range(train_from, len(messages)):
             if messages[index]["role"] != "assistant":
                 continue
@@ -214,19 +235,43 @@ class Encoder:
                 msg = ("starts with an assistant turn, which has no prompt to render; start it "
                        "with a user or system turn, or pass train_on_prompt=True")
                 raise RecordError(msg)
+            turns += 1
             prompt = self._template(messages[:index], add_generation_prompt=True)
             through = (full if index == len(messages) - 1  # the last turn's render is the whole
                        else self._template(messages[: index + 1]))
-            if not (through.startswith(prompt) and full.startswith(through)):
-                msg = (f"is rendered inconsistently by the tokenizer's chat template: the render "
-                       f"up to message {index} (with the generation prompt) is not the start of "
-                       "the render through it, or that is not the start of the whole "
-                       "conversation's (templates that drop earlier turns' reasoning do this), "
-                       "so the assistant's tokens cannot be found; pass train_on_prompt=True or "
-                       "use a template that renders each turn the same wherever it is")
-                raise RecordError(msg)
-            spans.append((len(prompt), len(through)))
-        return Rendered(full, tuple(spans))
+            if through.startswith(prompt) and full.startswith(through):
+                spans.append((len(prompt), len(through)))
+        return Rendered(full, tuple(spans), turns=turns, lost_turns=turns - len(spans))
+
+    def _marked_spans(self, messages: list[dict[str, Any]], train_from: int,
+                      ) -> tuple[tuple[int, int], ...]:
+        """The character spans of the assistant turns from message train_from on, as the
+        template's {% generation %} markers mark them in the full render."""
+        try:
+            out = self._tokenizer.apply_chat_template(
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                tokenizer_kwargs={"return_offsets_mapping": True})
+        except self._template_errors as err:
+            msg = (f"is refused by the tokenizer's chat template ({type(err).__name__}: {err}); "
+                   "fix the conversation or remove it")
+            raise RecordError(msg) from err
+        spans: list[tuple[int, int]] = []
+        after_marked = False
+        for marked, (start, end) in zip(out["assistant_masks"], out["offset_mapping"],
+                                        strict=True):
+            if marked and after_marked:
+                spans[-1] = (spans[-1][0], end)
+            elif marked:
+                spans.append((start, end))
+            after_marked = bool(marked)
+        before = sum(m["role"] == "assistant" for m in messages[:train_from])
+        if before and len(spans) != sum(m["role"] == "assistant" for m in messages):
+            msg = (f"has {sum(m['role'] == 'assistant' for m in messages)} assistant turns and "
+                   f"the chat template's generation markers mark {len(spans)} spans, so the "
+                   f"prompt's {before} cannot be told from the reply's; mark each assistant "
+                   "turn once in the template, or pass train_on_prompt=True")
+            raise RecordError(msg)
+        return tuple(spans[before:])
 
     def _template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False,
                   ) -> str:
@@ -328,6 +373,7 @@ class Corpus:
     starts: torch.Tensor  # int64 [examples + 1]: example i is ids[starts[i]:starts[i + 1]]
     num_trained: torch.Tensor  # int64 [examples]: its trained tokens
     first_label: torch.Tensor  # int64 [examples]: its first trained token after the first, or -1
+    num_lost_turns: int = 0  # assistant turns the chat template renders inconsistently
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -338,17 +384,24 @@ def tokenize_tables(tables: Sequence[RecordTable], encoder: Encoder) -> Corpus:
     """Render and tokenise every record of the tables, in order, naming any that is refused."""
     ids, trained = array("i"), bytearray()
     starts, num_trained, first_label = array("q", [0]), array("q"), array("q")
+    lost: dict[str, list[str]] = {}  # file -> its records that lost turns, said
+    num_lost = 0
     for table in tables:
         index = 0
         for batch in table.batches():
             rendered = []
             for record in batch:
                 try:
-                    rendered.append(encoder.render(record))
+                    example = encoder.render(record)
                 except RecordError as err:
                     msg = (f"{table.path} {table.where(index)} {err}"
                            f"{encoder.other_format(record)}")
                     raise ValueError(msg) from err
+                num_lost += example.lost_turns
+                if example.lost_turns:
+                    lost.setdefault(str(table.path), []).append(
+                        f"{table.where(index)} lost {example.lost_turns} of {example.turns}")
+                rendered.append(example)
                 index += 1
             for example_ids, mask in encoder.encode(rendered):
                 ids.extend(example_ids)
@@ -356,9 +409,31 @@ def tokenize_tables(tables: Sequence[RecordTable], encoder: Encoder) -> Corpus:
                 starts.append(len(ids))
                 num_trained.append(mask.count(1))
                 first_label.append(mask.find(1, 1))
+    _warn_of_lost_turns(lost)
     return Corpus(ids=_tensor(ids, torch.int32), trained=_tensor(trained, torch.bool),
                   starts=_tensor(starts, torch.int64), num_trained=_tensor(num_trained, torch.int64),
-                  first_label=_tensor(first_label, torch.int64))
+                  first_label=_tensor(first_label, torch.int64), num_lost_turns=num_lost)
+
+
+def _warn_of_lost_turns(lost: dict[str, list[str]], shown: int = 5) -> None:
+    """Say which conversations lost assistant turns to a template that renders them
+    inconsistently, and how many each lost (the first `shown` of them by name)."""
+    count = sum(map(len, lost.values()))
+    if not count:
+        return
+    named, left = [], shown
+    for path, records in lost.items():
+        if left > 0:
+            named.append(f"{path} {', '.join(records[:left])}")
+        left -= len(records)
+    more = f", and {count - shown} more" if count > shown else ""
+    warnings.warn(
+        f"{count} conversations lost assistant turns to the tokenizer's chat template, which "
+        "renders them otherwise once later turns follow (as templates that drop earlier turns' "
+        f"reasoning do), so they are not trained on: {'; '.join(named)}{more}; the turns it "
+        "renders the same wherever they are (as a rule the last) are trained on. To train every "
+        "turn, mark the assistant's turns in the chat template with {% generation %} ... "
+        "{% endgeneration %}", stacklevel=4)
 
 
 def _tensor(buffer: array | bytearray, dtype: torch.dtype) -> torch.Tensor:

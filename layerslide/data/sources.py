@@ -213,6 +213,13 @@ class DatasetTokens:
         use = "train on" if self._role == DATA else "score"
         more = "a larger eval_fraction" if self._role == HELD_OUT else f"more {self._role}"
         of = "" if self._role == DATA else f" of the {self._role}"
+        if not self._any_label and self._corpus.num_lost_turns:
+            msg = (f"no example{of} has a token to {use}: the tokenizer's chat template renders "
+                   f"each assistant turn ({self._corpus.num_lost_turns} in all) otherwise in the "
+                   "whole conversation than after its prompt, so none can be found; mark the "
+                   "assistant's turns in the template with {% generation %} ... "
+                   "{% endgeneration %}, or pass train_on_prompt=True to train on every token")
+            raise ValueError(msg)
         if not self._any_label:
             msg = (f"no example{of} has a token to {use} at all: {self.format} data is trained "
                    f"on {_TRAINED_ON.get(self.format, 'its text')}, and no example has any; "

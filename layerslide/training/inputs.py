@@ -110,15 +110,20 @@ def data_sources(config: RunConfig, spec: ModelSpec, train, tokenizer):
             if held_out is not None:
                 batches = eval_batches(held_out, train.micro_batch, config.eval_rows)
     except ValueError as err:
+        _say_warnings(said)  # what the data said before it was refused can be its cause
         raise RunError(_in_flags(str(err))) from err
-    for warning in said:
-        print(f"warning: {_in_flags(str(warning.message))}", file=sys.stderr)
+    _say_warnings(said)
     for name, source in (("data", data), ("eval data", held_out)):
         if hasattr(source, "describe"):
             print(f"{name}: {source.describe()}", flush=True)
     if held_out is None:
         return data, None
     return data, EvalSchedule(batches=batches, every_steps=config.eval_every)
+
+
+def _say_warnings(said) -> None:
+    for warning in said:
+        print(f"warning: {_in_flags(str(warning.message))}", file=sys.stderr)
 
 
 def check_outputs(config: RunConfig) -> None:

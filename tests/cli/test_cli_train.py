@@ -410,6 +410,28 @@ def test_data_options_that_would_change_nothing_are_refused(model_dir, tmp_path,
     assert words in capsys.readouterr().err
 
 
+def test_what_the_data_said_before_it_was_refused_is_said_with_the_refusal(model_dir, tmp_path,
+                                                                           capsys):
+    """A template whose generation prompt no reply renders as loses every turn: the warning
+    that names the records comes with the refusal, which names the template (not --seq-len)."""
+    chat_model = tmp_path / "chat-model"
+    shutil.copytree(model_dir, chat_model)
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("assistant {% endif %}",
+                                                    "assistant to {% endif %}")
+    tokenizer.save_pretrained(chat_model)
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "the cat"},
+                                             {"role": "assistant", "content": "sat"}]}) + "\n")
+    assert main(["train", "--model", str(chat_model), "--data", str(data), "--device", "cpu",
+                 "--steps", "1", "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: 1 conversations lost assistant turns to the tokenizer's chat template" in err
+    assert f"{data} line 1 lost 1 of 1;" in err
+    assert ("error: no example has a token to train on: the tokenizer's chat template renders "
+            "each assistant turn (1 in all) otherwise") in err and "--train-on-prompt" in err
+
+
 def test_the_datas_warnings_are_said_in_flags(model_dir, data_file, capsys):
     assert main(["train", "--model", str(model_dir), "--data", str(data_file), "--device", "cpu",
                  "--steps", "1", "--seq-len", "4", "--micro-batch", "2", "--packing", "off"]) == 0

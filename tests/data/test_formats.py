@@ -17,7 +17,8 @@ from layerslide.data.sources import EVAL_DATA, DatasetTokens, open_token_source
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
-SPECIAL = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+SPECIAL = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+           "<think>", "</think>"]
 VOCAB = {w: i for i, w in enumerate(["[UNK]", *SPECIAL, *WORDS])}
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> "
             "{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}")
@@ -26,6 +27,26 @@ FORGETFUL = TEMPLATE.replace("{{ m.content }}", "{{ m.content if loop.last or m.
                              "'assistant' else 'far' }}")
 NO_SYSTEM = ("{% if messages[0].role == 'system' %}{{ raise_exception('no system turns') }}"
              "{% endif %}" + TEMPLATE)
+# prompts the assistant with a marker no turn of its renders with
+PROMPTING = TEMPLATE.replace("{% if add_generation_prompt %}<|assistant|> ",
+                             "{% if add_generation_prompt %}<|assistant|> <think> ")
+# as Qwen3's and DeepSeek-R1's: an assistant turn's reasoning (<think> ... </think>) is
+# rendered only after the last user turn, so earlier turns render otherwise once one follows
+THINKING = (
+    "{{ bos_token }}{% set ns = namespace(last=-1) %}{% for m in messages %}"
+    "{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% set answer = m.content.split('</think>')[-1].strip() %}"
+    "{% set thought = m.content.split('</think>')[0].split('<think>')[-1].strip() "
+    "if '</think>' in m.content else '' %}<|assistant|> GENERATION"
+    "{% else %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+THOUGHT = ("{% if loop.index0 > ns.last %}<think> {{ thought }} </think> {% endif %}"
+           "{{ answer }} <|end|>")
+# the same with {% generation %} markers around what the assistant says
+THINKING_MARKED = THINKING.replace("GENERATION", "{% generation %}" + THOUGHT
+                                   + "{% endgeneration %} ")
+THINKING = THINKING.replace("GENERATION", THOUGHT + " ")
 
 
 def save_tokenizer(path: Path, template: str | None, *, bos: bool, eos: bool, pad: bool) -> Path:
@@ -55,6 +76,9 @@ def toks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "plain": save_tokenizer(root / "plain", None, bos=False, eos=True, pad=False),
             "bare": save_tokenizer(root / "bare", None, bos=False, eos=False, pad=False),
             "forgetful": save_tokenizer(root / "forgetful", FORGETFUL, **full),
+            "thinking": save_tokenizer(root / "thinking", THINKING, **full),
+            "prompting": save_tokenizer(root / "prompting", PROMPTING, **full),
+            "thinking_marked": save_tokenizer(root / "thinking_marked", THINKING_MARKED, **full),
             "no_system": save_tokenizer(root / "no_system", NO_SYSTEM, **full)}
 
 
@@ -464,10 +488,6 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
     "assistant first": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("assistant", "a")]})},
         r"line 1 starts with an assistant turn, which has no prompt to render"),
-    "inconsistent template": (
-        lambda t: {"spec": chat_file(t, TWO_CHATS[1]), "tok": "forgetful"},
-        (r"line 1 is rendered inconsistently by the tokenizer's chat template.*"
-         r"pass train_on_prompt=True")),
     "template raises": (
         lambda t: {"spec": chat_file(t, TWO_CHATS[1]), "tok": "no_system"},
         (r"line 1 is refused by the tokenizer's chat template \(TemplateError: "
@@ -548,6 +568,63 @@ def test_tool_turns_and_roles_beside_an_assistant_turn_are_rendered_not_trained(
     source = source_of(chat_file(tmp_path, record), toks["chat"], seq_len=16)
     _, labels, *_ = source.next_batch(1)
     assert [t for t in labels[0].tolist() if t != IGNORE_INDEX] == ids("sat <|end|>")
+
+
+THOUGHTFUL = {"messages": [turn("user", "the cat"), turn("assistant", "<think> far </think> sat"),
+                           turn("user", "a"), turn("assistant", "<think> away </think> dog")]}
+
+
+def trained_labels(source: DatasetTokens) -> list[list[int]]:
+    """Each row's labels that carry loss, in the first epoch's order."""
+    return [[t for t in y if t != IGNORE_INDEX] for _, y in epoch_rows(source)]
+
+
+def test_a_template_that_rewrites_earlier_turns_trains_the_turns_it_renders_the_same(toks,
+                                                                                    tmp_path):
+    """Qwen3-style: the first reply renders otherwise once a user turn follows it, so it is
+    lost and said (by record, with how many it lost); the last reply is trained on."""
+    path = chat_file(tmp_path, THOUGHTFUL, TWO_CHATS[0], THOUGHTFUL)
+    with pytest.warns(UserWarning) as caught:
+        source = source_of(path, toks["thinking"], seq_len=16)
+    assert [str(w.message) for w in caught] == [(
+        "2 conversations lost assistant turns to the tokenizer's chat template, which renders "
+        "them otherwise once later turns follow (as templates that drop earlier turns' "
+        f"reasoning do), so they are not trained on: {path} line 1 lost 1 of 2, line 3 lost 1 "
+        "of 2; the turns it renders the same wherever they are (as a rule the last) are "
+        "trained on. To train every turn, mark the assistant's turns in the chat template with "
+        "{% generation %} ... {% endgeneration %}")]
+    assert trained_labels(source) == [  # the last reply renders its (empty) reasoning
+        ids("<think> </think> a dog <|end|>" if i == 1 else "<think> away </think> dog <|end|>")
+        for i in source.epoch_order(0).tolist()]
+
+
+def test_a_template_that_renders_no_turn_as_prompted_is_refused_saying_why(toks, tmp_path):
+    """A generation prompt that no turn renders as: every turn is lost, and the refusal says
+    that is why nothing is trained on (not the seq_len)."""
+    path = chat_file(tmp_path, TWO_CHATS[0], TWO_CHATS[1])
+    with pytest.warns(UserWarning, match=rf"^2 conversations lost .*: {path} line 1 lost 1 of "
+                                         r"1, line 2 lost 2 of 2;"), pytest.raises(
+            ValueError, match=(r"^no example has a token to train on: the tokenizer's chat "
+                               r"template renders each assistant turn \(3 in all\) otherwise in "
+                               r"the whole conversation than after its prompt.*\{% generation "
+                               r"%\}.*or pass train_on_prompt=True")):
+        source_of(path, toks["prompting"], seq_len=16)
+
+
+def test_generation_markers_train_every_assistant_turn_as_the_template_renders_it(toks,
+                                                                                  tmp_path):
+    path = chat_file(tmp_path, THOUGHTFUL)
+    source = source_of(path, toks["thinking_marked"], seq_len=16)
+    assert epoch_rows(source) == [(
+        ids("<s> <|user|> the cat <|end|> <|assistant|> sat <|end|> <|user|> a <|end|> "
+            "<|assistant|> <think> away </think> dog"),
+        ids("_ _ _ _ _ sat <|end|> _ _ _ _ <think> away </think> dog <|end|>"))]
+    shots = chat_file(tmp_path, {"prompt": THOUGHTFUL["messages"][:3],  # a shot in the prompt
+                                 "completion": [turn("assistant", "<think> a </think> mat")]})
+    source = source_of(shots, toks["thinking_marked"], seq_len=16)
+    assert trained_labels(source) == [ids("<think> a </think> mat <|end|>")]
+    unmarked = source_of(shots, toks["thinking"], seq_len=16)
+    assert trained_labels(unmarked) == trained_labels(source)
 
 
 def test_an_inconsistent_template_still_trains_on_whole_conversations(toks, tmp_path):
