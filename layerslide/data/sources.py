@@ -399,9 +399,9 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
     _check_choice("train_on_prompt", train_on_prompt, (True, False))
     _check_choice("document_mask", document_mask, (True, False))
     field = "text" if text_field is None else text_field
-    tables = read_tables(Path(spec), field)
+    tables = read_tables(spec, field)
     tokenizer = _load_tokenizer(tokenizer_dir)
-    formats = {table.path.name: detect_format(table, data_format, field) for table in tables}
+    formats = {table.name: detect_format(table, data_format, field) for table in tables}
     if len(set(formats.values())) > 1:
         msg = (f"the data files hold different formats ({formats}); train on one format at a "
                "time: put the others in another folder")

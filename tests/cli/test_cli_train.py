@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from helpers import cache_hub_dataset, cache_hub_model
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -430,6 +435,49 @@ def test_what_the_data_said_before_it_was_refused_is_said_with_the_refusal(model
     assert f"{data} line 1 lost 1 of 1;" in err
     assert ("error: no example has a token to train on: the tokenizer's chat template renders "
             "each assistant turn (1 in all) otherwise") in err and "--train-on-prompt" in err
+
+
+def test_train_takes_a_hub_model_id_and_dataset_name_from_their_caches_offline(
+        model_dir, offline_hub, tmp_path):
+    """As a user types them, in a process of its own whose environment says offline (HF_HOME
+    holding what earlier downloads left): the model's snapshot and the dataset's split."""
+    cache_hub_model(offline_hub, "someone/tiny-llama", model_dir)
+    records = [{"text": " ".join(WORDS[i % 7:i % 7 + 6])} for i in range(20)]
+    cache_hub_dataset(offline_hub, "someone/tinytext", {"train": records, "test": records[:2]})
+    out = tmp_path / "tuned"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "layerslide.cli.main", "train", "--model", "someone/tiny-llama",
+         "--data", "someone/tinytext:train", "--device", "cpu", "--steps", "2",
+         "--micro-batch", "2", "--seq-len", "16", "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "text data from someone/tinytext:train: 20 examples" in result.stdout
+    assert "tiny-llama: " in result.stdout and "step 2/2" in result.stdout
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+    assert (out / "tokenizer.json").is_file()
+    resolved = (out / "layerslide-train.toml").read_text()  # a rerun names them the same way
+    assert 'model = "someone/tiny-llama"' in resolved
+    assert 'data = "someone/tinytext:train"' in resolved
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--model", "someone/absent", "--data", "synthetic"],
+     ("error: model 'someone/absent' is no preset or path here, and as a Hugging Face Hub id it "
+      "is not in the cache")),
+    (["--data", "someone/absent:train"],
+     ("error: data 'someone/absent' is no path here, and as a Hugging Face Hub dataset it is "
+      "not in datasets' cache")),
+])
+def test_train_refuses_hub_names_neither_cached_nor_reachable(model_dir, offline_hub, flags,
+                                                              words, capsys):
+    argv = ["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+            "--seq-len", "16", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "HF_HUB_OFFLINE" in err and "or pass a local path" in err
 
 
 def test_the_datas_warnings_are_said_in_flags(model_dir, data_file, capsys):
