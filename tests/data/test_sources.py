@@ -234,6 +234,18 @@ def test_resume_refuses_other_data_or_seed(tok_dir, tmp_path):
         other.load_state_dict(SyntheticTokens(12, 3).state_dict())
 
 
+def test_a_checkpoint_from_when_documents_first_tokens_were_labels_resumes(tok_dir, tmp_path):
+    """Its data state counted each document's first token as trained: the same data."""
+    source = text_source(write_jsonl(tmp_path / "a.jsonl", DOCS), tok_dir, 3)
+    windows(source, 3)
+    state = source.state_dict()
+    resumed = text_source(tmp_path / "a.jsonl", tok_dir, 3)
+    resumed.load_state_dict({**state, "num_trained": state["num_trained"] + len(DOCS)})
+    assert windows(resumed, 4) == windows(source, 4)
+    with pytest.raises(ValueError, match="num_trained=.* same data"):
+        resumed.load_state_dict({**state, "num_trained": state["num_trained"] + 1})
+
+
 def test_synthetic_is_deterministic_in_range_and_resumes():
     source = open_token_source(None, tokenizer_dir=None, vocab_size=7, seq_len=16, seed=3)
     assert isinstance(source, SyntheticTokens) and isinstance(source, TokenSource)
