@@ -24,7 +24,7 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": 
 TEXT_SUFFIX = ".txt"
 DATA_SUFFIXES = (*BUILDERS, TEXT_SUFFIX)
 _SUFFIX_LIST = ", ".join(DATA_SUFFIXES)
-_OFFLINE = "HF_HUB_OFFLINE (or HF_DATASETS_OFFLINE)"  # what puts datasets offline
+_OFFLINE = "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE"  # what puts datasets offline
 _BATCH_RECORDS = 64  # records per batch: the tokenizer is much faster on batches
 BOM = "\ufeff"  # the byte-order mark some editors write before UTF-8 text
 

@@ -54,8 +54,9 @@ def test_a_hub_dataset_neither_cached_nor_reachable_is_refused_saying_why(offlin
     cache = offline_hub / "datasets"
     with pytest.raises(ValueError, match=(
             rf"^data 'someone/absent' is no path here, and as a Hugging Face Hub dataset it is "
-            rf"not in datasets' cache \({cache}\), and HF_HUB_OFFLINE \(or HF_DATASETS_OFFLINE\) "
-            r"is set, so the Hub is not asked: download it once with the network on")):
+            rf"not in datasets' cache \({cache}\), and HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is "
+            r"set, so the Hub is not asked: download it once with the network on \(HF_HUB_OFFLINE "
+            r"or HF_DATASETS_OFFLINE unset\), or pass a local path$")):
         hub_source("someone/absent:train", tok_dir)
     import datasets
     from huggingface_hub import constants
