@@ -122,3 +122,40 @@ def tiny_text_data(path):
     lines = [json.dumps({"text": " ".join(WORDS[i % 7:i % 7 + 6])}) for i in range(40)]
     path.write_text("\n".join(lines) + "\n")
     return path
+# a Hugging Face home whose caches hold what a test puts there, as loads from the Hub leave them
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_hub_model(home, repo_id: str, folder) -> None:
+    """Put a model folder into huggingface_hub's cache under HF_HOME `home`, as a download of
+    the Hub model `repo_id` leaves it (refs/main naming the snapshot of its commit)."""
+    import shutil
+
+    root = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    shutil.copytree(folder, root / "snapshots" / COMMIT)
+
+
+def cache_hub_dataset(home, name: str, splits: dict) -> None:
+    """Put records (by split) into datasets' cache under HF_HOME `home`, as loading the Hub
+    dataset `name` (owner/name, lower case) leaves it: built by datasets' own JSON builder,
+    placed at owner___name/default/0.0.0/HASH."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from datasets.packaged_modules.json.json import Json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for split, records in splits.items():
+            files[split] = str(Path(tmp) / f"{split}.jsonl")
+            Path(files[split]).write_text("".join(json.dumps(r) + "\n" for r in records))
+        builder = Json(cache_dir=str(Path(tmp) / "build"), dataset_name=name.split("/")[-1],
+                       config_name="default", data_files=files, hash=COMMIT[:16])
+        builder.download_and_prepare()
+        target = home / "datasets" / name.replace("/", "___") / "default" / "0.0.0"
+        target.mkdir(parents=True)
+        shutil.move(builder.cache_dir, target / COMMIT[:16])

@@ -1,17 +1,21 @@
 """Records from local data files: JSON Lines, JSON, Parquet and Arrow read by the `datasets`
 library (a file, a folder of them, or a folder written by `Dataset.save_to_disk`), and plain
-text files whose blank-line-separated paragraphs are documents. Only local paths are read, so
-nothing comes from the network; `datasets`' cache goes to a temporary folder, never beside the
-data."""
+text files whose blank-line-separated paragraphs are documents; `datasets`' cache for them
+goes to a temporary folder, never beside the data. A name that is no path here and reads as a
+Hugging Face Hub dataset (`name`, `owner/name`, either with `:split`) is loaded by `datasets`
+through its own cache, from the Hub or offline (HF_HUB_OFFLINE=1 / HF_DATASETS_OFFLINE=1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from layerslide.hub import dataset_name, unreachable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -20,6 +24,7 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": 
 TEXT_SUFFIX = ".txt"
 DATA_SUFFIXES = (*BUILDERS, TEXT_SUFFIX)
 _SUFFIX_LIST = ", ".join(DATA_SUFFIXES)
+_OFFLINE = "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE"  # what puts datasets offline
 _BATCH_RECORDS = 64  # records per batch: the tokenizer is much faster on batches
 BOM = "\ufeff"  # the byte-order mark some editors write before UTF-8 text
 
@@ -33,13 +38,25 @@ class RecordTable:
     batches: Callable[[], Iterator[list[dict[str, Any]]]]  # the records in order, in batches
     where: Callable[[int], str]  # record index -> where a user finds it ("line 3", "record 2")
     plain_text: bool = False
+    hub_name: str | None = None  # a Hub dataset's `name:split`
+
+    @property
+    def name(self) -> str:
+        """What the data's records are named by: a file's name, or a Hub dataset's."""
+        return self.hub_name or self.path.name
 
 
-def read_tables(path: Path, text_field: str) -> list[RecordTable]:
-    """Return the tables of a data file or folder, refusing paths that hold no usable data."""
+def read_tables(spec: str | Path, text_field: str) -> list[RecordTable]:
+    """Return the tables of a data file or folder, or of a Hub dataset's split, refusing
+    paths that hold no usable data."""
+    path = Path(spec).expanduser()
+    hub = dataset_name(spec)
+    if hub is not None:
+        return [_hub_table(*hub)]
     if not path.exists():
         msg = (f"data path {path} does not exist; pass a data file ({_SUFFIX_LIST}), a folder "
-               "of them, a folder saved by datasets' save_to_disk, or 'synthetic'")
+               "of them, a folder saved by datasets' save_to_disk, a Hugging Face Hub dataset "
+               "(name or name:split), or 'synthetic'")
         raise ValueError(msg)
     if path.is_dir():
         if any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
@@ -122,19 +139,55 @@ def _saved_dataset_table(path: Path) -> RecordTable:
     return _table_of(path, dataset, _row_where)
 
 
+def _hub_table(name: str, split: str | None) -> RecordTable:
+    """A split of a Hub dataset (its 'train' where none is named), loaded by `datasets`
+    through its own cache, its download's progress shown."""
+    import datasets
+
+    with _quiet_datasets(bars=True):
+        try:
+            dataset = datasets.load_dataset(name, split=split)
+        except datasets.exceptions.DatasetNotFoundError as err:
+            msg = (f"data {name!r} is no path here, nor a dataset on the Hugging Face Hub "
+                   f"({err}); check the name, or pass a data file or folder")
+            raise ValueError(msg) from err
+        except (ValueError, datasets.exceptions.DatasetsError) as err:  # a split it lacks, ...
+            msg = (f"datasets cannot load Hub dataset {name!r}"
+                   f"{f' split {split!r}' if split else ''} ({type(err).__name__}: {err}); name "
+                   f"one of its splits as {name}:SPLIT, or save the part to train on with "
+                   "save_to_disk and pass that folder")
+            raise ValueError(msg) from err
+        except (ConnectionError, FileNotFoundError) as err:  # not cached, and no Hub to ask
+            msg = (f"data {name!r} is no path here, and as a Hugging Face Hub dataset it is not "
+                   f"in datasets' cache ({datasets.config.HF_DATASETS_CACHE}), "
+                   f"{unreachable('it', offline=datasets.config.HF_HUB_OFFLINE, switch=_OFFLINE)}")
+            raise ValueError(msg) from err
+    if isinstance(dataset, datasets.DatasetDict):
+        if "train" not in dataset:
+            splits = sorted(dataset)
+            msg = (f"Hub dataset {name!r} has splits {splits} and no 'train'; name the one to "
+                   f"train on, e.g. {name}:{splits[0]}")
+            raise ValueError(msg)
+        split, dataset = "train", dataset["train"]
+    table = _table_of(Path(name), dataset, _row_where)
+    return dataclasses.replace(table, hub_name=f"{name}:{split}")
+
+
 def _row_where(index: int) -> str:
     return f"record {index} (counting from 0)"
 
 
 @contextmanager
-def _quiet_datasets() -> Iterator[None]:
-    """Silence `datasets`' progress bars and logs while it reads, restoring them afterwards."""
+def _quiet_datasets(bars: bool = False) -> Iterator[None]:
+    """Silence `datasets`' logs (and its progress bars, unless `bars`) while it reads,
+    restoring them afterwards."""
     import datasets
     from datasets.utils import logging as datasets_logging
 
     bars_were_on = datasets.is_progress_bar_enabled()
     verbosity = datasets_logging.get_verbosity()
-    datasets.disable_progress_bars()
+    if not bars:
+        datasets.disable_progress_bars()
     datasets_logging.set_verbosity(datasets_logging.CRITICAL)
     try:
         yield
@@ -194,11 +247,15 @@ def _raise_json_problem(path: Path) -> None:
         try:
             records = json.loads(text)
         except json.JSONDecodeError as err:
-            msg = (f"{path} line {err.lineno} column {err.colno} is not valid JSON ({err.msg}); "
-                   "fix it (the file must be one JSON array of objects, or JSON Lines)")
-            raise ValueError(msg) from err
-        _check_objects(path, ((f"record {i} (counting from 0)", r) for i, r in enumerate(records)))
-        return
+            if err.msg != "Extra data":  # "Extra data": a whole value, then more: JSON Lines
+                msg = (f"{path} line {err.lineno} column {err.colno} is not valid JSON "
+                       f"({err.msg}); fix it (the file must be one JSON array of objects, or "
+                       "JSON Lines)")
+                raise ValueError(msg) from err
+        else:
+            _check_objects(path, ((f"record {i} (counting from 0)", r)
+                                  for i, r in enumerate(records)))
+            return
     _check_objects(path, ((f"line {number}", _parse_line(path, number, line))
                           for number, line in enumerate(text.splitlines(), 1) if line.strip()))
 
@@ -219,7 +276,8 @@ def _check_objects(path: Path, records: Iterator[tuple[str, Any]]) -> None:
         if not isinstance(record, dict):
             kind = type(record).__name__
             msg = (f"{path} {where} is a JSON {kind}, not an object; each record must be an "
-                   'object of fields such as {"text": ...}')
+                   'object of fields, such as {"text": ...} or {"messages": [...]}: write it '
+                   "as one")
             raise ValueError(msg)  # noqa: TRY004 (bad input: ValueError, house style)
         fields = fields or bool(record)
         seen = True

@@ -1,5 +1,5 @@
 """Token batches for causal-LM training: synthetic random tokens, or the examples of local data
-files (read by data_files.py, rendered and tokenised by data_formats.py), shuffled each epoch
+files (read by files.py, rendered and tokenised by formats.py), shuffled each epoch
 and packed into windows or one to a padded row."""
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 _TOKENIZER_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, ImportError, RuntimeError)
 _MASK64 = (1 << 64) - 1
 
+
+# what each format trains on, as messages say it
+_TRAINED_ON = {"messages": "the 'assistant' turns", "alpaca": "the 'output'",
+               "prompt_completion": "the completion"}
 
 # what messages call a source's examples
 DATA, EVAL_DATA, HELD_OUT = "data", "eval data", "held-out eval part"
@@ -143,8 +147,9 @@ class DatasetTokens:
     Packed: an epoch's examples are concatenated and cut into windows that overlap by one token,
     so every token but the first is a label once an epoch (the last partial window is dropped);
     with document_mask each example's part of a window gets positions from 0 and attends only
-    to itself (next_batch adds position_ids); without it attention crosses example
-    boundaries. Unpacked: one example a row, truncated
+    to itself (next_batch adds position_ids), and an example's first token is no label (the
+    token before it, another example's last, cannot see it: as Hugging Face's
+    DataCollatorWithFlattening); without it attention crosses example boundaries. Unpacked: one example a row, truncated
     to seq_len + 1 tokens and padded at the end (labels IGNORE_INDEX), so that causal attention
     never lets a real token see a pad. Examples with no trained label are skipped."""
 
@@ -159,16 +164,21 @@ class DatasetTokens:
         self._vocab_size, self._corpus, self._pad_id = vocab_size, corpus, pad_id
         row = seq_len + 1
         lengths = corpus.lengths
+        # what makes an example trainable: a label, where its first token is none
+        labelled = (corpus.num_trained > 0 if packing and not self.document_mask
+                    else corpus.first_label >= 1)
         if packing:
-            kept = corpus.num_trained > 0
+            kept = labelled
             self._lengths = lengths
         else:
-            kept = (corpus.first_label >= 1) & (corpus.first_label < row)
+            kept = labelled & (corpus.first_label < row)
             self._lengths = lengths.clamp(max=row)
+        considered = torch.ones_like(kept)
         if examples is not None:  # this part of a split: only these examples
-            only = torch.zeros_like(kept)
-            only[examples] = True
-            kept = kept & only
+            considered = torch.zeros_like(kept)
+            considered[examples] = True
+            kept = kept & considered
+        self._any_label = bool((labelled & considered).any())
         self._examples = kept.nonzero().flatten()
         self.num_examples = len(self._examples)
         self.num_skipped = (len(lengths) if examples is None else len(examples)) - (
@@ -188,10 +198,12 @@ class DatasetTokens:
     def _count_trained(self, truncated: torch.Tensor) -> int:
         """The labels with loss an epoch has (packed: before the dropped partial window)."""
         trained = int(self._corpus.num_trained[self._examples].sum())
-        if self.packing:
+        if self.packing and not self.document_mask:
             return trained
         starts = self._corpus.starts
         trained -= int(self._corpus.trained[starts[self._examples]].sum())  # never a label
+        if self.packing:
+            return trained
         for example in truncated.tolist():
             trained -= int(self._corpus.trained[starts[example] + self.seq_len + 1:
                                                 starts[example + 1]].sum())
@@ -200,13 +212,26 @@ class DatasetTokens:
     def _check_enough(self) -> None:
         use = "train on" if self._role == DATA else "score"
         more = "a larger eval_fraction" if self._role == HELD_OUT else f"more {self._role}"
+        of = "" if self._role == DATA else f" of the {self._role}"
+        if not self._any_label and self._corpus.num_lost_turns:
+            msg = (f"no example{of} has a token to {use}: the tokenizer's chat template renders "
+                   f"each assistant turn ({self._corpus.num_lost_turns} in all) otherwise in the "
+                   "whole conversation than after its prompt, so none can be found; mark the "
+                   "assistant's turns in the template with {% generation %} ... "
+                   "{% endgeneration %}, or pass train_on_prompt=True to train on every token")
+            raise ValueError(msg)
+        if not self._any_label:
+            msg = (f"no example{of} has a token to {use} at all: {self.format} data is trained "
+                   f"on {_TRAINED_ON.get(self.format, 'its text')}, and no example has any; "
+                   "check the data's format and fields, or pass train_on_prompt=True to train "
+                   "on every token")
+            raise ValueError(msg)
         if self.packing and self.num_tokens < self.seq_len + 1:
             msg = (f"the {self._role} yields only {self.num_tokens} tokens to {use}, fewer than "
                    f"one window of seq_len + 1 = {self.seq_len + 1}; use a shorter seq_len or "
                    f"{more}")
             raise ValueError(msg)
         if not self.packing and self.num_examples == 0:
-            of = "" if self._role == DATA else f" of the {self._role}"
             msg = (f"no example{of} has a token to {use} within seq_len + 1 = {self.seq_len + 1} "
                    "tokens; check the data's format and fields, raise seq_len, or pass "
                    "train_on_prompt=True")
@@ -295,6 +320,8 @@ class DatasetTokens:
                                    zip(*(self._next_row() for _ in range(micro_batch)),
                                        strict=True))
         tokens = ids.to(torch.int64)
+        if self.document_mask:  # a document's first token (position 0) is no label
+            trained = trained & (positions > 0)
         labels = torch.where(trained[:, 1:], tokens[:, 1:], IGNORE_INDEX)
         batch = tokens[:, :-1].contiguous(), labels.contiguous()
         if self.document_mask:
@@ -314,24 +341,32 @@ class DatasetTokens:
         return {**self._identity(), "epoch": self.epoch, "row_index": self._row_index}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a position returned by state_dict()."""
-        _check_state(state, self._identity())
+        """Continue from a position returned by state_dict() (or by a source from before a
+        document's first token stopped being a label under document masks: the same data,
+        its labels counted with those)."""
+        expected = self._identity()
+        before = int(self._corpus.num_trained[self._examples].sum())  # first tokens counted
+        if self.document_mask and state.get("num_trained") == before:
+            expected["num_trained"] = before
+        _check_state(state, expected)
         self.epoch, self._row_index = int(state["epoch"]), int(state["row_index"])
 
 
 def open_token_source(spec: str | Path | None, *, tokenizer_dir: str | Path | None,
                       vocab_size: int | None, seq_len: int, seed: int = 0,
-                      data_format: str = "auto", text_field: str = "text",
+                      data_format: str = "auto", text_field: str | None = None,
                       packing: bool | None = None, train_on_prompt: bool = False,
                       document_mask: bool = True, role: str = DATA) -> TokenSource:
     """Return synthetic tokens for None/"synthetic", else the examples of a data file or folder
     (see DatasetTokens), tokenised up front so that bad data fails here, before training.
 
-    data_format: "auto" (from the records' fields) or one of data_formats.DATA_FORMATS; text_field:
-    the field text records keep their text in; packing: None packs text and not chat-like data;
+    data_format: "auto" (from the records' fields) or one of formats.DATA_FORMATS; text_field:
+    the field text records keep their text in (None: "text"; named, it is refused where the
+    data has no such records); packing: None packs text and not chat-like data;
     train_on_prompt: train on prompts and templates too, not only on completions and replies;
-    document_mask: packed examples attend only within themselves; role: what messages call
-    the data (EVAL_DATA for eval data of its own)."""
+    document_mask: packed examples attend only within themselves (False is refused where rows
+    are not packed); role: what messages call the data (EVAL_DATA for eval data of its own,
+    which the options are not judged by)."""
     if spec is None or spec == "synthetic":
         return SyntheticTokens(_check_int("vocab_size", vocab_size), seq_len, seed)
     return _open_dataset(spec, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size,
@@ -358,7 +393,7 @@ def split_token_sources(spec: str | Path, *, eval_fraction: float, tokenizer_dir
 
 def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_size: int | None,
                   seq_len: int, seed: int = 0, data_format: str = "auto",
-                  text_field: str = "text", packing: bool | None = None,
+                  text_field: str | None = None, packing: bool | None = None,
                   train_on_prompt: bool = False, document_mask: bool = True,
                   eval_fraction: float = 0.0,
                   roles: tuple[str, ...] = (DATA,)) -> tuple[DatasetTokens, ...]:
@@ -369,19 +404,24 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
     _check_choice("packing", packing, (None, True, False))
     _check_choice("train_on_prompt", train_on_prompt, (True, False))
     _check_choice("document_mask", document_mask, (True, False))
-    tables = read_tables(Path(spec), text_field)
+    field = "text" if text_field is None else text_field
+    tables = read_tables(spec, field)
     tokenizer = _load_tokenizer(tokenizer_dir)
-    formats = {table.path.name: detect_format(table, data_format, text_field) for table in tables}
+    formats = {table.name: detect_format(table, data_format, field) for table in tables}
     if len(set(formats.values())) > 1:
         msg = (f"the data files hold different formats ({formats}); train on one format at a "
                "time: put the others in another folder")
         raise ValueError(msg)
     found = next(iter(formats.values()))
-    encoder = Encoder(tokenizer, found, text_field, train_on_prompt)
+    encoder = Encoder(tokenizer, found, field, train_on_prompt)
+    named = packing is not None
     if packing is None:
         # text is long running prose, where padding would waste compute; chat-like examples are
         # short and stand alone: one a row keeps each reply's context its own conversation
         packing = found not in CHAT_FORMATS
+    if DATA in roles:  # options are judged by the training data
+        _refuse_idle_options(tables, found, text_field, document_mask, packing=packing,
+                             packing_named=named)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if vocab_size is not None and pad_id is not None and pad_id >= vocab_size:
         # a pad added past the model's embedding: any id in it pads, since no real token
@@ -410,6 +450,26 @@ def _open_dataset(spec: str | Path, *, tokenizer_dir: str | Path | None, vocab_s
                f"the model's vocab_size is {vocab_size}; use the model's own tokenizer")
         raise ValueError(msg)
     return sources
+
+
+def _refuse_idle_options(tables: list[Any], found: str, text_field: str | None,
+                         document_mask: bool, *, packing: bool, packing_named: bool) -> None:
+    """Refuse a text_field or document_mask=False that would change nothing for this data."""
+    if text_field is not None and found != "text":
+        msg = (f"text_field {text_field!r} names the field text records keep their text in, "
+               f"and the data holds {found} records, which are not read through it: drop "
+               "text_field")
+    elif text_field is not None and all(table.plain_text for table in tables):
+        msg = (f"text_field {text_field!r} names the field of JSON text records, and the data "
+               "is plain text (each paragraph a document), which has no fields: drop text_field")
+    elif not document_mask and not packing:
+        why = "packing=False" if packing_named else f"{found} data is not packed by default"
+        msg = ("document_mask=False lets packed examples attend to each other, and these rows "
+               f"are not packed ({why}): each row holds one example, which attends only to "
+               "itself; drop document_mask=False, or pass packing=True to pack the examples")
+    else:
+        return
+    raise ValueError(msg)
 
 
 def eval_batches(source: DatasetTokens, micro_batch: int, max_rows: int) -> list[tuple]:

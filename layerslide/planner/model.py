@@ -4,8 +4,10 @@ and loading from a Hugging Face config.json. Imports neither torch nor transform
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from layerslide import hub
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -386,14 +388,20 @@ def model_from_hf_config(path: str | Path) -> ModelSpec:
 
 
 def resolve_model(name_or_path: str | Path) -> ModelSpec:
-    """A preset by name (case-insensitive) or a Hugging Face config.json / folder path."""
+    """A preset by name (case-insensitive), a Hugging Face config.json / folder path, or a
+    Hugging Face Hub model id (owner/name: its config.json, from huggingface_hub's cache or
+    the Hub)."""
     key = str(name_or_path).strip().lower()
     if key in PRESETS:
         return PRESETS[key]
     path = Path(name_or_path).expanduser()
     if path.exists():
         return model_from_hf_config(path)
+    if hub.is_model_id(name_or_path):
+        folder = hub.model_folder(str(name_or_path), hub.CONFIG_FILES)
+        return replace(model_from_hf_config(folder), name=hub.model_name(str(name_or_path)))
     raise ValueError(
-        f"unknown model {str(name_or_path)!r}: not a preset and no such path; "
-        f"presets: {', '.join(preset_names())}; or pass a config.json / model folder"
+        f"unknown model {str(name_or_path)!r}: not a preset, no such path, nor a Hugging Face "
+        f"Hub id (owner/name); presets: {', '.join(preset_names())}; or pass a config.json / "
+        "model folder"
     )

@@ -16,7 +16,8 @@ from layerslide.training.run import RunConfig, RunError, flag_of
 _DATA_FLAGS = (("train_on_prompt=True", "--train-on-prompt"), ("packing=True", "--packing on"),
                ("packing=False", "--packing off"), ("data_format", "--data-format"),
                ("text_field", "--text-field"), ("tokenizer_dir", "--tokenizer"),
-               ("seq_len", "--seq-len"), ("eval_fraction", "--eval-fraction"))
+               ("seq_len", "--seq-len"), ("eval_fraction", "--eval-fraction"),
+               ("document_mask=False", "--attend-across-documents"))
 
 
 def _in_flags(message: str) -> str:
@@ -50,6 +51,10 @@ def refuse_options_that_would_not_act(config: RunConfig) -> None:
         if dest in given and not present(config):
             raise RunError(f"{config.flag(dest)} acts only with {needed}: give that too, or "
                              f"drop {flag_of(dest)}")
+    if config.attend_across_documents and config.packing == "off":
+        raise RunError(f"{config.flag('attend_across_documents')} lets packed examples attend "
+                       f"to each other, and {config.flag('packing')} off puts one example a "
+                       "row: drop one of them")
     reading = [config.flag(dest) for dest in _DATA_READING if dest in given]
     if reading and config.data == "synthetic" and not config.eval_data:
         raise RunError(f"{', '.join(reading)}: --data synthetic trains on random tokens, "
@@ -86,7 +91,8 @@ def data_sources(config: RunConfig, spec: ModelSpec, train, tokenizer):
 
     options = {"tokenizer_dir": tokenizer, "vocab_size": spec.vocab_size,
                "seq_len": train.seq_len, "seed": config.seed, "data_format": config.data_format,
-               "text_field": config.text_field,
+               # named only where given: the data refuses a field its records are not read by
+               "text_field": config.text_field if "text_field" in config.given else None,
                "packing": {"auto": None, "on": True, "off": False}[config.packing],
                "train_on_prompt": config.train_on_prompt,
                "document_mask": not config.attend_across_documents}
@@ -104,15 +110,20 @@ def data_sources(config: RunConfig, spec: ModelSpec, train, tokenizer):
             if held_out is not None:
                 batches = eval_batches(held_out, train.micro_batch, config.eval_rows)
     except ValueError as err:
+        _say_warnings(said)  # what the data said before it was refused can be its cause
         raise RunError(_in_flags(str(err))) from err
-    for warning in said:
-        print(f"warning: {_in_flags(str(warning.message))}", file=sys.stderr)
+    _say_warnings(said)
     for name, source in (("data", data), ("eval data", held_out)):
         if hasattr(source, "describe"):
             print(f"{name}: {source.describe()}", flush=True)
     if held_out is None:
         return data, None
     return data, EvalSchedule(batches=batches, every_steps=config.eval_every)
+
+
+def _say_warnings(said) -> None:
+    for warning in said:
+        print(f"warning: {_in_flags(str(warning.message))}", file=sys.stderr)
 
 
 def check_outputs(config: RunConfig) -> None:

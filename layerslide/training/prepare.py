@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from layerslide import hub
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import Plan
 from layerslide.training import inputs
@@ -83,7 +84,8 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     inputs.check_outputs(config)
     saves = _model_saves(config)
     device = inputs.device_of(config.device, torch)
-    spec, hf_config, from_folder = _model(config)
+    spec, hf_config, folder = _model(config)
+    from_folder = folder is not None
     inputs.check_schedule_flags(config)
     config = replace(config, data=inputs.data_of(config, from_folder and not config.random_init))
     inputs.refuse_options_that_would_not_act(config)
@@ -94,7 +96,6 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     profile = _profile_of(config.profile, drives)
     prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = with_lanes_first(config, plan, prediction, profile, device, say)
-    folder = Path(config.model).expanduser()
     tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
         folder if from_folder else None)
     check_output_space(output_needs(config, plan, tokenizer=tokenizer,
@@ -111,7 +112,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
                         decay_steps=max(1, config.steps - config.warmup_steps))
     data, evals = inputs.data_sources(config, spec, plan.train, tokenizer)
     return Run(config=config, spec=spec, hf_config=hf_config,
-               weights=folder if from_folder and not config.random_init else None, plan=plan,
+               weights=_weights(config, folder), plan=plan,
                prediction=prediction, profile=profile, device=device, optim=optim, data=data,
                evals=evals, checkpoints=checkpoints, saves=saves, tokenizer=tokenizer,
                nvme_checkpoint_copies=_checkpoints_beside(config, checkpoints))
@@ -131,21 +132,39 @@ def _progress(config: RunConfig, checkpoints, saves):
 
 def _model(config: RunConfig):
     """The model's spec and HF config, its folder's files checked (every shard's header
-    before any allocation); from_folder: --model is a folder."""
+    before any allocation), and that folder (None for a preset, or a config.json): --model's,
+    or a Hub id's snapshot in huggingface_hub's cache (downloaded if need be; its config alone
+    with --random-init)."""
     from layerslide.executor.blocks import hf_config_from_spec
     from layerslide.training.hf_io import checkpoint_tensor_index, read_hf_config
 
-    folder = Path(config.model).expanduser()
+    folder, spec = Path(config.model).expanduser(), None
+    if hub.is_model_id(config.model):  # all but the weights, which come once all is checked
+        folder = hub.model_folder(config.model, hub.MODEL_FILES_BUT_WEIGHTS)
+        spec = replace(resolve_model(folder), name=hub.model_name(config.model))
     inputs.refuse_config_file_of_weights(config, folder)
-    spec = resolve_model(config.model)
+    spec = spec or resolve_model(config.model)
     if not folder.is_dir():
-        return spec, hf_config_from_spec(spec), False
+        return spec, hf_config_from_spec(spec), None
     from transformers import AutoConfig
     read_hf_config(folder)  # supported architecture, readable JSON
     hf_config = AutoConfig.from_pretrained(folder, local_files_only=True)
-    if not config.random_init:
+    if not config.random_init and not hub.is_model_id(config.model):
         checkpoint_tensor_index(folder)
-    return spec, hf_config, True
+    return spec, hf_config, folder
+
+
+def _weights(config: RunConfig, folder: Path | None) -> Path | None:
+    """The folder whose weights the run starts from (None: random ones); a Hub id's weights
+    are fetched here, once everything else is checked, and every shard's header read."""
+    if folder is None or config.random_init:
+        return None
+    if hub.is_model_id(config.model):
+        from layerslide.training.hf_io import checkpoint_tensor_index
+
+        folder = hub.model_folder(config.model, hub.MODEL_FILES)
+        checkpoint_tensor_index(folder)
+    return folder
 
 
 def _plan(config: RunConfig, spec: ModelSpec) -> tuple[RunConfig, Plan, int | None]:

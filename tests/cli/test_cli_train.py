@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import WORDS, tiny_model_folder, tiny_text_data
+from helpers import WORDS, cache_hub_dataset, cache_hub_model, tiny_model_folder, tiny_text_data
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -372,6 +376,101 @@ def test_a_run_config_file_sets_every_option_and_flags_override_it(model_dir, da
     assert values["out"] == str(tmp_path / "out") and "config" not in values
     # the resolved file runs again as it is (its options at their defaults given no meaning)
     assert main(["train", "--config", str(resolved), "--out", str(tmp_path / "again")]) == 0
+
+
+@pytest.mark.parametrize(("data", "flags", "words"), [
+    ("chat", ["--text-field", "body"],
+     ("--text-field 'body' names the field text records keep their text in, and the data holds "
+      "messages records, which are not read through it: drop --text-field")),
+    ("txt", ["--text-field", "text"],
+     "--text-field 'text' names the field of JSON text records, and the data is plain text"),
+    ("chat", ["--attend-across-documents"],
+     ("--attend-across-documents lets packed examples attend to each other, and these rows are "
+      "not packed (messages data is not packed by default): each row holds one example, which "
+      "attends only to itself; drop --attend-across-documents, or pass --packing on")),
+    ("txt", ["--attend-across-documents", "--packing", "off"],
+     ("--attend-across-documents lets packed examples attend to each other, and --packing off "
+      "puts one example a row: drop one of them")),
+])
+def test_data_options_that_would_change_nothing_are_refused(model_dir, tmp_path, data, flags,
+                                                            words, capsys):
+    path = tmp_path / ("chat.jsonl" if data == "chat" else "book.txt")
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "the cat"},
+                                             {"role": "assistant", "content": "sat"}]}) + "\n"
+                    if data == "chat" else "the cat sat\n\na dog ran\n")
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(model_dir, tokenizer)
+    chat = AutoTokenizer.from_pretrained(tokenizer)
+    chat.chat_template = CHAT_TEMPLATE
+    chat.save_pretrained(tokenizer)
+    assert main(["train", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--data",
+                 str(path), "--device", "cpu", "--steps", "1", "--seq-len", "16", *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_what_the_data_said_before_it_was_refused_is_said_with_the_refusal(model_dir, tmp_path,
+                                                                           capsys):
+    """A template whose generation prompt no reply renders as loses every turn: the warning
+    that names the records comes with the refusal, which names the template (not --seq-len)."""
+    chat_model = tmp_path / "chat-model"
+    shutil.copytree(model_dir, chat_model)
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("assistant {% endif %}",
+                                                    "assistant to {% endif %}")
+    tokenizer.save_pretrained(chat_model)
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "the cat"},
+                                             {"role": "assistant", "content": "sat"}]}) + "\n")
+    assert main(["train", "--model", str(chat_model), "--data", str(data), "--device", "cpu",
+                 "--steps", "1", "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "warning: 1 conversations lost assistant turns to the tokenizer's chat template" in err
+    assert f"{data} line 1 lost 1 of 1;" in err
+    assert ("error: no example has a token to train on: the tokenizer's chat template renders "
+            "each assistant turn (1 in all) otherwise") in err and "--train-on-prompt" in err
+
+
+def test_train_takes_a_hub_model_id_and_dataset_name_from_their_caches_offline(
+        model_dir, offline_hub, tmp_path):
+    """As a user types them, in a process of its own whose environment says offline (HF_HOME
+    holding what earlier downloads left): the model's snapshot and the dataset's split."""
+    cache_hub_model(offline_hub, "someone/tiny-llama", model_dir)
+    records = [{"text": " ".join(WORDS[i % 7:i % 7 + 6])} for i in range(20)]
+    cache_hub_dataset(offline_hub, "someone/tinytext", {"train": records, "test": records[:2]})
+    out = tmp_path / "tuned"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "layerslide.cli.main", "train", "--model", "someone/tiny-llama",
+         "--data", "someone/tinytext:train", "--device", "cpu", "--steps", "2",
+         "--micro-batch", "2", "--seq-len", "16", "--out", str(out)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "text data from someone/tinytext:train: 20 examples" in result.stdout
+    assert "tiny-llama: " in result.stdout and "step 2/2" in result.stdout
+    assert AutoModelForCausalLM.from_pretrained(out) is not None
+    assert (out / "tokenizer.json").is_file()
+    resolved = (out / "layerslide-train.toml").read_text()  # a rerun names them the same way
+    assert 'model = "someone/tiny-llama"' in resolved
+    assert 'data = "someone/tinytext:train"' in resolved
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--model", "someone/absent", "--data", "synthetic"],
+     ("error: model 'someone/absent' is no preset or path here, and as a Hugging Face Hub id it "
+      "is not in the cache")),
+    (["--data", "someone/absent:train"],
+     ("error: data 'someone/absent' is no path here, and as a Hugging Face Hub dataset it is "
+      "not in datasets' cache")),
+])
+def test_train_refuses_hub_names_neither_cached_nor_reachable(model_dir, offline_hub, flags,
+                                                              words, capsys):
+    argv = ["train", "--model", str(model_dir), "--device", "cpu", "--steps", "1",
+            "--seq-len", "16", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "HF_HUB_OFFLINE" in err and "or pass a local path" in err
 
 
 def test_the_datas_warnings_are_said_in_flags(model_dir, data_file, capsys):

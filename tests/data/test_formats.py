@@ -13,11 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layerslide.data.sources import DatasetTokens, open_token_source
+from layerslide.data.sources import EVAL_DATA, DatasetTokens, open_token_source
 from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
-SPECIAL = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+SPECIAL = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+           "<think>", "</think>"]
 VOCAB = {w: i for i, w in enumerate(["[UNK]", *SPECIAL, *WORDS])}
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|{{ m.role }}|> {{ m.content }} <|end|> "
             "{% endfor %}{% if add_generation_prompt %}<|assistant|> {% endif %}")
@@ -26,6 +27,26 @@ FORGETFUL = TEMPLATE.replace("{{ m.content }}", "{{ m.content if loop.last or m.
                              "'assistant' else 'far' }}")
 NO_SYSTEM = ("{% if messages[0].role == 'system' %}{{ raise_exception('no system turns') }}"
              "{% endif %}" + TEMPLATE)
+# prompts the assistant with a marker no turn of its renders with
+PROMPTING = TEMPLATE.replace("{% if add_generation_prompt %}<|assistant|> ",
+                             "{% if add_generation_prompt %}<|assistant|> <think> ")
+# as Qwen3's and DeepSeek-R1's: an assistant turn's reasoning (<think> ... </think>) is
+# rendered only after the last user turn, so earlier turns render otherwise once one follows
+THINKING = (
+    "{{ bos_token }}{% set ns = namespace(last=-1) %}{% for m in messages %}"
+    "{% if m.role == 'user' %}{% set ns.last = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% set answer = m.content.split('</think>')[-1].strip() %}"
+    "{% set thought = m.content.split('</think>')[0].split('<think>')[-1].strip() "
+    "if '</think>' in m.content else '' %}<|assistant|> GENERATION"
+    "{% else %}<|{{ m.role }}|> {{ m.content }} <|end|> {% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+THOUGHT = ("{% if loop.index0 > ns.last %}<think> {{ thought }} </think> {% endif %}"
+           "{{ answer }} <|end|>")
+# the same with {% generation %} markers around what the assistant says
+THINKING_MARKED = THINKING.replace("GENERATION", "{% generation %}" + THOUGHT
+                                   + "{% endgeneration %} ")
+THINKING = THINKING.replace("GENERATION", THOUGHT + " ")
 
 
 def save_tokenizer(path: Path, template: str | None, *, bos: bool, eos: bool, pad: bool) -> Path:
@@ -55,6 +76,9 @@ def toks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "plain": save_tokenizer(root / "plain", None, bos=False, eos=True, pad=False),
             "bare": save_tokenizer(root / "bare", None, bos=False, eos=False, pad=False),
             "forgetful": save_tokenizer(root / "forgetful", FORGETFUL, **full),
+            "thinking": save_tokenizer(root / "thinking", THINKING, **full),
+            "prompting": save_tokenizer(root / "prompting", PROMPTING, **full),
+            "thinking_marked": save_tokenizer(root / "thinking_marked", THINKING_MARKED, **full),
             "no_system": save_tokenizer(root / "no_system", NO_SYSTEM, **full)}
 
 
@@ -197,9 +221,11 @@ def test_train_on_prompt_trains_every_token_bos_included(toks, tmp_path):
         ids("<s>      <|user|> the cat     <|end|>       <|assistant|> a dog   <|end|>"),
         ids("<|user|> the      cat <|end|> <|assistant|> a             dog <|end|> _"))]
     path = tmp_path / "t.txt"
-    path.write_text("the cat\n\nsat on")  # two documents: the second's BOS is a label
-    for train_on_prompt, bos in ((True, "<s>"), (False, "_")):
-        source = source_of(path, toks["chat"], seq_len=7, train_on_prompt=train_on_prompt)
+    path.write_text("the cat\n\nsat on")  # two documents: is the second's BOS a label?
+    for train_on_prompt, document_mask, bos in ((True, False, "<s>"), (True, True, "_"),
+                                                (False, False, "_")):
+        source = source_of(path, toks["chat"], seq_len=7, train_on_prompt=train_on_prompt,
+                           document_mask=document_mask)
         assert source.next_batch(1)[1][0].tolist()[3] == ids(bos)[0]
 
 
@@ -417,13 +443,51 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
                                                            {"from": "bot", "value": "dog"}]})},
         (r"line 1 message 1 of 'conversations' is from 'bot'; sharegpt messages are from one "
          r"of human, user, gpt, assistant, system")),
+    "replies under sharegpt roles": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER, {"messages": [turn("human", "cat"),
+                                                                   turn("gpt", "dog")]})},
+        (r"c\.jsonl line 2 has no assistant turn to train on, and roles 'human' \(message 0\), "
+         r"'gpt' \(message 1\) are none of system, user, assistant, tool: the loss is on the "
+         r"'assistant' turns; rename 'human' to 'user'; rename 'gpt' to 'assistant' \(sharegpt's "
+         r"names belong in 'conversations'")),
+    "replies under a role of its own": (
+        lambda t: {"spec": chat_file(t, {"messages": [turn("user", "cat"),
+                                                      turn("narrator", "dog")]})},
+        (r"line 1 has no assistant turn to train on, and roles 'narrator' \(message 1\) are "
+         r"none of .*rename 'narrator' to the role it plays \(system, user, assistant, tool\)$")),
+    "completion under another role": (
+        lambda t: {"spec": chat_file(t, {"prompt": [turn("user", "a")],
+                                         "completion": [turn("bot", "b")]})},
+        r"line 1 has no assistant turn .*'bot' \(message 1\).*rename 'bot' to 'assistant'$"),
+    "mixed records in a file": (
+        lambda t: {"spec": chat_file(t, {"text": "cat"}, {"text": "dog"}, USER_ANSWER)},
+        (r"c\.jsonl mixes record formats: line 1 is a text record, line 3 is a messages "
+         r"record; a run trains on one format: put each format's records in a file of their "
+         r"own")),
+    "a named format and a record of another": (
+        lambda t: {"spec": chat_file(t, {"text": "cat"}, USER_ANSWER), "data_format": "text"},
+        (r"c\.jsonl line 2 has no string field 'text'; add it, or pass .* as text_field \(it "
+         r"is a messages record, not text: if the data mixes formats, put each format's records "
+         r"in a file of their own")),
+    "a text field with chat data": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER), "text_field": "body"},
+        (r"^text_field 'body' names the field text records keep their text in, and the data "
+         r"holds messages records, which are not read through it: drop text_field$")),
+    "a text field with plain text": (
+        lambda t: {"spec": put_text(t), "text_field": "text"},  # named, even as the default
+        (r"^text_field 'text' names the field of JSON text records, and the data is plain text "
+         r"\(each paragraph a document\), which has no fields: drop text_field$")),
+    "attention across unpacked documents": (
+        lambda t: {"spec": chat_file(t, USER_ANSWER), "document_mask": False},
+        (r"^document_mask=False lets packed examples attend to each other, and these rows are "
+         r"not packed \(messages data is not packed by default\): each row holds one example, "
+         r"which attends only to itself; drop document_mask=False, or pass packing=True")),
+    "attention across documents with packing off": (
+        lambda t: {"spec": put_text(t), "document_mask": False, "packing": False},
+        r"^document_mask=False .* and these rows are not packed \(packing=False\)"),
     "assistant first": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("assistant", "a")]})},
         r"line 1 starts with an assistant turn, which has no prompt to render"),
-    "inconsistent template": (
-        lambda t: {"spec": chat_file(t, TWO_CHATS[1]), "tok": "forgetful"},
-        (r"line 1 is rendered inconsistently by the tokenizer's chat template.*"
-         r"pass train_on_prompt=True")),
     "template raises": (
         lambda t: {"spec": chat_file(t, TWO_CHATS[1]), "tok": "no_system"},
         (r"line 1 is refused by the tokenizer's chat template \(TemplateError: "
@@ -452,7 +516,12 @@ REFUSED = {  # case: (tmp folder -> open_token_source arguments, tokenizer by na
         r"no example has a token to train on within seq_len \+ 1 = 4 tokens"),
     "no assistant turn": (
         lambda t: {"spec": chat_file(t, {"messages": [turn("user", "a")]}), "packing": True},
-        "the data yields only 0 tokens to train on"),
+        (r"^no example has a token to train on at all: messages data is trained on the "
+         r"'assistant' turns, and no example has any; check the data's format and fields, or "
+         r"pass train_on_prompt=True")),
+    "no output at all, unpacked": (
+        lambda t: {"spec": chat_file(t, {"instruction": "a", "output": ""}), "tok": "bare"},
+        r"^no example has a token to train on at all: alpaca data is trained on the 'output'"),
     "bad train_on_prompt": (
         lambda t: {"spec": chat_file(t, USER_ANSWER), "train_on_prompt": "yes"},
         "train_on_prompt must be one of True, False, got 'yes'"),
@@ -478,6 +547,84 @@ def test_refuses_records_and_tokenizers_that_do_not_fit(toks, tmp_path, case):
     tok, spec = toks[args.pop("tok")], args.pop("spec")
     with pytest.raises(ValueError, match=match):
         open_token_source(str(spec), tokenizer_dir=tok, vocab_size=len(VOCAB), **args)
+
+
+def test_a_text_field_and_attention_across_documents_act_where_they_change_something(
+        toks, tmp_path):
+    write(tmp_path / "a.jsonl", [{"body": "the cat sat"}])
+    (tmp_path / "b.txt").write_text("a dog ran")
+    source = source_of(tmp_path, toks["chat"], seq_len=4, text_field="body", document_mask=False)
+    assert (source.num_examples, source.packing, source.document_mask) == (2, True, False)
+    # eval data is read with the training data's options, which are judged by the training data
+    eval_source = source_of(tmp_path / "b.txt", toks["chat"], seq_len=2, text_field="body",
+                            document_mask=False, role=EVAL_DATA)
+    assert eval_source.num_examples == 1
+
+
+def test_tool_turns_and_roles_beside_an_assistant_turn_are_rendered_not_trained(toks,
+                                                                                 tmp_path):
+    record = {"messages": [turn("user", "cat"), turn("tool", "dog"), turn("narrator", "a"),
+                           turn("assistant", "sat")]}
+    source = source_of(chat_file(tmp_path, record), toks["chat"], seq_len=16)
+    _, labels, *_ = source.next_batch(1)
+    assert [t for t in labels[0].tolist() if t != IGNORE_INDEX] == ids("sat <|end|>")
+
+
+THOUGHTFUL = {"messages": [turn("user", "the cat"), turn("assistant", "<think> far </think> sat"),
+                           turn("user", "a"), turn("assistant", "<think> away </think> dog")]}
+
+
+def trained_labels(source: DatasetTokens) -> list[list[int]]:
+    """Each row's labels that carry loss, in the first epoch's order."""
+    return [[t for t in y if t != IGNORE_INDEX] for _, y in epoch_rows(source)]
+
+
+def test_a_template_that_rewrites_earlier_turns_trains_the_turns_it_renders_the_same(toks,
+                                                                                    tmp_path):
+    """Qwen3-style: the first reply renders otherwise once a user turn follows it, so it is
+    lost and said (by record, with how many it lost); the last reply is trained on."""
+    path = chat_file(tmp_path, THOUGHTFUL, TWO_CHATS[0], THOUGHTFUL)
+    with pytest.warns(UserWarning) as caught:
+        source = source_of(path, toks["thinking"], seq_len=16)
+    assert [str(w.message) for w in caught] == [(
+        "2 conversations lost assistant turns to the tokenizer's chat template, which renders "
+        "them otherwise once later turns follow (as templates that drop earlier turns' "
+        f"reasoning do), so they are not trained on: {path} line 1 lost 1 of 2, line 3 lost 1 "
+        "of 2; the turns it renders the same wherever they are (as a rule the last) are "
+        "trained on. To train every turn, mark the assistant's turns in the chat template with "
+        "{% generation %} ... {% endgeneration %}")]
+    assert trained_labels(source) == [  # the last reply renders its (empty) reasoning
+        ids("<think> </think> a dog <|end|>" if i == 1 else "<think> away </think> dog <|end|>")
+        for i in source.epoch_order(0).tolist()]
+
+
+def test_a_template_that_renders_no_turn_as_prompted_is_refused_saying_why(toks, tmp_path):
+    """A generation prompt that no turn renders as: every turn is lost, and the refusal says
+    that is why nothing is trained on (not the seq_len)."""
+    path = chat_file(tmp_path, TWO_CHATS[0], TWO_CHATS[1])
+    with pytest.warns(UserWarning, match=rf"^2 conversations lost .*: {path} line 1 lost 1 of "
+                                         r"1, line 2 lost 2 of 2;"), pytest.raises(
+            ValueError, match=(r"^no example has a token to train on: the tokenizer's chat "
+                               r"template renders each assistant turn \(3 in all\) otherwise in "
+                               r"the whole conversation than after its prompt.*\{% generation "
+                               r"%\}.*or pass train_on_prompt=True")):
+        source_of(path, toks["prompting"], seq_len=16)
+
+
+def test_generation_markers_train_every_assistant_turn_as_the_template_renders_it(toks,
+                                                                                  tmp_path):
+    path = chat_file(tmp_path, THOUGHTFUL)
+    source = source_of(path, toks["thinking_marked"], seq_len=16)
+    assert epoch_rows(source) == [(
+        ids("<s> <|user|> the cat <|end|> <|assistant|> sat <|end|> <|user|> a <|end|> "
+            "<|assistant|> <think> away </think> dog"),
+        ids("_ _ _ _ _ sat <|end|> _ _ _ _ <think> away </think> dog <|end|>"))]
+    shots = chat_file(tmp_path, {"prompt": THOUGHTFUL["messages"][:3],  # a shot in the prompt
+                                 "completion": [turn("assistant", "<think> a </think> mat")]})
+    source = source_of(shots, toks["thinking_marked"], seq_len=16)
+    assert trained_labels(source) == [ids("<think> a </think> mat <|end|>")]
+    unmarked = source_of(shots, toks["thinking"], seq_len=16)
+    assert trained_labels(unmarked) == trained_labels(source)
 
 
 def test_an_inconsistent_template_still_trains_on_whole_conversations(toks, tmp_path):

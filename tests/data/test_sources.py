@@ -26,6 +26,7 @@ from layerslide.kernels.linear_cross_entropy import IGNORE_INDEX
 
 WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
 EOS = "</s>"
+EOS_ID = 1  # tok_dir's id of EOS
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +65,35 @@ def write_jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
 
 
 def windows(source: TokenSource, count: int, micro_batch: int = 1) -> list[list[int]]:
-    """Draw count windows (as seq_len + 1 token lists) checking the batch contract on the way:
-    every token of text is trained on, so labels are the inputs shifted by one."""
+    """Draw count windows (as seq_len inputs and the last label) checking the batch contract
+    on the way: every token of text is trained on, so labels are the inputs shifted by one,
+    except that under document masks a document's first token (position 0) is no label."""
     out = []
     for _ in range(count // micro_batch):
-        x, y, *_ = source.next_batch(micro_batch)
+        x, y, *positions = source.next_batch(micro_batch)
         assert x.dtype == y.dtype == torch.int64
         assert x.shape == y.shape == (micro_batch, source.seq_len)
         assert x.is_contiguous() and y.is_contiguous()
-        assert torch.equal(x[:, 1:], y[:, :-1])
+        shifted = y[:, :-1]
+        if positions:  # document masks: a document starts after each EOS, with no label
+            starts = positions[0][:, 1:] == 0
+            assert torch.equal(starts, x[:, :-1] == EOS_ID)
+            assert torch.equal(torch.where(starts, IGNORE_INDEX, x[:, 1:]), shifted)
+            assert torch.equal(y[:, -1] == IGNORE_INDEX, x[:, -1] == EOS_ID)
+        else:
+            assert torch.equal(x[:, 1:], shifted)
         out += [[*row_x, row_y[-1]] for row_x, row_y in zip(x.tolist(), y.tolist(), strict=True)]
     return out
 
 
-def cut(stream: list[int], seq_len: int, count: int) -> list[list[int]]:
-    """The first count windows of seq_len + 1 tokens, overlapping by one, of a token stream."""
-    return [stream[k * seq_len : k * seq_len + seq_len + 1] for k in range(count)]
+def cut(stream: list[int], seq_len: int, count: int, documents: bool = True) -> list[list[int]]:
+    """The first count windows of seq_len + 1 tokens, overlapping by one, of a token stream of
+    documents that each end with EOS; with documents (masks), a last token that starts a
+    document is no label (IGNORE_INDEX), as windows() gives it."""
+    rows = [stream[k * seq_len : k * seq_len + seq_len + 1] for k in range(count)]
+    if documents:
+        rows = [[*row[:-1], IGNORE_INDEX if row[-2] == EOS_ID else row[-1]] for row in rows]
+    return rows
 
 
 def text_source(spec: Path | str, tok_dir: Path, seq_len: int, **kwargs) -> DatasetTokens:
@@ -104,12 +118,13 @@ def test_jsonl_folder_packs_shuffled_docs_with_eos_across_files(tok_dir, tmp_pat
     assert isinstance(source, TokenSource)
     assert source.vocab_size == 12
     assert (source.format, source.packing, source.files) == ("text", True, ["a.jsonl", "b.jsonl"])
-    assert source.num_tokens == source.num_trained == len(stream)
+    # every token is trained on but each document's first, which is no label
+    assert (source.num_tokens, source.num_trained) == (len(stream), len(stream) - len(DOCS))
     assert source.rows_per_epoch == (len(stream) - 1) // 4
     got = windows(source, source.rows_per_epoch // 2 * 2, micro_batch=2)
     assert got == cut(stream, 4, len(got))
     assert source.describe() == (f"text data from 2 files: 5 examples, {len(stream)} tokens, "
-                                 f"{len(stream)} trained on; packed into "
+                                 f"{len(stream) - 5} trained on; packed into "
                                  f"{source.rows_per_epoch} windows of 4 tokens an epoch, "
                                  "attention within each document")
 
@@ -130,6 +145,30 @@ def test_packed_positions_restart_at_each_document(tok_dir, tmp_path):
     crossing = text_source(tmp_path / "d.jsonl", tok_dir, seq_len=5, document_mask=False)
     assert len(crossing.next_batch(2)) == 2
     assert crossing.describe().endswith("attention across documents")
+
+
+def test_a_documents_first_token_is_no_label_as_hugging_faces_flattening_collator_has_it(
+        tok_dir, tmp_path):
+    """Under document masks a packed document's first token is not what the previous
+    document's last token learns to predict: labels and positions are those of transformers'
+    DataCollatorWithFlattening (whose labels are not yet shifted: ours are its from 1 on)."""
+    from transformers import DataCollatorWithFlattening
+
+    docs = reference_docs(tok_dir, DOCS)
+    total = sum(map(len, docs))
+    source = text_source(write_jsonl(tmp_path / "d.jsonl", DOCS), tok_dir, seq_len=total - 1)
+    assert source.rows_per_epoch == 1  # one row holds the epoch's stream
+    x, y, positions = source.next_batch(1)
+    order = source.epoch_order(0).tolist()
+    flat = DataCollatorWithFlattening(return_tensors="pt")(
+        [{"input_ids": docs[i], "labels": docs[i]} for i in order])
+    assert x[0].tolist() == flat["input_ids"][0, :-1].tolist()
+    assert y[0].tolist() == flat["labels"][0, 1:].tolist()
+    assert positions[0].tolist() == flat["position_ids"][0, :-1].tolist()
+    assert (y == IGNORE_INDEX).sum() == len(DOCS) - 1  # the documents after the first
+    crossing = text_source(tmp_path / "d.jsonl", tok_dir, seq_len=total - 1,
+                           document_mask=False)
+    assert (crossing.next_batch(1)[1] == IGNORE_INDEX).sum() == 0  # attending across: labels
 
 
 def test_plain_text_paragraphs_are_documents(tok_dir, tmp_path):
@@ -195,6 +234,18 @@ def test_resume_refuses_other_data_or_seed(tok_dir, tmp_path):
         other.load_state_dict(SyntheticTokens(12, 3).state_dict())
 
 
+def test_a_checkpoint_from_when_documents_first_tokens_were_labels_resumes(tok_dir, tmp_path):
+    """Its data state counted each document's first token as trained: the same data."""
+    source = text_source(write_jsonl(tmp_path / "a.jsonl", DOCS), tok_dir, 3)
+    windows(source, 3)
+    state = source.state_dict()
+    resumed = text_source(tmp_path / "a.jsonl", tok_dir, 3)
+    resumed.load_state_dict({**state, "num_trained": state["num_trained"] + len(DOCS)})
+    assert windows(resumed, 4) == windows(source, 4)
+    with pytest.raises(ValueError, match="num_trained=.* same data"):
+        resumed.load_state_dict({**state, "num_trained": state["num_trained"] + 1})
+
+
 def test_synthetic_is_deterministic_in_range_and_resumes():
     source = open_token_source(None, tokenizer_dir=None, vocab_size=7, seq_len=16, seed=3)
     assert isinstance(source, SyntheticTokens) and isinstance(source, TokenSource)
@@ -218,13 +269,17 @@ def test_synthetic_is_deterministic_in_range_and_resumes():
     seq_len=st.integers(1, 9),
     seed=st.integers(0, 2**64 - 1),
 )
+@pytest.mark.filterwarnings("ignore:.*skipped")
 def test_any_docs_pack_into_overlapping_windows(tok_dir, docs, seq_len, seed):
     texts = [" ".join(words) for words in docs]
-    num_tokens = sum(map(len, reference_docs(tok_dir, texts)))
+    # under document masks a document's first token is no label: an empty one (EOS alone)
+    # has none, and is skipped
+    num_tokens = sum(len(doc) for doc in reference_docs(tok_dir, texts) if len(doc) > 1)
     with tempfile.TemporaryDirectory() as tmp:
         path = write_jsonl(Path(tmp) / "d.jsonl", texts)
         if num_tokens < seq_len + 1:
-            with pytest.raises(ValueError, match=f"only {num_tokens} tokens"):
+            words = f"only {num_tokens} tokens" if num_tokens else "no example has a token"
+            with pytest.raises(ValueError, match=words):
                 text_source(path, tok_dir, seq_len, seed=seed)
             return
         source = text_source(path, tok_dir, seq_len, seed=seed)
@@ -339,6 +394,9 @@ BAD_INPUTS = {
                        r"j\.json line 2 column 8 is not valid JSON"),
     "not an object": (lambda t: {"spec": put(t / "o.jsonl", b'{"text": "cat"}\n["cat"]\n')},
                       r"o\.jsonl line 2 is a JSON list, not an object"),
+    "json lines of arrays": (lambda t: {"spec": put(t / "a.jsonl", b'["cat", "sat"]\n["dog", "ran"]\n')},
+                             (r"a\.jsonl line 1 is a JSON list, not an object; each record must "
+                              r"be an object of fields")),
     "empty records": (lambda t: {"spec": put(t / "e.jsonl", b'{}\n{}\n')},
                       r"e\.jsonl holds only empty records.*needs fields"),
     "empty array": (lambda t: {"spec": put(t / "a.json", b'[]')}, r"a\.json holds no records"),

@@ -400,3 +400,16 @@ def test_resolve_path(tmp_path):
 def test_resolve_unknown_lists_presets():
     with pytest.raises(ValueError, match="llama-3.2-1b.*mistral-large-123b"):
         resolve_model("gpt-5")
+
+
+def test_resolve_a_hub_model_id_from_huggingface_hubs_cache(offline_hub, tmp_path):
+    from helpers import cache_hub_model
+
+    path = _write_config(tmp_path / "m", LLAMA_3_2_1B_CONFIG)
+    cache_hub_model(offline_hub, "meta-llama/Llama-3.2-1B", path.parent)
+    spec = resolve_model("meta-llama/Llama-3.2-1B")
+    assert (spec.name, spec.total_params) == ("Llama-3.2-1B", 1_235_814_400)
+    with pytest.raises(ValueError, match=r"^model 'meta-llama/Llama-3.1-8B' is no preset or "
+                                         r"path here, and as a Hugging Face Hub id it is not in "
+                                         r"the cache.*HF_HUB_OFFLINE is set"):
+        resolve_model("meta-llama/Llama-3.1-8B")
