@@ -36,14 +36,16 @@ def add_train_command(sub, units: str) -> None:
                         "micro-batch = 8); flags given here override it; the options a run "
                         f"used are written to --out as {RESOLVED_NAME}")
     p.add_argument("--model",
-                   help="a Hugging Face model folder (config.json + safetensors), or a preset "
-                        "name for random weights (benchmarks); required unless --resume")
+                   help="a Hugging Face model folder (config.json + safetensors), a Hub model "
+                        "id (owner/name, through huggingface_hub's cache), or a preset name for "
+                        "random weights (benchmarks); required unless --resume")
     p.add_argument("--plan", help="a plan file from `layerslide tune -o`: its training settings "
                                    "and policy replace the flags below")
     p.add_argument("--data",
                    help="a .jsonl/.json/.parquet/.arrow/.txt file, a folder of them or a saved "
-                        "dataset, or 'synthetic' (random tokens; the default for a preset or "
-                        "--random-init, never for a folder's weights)")
+                        "dataset, a Hub dataset name (owner/name or owner/name:split), or "
+                        "'synthetic' (random tokens; the default for a preset or --random-init, "
+                        "never for a folder's weights)")
     p.add_argument("--data-format", default="auto",
                    help="the records' format: text, messages (or sharegpt conversations; "
                         "rendered with the tokenizer's chat template), alpaca or "
