@@ -102,7 +102,7 @@ def test_refine_refuses_what_it_cannot_read_or_write(tmp_path, capsys):
 
 
 def test_a_gpu_run_whose_adamw_kept_another_rate_is_told_how_to_refine():
-    from layerslide.cli.train import refine_hint
+    from layerslide.cli.run_report import refine_hint
     from layerslide.reports.run_check import check_run
 
     def check(measured):
@@ -119,7 +119,7 @@ def test_a_gpu_run_whose_adamw_kept_another_rate_is_told_how_to_refine():
 
 def test_train_records_a_profile_file_so_that_refine_finds_it_from_any_folder(tmp_path,
                                                                               monkeypatch):
-    from layerslide.cli.train import _where_found
+    from layerslide.cli.run_report import _where_found
 
     (tmp_path / "mine.toml").write_text("")
     monkeypatch.chdir(tmp_path)
