@@ -8,9 +8,11 @@ params, tokens, host ops) and the profile; it knows nothing about how the plan w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from layerslide.hwprofiles import HardwareProfile
+from layerslide.kinds import Lane, TaskKind
 from layerslide.planner.plan import Task
 
 # Shared resources and what their capacity is in the profile.
@@ -121,19 +123,19 @@ class CostModel:
         return self._efficiency_cache[tokens]
 
     def cost(self, task: Task) -> Cost:
-        handler = getattr(self, f"_{task.lane}", None)
-        if handler is None:
-            raise ValueError(f"task {task.id}: no cost model for lane {task.lane!r}")
-        return handler(task)
+        rule = RULES.get(task.kind)
+        if rule is None:
+            raise ValueError(f"task {task.id}: no cost model for kind {task.kind!r}")
+        return rule(self, task)
 
-    # --- one method per lane ------------------------------------------------------------------
+    # --- the rules: GPU work, CPU kernels, copies, disk I/O ------------------------------------
     def _gpu(self, t: Task) -> Cost:
         gpu = self.profile.gpu
         busy_s = 0.0
         if t.flops:
             busy_s += t.flops / (gpu.bf16_flops_per_s * self.efficiency(t.tokens))
         if t.attention_flops:
-            if t.kind == "backward":  # recompute forward + backward: 3x the forward FLOPs
+            if t.kind == TaskKind.BACKWARD:  # recompute forward + backward: 3x the forward FLOPs
                 both = gpu.attention_efficiency_at(t.tokens, backward=True)
                 busy_s += 3 * t.attention_flops / (gpu.bf16_flops_per_s * both)
             else:
@@ -147,9 +149,6 @@ class CostModel:
         return Cost(solo_s=busy_s, dispatch_s=dispatch_s,
                     dispatch_uses=((HOST_CORES, self.profile.host.dispatch_cores),)
                     if dispatch_s > 0 else (), dispatch_share=self.dispatch_share)
-
-    def _cpu_cast(self, t: Task) -> Cost:
-        return self._cpu(t)
 
     def _copy(self, t: Task, rate: float, memory_cost: float, share: float) -> Cost:
         """A copy draws on the link at its rate and on host memory at memory_cost per byte
@@ -167,28 +166,39 @@ class CostModel:
         return self._copy(t, self.profile.link.d2h_bytes_per_s, host.dma_write_cost,
                           host.d2h_share)
 
-    def _cpu(self, t: Task) -> Cost:
-        host = self.profile.host
-        if t.kind == "optimizer_step":
-            # t.bytes: beyond fp32 AdamW's (a grad upcast; fewer with compact moments)
-            # a call's fixed part, then its bytes at the large-block rate
-            traffic = t.params * host.adamw_bytes_per_param + t.bytes
-            solo = ((host.adamw_call_s if t.params else 0.0)
-                    + traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param))
-            measured = host.compact_adamw_params_per_s(t.moment_precision)
-            if measured:  # its compute may bound it before its bytes do (a rate per call)
-                solo = max(solo, t.params / measured)
-        elif t.kind in ("cast", "accumulate_grads"):
-            # Both stream over host memory at the cast's traffic rate (it reads 4 B and writes
-            # 2 B per param; cast_bytes_per_s counts the 4 read).
-            traffic = t.bytes * CAST_TRAFFIC_PER_READ_BYTE if t.kind == "cast" else t.bytes
-            solo = traffic / (host.cast_bytes_per_s * CAST_TRAFFIC_PER_READ_BYTE)
-        elif t.kind == "grad_norm":
-            return Cost(solo_s=0.0)  # partial norms come with the grads; this is a barrier
-        else:
-            raise ValueError(f"task {t.id}: no CPU cost model for kind {t.kind!r}")
-        cores = (HOST_CORES, float(host.cores))
+    def _cpu_kernel(self, solo: float, traffic: float) -> Cost:
+        """A CPU kernel (on every core) alone for `solo` seconds, moving `traffic` host bytes."""
+        cores = (HOST_CORES, float(self.profile.host.cores))
         return Cost(solo_s=solo, uses=((HOST_MEMORY, traffic / solo), cores) if solo > 0 else ())
+
+    def _optimizer_step(self, t: Task) -> Cost:
+        if t.lane == Lane.GPU:  # a GPU-updated block: its AdamW is GPU work
+            return self._gpu(t)
+        host = self.profile.host
+        # t.bytes: beyond fp32 AdamW's (a grad upcast; fewer with compact moments)
+        # a call's fixed part, then its bytes at the large-block rate
+        traffic = t.params * host.adamw_bytes_per_param + t.bytes
+        solo = ((host.adamw_call_s if t.params else 0.0)
+                + traffic / (host.adamw_params_per_s * host.adamw_bytes_per_param))
+        measured = host.compact_adamw_params_per_s(t.moment_precision)
+        if measured:  # its compute may bound it before its bytes do (a rate per call)
+            solo = max(solo, t.params / measured)
+        return self._cpu_kernel(solo, traffic)
+
+    # A cast and a sum of landed grads both stream over host memory at the cast's traffic rate
+    # (a cast reads 4 B and writes 2 B per param; cast_bytes_per_s counts the 4 read).
+    def _cast(self, t: Task) -> Cost:
+        traffic = t.bytes * CAST_TRAFFIC_PER_READ_BYTE
+        return self._cpu_kernel(traffic / self._cast_traffic_bytes_per_s(), traffic)
+
+    def _accumulate_grads(self, t: Task) -> Cost:
+        return self._cpu_kernel(t.bytes / self._cast_traffic_bytes_per_s(), t.bytes)
+
+    def _cast_traffic_bytes_per_s(self) -> float:
+        return self.profile.host.cast_bytes_per_s * CAST_TRAFFIC_PER_READ_BYTE
+
+    def _grad_norm(self, t: Task) -> Cost:
+        return Cost(solo_s=0.0)  # partial norms come with the grads; this is a barrier
 
     def _disk(self, t: Task, rate: float, tag: str, memory_cost: float) -> Cost:
         storage = self.storage
@@ -215,3 +225,20 @@ class CostModel:
     def _nvme_write(self, t: Task) -> Cost:
         return self._disk(t, self.storage.write_bytes_per_s, "write",
                           self.profile.host.dma_read_cost)
+
+
+# The rule of each kind. Copies and disk I/O are costed as the transfer they are (their lane's
+# link or drive), whatever they move; a GPU-updated block's optimizer step is GPU work like a
+# compute task's (CostModel._optimizer_step).
+RULES: dict[TaskKind, Callable[[CostModel, Task], Cost]] = {
+    TaskKind.FORWARD: CostModel._gpu, TaskKind.BACKWARD: CostModel._gpu,
+    TaskKind.HEAD: CostModel._gpu,
+    TaskKind.OPTIMIZER_STEP: CostModel._optimizer_step,
+    TaskKind.CAST: CostModel._cast, TaskKind.ACCUMULATE_GRADS: CostModel._accumulate_grads,
+    TaskKind.GRAD_NORM: CostModel._grad_norm,
+    TaskKind.LOAD_WEIGHTS: CostModel._h2d, TaskKind.FETCH_ACTIVATION: CostModel._h2d,
+    TaskKind.OFFLOAD_ACTIVATION: CostModel._d2h, TaskKind.OFFLOAD_GRADS: CostModel._d2h,
+    TaskKind.READ_STATE: CostModel._nvme_read, TaskKind.READ_ACTIVATION: CostModel._nvme_read,
+    TaskKind.READ_WEIGHTS: CostModel._nvme_read,
+    TaskKind.WRITE_STATE: CostModel._nvme_write, TaskKind.WRITE_ACTIVATION: CostModel._nvme_write,
+}
