@@ -55,3 +55,38 @@ def test_a_model_neither_cached_nor_reachable_is_refused_saying_why(offline_hub,
             r"it is not in the cache \(.*\), and the Hub cannot be reached: connect to the "
             r"network once to download the model, or pass a local path$")):
         hub.model_folder("someone/absent")
+
+
+def _hub_refusing(monkeypatch, error_class):
+    """snapshot_download answering as the Hub does for a gated or unknown/private repo."""
+    import httpx2
+    import huggingface_hub
+
+    def refuse(repo_id, **_):
+        request = httpx2.Request("GET", f"https://huggingface.co/api/models/{repo_id}")
+        response = httpx2.Response(403 if error_class.__name__ == "GatedRepoError" else 404,
+                                   request=request)
+        raise error_class(f"{repo_id}: refused", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
+
+
+def test_a_gated_model_says_to_accept_its_terms_and_log_in(monkeypatch):
+    from huggingface_hub import errors
+
+    _hub_refusing(monkeypatch, errors.GatedRepoError)
+    with pytest.raises(ValueError, match=(
+            r"'meta-llama/Llama-3.1-8B' .* it is gated: accept its terms at "
+            r"https://huggingface.co/meta-llama/Llama-3.1-8B and log in \(`hf auth login`\), or "
+            r"pass the model's folder$")):
+        hub.model_folder("meta-llama/Llama-3.1-8B")
+
+
+def test_a_private_or_unknown_model_says_to_log_in_or_check_the_id(monkeypatch):
+    from huggingface_hub import errors
+
+    _hub_refusing(monkeypatch, errors.RepositoryNotFoundError)
+    with pytest.raises(ValueError, match=(
+            r"'someone/secret' .* it is not on the Hub \(or it is private: log in with `hf auth "
+            r"login`\); check the id, or pass the model's folder$")):
+        hub.model_folder("someone/secret")
