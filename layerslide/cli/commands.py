@@ -17,7 +17,6 @@ from layerslide.cli.options import (
     model_of,
     policy_of,
     profile_of,
-    progress_printer,
     train_of,
     with_env_overrides,
 )
@@ -51,11 +50,13 @@ from layerslide.tuner.purchase import (
     PURCHASE_SPACE,
     purchase_search,
 )
+from layerslide.tuner.purchase import rank as purchase_rank
 from layerslide.tuner.purchase import summary as purchase_summary
 from layerslide.tuner.purchase import variants as purchase_variants
 from layerslide.tuner.whatif import (
     STATE_BYTES_PER_PARAM,
     WHATIF_SPACE,
+    Interrupted,
     WhatIfRow,
     across_models,
     across_profiles,
@@ -301,26 +302,42 @@ def _by_accumulation(result) -> list[str]:
             for (ga, acc), c in sorted(best.items())]
 
 
+def tolerance_of(args) -> float:
+    """--tolerance PCT as a fraction, refused outside [0, 100)."""
+    if not 0.0 <= args.tolerance < 100.0:
+        raise UsageError(f"--tolerance {args.tolerance:g}: give a percentage from 0 to below 100")
+    return args.tolerance / 100
+
+
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
+    tolerance_of(args)
     check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,
-                  base_policy=with_env_overrides(Policy.of()),
-                  progress=progress_printer("tune: candidates simulated"))
+                  base_policy=with_env_overrides(Policy.of()), exhaustive=args.exhaustive,
+                  tolerance=tolerance_of(args),
+                  progress=progress_with_eta("tune: candidates"))
+    if result.interrupted:
+        print(f"interrupted (Ctrl-C): the best of the {len(result.candidates)} candidates "
+              "simulated so far", file=sys.stderr)
     if args.output and result.best_plan is not None:
         _save(result.best_plan, args.output)
     table = pd.DataFrame([c.row() for c in result.candidates])
     if args.json:
         rows = _records(table)
         _print_json({"best": rows[0] if result.best else None, "candidates": rows,
-                     "pruned": result.pruned,
+                     "pruned": result.pruned, "not_simulated": result.bounded,
+                     "interrupted": result.interrupted,
                      "plan_file": args.output if result.best_plan is not None else None})
         return 0 if result.best else 1
     pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
               "overflowed the GPU)") if result.pruned else ""
+    if result.bounded:
+        pruned += (f", {result.bounded} not simulated (their bound could not beat the best; "
+                   "--exhaustive simulates them all)")
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates{pruned}, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
@@ -335,7 +352,8 @@ def cmd_tune(args) -> int:
         shown.insert(shown.index("step_s"), "cpu_nice")
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
-        print("best by accumulation: " + "; ".join(_by_accumulation(result)))
+        print("best by accumulation" + (" (of those simulated)" if result.bounded else "")
+              + ": " + "; ".join(_by_accumulation(result)))
     lines = _rejection_lines(result)
     if lines:
         print("rejected:")
@@ -345,7 +363,7 @@ def cmd_tune(args) -> int:
         return 1
     if args.output:
         print(f"best plan written to {args.output} (for `layerslide simulate --plan` and train)")
-    return 0
+    return 130 if result.interrupted else 0
 
 
 def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
@@ -383,7 +401,8 @@ def cmd_whatif(args) -> int:
     given = [flag for flag, value in buying.items() if value is not None]
     if given:
         raise UsageError(f"{', '.join(given)} go with --target-tokens-per-s T (what to buy)")
-    progress = progress_printer("whatif")
+    progress = progress_with_eta("whatif: tuned")
+    interrupted = False
     if args.profile_axis:
         if args.model or args.profiles:
             raise UsageError("--on-profile compares models: give them with --models, "
@@ -391,10 +410,14 @@ def cmd_whatif(args) -> int:
         profile = profile_of(args.profile_axis, args.nvme_drives)
         check_gpu_cap(args.gpu_memory, profile)
         models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
-        rows = across_models(profile, models, ram_sizes=args.ram or (None,),
-                             nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                             gpu_memory_bytes=args.gpu_memory, progress=progress,
-                             space=_whatif_space(args))
+        try:
+            rows = across_models(profile, models, ram_sizes=args.ram or (None,),
+                                 nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
+                                 gpu_memory_bytes=args.gpu_memory, progress=progress,
+                                 space=_whatif_space(args), exhaustive=args.exhaustive,
+                                 tolerance=tolerance_of(args))
+        except Interrupted as stop:
+            rows, interrupted = [r for r in stop.results if r is not None], True
         title = f"models on {profile.name}"
     else:
         if not args.model:
@@ -409,17 +432,25 @@ def cmd_whatif(args) -> int:
         # a cap that lowers some cards across profiles; one above every card caps none
         check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
         note_cards_under_cap(args.gpu_memory, profiles)
-        rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                               gpu_memory_bytes=args.gpu_memory, progress=progress,
-                               space=_whatif_space(args))
+        try:
+            rows = across_profiles(model, profiles, seq_len=args.seq_len,
+                                   gpu_memory_bytes=args.gpu_memory, progress=progress,
+                                   space=_whatif_space(args), exhaustive=args.exhaustive,
+                                 tolerance=tolerance_of(args))
+        except Interrupted as stop:
+            rows, interrupted = [r for r in stop.results if r is not None], True
         title = f"{model.name} across profiles"
+    if interrupted:
+        print(f"interrupted (Ctrl-C): the {len(rows)} rows tuned so far", file=sys.stderr)
+        if not rows:
+            return 130
     table = _whatif_table(rows)
     largest = (_largest_by_size(rows, profile, args.moment_precision)
                if args.profile_axis else [])
     if args.json:
-        _print_json({"rows": _records(table), "largest": largest})
-        return 0
-    print(f"what-if: {title}")
+        _print_json({"rows": _records(table), "largest": largest, "interrupted": interrupted})
+        return 130 if interrupted else 0
+    print(f"what-if: {title}" + (" (interrupted: the rows tuned so far)" if interrupted else ""))
     cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
             "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
             "config", "reason"]
@@ -434,29 +465,32 @@ def cmd_whatif(args) -> int:
                 f"{entry['ram_and_nvme_params'] / 1e9:.1f}B with NVMe")
         print("  all in RAM by moment precision: " + ", ".join(
             f"{k} {v / 1e9:.1f}B" for k, v in entry["all_in_ram_params_by_moments"].items()))
-    return 0
+    return 130 if interrupted else 0
 
 
-def _purchase_progress():
-    """The terminal's redrawn counter, or (a log, a pipe) a line at every tenth of the work."""
-    shown = progress_printer("whatif: variants tuned")
-    if shown is not None:
-        return shown
-    import sys
+def progress_with_eta(what: str, *, quiet_s: float = 5.0):
+    """A progress callback: on a terminal `what: done/total (elapsed, about N s left)` redrawn
+    on stderr; elsewhere (a log, a pipe) a line at every tenth of the work once it has run
+    quiet_s. The time left is the time so far per item done, times the items left (a search's
+    total shrinks as bounds rule candidates out)."""
     import time
 
     start = time.monotonic()
+    tty = sys.stderr.isatty()
     last = [0]
 
-    def line(done: int, total: int) -> None:
-        if done == total or done * 10 // total > last[0]:
+    def show(done: int, total: int) -> None:
+        elapsed = time.monotonic() - start
+        left = f", about {elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
+        text = f"{what}: {done}/{total} ({elapsed:.0f} s{left})"
+        if tty:
+            end = "\n" if done >= total else ""
+            print(f"\r{text}\033[K", end=end, file=sys.stderr, flush=True)
+        elif elapsed >= quiet_s and total and (done >= total or done * 10 // total > last[0]):
             last[0] = done * 10 // total
-            elapsed = time.monotonic() - start
-            eta = elapsed / done * (total - done)
-            print(f"whatif: {done}/{total} variants tuned ({elapsed:.0f} s, about {eta:.0f} s "
-                  "left)", file=sys.stderr, flush=True)
+            print(text, file=sys.stderr, flush=True)
 
-    return line
+    return show
 
 
 def _whatif_purchase(args) -> int:
@@ -490,9 +524,22 @@ def _whatif_purchase(args) -> int:
         tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
         print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
               f"variants, each tuned over {tried} candidates", flush=True)
-    rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
-                           workers=args.workers, progress=_purchase_progress())
+    interrupted = False
+    try:
+        rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
+                               workers=args.workers, exhaustive=args.exhaustive,
+                               tolerance=tolerance_of(args),
+                               progress=progress_with_eta("whatif: variants tuned", quiet_s=0))
+    except Interrupted as stop:
+        done = [r for r in stop.results if r is not None]
+        print(f"interrupted (Ctrl-C): the {len(done)} of {len(candidates)} variants tuned so "
+              "far", file=sys.stderr)
+        if not done:
+            return 130
+        rows, interrupted = purchase_rank(done, target), True
     lines = purchase_summary(rows, target)
+    if interrupted:
+        lines.insert(0, f"(interrupted: {len(rows)} of {len(candidates)} variants tuned)")
     table = pd.DataFrame(rows)
     data = {"model": model.name, "target_tokens_per_s": target, "seq_len": args.seq_len,
             "moment_precision": args.moment_precision, "rows": _records(table),
@@ -514,7 +561,7 @@ def _whatif_purchase(args) -> int:
         _print_json(data)
     else:
         print(text)
-    return 0
+    return 130 if interrupted else 0
 
 
 def _purchase_text(table: pd.DataFrame, lines: list[str], skipped, target: float) -> str:

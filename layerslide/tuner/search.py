@@ -9,21 +9,25 @@ host) the activation checkpoints to NVMe.
 
 from __future__ import annotations
 
+import copy
+import heapq
 import itertools
 import os
+import signal
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile
+from layerslide.kinds import COMPUTE_KINDS
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan, sizes
 from layerslide.planner.build import (
     build_repeatable_plan,
     gpu_layout,
-    gpu_update_candidates,
     static_buffers,
 )
-from layerslide.planner.plan import STEADY_STEPS
+from layerslide.planner.plan import STEADY_STEPS, runtime_buffer_id
 from layerslide.planner.settings import (
     ACCUMULATIONS,
     ACTIVATION_PLACEMENTS,
@@ -34,13 +38,36 @@ from layerslide.planner.settings import (
     OPTIMIZER_ORDERS,
     grads_land_in_upload,
 )
-from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
+from layerslide.simulator import (
+    CostModel,
+    Overflow,
+    Prediction,
+    memory_limits,
+    simulate,
+    static_rejection,
+)
+from layerslide.simulator.predict import SimulationMemo, floors_by_block
 from layerslide.trace import TIERS
-from layerslide.tuner.lanes_first import niced_where_gpu_bound
+from layerslide.tuner.bounds import (
+    GPU_FILL_MARGIN,
+    SHORT_PLAN_GPU_MARGIN,
+    BlockFloors,
+    class_bounds,
+    class_floors,
+    class_key,
+    fill_takes,
+    gpu_in_use_lower_bound,
+    gpu_update_blocks_fitting,
+    keeps_blocks_on_gpu,
+    max_gpu_speedup,
+    plan_bounds,
+    short_plan,
+    tokens_per_s_bound,
+)
+from layerslide.tuner.lanes_first import lanes_first, niced_where_gpu_bound, priced_apart
 
 # (moments_on_nvme, master_on_nvme), least NVMe first (then WEIGHT_SPILLS).
 NVME_PLACEMENTS = ((0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (1.0, 0.5), (1.0, 1.0))
-GPU_FILL_MARGIN = 0.95  # of the free GPU memory, for what the estimate does not see
 # Candidates simulated again with the GPU's clock settled against its busy fraction (profiles
 # with GPUSpec.busy_speedup) before the final ranking; the search itself holds the clock at the
 # efficiency tables' rate, which takes one simulation per try instead of two or three.
@@ -179,6 +206,10 @@ class TuneResult:
     best_plan: Plan | None
     # candidates not simulated: the same settings at a smaller micro-batch overflowed the GPU
     pruned: int = 0
+    # candidates not simulated: their bound could not beat the best (the best-first search)
+    bounded: int = 0
+    interrupted: bool = False  # Ctrl-C: the best found so far
+    searched: int = 0  # candidates in the space
 
     @property
     def feasible(self) -> tuple[Candidate, ...]:
@@ -197,27 +228,17 @@ class TuneResult:
         return counts
 
 
-def _gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: str,
-                               moment_precision: str = "fp32") -> int:
-    """How many blocks, taken in the order's sequence, fit their GPU state into the headroom."""
-    used, count = 0.0, 0
-    rate = sizes.gpu_updated_bytes_per_param(moment_precision)
-    for block in gpu_update_candidates(model.num_layers, order):
-        used += rate * model.block_params(block)
-        if used > headroom_bytes:
-            break
-        count += 1
-    return count
-
-
 def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
              gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
-             fill_gpu_updates: bool = False, settle_clock: bool = True) -> Candidate:
+             fill_gpu_updates: bool = False, settle_clock: bool = True,
+             costs: CostModel | None = None) -> Candidate:
     """Simulate one candidate with the least NVMe use that fits, then (if asked) with GPU
     memory it leaves free given to blocks updated on the GPU; if nothing fits, the last try
     (or the first that overflows a tier that more NVMe cannot relieve). settle_clock=False
-    holds the GPU at its efficiency tables' rate (simulate's busy speedup left out)."""
-    costs = CostModel(profile, lanes_first=policy.executor.lanes_first)
+    holds the GPU at its efficiency tables' rate (simulate's busy speedup left out). `costs`:
+    a cost model of the profile to reuse (its costs per task shape), at the policy's knobs."""
+    if costs is None or costs.lanes_first != policy.executor.lanes_first or costs.gpu_speedup != 1:
+        costs = CostModel(profile, lanes_first=policy.executor.lanes_first)
     base = _place_state(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
                         allow_nvme=allow_nvme, num_steps=num_steps, costs=costs,
                         settle_clock=settle_clock)
@@ -242,7 +263,7 @@ def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: Hardware
     # the next forward's order first; with the layers first, a large embedding that does not
     # fit leaves room for layers that do
     for order in GPU_UPDATE_ORDERS:
-        count = _gpu_update_blocks_fitting(model, headroom, order,
+        count = gpu_update_blocks_fitting(model, headroom, order,
                                            base.policy.residency.moment_precision)
         while count > base.policy.residency.gpu_updated_blocks:
             filled = base.policy.with_(gpu_updated_blocks=count, gpu_updated_order=order)
@@ -261,12 +282,10 @@ def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: Hardware
     return best
 
 
-def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile,
-                 *, gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
-                 costs: CostModel, settle_clock: bool) -> Candidate:
-    """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
-    with all state on NVMe and the host still over, one block's state staged at a time, then
-    the checkpoints, then the bf16 weights on NVMe."""
+def _placement_steps(train: TrainSpec, policy: Policy, allow_nvme: bool,
+                     ) -> tuple[list[tuple], list[int | None]]:
+    """_place_state's coarse tries, least NVMe first: (moments, master, weights on NVMe,
+    nvme_prefetch, activations), and the grad landing pools to try at each."""
     # casts other than cpu_once read master weights from RAM at every load; only the native
     # AdamW writing the bf16 copy itself can write the part of it that is on NVMe
     master_ok = policy.schedule.cast == "cpu_once"
@@ -286,19 +305,34 @@ def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Ha
         steps += [(*step[:4], "nvme") for step in steps if step[:3] == placements[-1]]
     if allow_nvme and weights_ok:
         steps += [(*steps[-1][:2], weights, *steps[-1][3:]) for weights in WEIGHT_SPILLS]
-    coarse = {step[:3] for step in steps}
     pools = [policy.residency.host_grad_buffers]
     if (train.max_grad_norm is None and policy.residency.host_grad_buffers is None
             and not grads_land_in_upload(policy, train)):
         # clipping holds every grad (no pool to bound); grads landing in the upload copies
         # have no landing buffers to bound
         pools.append(BOUNDED_LANDING_BUFFERS)
+    return steps, pools
+
+
+def _placed(policy: Policy, moments: float, master: float, weights: float, pool,
+            prefetch: int, activations: str) -> Policy:
+    return policy.with_(moments_on_nvme=moments, master_on_nvme=master, weights_on_nvme=weights,
+                        host_grad_buffers=pool, nvme_prefetch=prefetch, activations=activations)
+
+
+def _place_state(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile,
+                 *, gpu_memory_bytes: int | None, allow_nvme: bool, num_steps: int,
+                 costs: CostModel, settle_clock: bool) -> Candidate:
+    """The least NVMe use (and pinned grad buffers) under which the candidate fits the host;
+    with all state on NVMe and the host still over, one block's state staged at a time, then
+    the checkpoints, then the bf16 weights on NVMe."""
+    steps, pools = _placement_steps(train, policy, allow_nvme)
+    master_ok, weights_ok = policy.schedule.cast == "cpu_once", policy.optimizer_casts
+    coarse = {step[:3] for step in steps}
 
     def attempt(moments: float, master: float, weights: float, pool, prefetch: int,
                 activations: str) -> Candidate:
-        tried = policy.with_(moments_on_nvme=moments, master_on_nvme=master,
-                             weights_on_nvme=weights, host_grad_buffers=pool,
-                             nvme_prefetch=prefetch, activations=activations)
+        tried = _placed(policy, moments, master, weights, pool, prefetch, activations)
         prediction = _predicted(model, train, tried, profile, gpu_memory_bytes=gpu_memory_bytes,
                                 num_steps=num_steps, costs=costs, settle_clock=settle_clock)
         return Candidate(train=train, policy=tried, prediction=replace(prediction, trace=None))
@@ -378,13 +412,13 @@ def _predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hard
                settle_clock: bool) -> Prediction:
     """The candidate simulated; one whose static buffers overflow is rejected before its plan
     is built (a step-major plan of many micro-batches has hundreds of thousands of tasks)."""
-    early = static_rejection(static_buffers(model, train, policy), train.tokens_per_step,
+    early = static_rejection(_static_buffers(model, train, policy), train.tokens_per_step,
                              profile, gpu_memory_bytes=gpu_memory_bytes)
     if early is not None:
         return early
-    plan = build_plan(model, train, policy, num_steps=num_steps)
+    plan = _plan(model, train, policy, num_steps)
     return simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
-                    settle_clock=settle_clock)
+                    settle_clock=settle_clock, memo=_MEMO)
 
 
 def _ranked(candidates: list[Candidate]) -> list[Candidate]:
@@ -394,8 +428,8 @@ def _ranked(candidates: list[Candidate]) -> list[Candidate]:
 def _settled(model: ModelSpec, candidate: Candidate, profile: HardwareProfile,
              gpu_memory_bytes: int | None, num_steps: int) -> Candidate:
     """The candidate's own placement simulated again with the GPU's clock settled."""
-    plan = build_plan(model, candidate.train, candidate.policy, num_steps=num_steps)
-    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes)
+    plan = _plan(model, candidate.train, candidate.policy, num_steps)
+    prediction = simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, memo=_MEMO)
     return replace(candidate, prediction=replace(prediction, trace=None))
 
 
@@ -404,8 +438,8 @@ def _lanes_first(model: ModelSpec, candidate: Candidate, profile: HardwareProfil
     """The candidate with its CPU kernels niced where it is GPU-bound (tuner.lanes_first)."""
     found = niced_where_gpu_bound(
         candidate.policy, candidate.prediction, profile,
-        lambda policy: simulate(build_plan(model, candidate.train, policy, num_steps=num_steps),
-                                profile, gpu_memory_bytes=gpu_memory_bytes))
+        lambda policy: simulate(_plan(model, candidate.train, policy, num_steps),
+                                profile, gpu_memory_bytes=gpu_memory_bytes, memo=_MEMO))
     if found is None:
         return candidate
     policy, prediction = found
@@ -424,25 +458,88 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          max_grad_norm: float | None = None, space: SearchSpace | None = None,
          base_policy: Policy | None = None, gpu_memory_bytes: int | None = None,
          num_steps: int = STEADY_STEPS, workers: int | None = None,
-         progress: Callable[[int, int], None] | None = None) -> TuneResult:
-    """Evaluate every candidate of the space; best tokens/s first, infeasible ones last."""
+         progress: Callable[[int, int], None] | None = None, exhaustive: bool = False,
+         tolerance: float = 0.0, interruptible: bool = True) -> TuneResult:
+    """The best candidate of the space and its plan; candidates best tokens/s first,
+    infeasible ones last.
+
+    By default best-first (see _BestFirst): each candidate's tokens/s is bounded without
+    simulating it (tuner.bounds), and only those whose bound beats the best found so far are
+    simulated, best bound first, each then given the GPU-update fill, the settled clock and
+    the niceness the sweep gives its leaders; `tolerance` (a fraction) also drops those that
+    could beat it by no more than that. exhaustive=True simulates every candidate of the space
+    and gives the 16 fastest the later stages (the search as it was, for comparison). Ctrl-C
+    (KeyboardInterrupt) during the best-first search returns the best found so far
+    (TuneResult.interrupted); interruptible=False lets it through (a sweep of many tunes).
+    """
     space = space or SearchSpace()
     base = base_policy or Policy.of()
-    settle_late = profile.gpu.busy_speedup is not None
-    # the GPU-update fill (several simulations each) only for the leaders, after the sweep
-    options = {"gpu_memory_bytes": gpu_memory_bytes, "allow_nvme": space.allow_nvme,
-               "num_steps": num_steps, "fill_gpu_updates": False,
-               "settle_clock": not settle_late}
     if seq_len > model.max_position_embeddings:
         raise ValueError(f"seq_len={seq_len} exceeds {model.name}'s "
                          f"max_position_embeddings={model.max_position_embeddings}")
-    jobs = [(model, train, policy, profile, options)
-            for train, policy in space.candidates(seq_len, max_grad_norm, base)]
-    if not jobs:
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance={tolerance!r}: give a fraction in [0, 1)")
+    settings = list(space.candidates(seq_len, max_grad_norm, base))
+    if not settings:
         raise ValueError(f"no candidate has at most max_tokens_per_step="
                          f"{space.max_tokens_per_step} tokens per step at seq_len={seq_len}: "
                          "raise the cap (--max-tokens-per-step) or try smaller micro-batches")
     workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    context = _Context(model=model, profile=profile, space=space,
+                       gpu_memory_bytes=gpu_memory_bytes, num_steps=num_steps)
+    if exhaustive:
+        ranked, pruned, bounded, interrupted = (*_exhaustive(context, settings, workers,
+                                                             progress), 0, False)
+    else:
+        search = _BestFirst(context, settings, workers, progress, tolerance, interruptible)
+        ranked, pruned, bounded, interrupted = search.run()
+    best_plan = None
+    if ranked and ranked[0].feasible:
+        best = ranked[0]
+        best_plan = _plan(model, best.train, best.policy, num_steps)
+        if best_plan.reach_steps() >= best_plan.num_steps:  # so that train can repeat it
+            best_plan = build_repeatable_plan(model, best.train, best.policy)
+        best_plan.meta.update({
+            "tuned_for_profile": profile.name,
+            "tuned_for_nvme_drives": profile.storage.drives,
+            "gpu_memory_bytes": gpu_memory_bytes,
+            "prediction": best.prediction.summary(),
+        })
+    return TuneResult(candidates=tuple(ranked), best_plan=best_plan, pruned=pruned,
+                      bounded=bounded, interrupted=interrupted, searched=len(settings))
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    """What every candidate of one tune shares (set once in each worker process)."""
+
+    model: ModelSpec
+    profile: HardwareProfile
+    space: SearchSpace
+    gpu_memory_bytes: int | None
+    num_steps: int
+
+    @property
+    def settle_late(self) -> bool:
+        """The profile has a busy speedup: the sweep holds the clock, the leaders settle it."""
+        return self.profile.gpu.busy_speedup is not None
+
+    def sweep_options(self) -> dict:
+        # the GPU-update fill (several simulations each) only for the leaders, after the sweep
+        return {"gpu_memory_bytes": self.gpu_memory_bytes, "allow_nvme": self.space.allow_nvme,
+                "num_steps": self.num_steps, "fill_gpu_updates": False,
+                "settle_clock": not self.settle_late}
+
+
+def _exhaustive(context: _Context, settings: list[tuple[TrainSpec, Policy]], workers: int,
+                progress: Callable[[int, int], None] | None) -> tuple[list[Candidate], int]:
+    """Every candidate simulated; the 16 fastest filled, settled and niced (tune(exhaustive=
+    True)): the ranking and how many were not tried (a smaller micro-batch overflowed)."""
+    model, profile, space = context.model, context.profile, context.space
+    gpu_memory_bytes, num_steps = context.gpu_memory_bytes, context.num_steps
+    settle_late = context.settle_late
+    options = context.sweep_options()
+    jobs = [(model, train, policy, profile, options) for train, policy in settings]
     results: list[Candidate] = []
     # In waves of micro-batch, smallest first: GPU memory grows with the micro-batch (every
     # activation, workspace and checkpoint scales with its tokens), so the settings that
@@ -495,22 +592,498 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
         ranked = _ranked([_lanes_first(model, c, profile, gpu_memory_bytes, num_steps)
                           for c in leaders]
                          + [c for c in ranked if not any(c is x for x in leaders)])
-    best_plan = None
-    if ranked and ranked[0].feasible:
-        best = ranked[0]
-        best_plan = build_plan(model, best.train, best.policy, num_steps=num_steps)
-        if best_plan.reach_steps() >= best_plan.num_steps:  # so that train can repeat it
-            best_plan = build_repeatable_plan(model, best.train, best.policy)
-        best_plan.meta.update({
-            "tuned_for_profile": profile.name,
-            "tuned_for_nvme_drives": profile.storage.drives,
-            "gpu_memory_bytes": gpu_memory_bytes,
-            "prediction": best.prediction.summary(),
-        })
-    return TuneResult(candidates=tuple(ranked), best_plan=best_plan, pruned=pruned)
+    return ranked, pruned
 
 
 def _without_micro_batch(job: tuple) -> tuple:
     """A tune job's settings but its micro-batch (what the pruning by GPU overflow compares)."""
     train, policy = job[1], job[2]
     return train.seq_len, train.grad_accum, train.max_grad_norm, policy
+
+
+# --- plans, built once ----------------------------------------------------------------------
+
+PLAN_CACHE_SIZE = 6  # plans kept per process: a candidate's, then its settle and niceness reuse
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+# their simulations: settling a plan's clock starts with the one the sweep ran
+_MEMO = SimulationMemo()
+
+
+def _plan(model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int) -> Plan:
+    """build_plan, remembered for the last few candidates: the settled clock and the niced
+    CPU kernels simulate the same plan again (the build reads no executor knob, so plans that
+    differ only there share one; each caller gets its own policy and meta)."""
+    key = (model, train, policy.residency, policy.schedule, policy.kernels, num_steps)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps)
+        while len(_PLANS) > PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
+    else:
+        _PLANS.move_to_end(key)
+    out = copy.copy(plan)
+    out.policy, out.meta = policy, dict(plan.meta)
+    return out
+
+
+_STATIC: OrderedDict[tuple, tuple] = OrderedDict()
+
+
+def _static_buffers(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple:
+    """planner.build.static_buffers, remembered for the last candidates' placements (the
+    best-first search's bound and its sweep check the same ones)."""
+    key = (model, train, policy.residency, policy.schedule, policy.kernels)
+    buffers = _STATIC.get(key)
+    if buffers is None:
+        buffers = _STATIC[key] = static_buffers(model, train, policy)
+        while len(_STATIC) > 64:
+            _STATIC.popitem(last=False)
+    return buffers
+
+
+# --- best first -----------------------------------------------------------------------------
+
+_CONTEXT: _Context | None = None  # the tune this process works for (a worker: set once)
+_CLASSES: dict[tuple, BlockFloors] = {}
+_COSTS: dict[tuple[bool, float], CostModel] = {}
+
+
+def _use_context(context: _Context) -> None:
+    global _CONTEXT
+    if _CONTEXT is not context:
+        _CONTEXT = context
+        _CLASSES.clear()
+        _COSTS.clear()
+
+
+def _worker_start(context: _Context) -> None:
+    """A worker of the best-first pool: Ctrl-C is the parent's to handle."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _use_context(context)
+
+
+def _costs(lanes_first: bool, bound: bool = False, speedup: float | None = None) -> CostModel:
+    """The context's cost model (each task shape costed once per process) at the policy's
+    knobs: the sweep's (the tables' GPU speed), the bounds' (bound: the GPU at its largest busy
+    speedup), or at `speedup`."""
+    if speedup is None:
+        speedup = max_gpu_speedup(_CONTEXT.profile) if bound else 1.0
+    key = (lanes_first, speedup)
+    costs = _COSTS.get(key)
+    if costs is None:
+        costs = _COSTS[key] = CostModel(_CONTEXT.profile, gpu_speedup=speedup,
+                                        lanes_first=lanes_first)
+        while len(_COSTS) > 8:
+            _COSTS.pop(next(iter(_COSTS)))
+    return costs
+
+
+def _class_floors(train: TrainSpec, policy: Policy, speedup: float | None = None,
+                  ) -> tuple[BlockFloors, BlockFloors]:
+    key = class_key(train, policy)
+    costs = _costs(policy.executor.lanes_first, bound=True, speedup=speedup)
+    cached = (key, costs.gpu_speedup)
+    if cached not in _CLASSES:
+        _CLASSES[cached] = class_floors(_CONTEXT.model, key, costs)
+    return _CLASSES[cached]
+
+
+def _gpu_limit() -> int:
+    return memory_limits(_CONTEXT.profile, _CONTEXT.gpu_memory_bytes)["gpu"]
+
+
+def _fill(policy: Policy, headroom_bytes: float) -> list[list[int]] | None:
+    if not _CONTEXT.space.fill_gpu_updates:
+        return None
+    return fill_takes(_CONTEXT.model, policy, headroom_bytes * GPU_FILL_MARGIN)
+
+
+def _compute_floors(train: TrainSpec, policy: Policy, speedup: float | None = None,
+                    ) -> BlockFloors:
+    """The class plan's compute alone, without GPU casts (what a GPU-updated block keeps)."""
+    if policy.schedule.cast == "gpu":
+        policy = policy.with_(cast="cpu_once")
+    return _class_floors(train, policy, speedup)[1]
+
+
+def _class_bound(train: TrainSpec, policy: Policy, fill: list[list[int]] | None | bool = True,
+                 speedup: float | None = None) -> dict[str, float]:
+    """Level 0: floors from the candidate's class plans (see tuner.bounds). fill: the blocks a
+    fill may take (True: as many as the whole GPU holds); speedup: the GPU's (default: its
+    largest busy speedup)."""
+    floors = _class_floors(train, policy, speedup)
+    if fill is True:
+        fill = _fill(policy, _gpu_limit())
+    return class_bounds(floors[0], _compute_floors(train, policy, speedup), train.grad_accum,
+                        fill, cpu=not keeps_blocks_on_gpu(policy))
+
+
+def _short_bound(train: TrainSpec, policy: Policy) -> tuple[float, Candidate | None]:
+    """Level 1: a tokens/s bound from a short plan of the candidate at the least NVMe placement
+    whose static buffers fit (every placement tried later has at least its floors), inf where
+    none fits or the GPU overflows already (those are settled without simulating, or nearly);
+    and the candidate rejected, where what that plan holds on the GPU at once already
+    overflows it (no placement takes GPU memory off: the candidate cannot fit)."""
+    ctx = _CONTEXT
+    steps, pools = _placement_steps(train, policy, ctx.space.allow_nvme)
+    for *placement, prefetch, activations in steps:
+        placed = _placed(policy, *placement, pools[-1], prefetch, activations)
+        buffers = _static_buffers(ctx.model, train, placed)
+        early = static_rejection(buffers, train.tokens_per_step, ctx.profile,
+                                 gpu_memory_bytes=ctx.gpu_memory_bytes)
+        if early is None:
+            break
+        if any(o.tier != "host" for o in early.overflows):
+            return float("inf"), None
+    else:
+        return float("inf"), None
+    plan, whole = short_plan(ctx.model, train, placed)
+    limit = _gpu_limit()
+    held = gpu_in_use_lower_bound(plan)
+    if held > limit * (1 if whole else 1 + SHORT_PLAN_GPU_MARGIN):
+        return 0.0, _rejected_on_gpu(train, placed, buffers, held)
+    static_gpu = sum(b.bytes for b in buffers if b.tier == "gpu" and b.is_static)
+    fill = _fill(placed, limit - static_gpu)
+    floors = BlockFloors.of(plan, _costs(placed.executor.lanes_first, bound=True),
+                            ctx.model.num_layers)
+    merged = plan_bounds(floors, fill, _compute_floors(train, placed), train.grad_accum)
+    for key, value in _class_bound(train, policy).items():
+        merged[key] = max(merged.get(key, 0.0), value)
+    return tokens_per_s_bound(train.tokens_per_step, merged), None
+
+
+def _rejected_on_gpu(train: TrainSpec, policy: Policy, buffers, held_bytes: int) -> Candidate:
+    """The candidate as rejected before its simulation: the GPU holds at least held_bytes."""
+    ctx = _CONTEXT
+    static = {tier: sum(b.bytes for b in buffers if b.tier == tier and b.is_static)
+              for tier in TIERS}
+    limits = memory_limits(ctx.profile, ctx.gpu_memory_bytes)
+    runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
+    prediction = Prediction(
+        label="", tokens_per_step=train.tokens_per_step, limits_bytes=limits,
+        peak_bytes={**static, "gpu": held_bytes}, gpu_runtime_bytes=runtime,
+        overflows=(Overflow(tier="gpu", need_bytes=held_bytes, limit_bytes=limits["gpu"]),))
+    return Candidate(train=train, policy=policy, prediction=prediction)
+
+
+# what the exhaustive search gives its leaders after the sweep, in order
+STAGES = ("fill", "settle", "nice")
+
+
+def _sweep(train: TrainSpec, policy: Policy) -> tuple[Candidate, float | None]:
+    """Level 2: the candidate simulated as the exhaustive sweep does (its NVMe placement), and
+    a bound on what its later stages can make of it (None: they can change nothing)."""
+    ctx = _CONTEXT
+    candidate = evaluate(ctx.model, train, policy, ctx.profile, **ctx.sweep_options(),
+                         costs=_costs(policy.executor.lanes_first))
+    if not candidate.feasible:
+        return candidate, None
+    return candidate, _later_bound(candidate, STAGES)
+
+
+def _stage(candidate: Candidate, stage: str) -> tuple[Candidate, float | None]:
+    """Levels 3-5: one stage the exhaustive search gives its leaders (the GPU-update fill, the
+    settled clock, the niced CPU kernels of a GPU-bound plan), and a bound on what the stages
+    after it can make of the candidate (None: nothing)."""
+    ctx = _CONTEXT
+    model, profile, cap, steps = ctx.model, ctx.profile, ctx.gpu_memory_bytes, ctx.num_steps
+    if stage == "fill":
+        if ctx.space.fill_gpu_updates:
+            candidate = filled_with_gpu_updates(
+                model, candidate, profile, gpu_memory_bytes=cap, num_steps=steps,
+                costs=_costs(candidate.policy.executor.lanes_first),
+                settle_clock=not ctx.settle_late)
+    elif stage == "settle":
+        if ctx.settle_late:
+            candidate = _settled(model, candidate, profile, cap, steps)
+    elif ctx.space.lanes_first:
+        candidate = _lanes_first(model, candidate, profile, cap, steps)
+    rest = STAGES[STAGES.index(stage) + 1:]
+    if not rest or not candidate.feasible:
+        return candidate, None
+    return candidate, _later_bound(candidate, rest)
+
+
+def _finish(candidate: Candidate, stages: tuple[str, ...] = STAGES) -> Candidate:
+    """The stages left, one after the other."""
+    for stage in stages:
+        candidate, _ = _stage(candidate, stage)
+    return candidate
+
+
+def _later_bound(candidate: Candidate, stages: tuple[str, ...]) -> float | None:
+    """What the stages left can make of a feasible candidate at most (tokens/s); None where
+    none of them can change its prediction (they may still change its policy: the niceness)."""
+    ctx = _CONTEXT
+    pred, policy, train = candidate.prediction, candidate.policy, candidate.train
+    fill = (_fill(policy, pred.limits_bytes["gpu"] - pred.gpu_need_bytes)
+            if "fill" in stages else None)
+    settle = "settle" in stages and ctx.settle_late
+    nice = ("nice" in stages and ctx.space.lanes_first and priced_apart(ctx.profile)
+            and policy.executor.cpu_nice == 0
+            and bool(settle or fill or lanes_first(policy, pred.bottleneck) is not None))
+    if not (fill or settle or nice):
+        return None
+    plan = _plan(ctx.model, train, policy, ctx.num_steps)
+    speedup = (_speedup_bound(candidate, plan, fill) if settle or (nice and ctx.settle_late)
+               else pred.gpu_speedup)
+    costs = _costs(policy.executor.lanes_first, speedup=speedup)
+    floors = BlockFloors.of(plan, costs, ctx.model.num_layers)
+    compute = _compute_floors(train, policy, speedup)
+    bound = tokens_per_s_bound(train.tokens_per_step,
+                               plan_bounds(floors, fill, compute, train.grad_accum))
+    return max(pred.tokens_per_s, bound)
+
+
+# a settled clock is taken this much above where the bound on it says (the settling stops
+# within CLOCK_TOLERANCE of its fixed point)
+SPEEDUP_SLACK = 1.01
+
+
+def _speedup_bound(candidate: Candidate, plan: Plan, fill) -> float:
+    """The fastest the GPU's clock can settle at for this candidate (or what its later stages
+    make of it): the table's largest speedup at the busy fractions it can have. Its step does
+    not grow (a fill or a niceness is kept only faster; a clock above 1 only shortens it), and
+    its GPU work at speed s is at least its work at speed 1 over s (its plan's; its compute
+    alone where a fill may come, without GPU casts), so it is busy at least that over s times
+    its step; at most speed s then, and the bound is tightened until it holds (a table below
+    1 anywhere: its largest speedup)."""
+    profile = _CONTEXT.profile
+    table = profile.gpu.busy_speedup
+    top = max_gpu_speedup(profile)
+    if table is None or any(x < 1 for _, x in table):
+        return top
+    policy, lanes = candidate.policy, candidate.policy.executor.lanes_first
+    if fill and policy.schedule.cast == "gpu":
+        work = _class_bound(candidate.train, policy, fill, speedup=1.0)["lane:gpu"]
+    else:
+        by_block = floors_by_block(plan, _costs(lanes, speedup=1.0),
+                                   COMPUTE_KINDS if fill else None)
+        work = sum(floors.get("lane:gpu", 0.0) for floors in by_block.values())
+    step = candidate.prediction.step_s
+    speedup = top
+    for _ in range(50):
+        busy = min(1.0, work / (speedup * step)) if step > 0 else 0.0
+        # the table's largest speedup over busy fractions from `busy` to 1 (linear between)
+        tighter = max([profile.gpu.speedup_at_busy(busy), profile.gpu.speedup_at_busy(1.0),
+                       *(x for b, x in table if b >= busy)])
+        if tighter >= speedup - 1e-6:
+            break
+        speedup = tighter
+    return min(top, speedup * SPEEDUP_SLACK)
+
+
+def _bound_if_beating(train: TrainSpec, policy: Policy, best_tps: float) -> float:
+    """The class plans' bound on a candidate of a settling GPU, taken at the fastest its clock
+    can settle at were it to beat best_tps tokens/s: its step shorter than tokens over that,
+    its GPU busy at least its compute (at speed 1, over s) over that step, so at most the
+    table's largest speedup from there (as _speedup_bound). At most best_tps: it cannot beat
+    it."""
+    profile = _CONTEXT.profile
+    table = profile.gpu.busy_speedup
+    top = max_gpu_speedup(profile)
+    speedup = top
+    if table is not None and not any(x < 1 for _, x in table) and best_tps > 0:
+        work = _class_bound(train, policy, speedup=1.0)["lane:gpu"]
+        step = train.tokens_per_step / best_tps
+        for _ in range(50):
+            busy = min(1.0, work / (speedup * step))
+            tighter = max([profile.gpu.speedup_at_busy(busy), profile.gpu.speedup_at_busy(1.0),
+                           *(x for b, x in table if b >= busy)])
+            if tighter >= speedup - 1e-6:
+                break
+            speedup = tighter
+        speedup = min(top, speedup * SPEEDUP_SLACK)
+    return tokens_per_s_bound(train.tokens_per_step,
+                              _class_bound(train, policy, speedup=speedup))
+
+
+def _level_work(level: int, i: int, search: _BestFirst) -> tuple:
+    """The function and arguments that take candidate i past `level`."""
+    if level == 0:
+        return (_short_bound, *search.settings[i])
+    if level == 1:
+        return (_sweep, *search.settings[i])
+    return (_stage, search.latest[i], STAGES[level - 2])
+
+
+class _Done:
+    """A result already there (the search without a pool works as if through one)."""
+
+    def __init__(self, value):
+        self._value = value
+
+    def result(self):
+        return self._value
+
+
+class _BestFirst:
+    """tune's best-first search. Each candidate goes through levels, each giving a tighter
+    upper bound on its tokens/s (tuner.bounds): its class plans' (all at once, first), a short
+    plan's, its sweep simulation (with a bound on what the later stages can add), and last its
+    fill, settled clock and niceness: its final tokens/s. The candidate with the highest bound
+    goes a level on, on each of `workers` processes, until no bound beats the best final
+    tokens/s found (by more than `tolerance` of it). Candidates whose smaller micro-batch
+    overflowed the GPU are not tried, as in the exhaustive sweep."""
+
+    def __init__(self, context: _Context, settings: list[tuple[TrainSpec, Policy]],
+                 workers: int, progress: Callable[[int, int], None] | None, tolerance: float,
+                 interruptible: bool = True):
+        self.context, self.settings = context, settings
+        self.interruptible = interruptible
+        self.workers, self.progress, self.tolerance = max(1, workers), progress, tolerance
+        self.latest: dict[int, Candidate] = {}  # each simulated candidate's latest
+        self.stages_done: dict[int, int] = {}  # how many of STAGES each has been through
+        self.sweep_tps: dict[int, float] = {}  # what the sweep said of each (ties: the faster)
+        self.finished: set[int] = set()
+        self.best: int | None = None
+        self.overflowed: dict[tuple, int] = {}  # settings -> smallest micro-batch over the GPU
+        self.dive: list[tuple] = []  # the candidate taken on to its end before any other
+        self.pruned = 0
+
+    def threshold(self) -> float:
+        if self.best is None:
+            return -1.0
+        return self.latest[self.best].prediction.tokens_per_s * (1 + self.tolerance)
+
+    def skipped(self, i: int) -> bool:
+        train, policy = self.settings[i]
+        smallest = self.overflowed.get(_without_micro_batch((None, train, policy)))
+        return smallest is not None and smallest < train.micro_batch
+
+    def run(self) -> tuple[list[Candidate], int, int, bool]:
+        _use_context(self.context)
+        heap = []
+        for i, (train, policy) in enumerate(self.settings):
+            bound = tokens_per_s_bound(train.tokens_per_step, _class_bound(train, policy))
+            heap.append((-bound, i, 0))
+        heapq.heapify(heap)
+        pool = (ProcessPoolExecutor(max_workers=self.workers, initializer=_worker_start,
+                                    initargs=(self.context,))
+                if self.workers > 1 and len(heap) > 1 else None)
+        inflight: dict = {}
+        interrupted = False
+        try:
+            while True:
+                threshold = self.threshold()
+                while len(inflight) < self.workers and (
+                        self.dive or (heap and -heap[0][0] > threshold)):
+                    # until a candidate has been finished, the one simulated first goes on
+                    # (a best to prune with, early); then the highest bound
+                    neg, i, level = self.dive.pop() if self.dive else heapq.heappop(heap)
+                    if level < 2 and self.skipped(i):
+                        self.pruned += 1
+                        continue
+                    if level < 2 and self.context.settle_late and self.best is not None:
+                        # were it to beat the best, its clock could settle only so fast
+                        refined = _bound_if_beating(*self.settings[i], threshold)
+                        if refined < -neg:
+                            if refined > threshold:
+                                heapq.heappush(heap, (-refined, i, level))
+                            continue
+                    work = _level_work(level, i, self)
+                    future = (pool.submit(*work) if pool is not None
+                              else _Done(work[0](*work[1:])))
+                    inflight[future] = (i, level, -neg)
+                if not inflight:
+                    break
+                done = (wait(inflight, return_when=FIRST_COMPLETED)[0] if pool is not None
+                        else list(inflight))
+                for future in done:
+                    i, level, bound = inflight.pop(future)
+                    self.handle(heap, i, level, bound, future.result())
+                self.report(heap, len(inflight))
+        except KeyboardInterrupt:
+            interrupted = True
+            if not self.interruptible:
+                raise
+        finally:
+            if pool is not None:
+                _stop(pool, interrupted)
+        if not interrupted:
+            self.finish_ahead_of_best()
+        order = sorted(self.latest)  # the settings' order: ties rank as in the sweep
+        ranked = _ranked([self.latest[i] for i in order])
+        if self.best is not None and not interrupted:
+            # the best finished first (an unfinished one ahead of it only ties it)
+            best = self.latest[self.best]
+            ranked = [best, *(c for c in ranked if c is not best)]
+        bounded = len(self.settings) - len(self.latest) - self.pruned
+        if self.progress and not interrupted:
+            self.progress(len(self.settings), len(self.settings))
+        return ranked, self.pruned, bounded, interrupted
+
+    def handle(self, heap: list, i: int, level: int, bound: float, result) -> None:
+        if level == 0:  # a short plan's bound, or the candidate rejected on the GPU
+            tighter, rejected = result
+            if rejected is not None:
+                self.sweep_done(i, rejected)
+            else:
+                heapq.heappush(heap, (-min(bound, tighter), i, 1))
+            return
+        candidate, later = result
+        if level == 1:  # the sweep's simulation
+            self.sweep_done(i, candidate)
+            if not candidate.feasible:
+                return
+        else:
+            self.latest[i] = candidate
+        self.stages_done[i] = level - 1
+        if later is None:  # nothing left can move it: finished (its niceness, cheaply)
+            self.finished_with(i, _finish(candidate, STAGES[level - 1:]))
+        elif self.best is None and not self.dive:
+            self.dive.append((-min(bound, later), i, level + 1))
+        else:
+            heapq.heappush(heap, (-min(bound, later), i, level + 1))
+
+    def sweep_done(self, i: int, candidate: Candidate) -> None:
+        self.latest[i] = candidate
+        self.sweep_tps[i] = candidate.prediction.tokens_per_s or 0.0
+        if any(o.tier == "gpu" for o in candidate.prediction.overflows):
+            key = _without_micro_batch((None, *self.settings[i]))
+            mb = candidate.train.micro_batch
+            self.overflowed[key] = min(self.overflowed.get(key, mb), mb)
+
+    def finished_with(self, i: int, candidate: Candidate) -> None:
+        self.latest[i] = candidate
+        self.finished.add(i)
+        if not candidate.feasible:
+            return
+        # ties go as the exhaustive search's stable sorts leave them: the faster in the sweep,
+        # then the first in the space
+        key = (candidate.prediction.tokens_per_s, self.sweep_tps.get(i, 0.0), -i)
+        best = self.best
+        if best is None or key > (self.latest[best].prediction.tokens_per_s,
+                                  self.sweep_tps.get(best, 0.0), -best):
+            self.best = i
+
+    def finish_ahead_of_best(self) -> None:
+        """With a tolerance, a simulated candidate may stand above the best unfinished: finish
+        those (its fill, clock and niceness) until the best is ahead of every one."""
+        while True:
+            best = self.threshold() / (1 + self.tolerance) if self.best is not None else -1.0
+            ahead = [i for i, c in self.latest.items() if i not in self.finished
+                     and c.feasible and c.prediction.tokens_per_s > best]
+            if not ahead:
+                return
+            for i in ahead:
+                done = self.stages_done.get(i, 0)
+                self.finished_with(i, _finish(self.latest[i], STAGES[done:]))
+
+    def report(self, heap: list, inflight: int) -> None:
+        if not self.progress:
+            return
+        threshold = self.threshold()
+        left = sum(1 for neg, i, level in heap if -neg > threshold and level < 2) + inflight
+        done = len(self.latest) + self.pruned
+        self.progress(done, max(done + left, done))
+
+
+def _stop(pool: ProcessPoolExecutor, now: bool) -> None:
+    """Shut the pool down; on Ctrl-C without waiting for the candidates in flight."""
+    if not now:
+        pool.shutdown()
+        return
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
