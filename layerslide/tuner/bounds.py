@@ -1,6 +1,6 @@
 """Upper bounds on the tokens/s a tune candidate can reach, before simulating it or before its
-GPU-update fill, clock and niceness are tried: what lets the search (tuner.search) simulate only
-the candidates that can still beat the best it has.
+GPU-update fill, clock and niceness are tried: what lets the best-first search
+(tuner.best_first) simulate only the candidates that can still beat the best it has.
 
 A step is no shorter than its floors (simulator.predict.step_floors: each lane's work alone,
 each shared resource's use over its capacity), so tokens per step over the largest floor bounds
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.kinds import COMPUTE_KINDS
-from layerslide.planner import ModelSpec, Policy, TrainSpec, build_plan, sizes
+from layerslide.planner import ModelSpec, Policy, TrainSpec, sizes
 from layerslide.planner.build import gpu_update_candidates
-from layerslide.planner.plan import EMBEDDING, MIN_STEPS, Plan
+from layerslide.planner.plan import EMBEDDING, Plan
 from layerslide.planner.settings import GPU_UPDATE_ORDERS
 from layerslide.simulator import CostModel
 from layerslide.simulator.predict import floors_by_block
@@ -44,7 +44,7 @@ CLASS_PER_STEP = ("lane:cpu", "lane:cpu_cast")
 # decoder layers a short plan has beyond its window (and dedicated layers): enough for one
 # layer to load, compute and offload as every middle layer of the deep plan does
 SHORT_PLAN_EXTRA_LAYERS = 3
-GPU_FILL_MARGIN = 0.95  # tuner.search's: of the free GPU memory the fill may take
+GPU_FILL_MARGIN = 0.95  # of the free GPU memory, what a GPU-update fill may take (stages)
 
 
 def max_gpu_speedup(profile: HardwareProfile) -> float:
@@ -53,9 +53,30 @@ def max_gpu_speedup(profile: HardwareProfile) -> float:
     return max(1.0, *(s for _, s in points)) if points else 1.0
 
 
-def bound_costs(profile: HardwareProfile, lanes_first: bool = False) -> CostModel:
-    """The cost model bounds are taken with: the GPU at its largest busy speedup."""
-    return CostModel(profile, gpu_speedup=max_gpu_speedup(profile), lanes_first=lanes_first)
+# a settled clock is taken this much above where the bound on it says (the settling stops
+# within simulator.predict's CLOCK_TOLERANCE of its fixed point)
+SPEEDUP_SLACK = 1.01
+
+
+def settled_speedup_bound(profile: HardwareProfile, gpu_work_s: float, step_s: float) -> float:
+    """The fastest the GPU's clock can settle at for a step of at most step_s whose GPU work
+    at speed 1 is at least gpu_work_s: at speed s it is busy at least gpu_work_s / s over the
+    step, so at most the busy table's largest speedup from that fraction up (linear between
+    points), and the bound is tightened until it holds. A table below 1 anywhere, or no step:
+    the largest speedup."""
+    table = profile.gpu.busy_speedup
+    top = max_gpu_speedup(profile)
+    if table is None or any(x < 1 for _, x in table) or step_s <= 0:
+        return top
+    speedup = top
+    for _ in range(50):
+        busy = min(1.0, gpu_work_s / (speedup * step_s))
+        tighter = max([profile.gpu.speedup_at_busy(busy), profile.gpu.speedup_at_busy(1.0),
+                       *(x for b, x in table if b >= busy)])
+        if tighter >= speedup - 1e-6:
+            break
+        speedup = tighter
+    return min(top, speedup * SPEEDUP_SLACK)
 
 
 def gpu_update_blocks_fitting(model: ModelSpec, headroom_bytes: float, order: str,
@@ -158,17 +179,21 @@ def keeps_blocks_on_gpu(policy: Policy) -> bool:
     return bool(policy.residency.gpu_updated_blocks or policy.residency.resident_layers)
 
 
-def class_floors(model: ModelSpec, key: tuple, costs: CostModel,
+def class_plan_settings(model: ModelSpec, key: tuple) -> tuple[ModelSpec, TrainSpec, Policy]:
+    """What a key's class plan is built from: one decoder layer, one micro-batch a step."""
+    micro_batch, seq_len, max_grad_norm, policy = key
+    return (dataclasses.replace(model, num_layers=1),
+            TrainSpec(micro_batch=micro_batch, seq_len=seq_len, max_grad_norm=max_grad_norm),
+            policy)
+
+
+def class_floors(plan: Plan, costs: CostModel, num_layers: int,
                  ) -> tuple[BlockFloors, BlockFloors]:
-    """The floor terms of a key's class plan (one decoder layer, one micro-batch a step): of
+    """The floor terms of a class plan (class_plan_settings) for a model of num_layers: of
     all its tasks, and of its compute tasks alone (what every micro-batch of every candidate of
     the class computes however its step is laid out, and a GPU-updated block too)."""
-    micro_batch, seq_len, max_grad_norm, policy = key
-    one = dataclasses.replace(model, num_layers=1)
-    plan = build_plan(one, TrainSpec(micro_batch=micro_batch, seq_len=seq_len,
-                                     max_grad_norm=max_grad_norm), policy, num_steps=MIN_STEPS)
-    return (BlockFloors.of(plan, costs, model.num_layers),
-            BlockFloors.of(plan, costs, model.num_layers, kinds=COMPUTE_KINDS))
+    return (BlockFloors.of(plan, costs, num_layers),
+            BlockFloors.of(plan, costs, num_layers, kinds=COMPUTE_KINDS))
 
 
 def class_bounds(floors: BlockFloors, compute: BlockFloors, grad_accum: int,
@@ -185,15 +210,15 @@ def class_bounds(floors: BlockFloors, compute: BlockFloors, grad_accum: int,
     return out
 
 
-def short_plan(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple[Plan, bool]:
-    """The candidate's plan over as few layers as bound the deep one's floors (two steps), and
-    whether it is the whole model's."""
+def short_plan_model(model: ModelSpec, policy: Policy) -> tuple[ModelSpec, bool]:
+    """The model a candidate's short plan is built for: as few layers as bound the deep one's
+    floors (its window, the blocks it keeps on the GPU and SHORT_PLAN_EXTRA_LAYERS), and
+    whether that is the whole model."""
     res = policy.residency
     layers = res.window + res.resident_layers + res.gpu_updated_blocks + SHORT_PLAN_EXTRA_LAYERS
     if layers >= model.num_layers:
-        return build_plan(model, train, policy, num_steps=MIN_STEPS), True
-    short = dataclasses.replace(model, num_layers=layers)
-    return build_plan(short, train, policy, num_steps=MIN_STEPS), False
+        return model, True
+    return dataclasses.replace(model, num_layers=layers), False
 
 
 def plan_bounds(floors: BlockFloors, fill: list[list[int]] | None, compute: BlockFloors,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile, ProfileError, ProfileSpec, build_variant
 from layerslide.planner import ModelSpec
-from layerslide.tuner.search import SearchSpace, tune
+from layerslide.tuner.search import tune
+from layerslide.tuner.space import SearchSpace
 from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow, in_processes
 
 # The buyer's platforms and cards shipped with layerslide (hwprofiles/builtin).

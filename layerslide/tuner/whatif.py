@@ -15,7 +15,8 @@ from functools import partial
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, sizes
 from layerslide.trace import TIERS
-from layerslide.tuner.search import SearchSpace, TuneResult, tune
+from layerslide.tuner.search import TuneResult, tune
+from layerslide.tuner.space import SearchSpace
 
 # Small enough to sweep many profiles or models in seconds, wide enough to find the regime.
 # Accumulation 16, layer-major, is what lets the largest models run at speed (64k tokens a step

@@ -8,9 +8,11 @@ from helpers import make_round_profile, make_tiny_model
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
-from layerslide.tuner import SearchSpace, tune
-from layerslide.tuner import search as S
-from layerslide.tuner.bounds import gpu_in_use_lower_bound, tokens_per_s_bound
+from layerslide.tuner import SearchSpace, plans, tune
+from layerslide.tuner.bounds import gpu_in_use_lower_bound
+from layerslide.tuner.context import TuneContext
+from layerslide.tuner.levels import Levels
+from layerslide.tuner.stages import STAGES
 
 TINY_SPACE = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1, 4),
                          accumulations=("layer_major",), activations=("gpu", "host"),
@@ -57,22 +59,21 @@ def test_every_bound_is_above_what_its_candidate_reaches():
     """Each level's bound on a candidate (class plans, short plan, after the sweep and after
     each later stage) is at least the tokens/s its later stages give it."""
     model, profile = PRESETS["llama-3.2-1b"], load_profile("h200-bench")
-    context = S._Context(model=model, profile=profile, space=H200_SPACE,
-                         gpu_memory_bytes=24 * 2**30, num_steps=3)
-    S._use_context(context)
+    levels = Levels(TuneContext(model=model, profile=profile, space=H200_SPACE,
+                                gpu_memory_bytes=24 * 2**30, num_steps=3))
     for train, policy in H200_SPACE.candidates(1024, None, Policy.of()):
-        bounds = [tokens_per_s_bound(train.tokens_per_step, S._class_bound(train, policy))]
-        short, rejected = S._short_bound(train, policy)
+        bounds = [levels.class_tokens_per_s(train, policy)]
+        short, rejected = levels.short_bound(train, policy)
         assert rejected is None
         bounds.append(short)
-        candidate, later = S._sweep(train, policy)
+        candidate, later = levels.sweep(train, policy)
         if not candidate.feasible:
             continue
-        for stage in S.STAGES:
+        for stage in STAGES:
             if later is None:
                 break
             bounds.append(later)
-            candidate, later = S._stage(candidate, stage)
+            candidate, later = levels.stage(candidate, stage)
         reached = candidate.prediction.tokens_per_s
         assert all(b >= reached for b in bounds), (train, policy, bounds, reached)
 
@@ -91,17 +92,21 @@ def test_the_gpu_bound_of_a_plan_is_below_its_simulated_peak():
 
 def test_ctrl_c_returns_the_best_found_so_far(monkeypatch):
     model, profile = make_tiny_model(num_layers=4), make_round_profile()
-    sweep, calls = S._sweep, []
+    simulate_plan, calls = plans.simulate, []
 
-    def interrupted_after_three(*args):
+    def interrupted_after_three(*args, **kwargs):
         calls.append(args)
         if len(calls) > 3:
-            raise KeyboardInterrupt
-        return sweep(*args)
-    monkeypatch.setattr(S, "_sweep", interrupted_after_three)
+            raise KeyboardInterrupt  # Ctrl-C while the fourth plan is simulated
+        return simulate_plan(*args, **kwargs)
+    monkeypatch.setattr(plans, "simulate", interrupted_after_three)
     result = tune(model, profile, seq_len=64, space=TINY_SPACE, workers=1)
-    assert result.interrupted and len(result.candidates) == 3
-    assert result.best is not None and result.best_plan is not None
+    assert result.interrupted
+    assert 1 <= len(result.candidates) <= 3 < result.searched
+    best = result.best
+    assert best is not None and result.best_plan is not None
+    assert best.prediction.tokens_per_s == max(c.prediction.tokens_per_s
+                                               for c in result.feasible)
     calls.clear()
     with pytest.raises(KeyboardInterrupt):  # a sweep of tunes stops as a whole
         tune(model, profile, seq_len=64, space=TINY_SPACE, workers=1, interruptible=False)
@@ -128,17 +133,41 @@ def test_a_tolerance_keeps_the_pick_within_it():
 
 def test_plans_that_differ_only_in_executor_knobs_are_built_once(monkeypatch):
     built = []
-    real = S.build_plan
+    real = plans.build_plan
 
     def counted(*args, **kwargs):
         built.append(args)
         return real(*args, **kwargs)
-    monkeypatch.setattr(S, "build_plan", counted)
+    monkeypatch.setattr(plans, "build_plan", counted)
     model, train = make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16)
-    plain = S._plan(model, train, Policy.of(), 3)
-    niced = S._plan(model, train, Policy.of(cpu_nice=19), 3)
+    plain = plans.plan_of(model, train, Policy.of(), 3)
+    niced = plans.plan_of(model, train, Policy.of(cpu_nice=19), 3)
     assert len(built) == 1 and niced.graph is plain.graph
     assert niced.policy.executor.cpu_nice == 19 and plain.policy.executor.cpu_nice == 0
     niced.meta["x"] = 1
     assert "x" not in plain.meta
     assert replace(plain, meta={}, policy=niced.policy) == replace(niced, meta={})
+
+
+def test_a_fill_tries_only_the_blocks_worth_trying():
+    """worth_trying(blocks) False skips that try and the fewer blocks of its order after it;
+    True changes nothing."""
+    from layerslide.tuner.stages import evaluate, filled_with_gpu_updates
+
+    model = replace(make_tiny_model(num_layers=4), vocab_size=4096)
+    train, profile = TrainSpec(micro_batch=1, seq_len=16), make_round_profile()
+    roomy = evaluate(model, train, Policy.of(), profile, gpu_memory_bytes=None,
+                     allow_nvme=True, num_steps=3)
+    cap = roomy.prediction.gpu_need_bytes + int(18 * 4 * model.layer_params / 0.95)
+    base = evaluate(model, train, Policy.of(), profile, gpu_memory_bytes=cap, allow_nvme=True,
+                    num_steps=3)
+    options = {"gpu_memory_bytes": cap, "num_steps": 3}
+    filled = filled_with_gpu_updates(model, base, profile, **options)
+    assert filled.policy.residency.gpu_updated_blocks > 0  # the fill pays here
+    asked = []
+    ruled_out = filled_with_gpu_updates(model, base, profile, **options,
+                                        worth_trying=lambda b: asked.append(b) or False)
+    assert ruled_out is base
+    assert len(asked) == len(set(asked)) <= 2  # the first try of each order, no halving
+    assert filled_with_gpu_updates(model, base, profile, **options,
+                                   worth_trying=lambda b: True) == filled
