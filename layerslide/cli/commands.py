@@ -6,6 +6,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,7 @@ from layerslide.cli.options import (
     model_of,
     policy_of,
     profile_of,
+    progress_printer,
     train_of,
     with_env_overrides,
 )
@@ -311,15 +313,14 @@ def tolerance_of(args) -> float:
 
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
-    tolerance_of(args)
+    tolerance = tolerance_of(args)
     check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,
                   base_policy=with_env_overrides(Policy.of()), exhaustive=args.exhaustive,
-                  tolerance=tolerance_of(args),
-                  progress=progress_with_eta("tune: candidates"))
+                  tolerance=tolerance, progress=progress_printer("tune: candidates"))
     if result.interrupted:
         print(f"interrupted (Ctrl-C): the best of the {len(result.candidates)} candidates "
               "simulated so far", file=sys.stderr)
@@ -332,7 +333,7 @@ def cmd_tune(args) -> int:
                      "pruned": result.pruned, "not_simulated": result.bounded,
                      "interrupted": result.interrupted,
                      "plan_file": args.output if result.best_plan is not None else None})
-        return 0 if result.best else 1
+        return 130 if result.interrupted else 0 if result.best else 1
     pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
               "overflowed the GPU)") if result.pruned else ""
     if result.bounded:
@@ -401,56 +402,62 @@ def cmd_whatif(args) -> int:
     given = [flag for flag, value in buying.items() if value is not None]
     if given:
         raise UsageError(f"{', '.join(given)} go with --target-tokens-per-s T (what to buy)")
-    progress = progress_with_eta("whatif: tuned")
+    search = {"space": _whatif_space(args), "exhaustive": args.exhaustive,
+              "tolerance": tolerance_of(args), "seq_len": args.seq_len,
+              "gpu_memory_bytes": args.gpu_memory,
+              "progress": progress_printer("whatif: tuned")}
+    profile, title, rows_of = (_whatif_models if args.profile_axis else _whatif_profiles)(args)
     interrupted = False
-    if args.profile_axis:
-        if args.model or args.profiles:
-            raise UsageError("--on-profile compares models: give them with --models, "
-                             "not --model or --profiles")
-        profile = profile_of(args.profile_axis, args.nvme_drives)
-        check_gpu_cap(args.gpu_memory, profile)
-        models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
-        try:
-            rows = across_models(profile, models, ram_sizes=args.ram or (None,),
-                                 nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                                 gpu_memory_bytes=args.gpu_memory, progress=progress,
-                                 space=_whatif_space(args), exhaustive=args.exhaustive,
-                                 tolerance=tolerance_of(args))
-        except Interrupted as stop:
-            rows, interrupted = [r for r in stop.results if r is not None], True
-        title = f"models on {profile.name}"
-    else:
-        if not args.model:
-            raise UsageError("give --model M (across profiles) or --on-profile P "
-                             "(across models)")
-        if args.models or args.ram or args.nvme:
-            raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
-                             "--target-tokens-per-s)")
-        model = model_of(args)
-        profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
-                    [p.name for p in builtin_profiles()]]
-        # a cap that lowers some cards across profiles; one above every card caps none
-        check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
-        note_cards_under_cap(args.gpu_memory, profiles)
-        try:
-            rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                                   gpu_memory_bytes=args.gpu_memory, progress=progress,
-                                   space=_whatif_space(args), exhaustive=args.exhaustive,
-                                 tolerance=tolerance_of(args))
-        except Interrupted as stop:
-            rows, interrupted = [r for r in stop.results if r is not None], True
-        title = f"{model.name} across profiles"
-    if interrupted:
+    try:
+        rows = rows_of(**search)
+    except Interrupted as stop:  # Ctrl-C: the rows tuned so far
+        rows, interrupted = [r for r in stop.results if r is not None], True
         print(f"interrupted (Ctrl-C): the {len(rows)} rows tuned so far", file=sys.stderr)
         if not rows:
             return 130
+    _print_whatif(args, rows, title + (" (interrupted: the rows tuned so far)"
+                                       if interrupted else ""), profile, interrupted)
+    return 130 if interrupted else 0
+
+
+def _whatif_models(args):
+    """whatif --on-profile P: the profile, the title and the search of each model on it, for
+    each RAM and NVMe size."""
+    if args.model or args.profiles:
+        raise UsageError("--on-profile compares models: give them with --models, "
+                         "not --model or --profiles")
+    profile = profile_of(args.profile_axis, args.nvme_drives)
+    check_gpu_cap(args.gpu_memory, profile)
+    models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
+    return profile, f"models on {profile.name}", partial(
+        across_models, profile, models, ram_sizes=args.ram or (None,),
+        nvme_sizes=args.nvme or (None,))
+
+
+def _whatif_profiles(args):
+    """whatif --model M: the title and the search of the model on each profile."""
+    if not args.model:
+        raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
+    if args.models or args.ram or args.nvme:
+        raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
+                         "--target-tokens-per-s)")
+    model = model_of(args)
+    profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
+                [p.name for p in builtin_profiles()]]
+    # a cap that lowers some cards across profiles; one above every card caps none
+    check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
+    note_cards_under_cap(args.gpu_memory, profiles)
+    return None, f"{model.name} across profiles", partial(across_profiles, model, profiles)
+
+
+def _print_whatif(args, rows: list[WhatIfRow], title: str, profile, interrupted: bool) -> None:
     table = _whatif_table(rows)
     largest = (_largest_by_size(rows, profile, args.moment_precision)
                if args.profile_axis else [])
     if args.json:
         _print_json({"rows": _records(table), "largest": largest, "interrupted": interrupted})
-        return 130 if interrupted else 0
-    print(f"what-if: {title}" + (" (interrupted: the rows tuned so far)" if interrupted else ""))
+        return
+    print(f"what-if: {title}")
     cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
             "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
             "config", "reason"]
@@ -465,36 +472,46 @@ def cmd_whatif(args) -> int:
                 f"{entry['ram_and_nvme_params'] / 1e9:.1f}B with NVMe")
         print("  all in RAM by moment precision: " + ", ".join(
             f"{k} {v / 1e9:.1f}B" for k, v in entry["all_in_ram_params_by_moments"].items()))
-    return 130 if interrupted else 0
-
-
-def progress_with_eta(what: str, *, quiet_s: float = 5.0):
-    """A progress callback: on a terminal `what: done/total (elapsed, about N s left)` redrawn
-    on stderr; elsewhere (a log, a pipe) a line at every tenth of the work once it has run
-    quiet_s. The time left is the time so far per item done, times the items left (a search's
-    total shrinks as bounds rule candidates out)."""
-    import time
-
-    start = time.monotonic()
-    tty = sys.stderr.isatty()
-    last = [0]
-
-    def show(done: int, total: int) -> None:
-        elapsed = time.monotonic() - start
-        left = f", about {elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
-        text = f"{what}: {done}/{total} ({elapsed:.0f} s{left})"
-        if tty:
-            end = "\n" if done >= total else ""
-            print(f"\r{text}\033[K", end=end, file=sys.stderr, flush=True)
-        elif elapsed >= quiet_s and total and (done >= total or done * 10 // total > last[0]):
-            last[0] = done * 10 // total
-            print(text, file=sys.stderr, flush=True)
-
-    return show
 
 
 def _whatif_purchase(args) -> int:
     """whatif --target-tokens-per-s T --model M: every variant in the ranges, cheapest first."""
+    target, tolerance = args.target_tokens_per_s, tolerance_of(args)
+    _check_purchase_flags(args)
+    model = model_of(args)
+    candidates, skipped = purchase_variants(
+        args.platforms or DEFAULT_PLATFORMS, args.gpus or DEFAULT_CARDS,
+        args.ram or DEFAULT_RAM_SIZES, args.drives or DEFAULT_DRIVE_COUNTS)
+    if not candidates:
+        raise UsageError("no variant to try: every combination was refused by its platform ("
+                         + "; ".join(f"{s}: {why}" for s, why in skipped[:3]) + ")")
+    space = replace(PURCHASE_SPACE, moment_precisions=(args.moment_precision,))
+    if not args.json:
+        tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
+        print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
+              f"variants, each tuned over {tried} candidates", flush=True)
+    interrupted = False
+    try:
+        rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
+                               workers=args.workers, exhaustive=args.exhaustive,
+                               tolerance=tolerance,
+                               progress=progress_printer("whatif: variants tuned", quiet_s=0))
+    except Interrupted as stop:  # Ctrl-C: the variants tuned so far
+        done = [r for r in stop.results if r is not None]
+        print(f"interrupted (Ctrl-C): the {len(done)} of {len(candidates)} variants tuned so "
+              "far", file=sys.stderr)
+        if not done:
+            return 130
+        rows, interrupted = purchase_rank(done, target), True
+    lines = purchase_summary(rows, target)
+    if interrupted:
+        lines.insert(0, f"(interrupted: {len(rows)} of {len(candidates)} variants tuned)")
+    _write_purchase(args, model, rows, lines, skipped)
+    return 130 if interrupted else 0
+
+
+def _check_purchase_flags(args) -> None:
+    """The purchase question's flags, refused before any work."""
     target = args.target_tokens_per_s
     if not (target > 0 and target != float("inf")):
         raise UsageError(f"--target-tokens-per-s {target:g}: give a throughput more than 0")
@@ -512,34 +529,11 @@ def _whatif_purchase(args) -> int:
     writable_file("--csv", args.csv)
     if args.out:
         writable_folder("--out", args.out)
-    model = model_of(args)
-    candidates, skipped = purchase_variants(
-        args.platforms or DEFAULT_PLATFORMS, args.gpus or DEFAULT_CARDS,
-        args.ram or DEFAULT_RAM_SIZES, args.drives or DEFAULT_DRIVE_COUNTS)
-    if not candidates:
-        raise UsageError("no variant to try: every combination was refused by its platform ("
-                         + "; ".join(f"{s}: {why}" for s, why in skipped[:3]) + ")")
-    space = replace(PURCHASE_SPACE, moment_precisions=(args.moment_precision,))
-    if not args.json:
-        tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
-        print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
-              f"variants, each tuned over {tried} candidates", flush=True)
-    interrupted = False
-    try:
-        rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
-                               workers=args.workers, exhaustive=args.exhaustive,
-                               tolerance=tolerance_of(args),
-                               progress=progress_with_eta("whatif: variants tuned", quiet_s=0))
-    except Interrupted as stop:
-        done = [r for r in stop.results if r is not None]
-        print(f"interrupted (Ctrl-C): the {len(done)} of {len(candidates)} variants tuned so "
-              "far", file=sys.stderr)
-        if not done:
-            return 130
-        rows, interrupted = purchase_rank(done, target), True
-    lines = purchase_summary(rows, target)
-    if interrupted:
-        lines.insert(0, f"(interrupted: {len(rows)} of {len(candidates)} variants tuned)")
+
+
+def _write_purchase(args, model, rows: list[dict], lines: list[str], skipped) -> None:
+    """The purchase table and summary: printed (or as JSON), and to --csv and --out."""
+    target = args.target_tokens_per_s
     table = pd.DataFrame(rows)
     data = {"model": model.name, "target_tokens_per_s": target, "seq_len": args.seq_len,
             "moment_precision": args.moment_precision, "rows": _records(table),
@@ -561,7 +555,6 @@ def _whatif_purchase(args) -> int:
         _print_json(data)
     else:
         print(text)
-    return 130 if interrupted else 0
 
 
 def _purchase_text(table: pd.DataFrame, lines: list[str], skipped, target: float) -> str:

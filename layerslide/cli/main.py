@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
                         "written to a report folder")
     p.add_argument("--out", default="layerslide-report", help="report folder (default: %(default)s)")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="tune over every candidate (see tune --exhaustive): slower, the same "
+                        "picks")
     p.set_defaults(run=run_demo_command)
     return parser
 
@@ -206,7 +209,8 @@ def run_demo_command(args) -> int:
     if not args.out.strip():
         raise UsageError("--out is empty: give the report folder, e.g. layerslide-report")
     writable_folder("--out", args.out)  # a report folder is written into, kept files and all
-    readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True))
+    readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True),
+                      exhaustive=args.exhaustive)
     print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
     return 0
 
