@@ -4,7 +4,7 @@ default), in one process, on fixed (model, profile, GPU cap, search space) cases
 they pick the same.
 
     python benchmarks/planning_speed.py --set speed --out DIR     # the timed cases (issue 49)
-    python benchmarks/planning_speed.py --set quality --out DIR   # 36 cases: pick quality
+    python benchmarks/planning_speed.py --set quality --out DIR   # 48 cases: pick quality
     python benchmarks/planning_speed.py --set smoke --out DIR     # two small cases (tests)
 
 Each case runs both searches in turn in the same process (exhaustive first), with `--workers`
@@ -55,14 +55,23 @@ SMOKE_CASES = (
 )
 
 
+# the quality set's models by size, each taken in turn across the profiles
+SMALL_MODELS = ("llama-3.2-3b", "qwen3-4b")
+MID_MODELS = ("mistral-7b", "llama-3.1-8b", "qwen3-8b")
+LARGE_MODELS = ("mistral-nemo-12b", "qwen3-14b", "qwen3-32b")
+HUGE_MODELS = ("llama-3.1-70b", "qwen2.5-72b", "mistral-large-123b")
+
+
 def quality_cases() -> tuple[tuple, ...]:
-    """Three cases per built-in profile: a 1B model over what-if's space, a 3-4B one capped at
-    24 GiB over SMALL_SPACE, a 7-8B one over the purchase search's space."""
+    """Four cases per built-in profile, 3B to 123B: a 3-4B model capped at 24 GiB over
+    SMALL_SPACE, a 7-8B one over what-if's space, a 12-32B one over the purchase search's
+    (capped at 32 GiB on every other profile) and a 70-123B one over the purchase search's."""
     cases = []
     for i, profile in enumerate(p.name for p in builtin_profiles()):
-        cases.append(("llama-3.2-1b", profile, None, "whatif"))
-        cases.append((("llama-3.2-3b", "qwen3-4b")[i % 2], profile, 24, "small"))
-        cases.append((("mistral-7b", "llama-3.1-8b")[i % 2], profile, None, "purchase"))
+        cases.append((SMALL_MODELS[i % 2], profile, 24, "small"))
+        cases.append((MID_MODELS[i % 3], profile, None, "whatif"))
+        cases.append((LARGE_MODELS[i % 3], profile, 32 if i % 2 else None, "purchase"))
+        cases.append((HUGE_MODELS[i % 3], profile, None, "purchase"))
     return tuple(cases)
 
 

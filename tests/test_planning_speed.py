@@ -8,7 +8,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks import planning_speed
+from benchmarks import planning_commands, planning_speed
 from layerslide.tuner import SearchSpace
 
 # two candidates of 1B: a case that runs both searches in seconds
@@ -37,3 +37,18 @@ def test_the_quality_set_has_at_least_30_cases_over_every_profile():
     from layerslide.hwprofiles import builtin_profiles
     assert {c[1] for c in cases} == {p.name for p in builtin_profiles()}
     assert all(c[3] in planning_speed.SPACES for c in cases)
+
+
+def test_a_command_runs_as_a_user_runs_it_both_ways_and_its_answers_compare(monkeypatch):
+    tiny = (["tune", "--model", "llama-3.2-1b", "--profile", "rtx4090-256gb", "--windows", "2",
+             "--micro-batches", "2,8", "--grad-accums", "1", "--activations", "host",
+             "--casts", "cpu_once", "--no-gpu-updates", "--json"], "tune", 20)
+    monkeypatch.setitem(planning_commands.COMMANDS, "tiny", tiny)
+    row = planning_commands.run_command("tiny", None)
+    runs = row["runs"]
+    assert set(runs) == {"exhaustive", "fast"} and runs["exhaustive"]["argv"][-1] == "--exhaustive"
+    assert all(r["rc"] == 0 and r["wall_s"] > 0 for r in runs.values())
+    assert runs["fast"]["answer"]["micro_batch"] in (2, 8)
+    assert row["same_answer"] == {"exhaustive": True}
+    table = planning_commands.markdown([row], "python benchmarks/planning_commands.py", "x")
+    assert "| `tune --model llama-3.2-1b" in table and "exhaustive: yes" in table

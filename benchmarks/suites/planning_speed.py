@@ -14,6 +14,14 @@ def _summary(out):
                                  "exhaustive_wall_s", "fast_wall_s")}
 
 
+def _commands_summary(out):
+    from benchmarks.suites._summaries import json_file
+
+    data = json_file(out, "planning_commands.json")
+    return {row["command"]: {v: round(run["wall_s"], 1) for v, run in row["runs"].items()}
+            for row in data["commands"]}
+
+
 SUITE = Suite(
     name="planning-speed",
     what="tune's exhaustive search against its best-first one: time and picks (CPU)",
@@ -25,11 +33,16 @@ SUITE = Suite(
              (step("{python} benchmarks/planning_speed.py --set speed --out {out}",
                    timeout_s=3600),),
              needs="cpu", summarize=_summary),
-        Case("quality", "36 (model, profile, GPU cap, space) cases, every built-in profile: "
-                        "the best-first pick against the exhaustive one",
+        Case("quality", "48 (model, profile, GPU cap, space) cases, 3B to 123B, every "
+                        "built-in profile: the best-first pick against the exhaustive one",
              (step("{python} benchmarks/planning_speed.py --set quality --out {out}",
-                   timeout_s=7200),),
+                   timeout_s=4 * 3600),),
              needs="cpu", summarize=_summary),
+        Case("commands", "the demo, tune (3B, 32B, 70B, 123B), what-if of 70B across the "
+                         "profiles and the purchase question for 70B as a user runs them, "
+                         "exhaustive and best-first (add --baseline DIR: the code before)",
+             (step("{python} benchmarks/planning_commands.py --out {out}", timeout_s=4 * 3600),),
+             needs="cpu", summarize=_commands_summary),
         Case("smoke", "two small cases of 1B: both searches agree",
              (step("{python} benchmarks/planning_speed.py --set smoke --out {out}",
                    timeout_s=600),),
