@@ -100,7 +100,7 @@ def bound_of(prediction) -> tuple[str | None, float | None]:
 def _tune_variant(model: ModelSpec, variant: Variant, seq_len: int,
                   space: SearchSpace, exhaustive: bool = False, tolerance: float = 0.0) -> dict:
     result = tune(model, variant.profile, seq_len=seq_len, space=space, workers=1,
-                  exhaustive=exhaustive, tolerance=tolerance, interruptible=False)
+                  exhaustive=exhaustive, tolerance=tolerance, interruptible=False, with_plan=False)
     profile = variant.profile
     row = WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
                     gpu_bytes=profile.gpu.memory_bytes, ram_bytes=profile.host.ram_bytes,

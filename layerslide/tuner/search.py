@@ -28,7 +28,8 @@ MAX_WORKERS = 8  # processes a tune uses at most (default: one per core up to th
 
 @dataclass(frozen=True, kw_only=True)
 class TuneResult:
-    """All candidates, best first; the best feasible one (if any) with its plan."""
+    """All candidates, best first; the best feasible one (if any) with its plan (unless tune
+    was asked for none)."""
 
     candidates: tuple[Candidate, ...]
     best_plan: Plan | None
@@ -61,7 +62,8 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          base_policy: Policy | None = None, gpu_memory_bytes: int | None = None,
          num_steps: int = STEADY_STEPS, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None, exhaustive: bool = False,
-         tolerance: float = 0.0, interruptible: bool = True) -> TuneResult:
+         tolerance: float = 0.0, interruptible: bool = True,
+         with_plan: bool = True) -> TuneResult:
     """The best candidate of the space and its plan; candidates best tokens/s first,
     infeasible ones last.
 
@@ -72,7 +74,8 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     simulates every candidate of the space and gives the 16 fastest the later stages (the
     search as it was, for comparison). Ctrl-C (KeyboardInterrupt) during the best-first search
     returns the best found so far (TuneResult.interrupted); interruptible=False lets it
-    through (a sweep of many tunes stops as a whole)."""
+    through (a sweep of many tunes stops as a whole). with_plan=False leaves the best plan
+    unbuilt (a what-if row reads only the prediction)."""
     space = space or SearchSpace()
     base = base_policy or Policy.of()
     if seq_len > model.max_position_embeddings:
@@ -97,7 +100,8 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     return TuneResult(candidates=tuple(found.ranked), pruned=found.pruned,
                       bounded=found.bounded, interrupted=found.interrupted,
                       searched=len(settings),
-                      best_plan=_best_plan(context, best) if best is not None else None)
+                      best_plan=(_best_plan(context, best) if best is not None and with_plan
+                                 else None))
 
 
 def _best_plan(context: TuneContext, best: Candidate) -> Plan:

@@ -81,7 +81,7 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
               exhaustive: bool = False, tolerance: float = 0.0) -> WhatIfRow:
     result = tune(model, profile, seq_len=seq_len, space=space,
                   gpu_memory_bytes=gpu_memory_bytes, workers=1, exhaustive=exhaustive,
-                  tolerance=tolerance, interruptible=False)
+                  tolerance=tolerance, interruptible=False, with_plan=False)
     gpu = profile.gpu.memory_bytes if gpu_memory_bytes is None else min(
         gpu_memory_bytes, profile.gpu.memory_bytes)
     return WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,

@@ -21,6 +21,7 @@ def test_model_across_profiles_reports_fit_and_speed():
     assert a["feasible"] and b["feasible"]
     assert a["tokens_per_s"] > b["tokens_per_s"]
     assert b["bottleneck"] == "cpu"
+    assert all(r.result.best is not None and r.result.best_plan is None for r in rows)  # unbuilt
 
 
 def test_profiles_tuned_on_several_processes_come_back_in_order_as_on_one():
