@@ -134,6 +134,10 @@ def summary(rows: list[dict]) -> dict:
         "identical": sum(r["identical"] for r in rows),
         "identical_fraction": sum(r["identical"] for r in rows) / len(rows),
         "min_tokens_per_s_ratio": min(ratios, default=None),
+        # picks that differ: the fast one faster (the exhaustive search gives its later stages
+        # to its 16 sweep leaders only) or slower
+        "fast_faster": sum(1 for r in ratios if r > 1),
+        "fast_slower": sum(1 for r in ratios if r < 1),
         "fits_differ": fits_differ,
         "exhaustive_wall_s": sum(r["exhaustive"]["wall_s"] for r in rows),
         "fast_wall_s": sum(r["fast"]["wall_s"] for r in rows),
@@ -157,7 +161,8 @@ def markdown(rows: list[dict], total: dict, command: str, header: str) -> str:
                      f"{r['space']} | {e['wall_s']:.1f} ({e['simulated']}) | "
                      f"{f['wall_s']:.1f} ({f['simulated']}) | {r['wall_speedup']:.1f}x | {tps} "
                      f"| {ratio} | {'yes' if r['identical'] else 'NO'} |")
-    lines += ["", (f"{total['identical']} of {total['cases']} picks identical; the fast pick's "
+    lines += ["", (f"{total['identical']} of {total['cases']} picks identical ("
+              f"{total['fast_faster']} faster, {total['fast_slower']} slower); the fast pick's "
               f"tokens/s at least {total['min_tokens_per_s_ratio']:.4f} of the exhaustive one's; "
               f"wall {total['exhaustive_wall_s']:.0f} s exhaustive, {total['fast_wall_s']:.0f} s "
               f"fast; CPU {total['exhaustive_cpu_s']:.0f} s and {total['fast_cpu_s']:.0f} s; "
