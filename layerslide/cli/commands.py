@@ -6,6 +6,7 @@ import json
 import sys
 from collections import Counter
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -51,11 +52,13 @@ from layerslide.tuner.purchase import (
     PURCHASE_SPACE,
     purchase_search,
 )
+from layerslide.tuner.purchase import rank as purchase_rank
 from layerslide.tuner.purchase import summary as purchase_summary
 from layerslide.tuner.purchase import variants as purchase_variants
 from layerslide.tuner.whatif import (
     STATE_BYTES_PER_PARAM,
     WHATIF_SPACE,
+    Interrupted,
     WhatIfRow,
     across_models,
     across_profiles,
@@ -301,26 +304,41 @@ def _by_accumulation(result) -> list[str]:
             for (ga, acc), c in sorted(best.items())]
 
 
+def tolerance_of(args) -> float:
+    """--tolerance PCT as a fraction, refused outside [0, 100)."""
+    if not 0.0 <= args.tolerance < 100.0:
+        raise UsageError(f"--tolerance {args.tolerance:g}: give a percentage from 0 to below 100")
+    return args.tolerance / 100
+
+
 def cmd_tune(args) -> int:
     model, profile = model_of(args), profile_of(args.profile, args.nvme_drives)
+    tolerance = tolerance_of(args)
     check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,
-                  base_policy=with_env_overrides(Policy.of()),
-                  progress=progress_printer("tune: candidates simulated"))
+                  base_policy=with_env_overrides(Policy.of()), exhaustive=args.exhaustive,
+                  tolerance=tolerance, progress=progress_printer("tune: candidates"))
+    if result.interrupted:
+        print(f"interrupted (Ctrl-C): the best of the {len(result.candidates)} candidates "
+              "simulated so far", file=sys.stderr)
     if args.output and result.best_plan is not None:
         _save(result.best_plan, args.output)
     table = pd.DataFrame([c.row() for c in result.candidates])
     if args.json:
         rows = _records(table)
         _print_json({"best": rows[0] if result.best else None, "candidates": rows,
-                     "pruned": result.pruned,
+                     "pruned": result.pruned, "not_simulated": result.bounded,
+                     "interrupted": result.interrupted,
                      "plan_file": args.output if result.best_plan is not None else None})
-        return 0 if result.best else 1
+        return 130 if result.interrupted else 0 if result.best else 1
     pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
               "overflowed the GPU)") if result.pruned else ""
+    if result.bounded:
+        pruned += (f", {result.bounded} not simulated (their bound could not beat the best; "
+                   "--exhaustive simulates them all)")
     print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates{pruned}, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
@@ -335,7 +353,8 @@ def cmd_tune(args) -> int:
         shown.insert(shown.index("step_s"), "cpu_nice")
     if result.feasible:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
-        print("best by accumulation: " + "; ".join(_by_accumulation(result)))
+        print("best by accumulation" + (" (of those simulated)" if result.bounded else "")
+              + ": " + "; ".join(_by_accumulation(result)))
     lines = _rejection_lines(result)
     if lines:
         print("rejected:")
@@ -345,7 +364,7 @@ def cmd_tune(args) -> int:
         return 1
     if args.output:
         print(f"best plan written to {args.output} (for `layerslide simulate --plan` and train)")
-    return 0
+    return 130 if result.interrupted else 0
 
 
 def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
@@ -383,42 +402,61 @@ def cmd_whatif(args) -> int:
     given = [flag for flag, value in buying.items() if value is not None]
     if given:
         raise UsageError(f"{', '.join(given)} go with --target-tokens-per-s T (what to buy)")
-    progress = progress_printer("whatif")
-    if args.profile_axis:
-        if args.model or args.profiles:
-            raise UsageError("--on-profile compares models: give them with --models, "
-                             "not --model or --profiles")
-        profile = profile_of(args.profile_axis, args.nvme_drives)
-        check_gpu_cap(args.gpu_memory, profile)
-        models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
-        rows = across_models(profile, models, ram_sizes=args.ram or (None,),
-                             nvme_sizes=args.nvme or (None,), seq_len=args.seq_len,
-                             gpu_memory_bytes=args.gpu_memory, progress=progress,
-                             space=_whatif_space(args))
-        title = f"models on {profile.name}"
-    else:
-        if not args.model:
-            raise UsageError("give --model M (across profiles) or --on-profile P "
-                             "(across models)")
-        if args.models or args.ram or args.nvme:
-            raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
-                             "--target-tokens-per-s)")
-        model = model_of(args)
-        profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
-                    [p.name for p in builtin_profiles()]]
-        # a cap that lowers some cards across profiles; one above every card caps none
-        check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
-        note_cards_under_cap(args.gpu_memory, profiles)
-        rows = across_profiles(model, profiles, seq_len=args.seq_len,
-                               gpu_memory_bytes=args.gpu_memory, progress=progress,
-                               space=_whatif_space(args))
-        title = f"{model.name} across profiles"
+    search = {"space": _whatif_space(args), "exhaustive": args.exhaustive,
+              "tolerance": tolerance_of(args), "seq_len": args.seq_len,
+              "gpu_memory_bytes": args.gpu_memory,
+              "progress": progress_printer("whatif: tuned")}
+    profile, title, rows_of = (_whatif_models if args.profile_axis else _whatif_profiles)(args)
+    interrupted = False
+    try:
+        rows = rows_of(**search)
+    except Interrupted as stop:  # Ctrl-C: the rows tuned so far
+        rows, interrupted = [r for r in stop.results if r is not None], True
+        print(f"interrupted (Ctrl-C): the {len(rows)} rows tuned so far", file=sys.stderr)
+        if not rows:
+            return 130
+    _print_whatif(args, rows, title + (" (interrupted: the rows tuned so far)"
+                                       if interrupted else ""), profile, interrupted)
+    return 130 if interrupted else 0
+
+
+def _whatif_models(args):
+    """whatif --on-profile P: the profile, the title and the search of each model on it, for
+    each RAM and NVMe size."""
+    if args.model or args.profiles:
+        raise UsageError("--on-profile compares models: give them with --models, "
+                         "not --model or --profiles")
+    profile = profile_of(args.profile_axis, args.nvme_drives)
+    check_gpu_cap(args.gpu_memory, profile)
+    models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
+    return profile, f"models on {profile.name}", partial(
+        across_models, profile, models, ram_sizes=args.ram or (None,),
+        nvme_sizes=args.nvme or (None,))
+
+
+def _whatif_profiles(args):
+    """whatif --model M: the title and the search of the model on each profile."""
+    if not args.model:
+        raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
+    if args.models or args.ram or args.nvme:
+        raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
+                         "--target-tokens-per-s)")
+    model = model_of(args)
+    profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
+                [p.name for p in builtin_profiles()]]
+    # a cap that lowers some cards across profiles; one above every card caps none
+    check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
+    note_cards_under_cap(args.gpu_memory, profiles)
+    return None, f"{model.name} across profiles", partial(across_profiles, model, profiles)
+
+
+def _print_whatif(args, rows: list[WhatIfRow], title: str, profile, interrupted: bool) -> None:
     table = _whatif_table(rows)
     largest = (_largest_by_size(rows, profile, args.moment_precision)
                if args.profile_axis else [])
     if args.json:
-        _print_json({"rows": _records(table), "largest": largest})
-        return 0
+        _print_json({"rows": _records(table), "largest": largest, "interrupted": interrupted})
+        return
     print(f"what-if: {title}")
     cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
             "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
@@ -434,33 +472,46 @@ def cmd_whatif(args) -> int:
                 f"{entry['ram_and_nvme_params'] / 1e9:.1f}B with NVMe")
         print("  all in RAM by moment precision: " + ", ".join(
             f"{k} {v / 1e9:.1f}B" for k, v in entry["all_in_ram_params_by_moments"].items()))
-    return 0
-
-
-def _purchase_progress():
-    """The terminal's redrawn counter, or (a log, a pipe) a line at every tenth of the work."""
-    shown = progress_printer("whatif: variants tuned")
-    if shown is not None:
-        return shown
-    import sys
-    import time
-
-    start = time.monotonic()
-    last = [0]
-
-    def line(done: int, total: int) -> None:
-        if done == total or done * 10 // total > last[0]:
-            last[0] = done * 10 // total
-            elapsed = time.monotonic() - start
-            eta = elapsed / done * (total - done)
-            print(f"whatif: {done}/{total} variants tuned ({elapsed:.0f} s, about {eta:.0f} s "
-                  "left)", file=sys.stderr, flush=True)
-
-    return line
 
 
 def _whatif_purchase(args) -> int:
     """whatif --target-tokens-per-s T --model M: every variant in the ranges, cheapest first."""
+    target, tolerance = args.target_tokens_per_s, tolerance_of(args)
+    _check_purchase_flags(args)
+    model = model_of(args)
+    candidates, skipped = purchase_variants(
+        args.platforms or DEFAULT_PLATFORMS, args.gpus or DEFAULT_CARDS,
+        args.ram or DEFAULT_RAM_SIZES, args.drives or DEFAULT_DRIVE_COUNTS)
+    if not candidates:
+        raise UsageError("no variant to try: every combination was refused by its platform ("
+                         + "; ".join(f"{s}: {why}" for s, why in skipped[:3]) + ")")
+    space = replace(PURCHASE_SPACE, moment_precisions=(args.moment_precision,))
+    if not args.json:
+        tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
+        print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
+              f"variants, each tuned over {tried} candidates", flush=True)
+    interrupted = False
+    try:
+        rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
+                               workers=args.workers, exhaustive=args.exhaustive,
+                               tolerance=tolerance,
+                               progress=progress_printer("whatif: variants tuned", quiet_s=0))
+    except Interrupted as stop:  # Ctrl-C: the variants tuned so far
+        done = [r for r in stop.results if r is not None]
+        print(f"interrupted (Ctrl-C): the {len(done)} of {len(candidates)} variants tuned so "
+              "far", file=sys.stderr)
+        if not done:
+            return 130
+        rows, interrupted = purchase_rank(done, target), True
+    lines = purchase_summary(rows, target)
+    if interrupted:
+        lines.insert(0, f"(interrupted: {len(rows)} of {len(candidates)} variants tuned)")
+    _write_purchase(args, model, rows, lines, skipped)
+    return 130 if interrupted else 0
+
+
+def _check_purchase_flags(args) -> None:
+    """The purchase question's flags, refused before any work."""
     target = args.target_tokens_per_s
     if not (target > 0 and target != float("inf")):
         raise UsageError(f"--target-tokens-per-s {target:g}: give a throughput more than 0")
@@ -478,21 +529,11 @@ def _whatif_purchase(args) -> int:
     writable_file("--csv", args.csv)
     if args.out:
         writable_folder("--out", args.out)
-    model = model_of(args)
-    candidates, skipped = purchase_variants(
-        args.platforms or DEFAULT_PLATFORMS, args.gpus or DEFAULT_CARDS,
-        args.ram or DEFAULT_RAM_SIZES, args.drives or DEFAULT_DRIVE_COUNTS)
-    if not candidates:
-        raise UsageError("no variant to try: every combination was refused by its platform ("
-                         + "; ".join(f"{s}: {why}" for s, why in skipped[:3]) + ")")
-    space = replace(PURCHASE_SPACE, moment_precisions=(args.moment_precision,))
-    if not args.json:
-        tried = len(list(space.candidates(args.seq_len, None, Policy.of())))
-        print(f"what to buy: {model.name} at {target:g} tokens/s or more, {len(candidates)} "
-              f"variants, each tuned over {tried} candidates", flush=True)
-    rows = purchase_search(model, target, candidates, seq_len=args.seq_len, space=space,
-                           workers=args.workers, progress=_purchase_progress())
-    lines = purchase_summary(rows, target)
+
+
+def _write_purchase(args, model, rows: list[dict], lines: list[str], skipped) -> None:
+    """The purchase table and summary: printed (or as JSON), and to --csv and --out."""
+    target = args.target_tokens_per_s
     table = pd.DataFrame(rows)
     data = {"model": model.name, "target_tokens_per_s": target, "seq_len": args.seq_len,
             "moment_precision": args.moment_precision, "rows": _records(table),
@@ -514,7 +555,6 @@ def _whatif_purchase(args) -> int:
         _print_json(data)
     else:
         print(text)
-    return 0
 
 
 def _purchase_text(table: pd.DataFrame, lines: list[str], skipped, target: float) -> str:

@@ -36,8 +36,9 @@ def _gib(nbytes: float) -> str:
     return f"{gib(nbytes):.1f} GiB"
 
 
-def run_demo(out: Path, log=print) -> Path:
-    """Write the demo report into `out` and return the path of its README."""
+def run_demo(out: Path, log=print, exhaustive: bool = False) -> Path:
+    """Write the demo report into `out` and return the path of its README (exhaustive: every
+    candidate of each tune simulated, as tune --exhaustive)."""
     out.mkdir(parents=True, exist_ok=True)
     model, profile = PRESETS[DEMO_MODEL], load_profile(DEMO_PROFILE)
     cap = DEMO_GPU_CAP_BYTES
@@ -50,7 +51,7 @@ def run_demo(out: Path, log=print) -> Path:
 
     log(f"2/4 tune window x micro-batch x activations x cast ({DEMO_SPACE.windows}, "
         f"{DEMO_SPACE.micro_batches}) under a {_gib(cap)} GPU cap")
-    result = tune(model, profile, space=DEMO_SPACE, gpu_memory_bytes=cap)
+    result = tune(model, profile, space=DEMO_SPACE, gpu_memory_bytes=cap, exhaustive=exhaustive)
     table = pd.DataFrame([c.row() for c in result.candidates])
     write_table(table, out / "tuning")
     plot_tuning_heatmap(table, out / "tuning_heatmap.png",
@@ -61,7 +62,7 @@ def run_demo(out: Path, log=print) -> Path:
     tuned = simulate(result.best_plan, profile, gpu_memory_bytes=cap, label="tuned")
 
     log("3/4 what-if: the same model on every built-in profile")
-    rows = across_profiles(model, builtin_profiles(), gpu_memory_bytes=None,
+    rows = across_profiles(model, builtin_profiles(), gpu_memory_bytes=None, exhaustive=exhaustive,
                            progress=lambda done, total: log(f"    {done}/{total} profiles tuned"))
     whatif = pd.DataFrame([r.row() for r in rows])
     write_table(whatif, out / "whatif_profiles")
@@ -99,13 +100,14 @@ Simulated, not measured: predictions of the SimPy model from the hardware profil
   {best['activations']}, cast {best['cast']}, {best['gpu_updated_blocks']} blocks updated on the
   GPU{' (decoder layers first)' if best['gpu_updated_order'] == 'layers_first' else ''}):
   {line(tuned)}
-- Tuning: {len(result.candidates)} candidates, {len(result.feasible)} fit; rejected: {rejected}
+- Tuning: {len(result.candidates)} candidates simulated, {len(result.feasible)} fit; rejected:
+  {rejected}; {result.bounded} more not simulated (their bound could not beat the best)
 
 | file | what |
 | --- | --- |
 | timeline_default.png, timeline_tuned.png | one row per lane (GPU, H2D, D2H, CPU, NVMe) |
 | memory_default.png, memory_tuned.png | bytes in use per tier over time, with limits |
-| tuning_heatmap.png, tuning.csv/.md | best tokens/s per window x micro-batch; all candidates |
+| tuning_heatmap.png, tuning.csv/.md | best tokens/s per window x micro-batch of the candidates simulated (x: none of them fits, or none could beat the best) |
 | whatif_profiles.png, whatif_profiles.csv/.md | the model on every built-in profile |
 | trace_*.json | Chrome/Perfetto traces: open in https://ui.perfetto.dev |
 | trace_*.layerslide.json | the same traces in layerslide's schema |

@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
     p.add_argument("--top", type=positive_int, default=5, help="how many of the best to print")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="simulate every candidate (the search before bounds: minutes on large "
+                        "models; the default simulates only those whose bound can beat the "
+                        "best and picks the same)")
+    p.add_argument("--tolerance", type=float, default=0.0, metavar="PCT",
+                   help="also skip candidates that could beat the best by no more than PCT "
+                        "percent (default 0: the exhaustive search's pick; 0.5 is faster, "
+                        "within 0.5%% of it)")
     p.add_argument("-o", "--output", help="write the best plan to this file")
     add_json(p)
     p.set_defaults(run=commands.cmd_tune)
@@ -154,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default="fp32",
                    help="how AdamW's moments are stored in the configurations tried (fp32, "
                         "bf16 or int8); --on-profile also bounds the largest model by each")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="tune each row over its whole space (see tune --exhaustive)")
+    p.add_argument("--tolerance", type=float, default=0.0, metavar="PCT",
+                   help="each row within PCT percent of its best (see tune --tolerance)")
     g = p.add_argument_group(
         "what to buy (--target-tokens-per-s with --model)",
         "every variant PLATFORM+CARD,ram=SIZE,drives=N in the ranges below, tuned for the "
@@ -186,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("demo", "plan + simulate + tune + what-if for Llama-3.2-3B on the H200 profile, "
                         "written to a report folder")
     p.add_argument("--out", default="layerslide-report", help="report folder (default: %(default)s)")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="tune over every candidate (see tune --exhaustive): slower, the same "
+                        "picks")
     p.set_defaults(run=run_demo_command)
     return parser
 
@@ -194,7 +209,8 @@ def run_demo_command(args) -> int:
     if not args.out.strip():
         raise UsageError("--out is empty: give the report folder, e.g. layerslide-report")
     writable_folder("--out", args.out)  # a report folder is written into, kept files and all
-    readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True))
+    readme = run_demo(Path(args.out), log=lambda msg: print(msg, flush=True),
+                      exhaustive=args.exhaustive)
     print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import MISSING, Field
 from types import UnionType
 from typing import Literal, Union, get_args, get_origin, get_type_hints
@@ -230,13 +231,24 @@ def policy_of(args) -> Policy:
                                            for f in policy_flag_fields()}))
 
 
-def progress_printer(what: str):
-    """A callback that redraws `what: done/total` on stderr when it is a terminal."""
-    if not sys.stderr.isatty():
-        return None
+def progress_printer(what: str, *, quiet_s: float = 5.0):
+    """A progress callback: on a terminal `what: done/total (elapsed, about N s left)` redrawn
+    on stderr; elsewhere (a log, a pipe) a line at every tenth of the work once it has run
+    quiet_s. The time left is the time so far per item done, times the items left (a
+    best-first search counts the candidates its bounds rule out as done)."""
+    start = time.monotonic()
+    tty = sys.stderr.isatty()
+    last = [0]
 
     def show(done: int, total: int) -> None:
-        end = "\n" if done == total else ""
-        print(f"\r{what}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+        elapsed = time.monotonic() - start
+        left = f", about {elapsed / done * (total - done):.0f} s left" if 0 < done < total else ""
+        text = f"{what}: {done}/{total} ({elapsed:.0f} s{left})"
+        if tty:
+            end = "\n" if done >= total else ""
+            print(f"\r{text}\033[K", end=end, file=sys.stderr, flush=True)
+        elif elapsed >= quiet_s and total and (done >= total or done * 10 // total > last[0]):
+            last[0] = done * 10 // total
+            print(text, file=sys.stderr, flush=True)
 
     return show

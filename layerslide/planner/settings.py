@@ -383,7 +383,7 @@ FROM_ENVIRONMENT = {
 }
 # ...and those no one sets at the command line, with who does.
 NOT_ON_COMMAND_LINE = {
-    "nvme_prefetch": "tune's NVMe search (tuner/search.py)",
+    "nvme_prefetch": "tune's NVMe search (tuner/placement.py)",
     "head_chunk_bytes": "a plan file, or a Policy made in code (benchmarks' cases)",
 }
 

@@ -13,6 +13,7 @@ dev/HISTORY.md, session 8).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 MIB = 2**20
@@ -36,6 +37,10 @@ class _Block:
     free: bool
 
 
+def _start(block: _Block) -> int:
+    return block.start
+
+
 class ExpandableSegment:
     """One stream's address range for one size class: blocks in address order, the last page
     boundary mapped at `mapped_bytes`."""
@@ -52,15 +57,16 @@ class ExpandableSegment:
     def _fitting_block(self, size: int) -> int | None:
         """Index of the smallest free block of at least size (the lowest address among equal
         ones), any before the free block at the mapped end; None when none fits."""
-        best = None
-        last = len(self.blocks) - 1
-        for i, b in enumerate(self.blocks):
-            if not b.free or b.size < size:
-                continue
-            key = (i == last, b.size, b.start)
-            if best is None or key < best[0]:
-                best = (key, i)
-        return None if best is None else best[1]
+        blocks = self.blocks
+        last = len(blocks) - 1
+        best, best_size = None, 0
+        for i in range(last):  # blocks are in address order: the first of a size is the lowest
+            b = blocks[i]
+            if b.free and b.size >= size and (best is None or b.size < best_size):
+                best, best_size = i, b.size
+        if best is None and last >= 0 and blocks[last].free and blocks[last].size >= size:
+            return last
+        return best
 
     def _grow(self, size: int) -> int:
         """Map pages onto the end until a free block there holds size; its index."""
@@ -89,8 +95,8 @@ class ExpandableSegment:
 
     def free(self, start: int) -> None:
         """Return the block at start, merging it with free neighbours."""
-        i = next((k for k, b in enumerate(self.blocks) if b.start == start), None)
-        if i is None or self.blocks[i].free:
+        i = bisect_left(self.blocks, start, key=_start)  # blocks are in address order
+        if i == len(self.blocks) or self.blocks[i].start != start or self.blocks[i].free:
             raise ValueError(f"no allocated block starts at {start}")
         self.blocks[i].free = True
         if i + 1 < len(self.blocks) and self.blocks[i + 1].free:

@@ -65,6 +65,7 @@ class CostModel:
         self.gpu_speedup = gpu_speedup
         self.lanes_first = lanes_first
         self._efficiency_cache: dict[int, float] = {}
+        self._costs: dict[tuple, Cost] = {}
         self.dispatch_share = self._dispatch_share()
 
     def _dispatch_share(self) -> float:
@@ -123,10 +124,16 @@ class CostModel:
         return self._efficiency_cache[tokens]
 
     def cost(self, task: Task) -> Cost:
-        rule = RULES.get(task.kind)
-        if rule is None:
-            raise ValueError(f"task {task.id}: no cost model for kind {task.kind!r}")
-        return rule(self, task)
+        """The task's cost, worked out once per shape (a block's tasks repeat across layers,
+        micro-batches and steps): the rules read only the fields of shape_of."""
+        shape = shape_of(task)
+        cost = self._costs.get(shape)
+        if cost is None:
+            rule = RULES.get(task.kind)
+            if rule is None:
+                raise ValueError(f"task {task.id}: no cost model for kind {task.kind!r}")
+            cost = self._costs[shape] = rule(self, task)
+        return cost
 
     # --- the rules: GPU work, CPU kernels, copies, disk I/O ------------------------------------
     def _gpu(self, t: Task) -> Cost:
@@ -225,6 +232,12 @@ class CostModel:
     def _nvme_write(self, t: Task) -> Cost:
         return self._disk(t, self.storage.write_bytes_per_s, "write",
                           self.profile.host.dma_read_cost)
+
+
+def shape_of(task: Task) -> tuple:
+    """What a task's cost depends on: its kind, lane and amounts (not its id, block or step)."""
+    return (task.kind, task.lane, task.flops, task.attention_flops, task.bytes, task.params,
+            task.tokens, task.host_ops, task.moment_precision)
 
 
 # The rule of each kind. Copies and disk I/O are costed as the transfer they are (their lane's

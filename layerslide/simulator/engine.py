@@ -26,7 +26,8 @@ from layerslide.trace import Trace, TraceEvent
 
 class _TaskState:
     __slots__ = ("cost", "dispatched", "end_s", "enqueue_window", "enqueued", "finished",
-                 "order", "ready", "start_s", "task", "waiting_on")
+                 "order", "predecessors_enqueued", "ready", "start_s", "successors", "task",
+                 "waiting_on")
 
     def __init__(self, task, cost, order: int, env: simpy.Environment):
         self.task = task
@@ -40,6 +41,10 @@ class _TaskState:
         self.start_s = self.end_s = 0.0
         # a stream task's enqueue by its host thread: (begun, done) in seconds
         self.enqueue_window: tuple[float, float] | None = None
+        # the graph's edges as the states they lead to and the events they wait for, in the
+        # graph's order (looked up once, not at every event)
+        self.successors: list[_TaskState] = []
+        self.predecessors_enqueued: list[simpy.Event] = []
 
 
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
@@ -59,9 +64,13 @@ class _PlanRun:
         self.states: dict[str, _TaskState] = {}
         for order in plan.lane_order.values():
             for i, tid in enumerate(order):
-                self.states[tid] = _TaskState(plan.task(tid), costs.cost(plan.task(tid)), i, env)
-        for tid, st in self.states.items():
-            st.waiting_on = self.graph.in_degree(tid)
+                task = plan.task(tid)
+                self.states[tid] = _TaskState(task, costs.cost(task), i, env)
+        states, graph = self.states, self.graph
+        for tid, st in states.items():
+            st.successors = [states[succ] for succ in graph.successors(tid)]
+            st.predecessors_enqueued = [states[p].enqueued for p in graph.predecessors(tid)]
+            st.waiting_on = len(st.predecessors_enqueued)
             if st.waiting_on == 0:
                 st.ready.succeed()
         self.workers = {lane: WorkerLane(self, lane) for lane, d in plan.lane_discipline.items()
@@ -118,8 +127,7 @@ class _PlanRun:
             st.enqueued.succeed()
             memory.enqueued(env.now, st.task.id)
         memory.release(env.now, st.task.id)
-        for succ in self.graph.successors(st.task.id):
-            s2 = self.states[succ]
+        for s2 in st.successors:
             s2.waiting_on -= 1
             if s2.waiting_on == 0:
                 self._mark_ready(s2)
@@ -148,7 +156,7 @@ class StreamLane:
             st = run.states[tid]
             if self.run_ahead and i >= self.run_ahead:
                 yield run.states[self.order[i - self.run_ahead]].finished
-            yield env.all_of([run.states[p].enqueued for p in run.graph.predecessors(tid)])
+            yield env.all_of(st.predecessors_enqueued)
             st.dispatched.succeed()
             run.memory.dispatched(env.now, tid)
             began = env.now

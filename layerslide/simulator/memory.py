@@ -59,6 +59,7 @@ class MemoryLedger:
         self._own_users_left: dict[str, int] = {}
         self._other_users_left: dict[str, int] = {}
         self._plan = plan
+        self._lanes: dict[str, str] = {}  # each task's lane, looked up once (_lane)
         # torch's allocated counter: a block counts from its request until the host drops its
         # tensor, once its last user is enqueued (record_stream defers reuse, not the count)
         self.held_bytes = 0
@@ -67,7 +68,7 @@ class MemoryLedger:
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
             self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
-                                else plan.task(b.alloc_task).lane)
+                                else self._lane(b.alloc_task))
             if b.alloc_task is None:
                 self._change(0.0, b, 1, sample=False)
                 if b.tier == "gpu" and b.id != runtime:
@@ -78,13 +79,19 @@ class MemoryLedger:
             if b.release_tasks:
                 self._pending[b.id] = len(b.release_tasks)
                 self._host_users_left[b.id] = len(b.release_tasks)
-                own = sum(1 for t in b.release_tasks if plan.task(t).lane == self._pool[b.id])
+                own = sum(1 for t in b.release_tasks if self._lane(t) == self._pool[b.id])
                 self._own_users_left[b.id] = own
                 self._other_users_left[b.id] = len(b.release_tasks) - own
             for t in b.release_tasks:
                 self._releases.setdefault(t, []).append(b)
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
+
+    def _lane(self, task_id: str) -> str:
+        lane = self._lanes.get(task_id)
+        if lane is None:
+            lane = self._lanes[task_id] = self._plan.task(task_id).lane
+        return lane
 
     def _change(self, now: float, buffer, sign: int, *, sample: bool = True) -> None:
         tier = buffer.tier
@@ -127,6 +134,7 @@ class MemoryLedger:
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
         inputs = []
+        lane = self._lane(task_id)
         for b in self._releases.get(task_id, ()):
             self._pending[b.id] -= 1
             if self._pending[b.id] == 0:
@@ -134,7 +142,7 @@ class MemoryLedger:
                     self._change(now, b, -1)
                 else:
                     inputs.append(b)
-            if self._pool[b.id] != self._plan.task(task_id).lane:
+            if self._pool[b.id] != lane:
                 self._user_done(b, self._other_users_left)
         for b in self._allocs.get(task_id, ()):
             if b.at_end:
@@ -169,7 +177,7 @@ class MemoryLedger:
 
     def _dropped_by_host(self, buffer, task_id: str) -> None:
         """The host thread of a task releasing the buffer is done with it."""
-        if self._pool[buffer.id] == self._plan.task(task_id).lane:
+        if self._pool[buffer.id] == self._lane(task_id):
             self._user_done(buffer, self._own_users_left)
         self._host_users_left[buffer.id] -= 1
         if self._host_users_left[buffer.id] == 0:

@@ -3,12 +3,13 @@ or why it does not fit."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner.plan import STEADY_STEPS, Buffer, Plan, runtime_buffer_id
-from layerslide.simulator.costmodel import HOST_CORES, CostModel
+from layerslide.simulator.costmodel import HOST_CORES, CostModel, shape_of
 from layerslide.simulator.engine import run_plan
 from layerslide.trace import TIERS, Trace
 
@@ -240,6 +241,60 @@ def _steady_step(plan: Plan, costs: CostModel, *, label: str,
     return trace, max(last, mean), busy
 
 
+def plan_signature(plan: Plan) -> tuple:
+    """Everything of a plan its simulation reads (lane orders and disciplines, each task's
+    cost-bearing fields, the edges in their order, the buffers, the step markers, the streams'
+    run-ahead): two plans with one signature simulate alike, whatever policies made them (a
+    window wider than the layers it slides over, casts of weights no block loads)."""
+    graph = plan.graph
+    lanes = tuple((lane, plan.lane_discipline[lane],
+                   tuple((tid, shape_of(plan.task(tid))) for tid in order))
+                  for lane, order in plan.lane_order.items())
+    edges = tuple((tid, tuple(graph.successors(tid)), tuple(graph.predecessors(tid)))
+                  for tid in graph.nodes)
+    buffers = tuple((b.id, b.tier, b.bytes, b.alloc_task, b.release_tasks, b.at_end,
+                     b.outlives_outputs) for b in plan.buffers)
+    return (lanes, edges, buffers, tuple(plan.meta["step_markers"]),
+            plan.policy.schedule.stream_run_ahead)
+
+
+class SimulationMemo:
+    """The last few simulations, by what was simulated (plan_signature, the cost model's GPU
+    speed and knobs, the profile): a search that meets the same plan again (settling its
+    clock, or another candidate's policy making the same plan) gets the run back."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self._runs: OrderedDict[tuple, tuple] = OrderedDict()
+        self._signatures: OrderedDict[int, tuple] = OrderedDict()  # by graph: (graph, signature)
+
+    def _signature(self, plan: Plan) -> tuple:
+        known = self._signatures.get(id(plan.graph))
+        if known is not None and known[0] is plan.graph and known[1] is plan.buffers:
+            return known[2]
+        signature = plan_signature(plan)
+        # the graph is kept with it: its id stays its own while here
+        self._signatures[id(plan.graph)] = (plan.graph, plan.buffers, signature)
+        while len(self._signatures) > self.size:
+            self._signatures.popitem(last=False)
+        return signature
+
+    def steady(self, plan: Plan, costs: CostModel, *, label: str,
+               profile_name: str) -> tuple[Trace, float, dict[str, float]]:
+        key = (self._signature(plan), id(costs.profile), costs.gpu_speedup, costs.lanes_first,
+               label, profile_name)
+        run = self._runs.get(key)
+        if run is None or run[0] is not costs.profile:  # the profile kept: its id stays its own
+            run = (costs.profile, _steady_step(plan, costs, label=label,
+                                               profile_name=profile_name))
+            self._runs[key] = run
+            while len(self._runs) > self.size:
+                self._runs.popitem(last=False)
+        else:
+            self._runs.move_to_end(key)
+        return run[1]
+
+
 def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
     """Per-step lower bounds: 'lane:<name>' is the lane's work alone, 'dispatch:<name>' the
     host time to enqueue a stream lane's tasks, '<resource>' is the total use of a shared
@@ -264,16 +319,41 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
     return floors
 
 
+def floors_by_block(plan: Plan, costs: CostModel,
+                    kinds: Collection[str] | None = None) -> dict[int, dict[str, float]]:
+    """step_floors' terms per block (step 0's tasks of each block, or those of `kinds`, summed
+    by key as there): what a search bounds a deeper model's floors with, or a plan's once some
+    blocks' work moves elsewhere (tuner.bounds)."""
+    capacities = costs.capacities()
+    out: dict[int, dict[str, float]] = {}
+    for task in plan.tasks:
+        if task.step != 0 or (kinds is not None and task.kind not in kinds):
+            continue
+        cost = costs.cost(task)
+        floors = out.setdefault(task.block, {})
+        key = f"lane:{task.lane}"
+        floors[key] = floors.get(key, 0.0) + cost.solo_s
+        if cost.dispatch_s:
+            key = f"dispatch:{task.lane}"
+            floors[key] = floors.get(key, 0.0) + cost.dispatch_s
+        for resource, rate in cost.uses:
+            if resource == HOST_CORES:
+                continue
+            floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
+    return out
+
+
 def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
              label: str = "", costs: CostModel | None = None,
-             settle_clock: bool = True) -> Prediction:
+             settle_clock: bool = True, memo: SimulationMemo | None = None) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
     overflow a tier are rejected without simulating; others are simulated and then checked.
     With settle_clock, where the profile has a GPU busy speedup, the GPU's speed is settled
     against its busy fraction over a few simulations (Prediction.gpu_speedup), starting from
     `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'.
     A cost model made for other executor knobs than the plan's (CostModel.lanes_first) is
-    replaced by one at the same GPU speed for the plan's."""
+    replaced by one at the same GPU speed for the plan's. `memo`: simulations of this plan
+    already run (a search simulating a plan again to settle its clock starts where it was)."""
     if plan.num_steps < STEADY_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{STEADY_STEPS} so that the last one is a steady-state step "
@@ -289,8 +369,9 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     if costs is None or costs.lanes_first != lanes_first:  # the plan's own launch price
         costs = CostModel(profile, gpu_speedup=costs.gpu_speedup if costs else 1.0,
                           lanes_first=lanes_first)
-    trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
-                                       profile_name=profile.name)
+    steady = memo.steady if memo is not None else _steady_step
+    trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
+                                 profile_name=profile.name)
     # A power-capped GPU computes faster the more it idles (GPUSpec.busy_speedup), and how much
     # it idles depends on how fast it computes. The step's answer to the GPU's speed is read
     # off the simulations so far (held at first, then a + b / speedup through the last two),
@@ -304,8 +385,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
             break
         costs = CostModel(profile, gpu_speedup=speedup, lanes_first=lanes_first)
-        trace, step_s, busy = _steady_step(plan, costs, label=label or plan.model.name,
-                                           profile_name=profile.name)
+        trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
+                                     profile_name=profile.name)
         seen.append((speedup, step_s))
     peaks = {t: trace.peak_bytes(t) for t in TIERS}
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile, ProfileError, ProfileSpec, build_variant
 from layerslide.planner import ModelSpec
-from layerslide.tuner.search import SearchSpace, tune
+from layerslide.tuner.search import tune
+from layerslide.tuner.space import SearchSpace
 from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow, in_processes
 
 # The buyer's platforms and cards shipped with layerslide (hwprofiles/builtin).
@@ -97,8 +98,9 @@ def bound_of(prediction) -> tuple[str | None, float | None]:
 
 
 def _tune_variant(model: ModelSpec, variant: Variant, seq_len: int,
-                  space: SearchSpace) -> dict:
-    result = tune(model, variant.profile, seq_len=seq_len, space=space, workers=1)
+                  space: SearchSpace, exhaustive: bool = False, tolerance: float = 0.0) -> dict:
+    result = tune(model, variant.profile, seq_len=seq_len, space=space, workers=1,
+                  exhaustive=exhaustive, tolerance=tolerance, interruptible=False, with_plan=False)
     profile = variant.profile
     row = WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
                     gpu_bytes=profile.gpu.memory_bytes, ram_bytes=profile.host.ram_bytes,
@@ -123,15 +125,18 @@ def _tune_variant(model: ModelSpec, variant: Variant, seq_len: int,
 def purchase_search(model: ModelSpec, target_tokens_per_s: float, candidates: Sequence[Variant],
                     *, seq_len: int = 1024, space: SearchSpace = PURCHASE_SPACE,
                     workers: int | None = None,
-                    progress: Callable[[int, int], None] | None = None) -> list[dict]:
+                    progress: Callable[[int, int], None] | None = None,
+                    exhaustive: bool = False, tolerance: float = 0.0) -> list[dict]:
     """Tune the model on every variant; rows that reach the target first, cheapest first (by
     tokens/s where a price is missing), then those that fall short, fastest first. Each row
-    says how far the next cheaper variant falls short of the target."""
+    says how far the next cheaper variant falls short of the target. Ctrl-C raises
+    whatif.Interrupted with the rows done (unranked; None for the rest)."""
     if not target_tokens_per_s > 0:
         raise ValueError(f"the target must be more than 0 tokens/s, got {target_tokens_per_s}")
     if not candidates:
         raise ValueError("no variant to try: every combination was refused by its platform")
-    rows = in_processes(_tune_variant, [(model, v, seq_len, space) for v in candidates],
+    rows = in_processes(_tune_variant,
+                        [(model, v, seq_len, space, exhaustive, tolerance) for v in candidates],
                         workers=workers, progress=progress)
     return rank(rows, target_tokens_per_s)
 

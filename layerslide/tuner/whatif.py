@@ -6,6 +6,7 @@ Each row is the best configuration that tune finds in a small search space, or w
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from functools import partial
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, sizes
 from layerslide.trace import TIERS
-from layerslide.tuner.search import SearchSpace, TuneResult, tune
+from layerslide.tuner.search import TuneResult, tune
+from layerslide.tuner.space import SearchSpace
 
 # Small enough to sweep many profiles or models in seconds, wide enough to find the regime.
 # Accumulation 16, layer-major, is what lets the largest models run at speed (64k tokens a step
@@ -75,9 +77,11 @@ def _worst_ratio(candidate) -> float:
 
 
 def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
-              gpu_memory_bytes: int | None, space: SearchSpace) -> WhatIfRow:
+              gpu_memory_bytes: int | None, space: SearchSpace,
+              exhaustive: bool = False, tolerance: float = 0.0) -> WhatIfRow:
     result = tune(model, profile, seq_len=seq_len, space=space,
-                  gpu_memory_bytes=gpu_memory_bytes, workers=1)
+                  gpu_memory_bytes=gpu_memory_bytes, workers=1, exhaustive=exhaustive,
+                  tolerance=tolerance, interruptible=False, with_plan=False)
     gpu = profile.gpu.memory_bytes if gpu_memory_bytes is None else min(
         gpu_memory_bytes, profile.gpu.memory_bytes)
     return WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
@@ -88,30 +92,68 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
 def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
                  progress: Callable[[int, int], None] | None) -> list:
     """job(*item) for each item, results in the items' order; on `workers` processes (default:
-    one per core) where there are several items, since each tune runs on one."""
+    one per core) where there are several items, since each tune runs on one. The longest
+    items first (by their first element's parameters, where it has them), so that no core
+    is left with a large one at the end. Ctrl-C (KeyboardInterrupt) returns what is done, None
+    for the rest: Interrupted.results."""
     workers = min(workers or os.cpu_count() or 1, len(items))
     results: list = [None] * len(items)
-    if workers <= 1:
-        for i, item in enumerate(items):
-            results[i] = job(*item)
-            if progress:
-                progress(i + 1, len(items))
-        return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(job, *item): i for i, item in enumerate(items)}
-        for done, future in enumerate(as_completed(futures), 1):
-            results[futures[future]] = future.result()
-            if progress:
-                progress(done, len(items))
+    done = 0
+    try:
+        if workers <= 1:
+            for i in _longest_first(items):
+                results[i] = job(*items[i])
+                done += 1
+                if progress:
+                    progress(done, len(items))
+            return results
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupts)
+        try:
+            futures = {pool.submit(job, *items[i]): i for i in _longest_first(items)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                done += 1
+                if progress:
+                    progress(done, len(items))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()
+            raise
+        pool.shutdown()
+    except KeyboardInterrupt:
+        raise Interrupted(results) from None
     return results
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during in_processes: `results` has the rows done, None for the others."""
+
+    def __init__(self, results: list):
+        super().__init__()
+        self.results = results
+
+
+def _ignore_interrupts() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def _longest_first(items: Sequence[tuple]) -> list[int]:
+    def size(i: int) -> float:
+        first = items[i][0] if items[i] else None
+        return -getattr(first, "total_params", 0)
+
+    return sorted(range(len(items)), key=size)
 
 
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
                     gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
                     progress: Callable[[int, int], None] | None = None,
-                    workers: int | None = None) -> list[WhatIfRow]:
-    """One model on each profile."""
-    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
+                    workers: int | None = None, exhaustive: bool = False,
+                    tolerance: float = 0.0) -> list[WhatIfRow]:
+    """One model on each profile (exhaustive, tolerance: as tune's)."""
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
+                  exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, [(model, profile) for profile in profiles], workers=workers,
                         progress=progress)
 
@@ -121,11 +163,13 @@ def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
                   nvme_sizes: Sequence[int | None] = (None,), seq_len: int = 1024,
                   gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
                   progress: Callable[[int, int], None] | None = None,
-                  workers: int | None = None) -> list[WhatIfRow]:
+                  workers: int | None = None, exhaustive: bool = False,
+                  tolerance: float = 0.0) -> list[WhatIfRow]:
     """Each model on one profile, for each RAM and NVMe size (None: the profile's own)."""
     pairs = [(m, profile.with_overrides(ram_bytes=r, nvme_capacity_bytes=n))
              for r in ram_sizes for n in nvme_sizes for m in models]
-    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space)
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
+                  exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, pairs, workers=workers, progress=progress)
 
 

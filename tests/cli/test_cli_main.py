@@ -68,7 +68,8 @@ def test_tune_prints_best_and_rejections_and_writes_plan(capsys, tmp_path):
     path = tmp_path / "tuned.json"
     code, out, _ = run(capsys, "tune", "--model", "llama-3.2-1b", "--profile", "rtx4090-256gb",
                        "--gpu-memory", "8GiB", "--windows", "1,2", "--micro-batches", "1,64",
-                       "--activations", "gpu", "--casts", "cpu_once", "-o", str(path))
+                       "--activations", "gpu", "--casts", "cpu_once", "-o", str(path),
+                       "--exhaustive")  # every accumulation's best: every candidate simulated
     assert code == 0
     assert "over gpu memory" in out  # micro-batch 64 with activations on an 8 GiB GPU
     assert "best by accumulation: x1 " in out and "x16 layer-major" in out

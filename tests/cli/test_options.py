@@ -9,6 +9,7 @@ from typing import Literal, get_args, get_origin, get_type_hints
 
 import pytest
 
+from layerslide.cli import options
 from layerslide.cli.main import _subcommand_parser, build_parser
 from layerslide.cli.options import add_field_flags, add_policy, add_train, policy_of, train_of
 from layerslide.planner import Policy, TrainSpec, settings
@@ -103,3 +104,16 @@ def test_a_flag_field_without_a_doc_or_with_a_switch_on_by_default_is_refused():
         add_field_flags(group, Undocumented)
     with pytest.raises(TypeError, match="OnByDefault.fast: a switch defaults to False"):
         add_field_flags(group, OnByDefault)
+
+
+def test_progress_prints_a_line_a_tenth_with_the_time_left_off_a_terminal(monkeypatch, capsys):
+    clock = iter(float(t) for t in range(0, 100, 2))  # a fake clock: 2 s a call
+    monkeypatch.setattr(options.time, "monotonic", lambda: next(clock))
+    show = options.progress_printer("tune: candidates", quiet_s=3)  # made at t=0
+    for done in (1, 2, 5, 10):
+        show(done, 10)
+    lines = capsys.readouterr().err.splitlines()
+    # at 2 s, under quiet_s: nothing; then 2/10 at 4 s, 5/10 at 6 s, the end at 8 s
+    assert lines == ["tune: candidates: 2/10 (4 s, about 16 s left)",
+                     "tune: candidates: 5/10 (6 s, about 6 s left)",
+                     "tune: candidates: 10/10 (8 s)"]

@@ -53,7 +53,7 @@ def test_only_a_gpu_bound_plan_left_at_nice_0_is_niced():
 
 @pytest.mark.parametrize("niced_price", [True, False])
 def test_tune_picks_a_gpu_bound_plan_niced_at_the_price_it_runs_at(niced_price, monkeypatch):
-    from layerslide.tuner import search
+    from layerslide.tuner import plans
 
     profile = _profile(cpu_bound=False, niced_price=niced_price)
     simulated = []
@@ -61,7 +61,7 @@ def test_tune_picks_a_gpu_bound_plan_niced_at_the_price_it_runs_at(niced_price, 
     def counted(plan, *args, **kwargs):
         simulated.append(plan.policy.executor.lanes_first)
         return simulate(plan, *args, **kwargs)
-    monkeypatch.setattr(search, "simulate", counted)
+    monkeypatch.setattr(plans, "simulate", counted)
     result = tune(make_tiny_model(num_layers=4), profile, seq_len=16, space=SPACE, workers=1)
     assert any(simulated) == niced_price  # a second simulation only where priced apart
     best = result.best

@@ -15,7 +15,8 @@ SMALL = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1,),
 
 
 def test_every_candidate_is_evaluated_and_best_first():
-    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=SMALL, workers=1)
+    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=SMALL, workers=1,
+                  exhaustive=True)
     assert len(result.candidates) == 2 * 2 * 2
     speeds = [c.prediction.tokens_per_s for c in result.feasible]
     assert speeds == sorted(speeds, reverse=True)
@@ -40,13 +41,15 @@ def test_gpu_cap_rejects_with_the_tier_and_the_plan_file_loads(tmp_path):
     profile = make_round_profile()
     # a cap that every micro-batch-1 candidate fits and some micro-batch-4 one does not (a
     # sequence long enough that micro-batch 4 needs more 2 MiB pages of the allocator)
-    uncapped = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, workers=1)
+    uncapped = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, workers=1,
+                    exhaustive=True)
     peaks = {}
     for c in uncapped.candidates:
         peaks.setdefault(c.train.micro_batch, []).append(c.prediction.gpu_need_bytes)
     cap = max(peaks[1])
     assert max(peaks[4]) > cap
-    result = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, gpu_memory_bytes=cap, workers=1)
+    result = tune(model, profile, seq_len=SEQ_FOR_PAGES, space=SMALL, gpu_memory_bytes=cap,
+                  workers=1, exhaustive=True)
     assert result.rejections().get("gpu", 0) >= 1
     assert all(c.prediction.gpu_need_bytes <= cap for c in result.feasible)
     path = tmp_path / "tuned.json"
@@ -230,14 +233,14 @@ def test_the_leaders_are_ranked_at_the_speed_their_gpu_settles_at(monkeypatch):
     # simulated again with it settled, and the pick is what simulate says of its plan
     from layerslide.hwprofiles import load_profile
     from layerslide.planner import PRESETS
-    from layerslide.tuner import search
+    from layerslide.tuner import exhaustive
 
-    monkeypatch.setattr(search, "CLOCK_FINALISTS", 2)
+    monkeypatch.setattr(exhaustive, "CLOCK_FINALISTS", 2)
     profile = load_profile("h200-bench")
     space = SearchSpace(windows=(1, 2), micro_batches=(1, 8), grad_accums=(1,),
                         activations=("host",), casts=("cpu_once",), allow_nvme=False,
                         fill_gpu_updates=False)
-    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1)
+    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1, exhaustive=True)
     speedups = [c.prediction.gpu_speedup for c in result.candidates]
     assert sum(s > 1.0 for s in speedups) == 2 and speedups.count(1.0) == 2
     best = result.best
@@ -269,22 +272,24 @@ def test_with_no_room_for_the_embedding_the_fill_takes_decoder_layers():
     assert capped.prediction.tokens_per_s > base.prediction.tokens_per_s
 
 
-def test_the_pick_is_always_one_whose_clock_was_settled(monkeypatch):
+@pytest.mark.parametrize("exhaustive", [True, False])
+def test_the_pick_is_always_one_whose_clock_was_settled(monkeypatch, exhaustive):
     # a table that slows a busy GPU below its efficiency tables' rate: settling the leader can
     # drop it under an unsettled one, which is then settled before it can be the pick
     import dataclasses
 
     from layerslide.hwprofiles import load_profile
     from layerslide.planner import PRESETS
-    from layerslide.tuner import search
+    from layerslide.tuner import exhaustive
 
-    monkeypatch.setattr(search, "CLOCK_FINALISTS", 1)
+    monkeypatch.setattr(exhaustive, "CLOCK_FINALISTS", 1)
     base = load_profile("h200-bench")
     profile = dataclasses.replace(base, gpu=dataclasses.replace(
         base.gpu, busy_speedup=((0.25, 1.0), (0.5, 1.0), (1.0, 0.92))))
     space = SearchSpace(windows=(2, 4), micro_batches=(8, 16, 32), activations=("gpu", "host"),
                         casts=("cpu_once",), allow_nvme=False, fill_gpu_updates=False)
-    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1)
+    result = tune(PRESETS["llama-3.2-1b"], profile, space=space, workers=1,
+                  exhaustive=exhaustive)
     best = result.best
     direct = simulate(build_plan(PRESETS["llama-3.2-1b"], best.train, best.policy), profile)
     assert best.prediction.gpu_speedup == pytest.approx(direct.gpu_speedup)
@@ -294,7 +299,8 @@ def test_the_pick_is_always_one_whose_clock_was_settled(monkeypatch):
 def test_accumulation_is_tried_both_ways_under_the_cap_on_tokens_per_step():
     space = replace(SMALL, windows=(1,), activations=("host",), grad_accums=(1, 4),
                     max_tokens_per_step=4 * 16 * 2)
-    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=space, workers=1)
+    result = tune(make_tiny_model(), make_round_profile(), seq_len=16, space=space, workers=1,
+                  exhaustive=True)
     tried = sorted((c.train.micro_batch, c.train.grad_accum, c.policy.schedule.accumulation)
                    for c in result.candidates)
     # one micro-batch a step is one plan whichever the schedule; 4 x 4 x 16 tokens is over
@@ -313,7 +319,7 @@ def test_settings_that_overflow_the_gpu_are_not_tried_at_a_larger_micro_batch():
     # 868 with them on the host; capped at 838, the host's at 128 is not simulated
     space = replace(SMALL, windows=(1,), micro_batches=(64, 128))
     result = tune(make_tiny_model(), make_round_profile(), seq_len=256, space=space, workers=1,
-                  gpu_memory_bytes=838 * 2**20)
+                  gpu_memory_bytes=838 * 2**20, exhaustive=True)
     tried = {(c.train.micro_batch, c.policy.residency.activations): c.feasible
              for c in result.candidates}
     assert tried == {(64, "gpu"): True, (64, "host"): False, (128, "gpu"): False}
@@ -323,23 +329,23 @@ def test_settings_that_overflow_the_gpu_are_not_tried_at_a_larger_micro_batch():
 def test_a_finer_spill_sheds_the_host_overflow_between_the_coarse_placements():
     """(moments, master) on NVMe, moments first: the least step of SPILL_STEP that moves the
     overflowing bytes, then the master weights once the moments are all there."""
-    from layerslide.tuner.search import SPILL_STEP, _finer_spill
+    from layerslide.tuner.placement import SPILL_STEP, finer_spill
 
     params = 10**9
     moments_bytes = sizes.MOMENTS_BYTES_PER_PARAM * params
-    assert _finer_spill((0.5, 0.0, 0.0), int(0.03 * moments_bytes), params) == (0.55, 0.0, 0.0)
-    assert _finer_spill((0.5, 0.0, 0.0), int(0.26 * moments_bytes), params) == (0.8, 0.0, 0.0)
-    assert _finer_spill((0.5, 0.0, 0.0), 1, params) == (0.5 + SPILL_STEP, 0.0, 0.0)
-    assert _finer_spill((0.5, 0.0, 0.0), 2 * moments_bytes, params) == (1.0, 0.0, 0.0)
+    assert finer_spill((0.5, 0.0, 0.0), int(0.03 * moments_bytes), params) == (0.55, 0.0, 0.0)
+    assert finer_spill((0.5, 0.0, 0.0), int(0.26 * moments_bytes), params) == (0.8, 0.0, 0.0)
+    assert finer_spill((0.5, 0.0, 0.0), 1, params) == (0.5 + SPILL_STEP, 0.0, 0.0)
+    assert finer_spill((0.5, 0.0, 0.0), 2 * moments_bytes, params) == (1.0, 0.0, 0.0)
     master_bytes = sizes.MASTER_BYTES_PER_PARAM * params
-    assert _finer_spill((1.0, 0.5, 0.0), int(0.1 * master_bytes), params) == (1.0, 0.6, 0.0)
+    assert finer_spill((1.0, 0.5, 0.0), int(0.1 * master_bytes), params) == (1.0, 0.6, 0.0)
     weight_bytes = sizes.UPLOAD_BYTES_PER_PARAM * params
-    assert _finer_spill((1.0, 1.0, 0.0), int(0.2 * weight_bytes), params) == (1.0, 1.0, 0.2)
+    assert finer_spill((1.0, 1.0, 0.0), int(0.2 * weight_bytes), params) == (1.0, 1.0, 0.2)
     # a cast that reads the master from RAM skips to the weights; without the native AdamW's
     # cast, nothing is left
-    assert _finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False) == (1.0, 0.0, 0.05)
-    assert _finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False, weights_ok=False) is None
-    assert _finer_spill((1.0, 1.0, 1.0), 10, params) is None
+    assert finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False) == (1.0, 0.0, 0.05)
+    assert finer_spill((1.0, 0.0, 0.0), 10, params, master_ok=False, weights_ok=False) is None
+    assert finer_spill((1.0, 1.0, 1.0), 10, params) is None
 
 
 def test_the_tuner_spills_just_enough_between_its_coarse_placements():

@@ -1,0 +1,93 @@
+"""Plans built once and simulations run once, per process: a search meets the same plan again
+(a candidate's settled clock and niced CPU kernels simulate its plan again; the bounds and the
+sweep check the same static buffers), and so does the next tune in the process (a plan does
+not depend on the profile: what-if's rows and the purchase search's variants share them)."""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan
+from layerslide.planner.build import static_buffers
+from layerslide.planner.plan import MIN_STEPS
+from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
+from layerslide.simulator.predict import SimulationMemo
+
+PLAN_CACHE_SIZE = 32  # plans kept per process (each a few MiB, 14 MiB at 70B)
+# the bounds' plans of a few layers, two steps (tuner.bounds), kept per process: they do not
+# depend on the profile, so the next tune of a what-if or purchase search meets them again
+SMALL_PLAN_CACHE_SIZE = 64
+STATIC_CACHE_SIZE = 64  # static buffers kept per process: a candidate's placements
+_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+_SMALL_PLANS: OrderedDict[tuple, Plan] = OrderedDict()
+_STATIC: OrderedDict[tuple, tuple] = OrderedDict()
+# the simulations of those plans: settling a plan's clock starts with the one the sweep ran
+MEMO = SimulationMemo()
+
+
+def _build_key(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple:
+    """What the build reads: every policy group but the executor knobs."""
+    return (model, train, policy.residency, policy.schedule, policy.kernels)
+
+
+def plan_of(model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int) -> Plan:
+    """build_plan, remembered for the last few candidates: plans that differ only in executor
+    knobs share one (each caller gets its own policy and meta)."""
+    key = (*_build_key(model, train, policy), num_steps)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps)
+        while len(_PLANS) > PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
+    else:
+        _PLANS.move_to_end(key)
+    out = copy.copy(plan)
+    out.policy, out.meta = policy, dict(plan.meta)
+    return out
+
+
+def small_plan_of(model: ModelSpec, train: TrainSpec, policy: Policy) -> Plan:
+    """build_plan of MIN_STEPS steps for a bound (a class plan, a short plan), remembered;
+    read-only to its callers."""
+    key = _build_key(model, train, policy)
+    plan = _SMALL_PLANS.get(key)
+    if plan is None:
+        plan = _SMALL_PLANS[key] = build_plan(model, train, policy, num_steps=MIN_STEPS)
+        while len(_SMALL_PLANS) > SMALL_PLAN_CACHE_SIZE:
+            _SMALL_PLANS.popitem(last=False)
+    return plan
+
+
+def static_buffers_of(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple:
+    """planner.build.static_buffers, remembered for the last candidates' placements."""
+    key = _build_key(model, train, policy)
+    buffers = _STATIC.get(key)
+    if buffers is None:
+        buffers = _STATIC[key] = static_buffers(model, train, policy)
+        while len(_STATIC) > STATIC_CACHE_SIZE:
+            _STATIC.popitem(last=False)
+    return buffers
+
+
+def simulated(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
+              gpu_memory_bytes: int | None, num_steps: int, costs: CostModel | None = None,
+              settle_clock: bool = True) -> Prediction:
+    """simulate() of the candidate's plan, through the memo."""
+    return simulate(plan_of(model, train, policy, num_steps), profile,
+                    gpu_memory_bytes=gpu_memory_bytes, costs=costs, settle_clock=settle_clock,
+                    memo=MEMO)
+
+
+def predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
+              gpu_memory_bytes: int | None, num_steps: int, costs: CostModel,
+              settle_clock: bool) -> Prediction:
+    """The candidate simulated; one whose static buffers overflow is rejected before its plan
+    is built (a step-major plan of many micro-batches has hundreds of thousands of tasks)."""
+    early = static_rejection(static_buffers_of(model, train, policy), train.tokens_per_step,
+                             profile, gpu_memory_bytes=gpu_memory_bytes)
+    if early is not None:
+        return early
+    return simulated(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
+                     num_steps=num_steps, costs=costs, settle_clock=settle_clock)
