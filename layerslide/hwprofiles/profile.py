@@ -376,12 +376,13 @@ class HardwareProfile:
         return dataclasses.replace(self, host=host, sources=sources)
 
     def cost_breakdown(self) -> dict[str, float] | None:
-        """What each part of this machine costs (GPU, platform, its RAM at the price per GB, its
-        drives at the price per drive), or None where a price is missing."""
+        """What each part of this machine costs (its GPUs at the price per GPU, platform, its RAM
+        at the price per GB, its drives at the price per drive), or None where a price is
+        missing."""
         pr = self.prices
         if None in (pr.gpu, pr.platform, pr.ram_per_gb, pr.drive):
             return None
-        return {"gpu": pr.gpu.value, "platform": pr.platform.value,
+        return {"gpu": pr.gpu.value * self.host.gpus, "platform": pr.platform.value,
                 "ram": pr.ram_per_gb.value * self.host.ram_bytes / 2**30,
                 "drives": pr.drive.value * self.storage.drives}
 
