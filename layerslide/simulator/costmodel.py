@@ -74,7 +74,8 @@ class CostModel:
         check_ranks(profile, gpus, hosts)
         self.gpus, self.hosts = gpus, hosts
         self.profile = rank_share(profile, gpus)
-        self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
+        # the drives as one (the tier stripes evenly), at this rank's share
+        self.storage = self.profile.storage.striped()
         self.gpu_speedup = gpu_speedup
         self.lanes_first = lanes_first
         self._efficiency_cache: dict[int, float] = {}

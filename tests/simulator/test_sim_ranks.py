@@ -5,7 +5,9 @@ refused by name."""
 import pytest
 from helpers import make_round_host, make_round_profile, make_tiny_model
 
+from layerslide.kinds import Lane, TaskKind
 from layerslide.planner import Policy, TrainSpec, build_plan
+from layerslide.planner.plan import Task
 from layerslide.planner.sharding import Shards
 from layerslide.simulator import CostModel, simulate
 from layerslide.simulator.bounds import bound_of
@@ -13,6 +15,7 @@ from layerslide.simulator.costmodel import INTERCONNECT
 from layerslide.simulator.ranks import check_ranks, rank_share
 
 GIB = 1024**3
+K = TaskKind
 
 
 def plan_of(gpus=1, hosts=1, model=None, **policy):
@@ -35,6 +38,19 @@ def test_a_rank_gets_its_share_of_the_cores_memory_cpu_kernels_and_drives():
     assert share.link.duplex_bytes_per_s == pytest.approx(1e9)
     assert (share.gpu, share.interconnect) == (host.gpu, host.interconnect)
     assert rank_share(host, 1) is host
+
+
+def test_a_ranks_costs_take_its_share_of_the_drives_link_and_cpu():
+    host = make_round_host(gpus=4, gpus_per_link=4)
+    whole, rank = CostModel(host, gpus=1), CostModel(host, gpus=4)
+
+    def task(kind, lane, **amounts):
+        return Task(id="t", kind=kind, lane=lane, block=0, step=0, **amounts)
+    for t in (task(K.READ_STATE, Lane.NVME_READ, bytes=1e9),
+              task(K.WRITE_STATE, Lane.NVME_WRITE, bytes=1e9),
+              task(K.LOAD_WEIGHTS, Lane.H2D, bytes=1e9),
+              task(K.OPTIMIZER_STEP, Lane.CPU, params=10**6)):
+        assert rank.cost(t).solo_s == pytest.approx(4 * whole.cost(t).solo_s), t.kind
 
 
 def test_a_link_split_between_more_gpus_than_run_gives_each_running_one_its_part():
