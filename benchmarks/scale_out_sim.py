@@ -29,11 +29,12 @@ from layerslide.simulator import simulate, static_rejection
 GIB = 1024**3
 SEQ_LEN = 1024
 SEQUENCES_PER_RANK = 32  # per rank per optimizer step: micro-batch x accumulation
-# Where the state goes, least NVMe first: the first that fits the host is taken.
+# Where the state goes, least NVMe first: the first that fits the host is taken (moments in
+# quarters, then master weights in halves, then checkpoints, then the bf16 weights).
 STATE_LADDER = (
     {},
-    {"moments_on_nvme": 1.0},
-    {"moments_on_nvme": 1.0, "master_on_nvme": 1.0},
+    *({"moments_on_nvme": f} for f in (0.25, 0.5, 0.75, 1.0)),
+    *({"moments_on_nvme": 1.0, "master_on_nvme": f} for f in (0.5, 1.0)),
     {"moments_on_nvme": 1.0, "master_on_nvme": 1.0, "activations": "nvme"},
     {"moments_on_nvme": 1.0, "master_on_nvme": 1.0, "weights_on_nvme": 1.0,
      "activations": "nvme"},
@@ -157,24 +158,25 @@ def with_speedups(rows: list[dict]) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     lines = [("| model | host | GPUs | settings | tokens/s | x 1 GPU | bound (share of step) "
-              "| host RAM per host | target |"),
+              "| per host: RAM, NVMe (GiB) | target |"),
              "| --- | --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
     for r in rows:
         if not r["feasible"]:
             lines.append(f"| {r['model']} | {r['profile']} | {r['gpus']} | - | does not fit "
                          "| | | | |")
             continue
-        nvme = "+".join(k.split("_")[0] for k in ("moments_on_nvme", "master_on_nvme",
-                                                  "weights_on_nvme") if r[k]) or "none"
+        nvme = ", ".join(f"{k.split('_')[0]} {r[k]:g}" for k in (
+            "moments_on_nvme", "master_on_nvme", "weights_on_nvme") if r[k]) or "none"
         settings = (f"mb {r['micro_batch']} x {r['grad_accum']}, window {r['window']}, "
                     f"NVMe: {nvme}, act. {r['activations']}")
         target = ("" if r.get("target") is None
                   else f"{r['target']}: {'met' if r['target_met'] else 'MISSED'}")
-        host = r["peak_bytes_per_host"]["host"] / GIB
+        used, limit = r["peak_bytes_per_host"], r["limits_bytes"]
+        memory = (f"{used['host'] / GIB:.0f} / {limit['host'] / GIB:.0f}, "
+                  f"{used['nvme'] / GIB:.0f} / {limit['nvme'] / GIB:.0f}")
         lines.append(f"| {r['model']} | {r['profile']} | {r['gpus']} | {settings} | "
                      f"{r['tokens_per_s']:,.0f} | {r.get('speedup', 1.0):.2f} | {r['bound']} "
-                     f"({r['bound_share_of_step']:.0%}) | {host:.0f} / "
-                     f"{r['limits_bytes']['host'] / GIB:.0f} GiB | {target} |")
+                     f"({r['bound_share_of_step']:.0%}) | {memory} | {target} |")
     return "\n".join(lines) + "\n"
 
 
