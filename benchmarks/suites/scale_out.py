@@ -7,7 +7,7 @@ from benchmarks.registry import Case, Suite, step
 SUITE = Suite(
     name="scale-out",
     what="simulated tokens/s, speedup and bound on 1-8 GPUs of one host (CPU)",
-    current=None,
+    current="benchmarks/results/scale-out/2026-12-05-1993fbf/simulate/scale_out.json",
     reproduce="any machine; ~15 min on 2 cores",
     cases=(
         Case("simulate", "the fastest of a small fixed search per model, host and GPU count",
