@@ -1,0 +1,101 @@
+"""Runs of several ranks as processes on this machine, through gloo, as torchrun would start
+them (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, a rendezvous on 127.0.0.1): the data-parallel
+tests' harness. A rank's results come back as a file of its own (torch.save)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+# how long a collective waits for the others: a failing rank ends the test, not hangs it
+TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(worker, job, *, gpus: int, hosts: int = 1) -> list[dict]:
+    """Run worker(ranks, job) on gpus x hosts ranks; returns each rank's result, by rank."""
+    world = gpus * hosts
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mp.start_processes(_entry, args=(worker, job, world, gpus, free_port()), nprocs=world,
+                       start_method="spawn", join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _entry(rank: int, worker, job, world: int, gpus: int, port: int) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(gpus),
+                      LOCAL_RANK=str(rank % gpus), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    from layerslide.training.distributed import join, leave
+
+    ranks = join("cpu", timeout_s=TIMEOUT_S)
+    try:
+        result = worker(ranks, job)
+        torch.save(result, Path(job.out) / f"rank{rank}.pt")
+    finally:
+        leave()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """A short training run: a plan file, a model config, the optimizer, how long."""
+
+    out: str
+    plan: str
+    config: object
+    optim: object
+    steps: int
+    seed: int = 0
+    nvme_dir: str | None = None  # each rank takes its own folder under it (rank<r>)
+    save_to: str | None = None  # the trained model as an HF folder (rank 0 writes)
+    options: dict = field(default_factory=dict)
+
+
+def train(ranks, job: TrainJob) -> dict:
+    """Train from random weights; the losses, the gathered initial and final weights, what
+    this rank allocated, and its slices of the state."""
+    from helpers import SEQ, VOCAB
+
+    from layerslide.data.sources import SyntheticTokens
+    from layerslide.planner.plan import Plan
+    from layerslide.training.trainer import Trainer
+
+    plan = Plan.load(job.plan)
+    nvme = None if job.nvme_dir is None else Path(job.nvme_dir) / f"rank{ranks.rank}"
+    with Trainer(config=job.config, plan=plan, optim=job.optim, device="cpu", ranks=ranks,
+                 segment_steps=3, nvme_dir=nvme) as trainer:
+        trainer.init_random(job.seed)
+        initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), job.steps)
+        final = {n: v.clone() for n, v in trainer.state.named_master()}
+        owned = {b: trainer.state.owned_master(b).clone() for b in trainer.blocks.blocks}
+        whole = {b: trainer.state.whole_master(b).clone() for b in trainer.blocks.blocks}
+        moments = {b: {k: t.clone() for k, t in _owned_moments(trainer.state, b).items()}
+                   for b in trainer.state.moments}
+        saved = None if job.save_to is None else trainer.save(job.save_to)
+        return {"saved": saved, "whole": whole,"losses": [log.loss for log in logs],
+                "grad_norms": [log.grad_norm for log in logs],
+                "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
+                "initial": initial, "final": final, "owned": owned, "moments": moments,
+                "allocated": trainer.allocated_bytes(),
+                "expected": plan.static_buffer_bytes()}
+
+
+def _owned_moments(state, block: int) -> dict[str, torch.Tensor]:
+    """This rank's moments of the block, its NVMe part (read back) and RAM part together."""
+    ram = state.moments[block]
+    if not state.disk_moments.get(block, 0):
+        return dict(ram.tensors)
+    disk = state.nvme.read_block(block)[1]
+    return {name: torch.cat([disk.tensors[name], ram.tensors[name]]) for name in ram.tensors}

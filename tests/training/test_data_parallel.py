@@ -1,0 +1,186 @@
+"""Data-parallel sliding windows with the host state sharded by owner (issue 53), on the CPU:
+ranks are processes on this machine meeting through gloo (tests/ranks_harness.py).
+
+N ranks each accumulating A micro-batches train as one rank accumulating N x A of the same
+global order: the same losses and final weights within test_trainer's tolerances against its
+reference (losses rel 1e-3, the weights' distance under a tenth of the update; grad norms rel
+1e-2). They are not bit-equal: the ranks' bf16 grads are summed in bf16 by the reduce-scatter
+where one rank sums its micro-batches' grads in fp32. Equal bit for bit: the initial weights on
+any rank count, and a state partly on NVMe (a folder per rank) against the same all in RAM.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import SEQ, VOCAB, spec_of, tiny_config
+from ranks_harness import TrainJob, spawn, train
+
+from layerslide.data.sources import SyntheticTokens
+from layerslide.executor.optim import OptimConfig
+from layerslide.executor.ranks import SINGLE, Ranks
+from layerslide.planner.build import build_plan
+from layerslide.planner.plan import HOST_MASTER, HOST_MOMENTS, HOST_UPLOAD
+from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.sharding import SHARD_ALIGN
+from layerslide.training.hf_io import iter_checkpoint_tensors
+from layerslide.training.trainer import Trainer
+
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
+STEPS = 3
+# bytes per element of each part of a block's state (fp32 moments: m and v)
+STATE_RATES = {HOST_MASTER: 4, HOST_UPLOAD: 2}
+
+
+def make_plan(tmp_path, name, config, *, accum, gpus=1, hosts=1, **policy):
+    """The plan, and the file it is saved in (as a launch hands it to each rank)."""
+    plan = build_plan(spec_of(config, tmp_path / name),
+                      TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=1.0,
+                                gpus=gpus, hosts=hosts), Policy.of(**policy))
+    path = tmp_path / f"{name}.json"
+    plan.save(path)
+    return plan, str(path)
+
+
+def one_rank(config, plan) -> dict:
+    """The same training in this process, as one rank accumulating the global batch."""
+    with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu",
+                 segment_steps=3) as trainer:
+        trainer.init_random(0)
+        initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), STEPS)
+        return {"losses": [log.loss for log in logs],
+                "grad_norms": [log.grad_norm for log in logs],
+                "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
+                "initial": initial,
+                "final": {n: v.clone() for n, v in trainer.state.named_master()},
+                "numel": {b: trainer.blocks.numel(b) for b in trainer.blocks.blocks},
+                "allocated": trainer.allocated_bytes()}
+
+
+def run_ranks(tmp_path, config, *, gpus, hosts=1, accum, nvme=False, save=False, name="many",
+              **policy) -> list[dict]:
+    _, path = make_plan(tmp_path, name, config, accum=accum, gpus=gpus, hosts=hosts, **policy)
+    job = TrainJob(out=str(tmp_path / f"{name}-out"), plan=path, config=config, optim=OPTIM,
+                   steps=STEPS, nvme_dir=str(tmp_path / f"{name}-nvme") if nvme else None,
+                   save_to=str(tmp_path / "saved") if save else None)
+    return spawn(train, job, gpus=gpus, hosts=hosts)
+
+
+def ranks_against_one(tmp_path, config, *, gpus, hosts=1, accum, **policy):
+    """gpus x hosts ranks of `accum` micro-batches against one rank of all of theirs."""
+    ranks = run_ranks(tmp_path, config, gpus=gpus, hosts=hosts, accum=accum, **policy)
+    one_plan, _ = make_plan(tmp_path, "one", config, accum=accum * gpus * hosts, **policy)
+    one = one_rank(config, one_plan)
+    check_same_training(one, ranks)
+    return one, ranks
+
+
+def check_same_training(one: dict, ranks: list[dict]) -> None:
+    update = torch.cat([(one["final"][n] - one["initial"][n]).flatten() for n in one["initial"]])
+    assert update.norm() > 0
+    for result in ranks:
+        for name, value in one["initial"].items():  # each rank's slices of the same draws
+            assert torch.equal(result["initial"][name], value), name
+        assert result["losses"] == pytest.approx(one["losses"], rel=1e-3)
+        assert result["grad_norms"] == pytest.approx(one["grad_norms"], rel=1e-2)
+        assert result["tokens_per_step"] == pytest.approx(one["tokens_per_step"])  # global
+        diff = torch.cat([(result["final"][n] - one["final"][n]).flatten()
+                          for n in one["initial"]])
+        assert diff.norm() / update.norm() < 0.1
+        assert result["allocated"] == result["expected"]  # each rank's ledger holds
+    assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the global loss, everywhere
+
+
+def check_one_copy(one: dict, host: list[dict], moment_bytes: float) -> None:
+    """A host's ranks together hold one copy of every block's state: their slices side by side
+    are the block (zeros past its end), and what they allocated (the ledger's bytes) adds up
+    to one copy plus that padding."""
+    padding = 0
+    for b, numel in one["numel"].items():
+        whole = torch.cat([r["owned"][b] for r in host])
+        assert torch.equal(whole[:numel], host[0]["whole"][b]), b
+        assert torch.count_nonzero(whole[numel:]) == 0, b
+        padding += whole.numel() - numel
+    assert 0 <= padding < len(host) * SHARD_ALIGN * len(one["numel"])
+    for key, rate in {**STATE_RATES, HOST_MOMENTS: moment_bytes}.items():
+        summed = sum(r["allocated"].get(key, 0) for r in host)
+        assert summed == one["allocated"].get(key, 0) + rate * padding, key
+
+
+def test_two_ranks_step_major_train_as_one_rank_accumulating_their_batch(tmp_path):
+    config = tiny_config("llama")
+    one, ranks = ranks_against_one(tmp_path, config, gpus=2, accum=2)
+    check_one_copy(one, ranks, moment_bytes=8)
+
+
+def test_four_ranks_layer_major_with_bf16_moments(tmp_path):
+    config = tiny_config("qwen2", tied=True)
+    one, ranks = ranks_against_one(tmp_path, config, gpus=4, accum=1,
+                                   accumulation="layer_major", moment_precision="bf16")
+    check_one_copy(one, ranks, moment_bytes=4)
+
+
+def test_the_model_saved_from_two_ranks_is_one_hugging_face_folder(tmp_path):
+    config = tiny_config("llama")
+    ranks = run_ranks(tmp_path, config, gpus=2, accum=1, save=True)
+    assert ranks[0]["saved"] is not None and ranks[1]["saved"] is None  # rank 0 alone writes
+    saved = dict(iter_checkpoint_tensors(ranks[0]["saved"]))
+    assert set(saved) == set(ranks[0]["final"])
+    for name, value in ranks[0]["final"].items():
+        assert torch.equal(saved[name], value.to(torch.bfloat16)), name
+
+
+def test_int8_state_on_nvme_in_a_folder_per_rank_equals_it_in_ram(tmp_path):
+    config = tiny_config("llama")
+    policy = {"moment_precision": "int8", "accumulation": "layer_major"}
+    in_ram = run_ranks(tmp_path, config, gpus=2, accum=2, name="ram", **policy)
+    on_nvme = run_ranks(tmp_path, config, gpus=2, accum=2, name="nvme", nvme=True,
+                        master_on_nvme=0.5, moments_on_nvme=0.75, **policy)
+    for rank, (ram, nvme) in enumerate(zip(in_ram, on_nvme, strict=True)):
+        assert ram["losses"] == nvme["losses"]
+        for b, owned in ram["owned"].items():
+            assert torch.equal(nvme["owned"][b], owned), (rank, b)
+            for name, tensor in ram["moments"][b].items():
+                assert torch.equal(nvme["moments"][b][name], tensor), (rank, b, name)
+        assert any((tmp_path / "nvme-nvme" / f"rank{rank}").iterdir())  # its own folder
+    one = one_rank(config, make_plan(tmp_path, "one", config, accum=4, **policy)[0])
+    check_same_training(one, in_ram)
+
+
+def test_two_hosts_of_one_rank_sum_their_grads_across_the_network(tmp_path):
+    ranks_against_one(tmp_path, tiny_config("llama"), gpus=1, hosts=2, accum=2)
+
+
+def test_two_hosts_of_two_ranks_shard_inside_and_replicate_across(tmp_path):
+    one, ranks = ranks_against_one(tmp_path, tiny_config("llama"), gpus=2, hosts=2, accum=1,
+                                   accumulation="layer_major")
+    for host in (ranks[:2], ranks[2:]):
+        check_one_copy(one, host, moment_bytes=8)
+    for first, second in zip(ranks[:2], ranks[2:], strict=True):  # each host a whole copy
+        for b, owned in first["owned"].items():
+            assert torch.equal(second["owned"][b], owned), b
+
+
+def test_a_plan_for_other_ranks_is_refused_before_anything_is_allocated(tmp_path):
+    config = tiny_config("llama")
+    plan, _ = make_plan(tmp_path, "two", config, accum=1, gpus=2)
+    with pytest.raises(ValueError, match="plan is for 2 GPU"):
+        Trainer(config=config, plan=plan, optim=OPTIM, device="cpu", ranks=SINGLE)
+
+
+def test_each_rank_takes_its_share_of_one_global_order(tmp_path):
+    """Rank r of N, accumulating A, takes micro-batches r*A..(r+1)*A-1 of each step's N*A."""
+    config = tiny_config("llama")
+    plan, _ = make_plan(tmp_path, "two", config, accum=2, gpus=2)
+    order = SyntheticTokens(VOCAB, SEQ, seed=1)
+    stream = [order.next_batch(2)[0] for _ in range(8)]
+    with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu",
+                 ranks=Ranks(rank=1, gpus=2)) as trainer:
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        steps = [trainer._step_batches(data, s) for s in range(2)]
+        assert data.state_dict() == order.state_dict()  # every batch of both steps read
+    for s, mine in enumerate(steps):
+        assert sorted(mine) == [(s, 0), (s, 1)]
+        for m in range(2):
+            assert torch.equal(mine[(s, m)][0], stream[4 * s + 2 + m])
