@@ -16,6 +16,15 @@ import torch.multiprocessing as mp
 TIMEOUT_S = 60
 
 
+def optim():
+    from layerslide.executor.optim import OptimConfig
+
+    return OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
+
+
+OPTIM = optim()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -45,6 +54,21 @@ def _entry(rank: int, worker, job, world: int, gpus: int, port: int) -> None:
         torch.save(result, Path(job.out) / f"rank{rank}.pt")
     finally:
         leave()
+
+
+def make_plan(tmp_path, name, config, *, accum, gpus=1, hosts=1, **policy):
+    """The plan, and the file it is saved in (as a launch hands it to each rank)."""
+    from helpers import SEQ, spec_of
+
+    from layerslide.planner.build import build_plan
+    from layerslide.planner.settings import Policy, TrainSpec
+
+    plan = build_plan(spec_of(config, tmp_path / name),
+                      TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=1.0,
+                                gpus=gpus, hosts=hosts), Policy.of(**policy))
+    path = tmp_path / f"{name}.json"
+    plan.save(path)
+    return plan, str(path)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,3 +123,62 @@ def _owned_moments(state, block: int) -> dict[str, torch.Tensor]:
         return dict(ram.tensors)
     disk = state.nvme.read_block(block)[1]
     return {name: torch.cat([disk.tensors[name], ram.tensors[name]]) for name in ram.tensors}
+
+
+def checkpointed(ranks, job: TrainJob) -> dict:
+    """Resume from the checkpoint under options["root"] (options["resume"]) and train; or
+    train options["first"] steps, checkpoint, train on (the uninterrupted run) and, in a
+    fresh Trainer, resume from that checkpoint and train as far again."""
+    from layerslide.training.checkpoint_store import CheckpointStore
+
+    store = CheckpointStore(job.options["root"])
+    if job.options.get("resume"):
+        return _resumed(ranks, job, store)
+    first = job.options["first"]
+    with _trainer(ranks, job) as trainer:
+        trainer.init_random(job.seed)
+        data = _data()
+        from layerslide.training.train_state import CheckpointSchedule
+
+        trainer.fit(data, first, checkpoints=CheckpointSchedule(store=store, every_steps=first))
+        saved = _state_of(trainer)
+        logs = trainer.fit(data, job.steps)
+        uninterrupted = {"losses": [log.loss for log in logs],
+                         "final": {n: v.clone() for n, v in trainer.state.named_master()}}
+    return {"saved": saved, "uninterrupted": uninterrupted, "resumed": _resumed(ranks, job, store)}
+
+
+def _resumed(ranks, job: TrainJob, store) -> dict:
+    with _trainer(ranks, job) as trainer:
+        data = _data()
+        info = trainer.checkpointing.restore_state(store, data)
+        restored = _state_of(trainer)
+        logs = trainer.fit(data, job.steps)
+        return {"step": info.step, "restored": restored, "losses": [log.loss for log in logs],
+                "final": {n: v.clone() for n, v in trainer.state.named_master()}}
+
+
+def _trainer(ranks, job: TrainJob):
+    from layerslide.planner.plan import Plan
+    from layerslide.training.trainer import Trainer
+
+    return Trainer(config=job.config, plan=Plan.load(job.plan), optim=job.optim, device="cpu",
+                   ranks=ranks, segment_steps=2)
+
+
+def _data():
+    from helpers import SEQ, VOCAB
+
+    from layerslide.data.sources import SyntheticTokens
+
+    return SyntheticTokens(VOCAB, SEQ, seed=1)
+
+
+def _state_of(trainer) -> dict:
+    """This rank's slices of the master weights and moments, and the step counts."""
+    state = trainer.state
+    return {"named": {n: v.clone() for n, v in state.named_master()},
+            "owned": {b: state.owned_master(b).clone() for b in trainer.blocks.blocks},
+            "moments": {b: {k: t.clone() for k, t in _owned_moments(state, b).items()}
+                        for b in state.moments},
+            "steps_taken": dict(state.steps_taken), "step": trainer.step}

@@ -255,7 +255,8 @@ class Trainer:
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every={save_every}: must be >= 1")
         saves = self.checkpointing
-        if checkpoints is not None and checkpoints.background and not saves.copies_kept:
+        if (checkpoints is not None and checkpoints.background and not saves.copies_kept
+                and saves.writes(checkpoints.store)):
             saves.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
         saves.restart_clock()
         logs: list[StepLog] = []

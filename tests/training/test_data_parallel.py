@@ -13,33 +13,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import SEQ, VOCAB, spec_of, tiny_config
-from ranks_harness import TrainJob, spawn, train
+from helpers import SEQ, VOCAB, tiny_config
+from ranks_harness import OPTIM, TrainJob, make_plan, spawn, train
 
 from layerslide.data.sources import SyntheticTokens
-from layerslide.executor.optim import OptimConfig
 from layerslide.executor.ranks import SINGLE, Ranks
-from layerslide.planner.build import build_plan
 from layerslide.planner.plan import HOST_MASTER, HOST_MOMENTS, HOST_UPLOAD
-from layerslide.planner.settings import Policy, TrainSpec
 from layerslide.planner.sharding import SHARD_ALIGN
 from layerslide.training.hf_io import iter_checkpoint_tensors
 from layerslide.training.trainer import Trainer
 
-OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, warmup_steps=2, decay_steps=4)
 STEPS = 3
 # bytes per element of each part of a block's state (fp32 moments: m and v)
 STATE_RATES = {HOST_MASTER: 4, HOST_UPLOAD: 2}
-
-
-def make_plan(tmp_path, name, config, *, accum, gpus=1, hosts=1, **policy):
-    """The plan, and the file it is saved in (as a launch hands it to each rank)."""
-    plan = build_plan(spec_of(config, tmp_path / name),
-                      TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=accum, max_grad_norm=1.0,
-                                gpus=gpus, hosts=hosts), Policy.of(**policy))
-    path = tmp_path / f"{name}.json"
-    plan.save(path)
-    return plan, str(path)
 
 
 def one_rank(config, plan) -> dict:
