@@ -87,33 +87,52 @@ class TrainJob:
 
 
 def train(ranks, job: TrainJob) -> dict:
-    """Train from random weights; the losses, the gathered initial and final weights, what
-    this rank allocated, and its slices of the state."""
-    from helpers import SEQ, VOCAB
-
-    from layerslide.data.sources import SyntheticTokens
+    """Train from random weights (or options["load_from"], an HF folder); the losses, the
+    gathered initial and final weights, what this rank allocated, its slices of the state,
+    and with options["eval_batches"] the eval of the initial weights. options["root"]: a
+    checkpoint of the end state there."""
     from layerslide.planner.plan import Plan
+    from layerslide.training.checkpoint_store import CheckpointStore
+    from layerslide.training.train_state import CheckpointSchedule
     from layerslide.training.trainer import Trainer
 
     plan = Plan.load(job.plan)
     nvme = None if job.nvme_dir is None else Path(job.nvme_dir) / f"rank{ranks.rank}"
+    root = job.options.get("root")
+    schedule = None if root is None else CheckpointSchedule(store=CheckpointStore(root),
+                                                            every_steps=job.steps)
     with Trainer(config=job.config, plan=plan, optim=job.optim, device="cpu", ranks=ranks,
                  segment_steps=3, nvme_dir=nvme) as trainer:
-        trainer.init_random(job.seed)
+        if "load_from" in job.options:
+            trainer.load_checkpoint(job.options["load_from"])
+        else:
+            trainer.init_random(job.seed)
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
-        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), job.steps)
+        scored = (trainer.evaluate(eval_batches(job.options["eval_batches"]))
+                  if "eval_batches" in job.options else None)
+        logs = trainer.fit(_data(), job.steps, checkpoints=schedule)
         final = {n: v.clone() for n, v in trainer.state.named_master()}
         owned = {b: trainer.state.owned_master(b).clone() for b in trainer.blocks.blocks}
         whole = {b: trainer.state.whole_master(b).clone() for b in trainer.blocks.blocks}
         moments = {b: {k: t.clone() for k, t in _owned_moments(trainer.state, b).items()}
                    for b in trainer.state.moments}
         saved = None if job.save_to is None else trainer.save(job.save_to)
-        return {"saved": saved, "whole": whole,"losses": [log.loss for log in logs],
+        return {"saved": saved, "whole": whole, "losses": [log.loss for log in logs],
                 "grad_norms": [log.grad_norm for log in logs],
                 "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
                 "initial": initial, "final": final, "owned": owned, "moments": moments,
-                "allocated": trainer.allocated_bytes(),
+                "eval": scored, "allocated": trainer.allocated_bytes(),
                 "expected": plan.static_buffer_bytes()}
+
+
+def eval_batches(count: int) -> list:
+    """Held-out batches of the tests' synthetic data (another seed than training's)."""
+    from helpers import SEQ, VOCAB
+
+    from layerslide.data.sources import SyntheticTokens
+
+    data = SyntheticTokens(VOCAB, SEQ, seed=7)
+    return [data.next_batch(2) for _ in range(count)]
 
 
 def _owned_moments(state, block: int) -> dict[str, torch.Tensor]:

@@ -14,16 +14,19 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import SEQ, VOCAB, tiny_config
-from ranks_harness import OPTIM, TrainJob, make_plan, spawn, train
+from ranks_harness import OPTIM, TrainJob, eval_batches, make_plan, spawn, train
 
 from layerslide.data.sources import SyntheticTokens
 from layerslide.executor.ranks import SINGLE, Ranks
 from layerslide.planner.plan import HOST_MASTER, HOST_MOMENTS, HOST_UPLOAD
 from layerslide.planner.sharding import SHARD_ALIGN
+from layerslide.training.checkpoint_store import CheckpointStore
 from layerslide.training.hf_io import iter_checkpoint_tensors
+from layerslide.training.rank_checkpoints import saved_steps
 from layerslide.training.trainer import Trainer
 
 STEPS = 3
+EVAL_BATCHES = 3  # fewer than 4 ranks: one scores none
 # bytes per element of each part of a block's state (fp32 moments: m and v)
 STATE_RATES = {HOST_MASTER: 4, HOST_UPLOAD: 2}
 
@@ -34,8 +37,9 @@ def one_rank(config, plan) -> dict:
                  segment_steps=3) as trainer:
         trainer.init_random(0)
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        scored = trainer.evaluate(eval_batches(EVAL_BATCHES))
         logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), STEPS)
-        return {"losses": [log.loss for log in logs],
+        return {"losses": [log.loss for log in logs], "eval": scored,
                 "grad_norms": [log.grad_norm for log in logs],
                 "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
                 "initial": initial,
@@ -45,17 +49,19 @@ def one_rank(config, plan) -> dict:
 
 
 def run_ranks(tmp_path, config, *, gpus, hosts=1, accum, nvme=False, save=False, name="many",
-              **policy) -> list[dict]:
+              options=None, **policy) -> list[dict]:
     _, path = make_plan(tmp_path, name, config, accum=accum, gpus=gpus, hosts=hosts, **policy)
     job = TrainJob(out=str(tmp_path / f"{name}-out"), plan=path, config=config, optim=OPTIM,
                    steps=STEPS, nvme_dir=str(tmp_path / f"{name}-nvme") if nvme else None,
-                   save_to=str(tmp_path / "saved") if save else None)
+                   save_to=str(tmp_path / "saved") if save else None,
+                   options={"eval_batches": EVAL_BATCHES, **(options or {})})
     return spawn(train, job, gpus=gpus, hosts=hosts)
 
 
-def ranks_against_one(tmp_path, config, *, gpus, hosts=1, accum, **policy):
+def ranks_against_one(tmp_path, config, *, gpus, hosts=1, accum, options=None, **policy):
     """gpus x hosts ranks of `accum` micro-batches against one rank of all of theirs."""
-    ranks = run_ranks(tmp_path, config, gpus=gpus, hosts=hosts, accum=accum, **policy)
+    ranks = run_ranks(tmp_path, config, gpus=gpus, hosts=hosts, accum=accum, options=options,
+                      **policy)
     one_plan, _ = make_plan(tmp_path, "one", config, accum=accum * gpus * hosts, **policy)
     one = one_rank(config, one_plan)
     check_same_training(one, ranks)
@@ -75,6 +81,10 @@ def check_same_training(one: dict, ranks: list[dict]) -> None:
                           for n in one["initial"]])
         assert diff.norm() / update.norm() < 0.1
         assert result["allocated"] == result["expected"]  # each rank's ledger holds
+        # the eval of the same weights: each rank scored its share of the batches
+        assert (result["eval"].accuracy, result["eval"].tokens) == (
+            one["eval"].accuracy, one["eval"].tokens)
+        assert result["eval"].loss == pytest.approx(one["eval"].loss, rel=1e-9)
     assert all(r["losses"] == ranks[0]["losses"] for r in ranks)  # the global loss, everywhere
 
 
@@ -107,9 +117,18 @@ def test_four_ranks_layer_major_with_bf16_moments(tmp_path):
     check_one_copy(one, ranks, moment_bytes=4)
 
 
-def test_the_model_saved_from_two_ranks_is_one_hugging_face_folder(tmp_path):
+def test_two_ranks_load_a_hugging_face_folder_and_save_one(tmp_path):
     config = tiny_config("llama")
-    ranks = run_ranks(tmp_path, config, gpus=2, accum=1, save=True)
+    plan, _ = make_plan(tmp_path, "one", config, accum=1)
+    with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu") as trainer:
+        trainer.init_random(5)
+        start = trainer.save(tmp_path / "start")
+    ranks = run_ranks(tmp_path, config, gpus=2, accum=1, save=True,
+                      options={"load_from": str(start)})
+    loaded = dict(iter_checkpoint_tensors(start))
+    for result in ranks:  # every rank's slices of the folder's weights
+        for name, value in loaded.items():
+            assert torch.equal(result["initial"][name], value.float()), name
     assert ranks[0]["saved"] is not None and ranks[1]["saved"] is None  # rank 0 alone writes
     saved = dict(iter_checkpoint_tensors(ranks[0]["saved"]))
     assert set(saved) == set(ranks[0]["final"])
@@ -125,6 +144,7 @@ def test_int8_state_on_nvme_in_a_folder_per_rank_equals_it_in_ram(tmp_path):
                         master_on_nvme=0.5, moments_on_nvme=0.75, **policy)
     for rank, (ram, nvme) in enumerate(zip(in_ram, on_nvme, strict=True)):
         assert ram["losses"] == nvme["losses"]
+        assert nvme["allocated"] == nvme["expected"]
         for b, owned in ram["owned"].items():
             assert torch.equal(nvme["owned"][b], owned), (rank, b)
             for name, tensor in ram["moments"][b].items():
@@ -139,8 +159,12 @@ def test_two_hosts_of_one_rank_sum_their_grads_across_the_network(tmp_path):
 
 
 def test_two_hosts_of_two_ranks_shard_inside_and_replicate_across(tmp_path):
+    root = tmp_path / "checkpoints"
     one, ranks = ranks_against_one(tmp_path, tiny_config("llama"), gpus=2, hosts=2, accum=1,
-                                   accumulation="layer_major")
+                                   accumulation="layer_major", options={"root": str(root)})
+    # the first host's ranks write the state's checkpoint, a slice each; the others hold it too
+    assert sorted(p.name for p in root.iterdir()) == ["rank-00000", "rank-00001"]
+    assert saved_steps(CheckpointStore(root))[0].step == STEPS
     for host in (ranks[:2], ranks[2:]):
         check_one_copy(one, host, moment_bytes=8)
     for first, second in zip(ranks[:2], ranks[2:], strict=True):  # each host a whole copy
