@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def train(ranks, job: TrainJob) -> dict:
     """Train from random weights (or options["load_from"], an HF folder); the losses, the
     gathered initial and final weights, what this rank allocated, its slices of the state,
     and with options["eval_batches"] the eval of the initial weights. options["root"]: a
-    checkpoint of the end state there."""
+    checkpoint of the end state there. options["stop_on"]: that rank alone sets fit()'s stop
+    event once its first step has run."""
     from layerslide.planner.plan import Plan
     from layerslide.training.checkpoint_store import CheckpointStore
     from layerslide.training.train_state import CheckpointSchedule
@@ -110,7 +112,15 @@ def train(ranks, job: TrainJob) -> dict:
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
         scored = (trainer.evaluate(eval_batches(job.options["eval_batches"]))
                   if "eval_batches" in job.options else None)
-        logs = trainer.fit(_data(), job.steps, checkpoints=schedule)
+        stop = threading.Event()
+        stop_on = job.options.get("stop_on")
+
+        def step_done(step: int) -> None:
+            if ranks.rank == stop_on:
+                stop.set()
+
+        logs = trainer.fit(_data(), job.steps, checkpoints=schedule, on_step_done=step_done,
+                           stop=stop)
         final = {n: v.clone() for n, v in trainer.state.named_master()}
         owned = {b: trainer.state.owned_master(b).clone() for b in trainer.blocks.blocks}
         whole = {b: trainer.state.whole_master(b).clone() for b in trainer.blocks.blocks}
@@ -118,6 +128,7 @@ def train(ranks, job: TrainJob) -> dict:
                    for b in trainer.state.moments}
         saved = None if job.save_to is None else trainer.save(job.save_to)
         return {"saved": saved, "whole": whole, "losses": [log.loss for log in logs],
+                "stopped": trainer.stopped,
                 "grad_norms": [log.grad_norm for log in logs],
                 "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
                 "initial": initial, "final": final, "owned": owned, "moments": moments,

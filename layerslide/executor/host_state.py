@@ -20,6 +20,7 @@ end) count from the block's start, so that N ranks compute what one rank would.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from itertools import pairwise
 from pathlib import Path
@@ -75,8 +76,8 @@ class HostState:
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         knobs = policy.executor
-        self.native = (load_kernels(threads=knobs.cpu_threads, chunk=knobs.cpu_chunk_elements,
-                                    nice=knobs.cpu_nice)
+        self.native = (load_kernels(threads=cpu_threads(knobs.cpu_threads, placement.gpus),
+                                    chunk=knobs.cpu_chunk_elements, nice=knobs.cpu_nice)
                        if policy.kernels.cpu_optimizer == "native" else None)
         # the first elements of each block's master weights / moments live on disk, as many
         # as the plan's placement says, the rest here (self.master and self.moments hold that
@@ -444,6 +445,15 @@ class HostState:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
         return total + sum(moments.nbytes for moments in self.moments.values())
+
+
+def cpu_threads(asked: int, ranks_on_host: int) -> int:
+    """The native kernels' threads: as asked, else (0) OpenMP's count on one rank, and with
+    several ranks on a host this rank's share of the cores it may run on (torchrun sets
+    OMP_NUM_THREADS=1 for each, which would leave one core to each rank's AdamW)."""
+    if asked or ranks_on_host == 1:
+        return asked
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
 
 
 def _on_nvme(placement: Placement) -> list[str]:

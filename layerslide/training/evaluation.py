@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING
@@ -83,8 +84,6 @@ def _summed_over_ranks(ranks, loss: float, correct: int, count: int) -> tuple[fl
     """Every rank's sums of its share of the batches added up (one rank: its own)."""
     if ranks.world == 1:
         return loss, correct, count
-    import torch.distributed as dist
-
     sums = torch.tensor([loss, correct, count], dtype=torch.float64)
     dist.all_reduce(sums, group=ranks.group(None, "world"))
     return float(sums[0]), int(sums[1]), int(sums[2])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Self
 
 import torch
+import torch.distributed as dist
 from transformers import PretrainedConfig
 
 from layerslide.data.sources import TokenSource
@@ -261,13 +262,16 @@ class Trainer:
         saves.restart_clock()
         logs: list[StepLog] = []
         self.stopped = False
+        # several ranks stop together where a segment ends: the engine never cuts theirs, whose
+        # cuts could fall on other steps and leave a rank's collectives waiting for the others
+        cut = stop if self.ranks.world == 1 else None
         while len(logs) < num_steps and not self.stopped:
-            if stop is not None and stop.is_set():  # between segments: nothing in flight
+            if self._stop_asked(stop):  # between segments: nothing in flight
                 self.stopped = True
                 break
             count = self._segment_length(num_steps - len(logs), checkpoints, evals, save_every)
             with self._failing():  # close() keeps the NVMe files as the last good step left them
-                segment = self._segment(data, count, on_step_done, stop)
+                segment = self._segment(data, count, on_step_done, cut)
             for log in segment:
                 logs.append(log)
                 if on_step is not None:
@@ -277,6 +281,7 @@ class Trainer:
             if not self.stopped:
                 self._score_and_save(evals, on_eval, save_every if not finished else None,
                                      on_save, finished=finished)
+                self.stopped = cut is None and not finished and self._stop_asked(stop)
             if checkpoints is not None:
                 with self._failing():  # keep the NVMe files: the checkpoint may be incomplete
                     saves.at_segment_end(checkpoints, data, last=self.stopped or finished,
@@ -286,6 +291,16 @@ class Trainer:
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs
+
+    def _stop_asked(self, stop: threading.Event | None) -> bool:
+        """Whether `stop` is set; with several ranks, on any of them (a collective: every
+        rank passes a stop event to fit(), or none does)."""
+        asked = stop is not None and stop.is_set()
+        if self.ranks.world == 1 or stop is None:
+            return asked
+        flag = torch.tensor([int(asked)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group(None, "world"))
+        return bool(flag[0])
 
     def _segment_length(self, steps_left: int, *schedules) -> int:
         """The next segment's steps: at most segment_steps, ending where a checkpoint, an eval
@@ -374,8 +389,6 @@ class Trainer:
                  for s in range(count)]
         if self.ranks.world == 1:
             return local
-        import torch.distributed as dist
-
         total = torch.tensor(local, dtype=torch.float64)
         dist.all_reduce(total, group=self.ranks.group(None, "world"))
         return total.tolist()

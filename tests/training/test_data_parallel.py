@@ -49,19 +49,21 @@ def one_rank(config, plan) -> dict:
 
 
 def run_ranks(tmp_path, config, *, gpus, hosts=1, accum, nvme=False, save=False, name="many",
-              options=None, **policy) -> list[dict]:
+              options=None, steps=STEPS, **policy) -> list[dict]:
     _, path = make_plan(tmp_path, name, config, accum=accum, gpus=gpus, hosts=hosts, **policy)
     job = TrainJob(out=str(tmp_path / f"{name}-out"), plan=path, config=config, optim=OPTIM,
-                   steps=STEPS, nvme_dir=str(tmp_path / f"{name}-nvme") if nvme else None,
+                   steps=steps, nvme_dir=str(tmp_path / f"{name}-nvme") if nvme else None,
                    save_to=str(tmp_path / "saved") if save else None,
                    options={"eval_batches": EVAL_BATCHES, **(options or {})})
     return spawn(train, job, gpus=gpus, hosts=hosts)
 
 
-def ranks_against_one(tmp_path, config, *, gpus, hosts=1, accum, options=None, **policy):
-    """gpus x hosts ranks of `accum` micro-batches against one rank of all of theirs."""
+def ranks_against_one(tmp_path, config, *, gpus, hosts=1, accum, options=None, steps=STEPS,
+                      **policy):
+    """gpus x hosts ranks of `accum` micro-batches against one rank of all of theirs (STEPS
+    steps: the ranks' run may be longer and stop there)."""
     ranks = run_ranks(tmp_path, config, gpus=gpus, hosts=hosts, accum=accum, options=options,
-                      **policy)
+                      steps=steps, **policy)
     one_plan, _ = make_plan(tmp_path, "one", config, accum=accum * gpus * hosts, **policy)
     one = one_rank(config, one_plan)
     check_same_training(one, ranks)
@@ -154,8 +156,15 @@ def test_int8_state_on_nvme_in_a_folder_per_rank_equals_it_in_ram(tmp_path):
     check_same_training(one, in_ram)
 
 
-def test_two_hosts_of_one_rank_sum_their_grads_across_the_network(tmp_path):
-    ranks_against_one(tmp_path, tiny_config("llama"), gpus=1, hosts=2, accum=2)
+def test_two_hosts_of_one_rank_sum_their_grads_across_the_network_and_stop_together(tmp_path):
+    """One rank's stop event ends every rank's run where the segment (3 steps) ends, and the
+    checkpoint there is written (by the first host)."""
+    root = tmp_path / "checkpoints"
+    _, ranks = ranks_against_one(tmp_path, tiny_config("llama"), gpus=1, hosts=2, accum=2,
+                                 steps=2 * STEPS, options={"stop_on": 1, "root": str(root)})
+    assert all(r["stopped"] and len(r["losses"]) == STEPS for r in ranks)
+    assert [p.name for p in root.iterdir()] == ["rank-00000"]
+    assert saved_steps(CheckpointStore(root))[0].step == STEPS
 
 
 def test_two_hosts_of_two_ranks_shard_inside_and_replicate_across(tmp_path):
@@ -194,3 +203,11 @@ def test_each_rank_takes_its_share_of_one_global_order(tmp_path):
         assert sorted(mine) == [(s, 0), (s, 1)]
         for m in range(2):
             assert torch.equal(mine[(s, m)][0], stream[4 * s + 2 + m])
+
+
+def test_each_rank_of_a_host_takes_its_share_of_the_cores_for_adamw(monkeypatch):
+    from layerslide.executor import host_state
+
+    monkeypatch.setattr(host_state.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert [host_state.cpu_threads(0, ranks) for ranks in (1, 2, 4, 32)] == [0, 8, 4, 1]
+    assert host_state.cpu_threads(3, 4) == 3  # as the plan's executor settings ask
