@@ -127,8 +127,14 @@ def train(ranks, job: TrainJob) -> dict:
         moments = {b: {k: t.clone() for k, t in _owned_moments(trainer.state, b).items()}
                    for b in trainer.state.moments}
         saved = None if job.save_to is None else trainer.save(job.save_to)
+        refused = None
+        if job.save_to is not None and job.options.get("save_again"):  # rank 0 refuses: it
+            try:  # exists; the others' gathers must still end
+                trainer.save(job.save_to)
+            except ValueError as err:
+                refused = str(err)
         return {"saved": saved, "whole": whole, "losses": [log.loss for log in logs],
-                "stopped": trainer.stopped,
+                "stopped": trainer.stopped, "refused": refused,
                 "grad_norms": [log.grad_norm for log in logs],
                 "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
                 "initial": initial, "final": final, "owned": owned, "moments": moments,

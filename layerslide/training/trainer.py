@@ -19,7 +19,7 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -229,8 +229,16 @@ class Trainer:
             return None
         config = self.blocks.config.to_dict()
         config.pop("_attn_implementation_autoset", None)
-        return hf_io.save_hf_folder(folder, config, self.state.named_master(),
-                                    overwrite=overwrite, extra_files=extra_files)
+        tensors = self.state.named_master()
+        try:
+            return hf_io.save_hf_folder(folder, config, tensors, overwrite=overwrite,
+                                        extra_files=extra_files)
+        except BaseException:
+            if self.plan.placement.gpus > 1:  # the other ranks' gathers go on to their end
+                with suppress(Exception):
+                    for _ in tensors:
+                        pass
+            raise
 
     # --- training --------------------------------------------------------------------------------
     def fit(self, data: TokenSource, num_steps: int,

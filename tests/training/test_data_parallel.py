@@ -126,7 +126,9 @@ def test_two_ranks_load_a_hugging_face_folder_and_save_one(tmp_path):
         trainer.init_random(5)
         start = trainer.save(tmp_path / "start")
     ranks = run_ranks(tmp_path, config, gpus=2, accum=1, save=True,
-                      options={"load_from": str(start)})
+                      options={"load_from": str(start), "save_again": True})
+    # saved again over it without overwrite: rank 0 refuses, the other's gathers still end
+    assert "exists" in ranks[0]["refused"] and ranks[1]["refused"] is None
     loaded = dict(iter_checkpoint_tensors(start))
     for result in ranks:  # every rank's slices of the folder's weights
         for name, value in loaded.items():
