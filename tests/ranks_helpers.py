@@ -38,6 +38,24 @@ def host_args(hosts: int, host: int, port: int, per_host: int = 1) -> list[str]:
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc-per-node", str(per_host)]
 
 
+def hosts(count: int, *command: str, per_host: int = 1) -> list[Launched]:
+    """`count` torchruns meeting at a rendezvous on 127.0.0.1, as `count` hosts would: host 0
+    first, which then holds the rendezvous (its store), as the host named by --rdzv-endpoint
+    does; the rest once it listens."""
+    port = free_port()
+    started = [Launched(torchrun(*host_args(count, 0, port, per_host), *command))]
+    deadline = time.monotonic() + 60
+    while not _listening(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return started + [Launched(torchrun(*host_args(count, host, port, per_host), *command))
+                      for host in range(1, count)]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 class Launched:
     """A torchrun started in the background, its output read as it comes."""
 
@@ -87,8 +105,15 @@ class Launched:
 
     def kill_all(self) -> None:
         for pid in self.ranks():
-            _signal(pid, 9)
+            self.signal(pid, 9)
         self.proc.kill()
+
+    @staticmethod
+    def signal(pid: int, signum: int) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def children(pid: int) -> list[int]:
@@ -102,10 +127,3 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
