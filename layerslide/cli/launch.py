@@ -69,9 +69,10 @@ def relaunch(argv: list[str], gpus: int) -> int:
     return status if status >= 0 else 128 - status
 
 
-def joined(config: RunConfig) -> Ranks:
+def joined(config: RunConfig, say_error: Callable[[str], None]) -> Ranks:
     """This process's ranks: SINGLE outside torchrun; under it, the run joined (the process
-    groups made) with only rank 0 speaking from here on, and said by rank 0."""
+    groups made) with only rank 0 speaking from here on, and said by rank 0. say_error: how
+    rank 0 says a refusal that every rank makes (a launch whose hosts differ)."""
     if not distributed.under_torchrun():
         return SINGLE
     import torch
@@ -82,10 +83,10 @@ def joined(config: RunConfig) -> Ranks:
     try:
         ranks = distributed.join("cuda" if device.startswith("cuda") else "cpu",
                                  timeout_s=config.collective_timeout)
-    except ValueError:  # every rank refuses alike (a launch they all see): rank 0 says it
-        if rank:
-            raise SystemExit(2) from None
-        raise
+    except ValueError as err:
+        if not distributed.joined():
+            raise
+        _stop_together(rank, str(err), say_error)
     speak_only_on_first(rank)  # torch's hook, set on joining, would print into the silence
     print(f"{ranks.world} ranks ({ranks.gpus} per host x {ranks.hosts} host(s)) joined through "
           f"{distributed.backend(device.split(':')[0])}; a collective waits "
@@ -93,12 +94,24 @@ def joined(config: RunConfig) -> Ranks:
     return ranks
 
 
-def on_every_rank(ranks: Ranks, step: Callable[[], T],
+def _stop_together(rank: int, message: str, say_error: Callable[[str], None],
+                   own: BaseException | None = None):
+    """Every rank stops, once rank 0 has said why (torchrun stops the rest as soon as one
+    exits, so none leaves before it): exit status 2, or this rank's own error raised."""
+    if rank == 0:
+        say_error(message)
+    distributed.gathered(None)
+    if own is not None:
+        raise own
+    raise SystemExit(2)
+
+
+def on_every_rank(ranks: Ranks, step: Callable[[], T], say_error: Callable[[str], None],
                   undo: Callable[[T], None] | None = None) -> T:
     """step() on every rank, which then all go on together or all stop: each learns the
     others' failures before any collective could wait for a rank that stopped. Rank 0 says
-    every refusal (once where the ranks agree); a rank's own bug raises there. undo: what
-    a rank whose step succeeded does with its result when another's failed."""
+    every refusal (once where the ranks agree) through say_error; a rank's own bug raises
+    there. undo: what a rank whose step succeeded does with its result when another's failed."""
     if ranks.world == 1:
         return step()
     own: BaseException | None = None
@@ -113,11 +126,7 @@ def on_every_rank(ranks: Ranks, step: Callable[[], T],
         return result
     if failure is None and undo is not None:
         undo(result)
-    if own is not None:
-        raise own
-    if ranks.is_first:
-        raise UsageError(refusals_said(failed, ranks.world))
-    raise SystemExit(2)  # rank 0 says why
+    return _stop_together(ranks.rank, refusals_said(failed, ranks.world), say_error, own)
 
 
 def refusals_said(failed: dict[int, str], world: int) -> str:

@@ -6,6 +6,7 @@ a GPU cap or host RAM too small for the plan) is refused before any weight is al
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -166,35 +167,51 @@ def config_of(args) -> RunConfig:
 
 def cmd_train(args) -> int:
     from layerslide.cli.launch import joined, relaunched, say_stopped
-    from layerslide.training.distributed import is_collective_failure, leave
+    from layerslide.cli.rank_output import speak_only_on_first
+    from layerslide.training.distributed import is_collective_failure, leave, under_torchrun
 
+    if under_torchrun():  # one of several ranks: rank 0 speaks for the run from the start
+        speak_only_on_first(int(os.environ["RANK"]))
     config = config_of(args)
     status = relaunched(config, args.argv)  # --gpus N outside torchrun: N ranks of this command
     if status is not None:
         return status
-    ranks = joined(config)
+    say_error = _error_sayer(args)
+    ranks = joined(config, say_error)
     try:
-        return _run(config, ranks)
+        status = _run(config, ranks, say_error)
     except Exception as err:  # a run of several ranks that a collective stopped says who left
         if ranks.world == 1 or not is_collective_failure(err):
             raise
         say_stopped(ranks, err)
         return 1
-    finally:
+    if status == 0:  # (after a failure the groups go with the process: NCCL's may not part)
         leave()
+    return status
 
 
-def _run(config: RunConfig, ranks) -> int:
+def _error_sayer(args):
+    """How a refusal is said (as main says one): for rank 0 to say the ranks'."""
+    from layerslide.cli.main import in_flag_words
+
+    def say_error(message: str) -> None:
+        print(f"layerslide train: error: {in_flag_words(message, args.parser, args.given)}",
+              file=errors(), flush=True)
+    return say_error
+
+
+def _run(config: RunConfig, ranks, say_error) -> int:
     """Check, allocate and train: each of the first three on every rank before any goes on."""
     from layerslide.cli.launch import on_every_rank
     from layerslide.training.distributed import cores_per_rank
     from layerslide.training.prepare import prepare
 
     cores = cores_per_rank(ranks) if ranks.world > 1 else None
-    run = on_every_rank(ranks, lambda: prepare(config, ranks=ranks, rank_cores=cores))
-    trainer = on_every_rank(ranks, _trainer_of(run), undo=lambda trainer: trainer.close())
+    run = on_every_rank(ranks, lambda: prepare(config, ranks=ranks, rank_cores=cores), say_error)
+    trainer = on_every_rank(ranks, _trainer_of(run), say_error,
+                            undo=lambda trainer: trainer.close())
     with trainer:
-        on_every_rank(ranks, lambda: _start(run, trainer))
+        on_every_rank(ranks, lambda: _start(run, trainer), say_error)
         return _train(run, trainer)
 
 

@@ -106,6 +106,13 @@ def _agreed_ranks_per_host(mine: int) -> int:
     return mine
 
 
+def joined() -> bool:
+    """Whether this process has joined a run's process group."""
+    import torch.distributed as dist
+
+    return dist.is_initialized()
+
+
 def gathered(value) -> list:
     """Every rank's value (a small picklable object), by rank: a collective of the main
     thread, on the CPU."""

@@ -59,9 +59,9 @@ def test_one_ranks_refusal_stops_every_rank_and_rank_0_says_whose():
     launched = Launched(torchrun("--standalone", "--nproc-per-node", "2", PROBE, "one"))
     status, _, err = launched.finish()
     assert status != 0
-    assert ("layerslide train: error: rank 1: --data missing-one.jsonl: no such file (rank 0 "
-            "undid ['checked'])") in err
-    assert "rank 1: layerslide" not in err  # rank 1 leaves it to rank 0
+    assert ("refused: rank 1: --data missing-one.jsonl: no such file (rank 0 undid "
+            "['checked'])") in err
+    assert "rank 1: refused" not in err  # rank 1 leaves it to rank 0
 
 
 def test_refusals_of_several_ranks_are_said_with_their_ranks():
