@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import tiny_model_folder, tiny_text_data
-from ranks_helpers import Launched, env, hosts, torchrun
+from ranks_helpers import Launched, children, env, hosts, torchrun
 
 from layerslide.cli.launch import refusals_said, relaunch_command
 from layerslide.cli.main import main
@@ -175,3 +175,25 @@ def test_a_rank_killed_mid_run_stops_the_other_naming_it(model_dir, data_file, t
 def _rank_of(pid: int) -> int:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=")[1])
+
+
+def test_a_signal_to_the_gpus_launcher_reaches_its_ranks_and_none_is_left(model_dir, data_file):
+    launcher = Launched([sys.executable, *train_args(model_dir, data_file, "--gpus", "2",
+                                                     "--steps", "200")], env=env())
+    launcher.wait_for("joined through gloo")
+    torchrun_pid, = launcher.ranks()  # the launcher's child: torch.distributed.run
+    ranks = children(torchrun_pid)
+    Launched.signal(max(ranks), signal.SIGSTOP)  # a rank that holds the other at a collective
+    Launched.signal(launcher.proc.pid, signal.SIGINT)  # as a Ctrl-C reaches the launcher
+    status, _, _ = launcher.finish()
+    left = [pid for pid in (torchrun_pid, *ranks) if _running(pid)]
+    for pid in left:  # (a failed test leaves nothing running either)
+        Launched.signal(pid, signal.SIGKILL)
+    assert status != 0 and left == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
