@@ -49,10 +49,16 @@ def refuse_a_plan_for_other_ranks(plan: Plan, plan_file: str, train) -> None:
     """A plan's slices and collectives are made for its ranks: refuse one made for others
     than the run's (train: the run's TrainSpec, its gpus and hosts the launch's)."""
     planned, running = (plan.train.gpus, plan.train.hosts), (train.gpus, train.hosts)
-    if planned != running:
-        raise RunError(f"--plan {plan_file} is a plan for {_ranks(*planned)}, and this run has "
-                       f"{_ranks(*running)}: make one for them (`layerslide plan ... --gpus "
-                       f"{train.gpus} --hosts {train.hosts} -o PLAN`)")
+    if planned == running:
+        return
+    g, h = plan.train.gpus, plan.train.hosts
+    launch = ("one process: `layerslide train ...` without torchrun" if g * h == 1 else
+              f"`layerslide train --gpus {g} ...`" if h == 1 else
+              f"torchrun --nnodes {h} --nproc-per-node {g} on each host")
+    raise RunError(f"--plan {plan_file} is a plan for {_ranks(*planned)}, and this run has "
+                   f"{_ranks(*running)}: make one for them (`layerslide plan ... --gpus "
+                   f"{train.gpus} --hosts {train.hosts} -o PLAN`), or launch the plan's ranks "
+                   f"({launch})")
 
 
 def _ranks(gpus: int, hosts: int) -> str:

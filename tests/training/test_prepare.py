@@ -68,7 +68,9 @@ def test_a_plan_made_for_other_ranks_is_refused(model_dir, tmp_path):
         prepare(config(model_dir, tmp_path, plan=str(plan_file)), ranks=TWO)
     assert (f"--plan {plan_file} is a plan for 1 GPU(s) per host x 1 host(s), and this run has "
             "2 GPU(s) per host x 1 host(s): make one for them (`layerslide plan ... --gpus 2 "
-            "--hosts 1 -o PLAN`)") in str(refused.value)
+            "--hosts 1 -o PLAN`), or launch the plan's ranks (one process: "
+            "`layerslide train ...` without torchrun)"
+            ) in str(refused.value)
 
 
 def test_each_rank_of_a_gpu_run_takes_the_gpu_of_its_local_rank(monkeypatch):
