@@ -80,6 +80,9 @@ def joined(config: RunConfig, say_error: Callable[[str], None]) -> Ranks:
     rank = int(os.environ["RANK"])
     speak_only_on_first(rank)
     device = device_of(config.device, torch)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda") and local < torch.cuda.device_count():  # (else refused later)
+        torch.cuda.set_device(local)  # before NCCL sees a collective: one GPU per rank
     try:
         ranks = distributed.join("cuda" if device.startswith("cuda") else "cpu",
                                  timeout_s=config.collective_timeout)
