@@ -34,7 +34,11 @@ def test_an_old_record_reads_back_as_a_run_config(tmp_path):
     config = RunConfig.from_options(args)
     assert (config.steps, config.lr, config.train.seq_len, config.policy.residency.window) == (
         4, 1e-3, 8, 2)
-    assert config.options().items() <= {**args, "checkpoint_dir": str(ckpt)}.items()
+    options, defaults = config.options(), RunConfig().options()
+    assert {k: v for k, v in options.items() if k in args}.items() <= {
+        **args, "checkpoint_dir": str(ckpt)}.items()
+    added = [k for k in options if k not in args]  # options born since: their defaults
+    assert added and {k: options[k] for k in added} == {k: defaults[k] for k in added}
 
 
 def test_an_old_checkpoint_resumes_with_the_losses_its_run_logged(tmp_path, capsys):
