@@ -10,7 +10,7 @@ from itertools import pairwise
 from types import MappingProxyType
 from typing import Any
 
-from .fabric import InterconnectSpec, NetworkSpec
+from .fabric import ASSUMED_NETWORK, InterconnectSpec, NetworkSpec
 
 # The dotted TOML field each override changes; sources use the same keys as the files.
 _OVERRIDE_FIELDS = {
@@ -349,6 +349,29 @@ class HardwareProfile:
             parts[part] = dataclasses.replace(parts[part], **{attr: value})
             sources[key] = "override"
         return dataclasses.replace(self, **parts, sources=sources)
+
+    def with_ranks(self, gpus: int, hosts: int) -> tuple[HardwareProfile, list[str]]:
+        """A copy that holds `gpus` of its GPU per host and reaches `hosts` hosts, and what it
+        assumed to: where the profile has no interconnect, no peer-to-peer (collectives through
+        host memory, the slowest way); where it has no network, ASSUMED_NETWORK. The profile
+        itself, and nothing assumed, where it holds them already. For a run's prediction on a
+        machine its profile describes only in part; `simulate` refuses such a plan instead."""
+        assumed, profile = [], self
+        if gpus > self.host.gpus:
+            interconnect = self.interconnect
+            if interconnect is None:
+                interconnect = InterconnectSpec(kind="host")
+                assumed.append("no peer-to-peer between its GPUs (collectives through host "
+                               "memory)")
+            host = dataclasses.replace(self.host, gpus=gpus, gpus_per_link=1)
+            sources = {**self.sources, "host.gpus": "override: the run's ranks per host"}
+            profile = dataclasses.replace(profile, host=host, interconnect=interconnect,
+                                          sources=sources)
+        if hosts > 1 and self.network is None:
+            assumed.append(f"a {ASSUMED_NETWORK.bandwidth_bytes_per_s * 8 / 1e9:.0f} Gbit/s "
+                           "network between hosts")
+            profile = dataclasses.replace(profile, network=ASSUMED_NETWORK)
+        return profile, assumed
 
     def with_adamw_rate(self, params_per_s: float, source: str) -> HardwareProfile:
         """A copy whose CPU AdamW runs at params_per_s, and with it the host memory's capacity

@@ -110,7 +110,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr, ranks: R
     checkpoints = _checkpoint_schedule(config, hf_config)
     config, plan, drives = _plan(config, spec)
     plan = with_rank_threads(plan, rank_cores)
-    profile = _profile_of(config.profile, drives)
+    profile = _for_the_ranks(_profile_of(config.profile, drives), plan.train, say)
     prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = with_lanes_first(config, plan, prediction, profile, device, say)
     tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
@@ -214,6 +214,18 @@ def _plan(config: RunConfig, spec: ModelSpec) -> tuple[RunConfig, Plan, int | No
                            f"here ({err}): pass --profile with its file") from err
         config, drives = replace(config, profile=tuned_for), plan.meta.get("tuned_for_nvme_drives")
     return config, replace(plan, policy=with_environment(plan.policy)), drives
+
+
+def _for_the_ranks(profile, train, say):
+    """The profile this run is predicted on: as given, or holding the launch's ranks where it
+    describes fewer GPUs or hosts, said with what that assumed."""
+    ranked, assumed = profile.with_ranks(train.gpus, train.hosts)
+    if assumed:
+        say(f"note: profile {profile.name} describes {profile.host.gpus} GPU(s) of one host; "
+            f"this run's {train.ranks} ranks are predicted on it assuming "
+            f"{' and '.join(assumed)}: pass --profile for a machine like this one (layerslide "
+            "profiles lists several-GPU ones) for a closer prediction")
+    return ranked
 
 
 def _profile_of(name: str, drives: int | None):

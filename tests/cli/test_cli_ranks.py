@@ -18,10 +18,6 @@ from layerslide.cli.launch import refusals_said, relaunch_command
 from layerslide.cli.main import main
 
 PROBE = str(Path(__file__).with_name("launch_probe.py"))
-NEEDS_TRAINING_RANKS = pytest.mark.xfail(
-    reason="needs ranks that train: the executor's collectives and Trainer(ranks=) and the "
-           "simulator's cost rules for the collective kinds (the other issue 53 branches)",
-    strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +132,6 @@ def losses(path: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
 
 
-@NEEDS_TRAINING_RANKS
 def test_two_hosts_train_to_the_losses_of_one_process_accumulating(model_dir, data_file,
                                                                    tmp_path):
     one = tmp_path / "one.jsonl"  # one process accumulating 2 micro-batches of 2
@@ -149,7 +144,6 @@ def test_two_hosts_train_to_the_losses_of_one_process_accumulating(model_dir, da
     assert losses(two) == pytest.approx(losses(one), rel=1e-3)
 
 
-@NEEDS_TRAINING_RANKS
 def test_a_rank_killed_mid_run_stops_the_other_naming_it(model_dir, data_file, tmp_path):
     launched = Launched(torchrun("--standalone", "--nproc-per-node", "2",
                                  *train_args(model_dir, data_file, "--steps", "500",

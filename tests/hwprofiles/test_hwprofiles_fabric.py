@@ -101,3 +101,17 @@ def test_network_figures_take_their_units_kind(tmp_path):
 def test_network_cards_are_a_whole_count():
     with pytest.raises(ValueError, match="whole number >= 1"):
         NetworkSpec(bandwidth_bytes_per_s=1e9, nics=0)
+
+
+def test_a_run_of_more_ranks_than_its_profile_holds_is_predicted_on_stated_assumptions():
+    from layerslide.hwprofiles import resolve_profile
+
+    one = resolve_profile("h200-bench")
+    assert one.with_ranks(1, 1) == (one, [])
+    two, assumed = one.with_ranks(2, 2)
+    assert two.host.gpus == 2 and two.interconnect.kind == "host"
+    assert two.network.bandwidth_bytes_per_s == 100e9 / 8
+    assert assumed == ["no peer-to-peer between its GPUs (collectives through host memory)",
+                       "a 100 Gbit/s network between hosts"]
+    box = resolve_profile("h100-sxm-x8")
+    assert box.with_ranks(4, 1) == (box, [])  # holds them: nothing assumed

@@ -60,10 +60,8 @@ def test_a_host_must_hold_every_one_of_its_ranks(monkeypatch):
     assert "or run fewer ranks on this host (2 now)" in str(refused.value)
 
 
-@pytest.mark.xfail(reason="needs the simulator's cost rules for the collective kinds (the "
-                          "issue 53 simulator branch)", strict=False)
 def test_a_two_rank_plans_prediction_is_checked_against_ram_for_both(monkeypatch):
-    plan, profile = two_rank_plan(), resolve_profile("h200-bench")
+    plan, (profile, _) = two_rank_plan(), resolve_profile("h200-bench").with_ranks(2, 1)
     per_rank = plan_checks.check_fits(plan, profile, None, warn=False).peak_bytes["host"]
     per_rank = max(per_rank, plan.static_bytes("host"))
     monkeypatch.setattr("layerslide.calibrate.host.physical_ram_bytes",
