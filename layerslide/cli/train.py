@@ -141,15 +141,19 @@ def add_train_command(sub, units: str) -> None:
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
                         "before it instead of stopping")
-    g = p.add_argument_group("several GPUs or hosts (--gpus, --hosts above)", SEVERAL_RANKS)
+    _add_ranks_flags(p)
+    add_train(p)
+    add_policy(p, plan_steps=False)
+    p.set_defaults(run=cmd_train, train_parser=p)
+
+
+def _add_ranks_flags(p) -> None:
+    g = p.add_argument_group("several GPUs or hosts (--gpus, --hosts below)", SEVERAL_RANKS)
     g.add_argument("--collective-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
                    metavar="SECONDS",
                    help="how long a rank waits at a collective for the others before the run "
                         "stops, naming the ranks that did not answer (died, killed or stuck; "
                         "default %(default)s)")
-    add_train(p)
-    add_policy(p, plan_steps=False)
-    p.set_defaults(run=cmd_train, train_parser=p)
 
 
 def config_of(args) -> RunConfig:
