@@ -118,8 +118,6 @@ def test_the_several_gpu_commands_parse_as_layerslide_and_torchrun_read_them():
     assert build_parser().parse_args(torchrun.training_script_args).command == "train"
 
 
-@pytest.mark.xfail(reason="needs ranks that train (the executor and simulator issue 53 "
-                          "branches)", strict=False)
 def test_the_several_gpu_command_trains_as_two_ranks_on_the_cpu(tmp_path):
     tiny_folder(tmp_path / "tiny-llama")
     (tmp_path / DATA).write_text("\n".join(
