@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from layerslide.cli.main import main
 from layerslide.training.checkpoint_store import CheckpointStore
 from layerslide.training.run import RunConfig
@@ -49,4 +51,9 @@ def test_an_old_checkpoint_resumes_with_the_losses_its_run_logged(tmp_path, caps
     logged = [json.loads(line) for line in (OLD / "losses.jsonl").read_text().splitlines()]
     resumed = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in resumed] == [3, 4]
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in logged[2:]]
+    # bit for bit on the machine that logged them; CPUs of another kind (AVX-512 or not, Intel
+    # or AMD) take other kernel paths: the first loss then differs in the last bits (1e-6
+    # seen on an AMD EPYC) and the one after an update more (1.5e-5), where a misread master
+    # weight or moment moves them by far more
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in logged[2:]],
+                                                         rel=1e-4, abs=0)
