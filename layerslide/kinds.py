@@ -19,10 +19,14 @@ class Lane(StrEnum):
     CPU_CAST = "cpu_cast"  # the cast's own worker (Policy.schedule.cast_worker)
     NVME_READ = "nvme_read"
     NVME_WRITE = "nvme_write"
+    # Collectives between ranks, each lane a CUDA stream and a process group of its own (NCCL,
+    # or gloo on a CPU run), so the two never wait on each other's order
+    GATHER = "gather"  # weights: the ranks' slices of a loaded block into its unit
+    REDUCE = "reduce"  # grads: their sums over ranks, and the clipping norm's
 
 
 # CUDA streams run their tasks in issue order; the other lanes pick the most urgent ready one.
-STREAM_LANES = (Lane.GPU, Lane.H2D, Lane.D2H)
+STREAM_LANES = (Lane.GPU, Lane.H2D, Lane.D2H, Lane.GATHER, Lane.REDUCE)
 
 
 class TaskKind(StrEnum):
@@ -44,7 +48,16 @@ class TaskKind(StrEnum):
     READ_STATE = "read_state"  # a block's optimizer state on NVMe into its staging slot
     WRITE_STATE = "write_state"  # and back after the block's optimizer step (new bf16 weights too)
     READ_WEIGHTS = "read_weights"  # a block's bf16 weights on NVMe into a staging slot, to load
+    # Collectives of several ranks (planner/sharding.py: each rank owns a slice of every block's
+    # host state); every rank issues them in the plan's order on their lane.
+    GATHER_WEIGHTS = "gather_weights"  # the other ranks' slices of a loaded block into its unit
+    REDUCE_GRADS = "reduce_grads"  # a block's grads summed over a host's ranks, each its slice
+    ALL_REDUCE_GRADS = "all_reduce_grads"  # grads summed where every rank needs them whole
+    REDUCE_NORM = "reduce_norm"  # the ranks' partial squared grad norms summed, for clipping
 
 
 # kinds that run on the compute stream and compute from a block's weights
 COMPUTE_KINDS = (TaskKind.FORWARD, TaskKind.HEAD, TaskKind.BACKWARD)
+# kinds that exchange data between ranks (on the gather and reduce lanes)
+COLLECTIVE_KINDS = (TaskKind.GATHER_WEIGHTS, TaskKind.REDUCE_GRADS, TaskKind.ALL_REDUCE_GRADS,
+                    TaskKind.REDUCE_NORM)

@@ -109,6 +109,19 @@ def sim_speed(path: str) -> str:
     return f"a 123B step in {step} s; 500 configurations in {sweep} s (2 cores)"
 
 
+def scale_out(path: str) -> str:
+    rows = _json(path)["rows"]
+    most = {}  # each family's row of the most GPUs, its first model
+    for r in rows:
+        if r.get("speedup") and r["gpus"] > most.get(r["family"], {}).get("gpus", 1):
+            most[r["family"]] = r
+    parts = [f"{r['family']}: {r['model']} on {r['gpus']} GPUs {r['speedup']:.2f}x one "
+             f"({r['bound']})" for r in most.values()]
+    judged = [r for r in rows if r.get("target")]
+    met = sum(r["target_met"] for r in judged)
+    return "; ".join(parts) + f"; the issue's target met in {met} of {len(judged)} rows"
+
+
 # (suite, what was measured, how it is read, the file)
 ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("compare", ("Llama-3.2-3B, seq 1024, 24 GiB cap: layerslide (default policy) vs DeepSpeed "
@@ -128,6 +141,9 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("nvme", "AdamW moments on the H200 machine's (slow, virtio) disk", nvme,
      "nvme_2026-11-29/1b_6steps/nvme_bench.json"),
     ("sim-speed", "planner + simulator speed", sim_speed, "sim_speed.md"),
+    ("scale-out", ("simulated data-parallel ranks on one host, each 32 sequences a step, against "
+     "the same host at one GPU (CPU; predictions)"), scale_out,
+     "scale-out/2026-12-05-1993fbf/simulate/scale_out.json"),
 ]
 
 

@@ -1,7 +1,17 @@
 """Round-number model and hardware for tests whose expected values are worked out by hand, and
 tiny HF configs for the executor's tests."""
 
-from layerslide.hwprofiles import GPUSpec, HardwareProfile, HostSpec, LinkSpec, StorageSpec
+import dataclasses
+
+from layerslide.hwprofiles import (
+    GPUSpec,
+    HardwareProfile,
+    HostSpec,
+    InterconnectSpec,
+    LinkSpec,
+    NetworkSpec,
+    StorageSpec,
+)
 from layerslide.planner import ModelSpec
 from layerslide.planner.model import model_from_hf_config
 
@@ -35,6 +45,21 @@ def make_round_profile(**host_overrides) -> HardwareProfile:
                             capacity_bytes=100 * GIB),
         sources={},
     )
+
+
+ROUND_NVLINK = InterconnectSpec(kind="nvlink", bandwidth_bytes_per_s=100e9, latency_s=1e-5)
+ROUND_NETWORK = NetworkSpec(bandwidth_bytes_per_s=50e9, latency_s=2e-5, nics=4)
+
+
+def make_round_host(gpus: int = 4, interconnect: InterconnectSpec | None = ROUND_NVLINK,
+                    network: NetworkSpec | None = ROUND_NETWORK, gpus_per_link: int = 1,
+                    **host_overrides) -> HardwareProfile:
+    """The round profile as a host of `gpus` GPUs: NVLink at 100e9 B/s one way and 10 us a
+    ring step unless told, four 50e9 B/s network cards at 20 us."""
+    one = make_round_profile(**host_overrides)
+    host = dataclasses.replace(one.host, gpus=gpus, gpus_per_link=gpus_per_link)
+    return dataclasses.replace(one, name=f"round-x{gpus}", host=host, interconnect=interconnect,
+                               network=network)
 
 
 # tiny HF models for the executor's tests

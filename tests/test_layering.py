@@ -75,9 +75,10 @@ def test_lower_layers_do_not_import_upper_ones():
         assert not bad, f"layerslide.{sub} imports {bad}"
 
 
-# what the executor may take from the planner: the plan, the model and the settings, as data
+# what the executor may take from the planner: the plan, the model and the settings, as data,
+# and the slices each rank owns of a block (sharding: arithmetic on the placement's gpus)
 PLANNER_DATA = {"layerslide.planner.plan", "layerslide.planner.model",
-                "layerslide.planner.settings"}
+                "layerslide.planner.settings", "layerslide.planner.sharding"}
 
 
 def test_executor_reads_plans_and_never_builds_or_sizes_them():

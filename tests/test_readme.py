@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -94,3 +95,41 @@ def test_results_table_is_generated_from_the_result_files():
         file = re.search(r"\]\((benchmarks/results/[^)]+)\)", row).group(1)
         assert (REPO / file).is_file(), file
         assert re.search(r"\| [0-9a-f]{7} \|$", row), row  # a commit, not "uncommitted"
+
+
+def several_gpu_commands() -> list[list[str]]:
+    text = README.read_text()
+    block = text[text.index("<!-- several gpus: begin"):text.index("<!-- several gpus: end -->")]
+    code = re.search(r"```bash\n(.*?)```", block, re.DOTALL).group(1)
+    return [shlex.split(line) for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def test_the_several_gpu_commands_parse_as_layerslide_and_torchrun_read_them():
+    from torch.distributed.run import get_args_parser
+
+    from layerslide.cli.main import build_parser
+
+    own, launched = several_gpu_commands()
+    assert own[:2] == ["layerslide", "train"] and "--gpus" in own
+    assert build_parser().parse_args(own[1:]).gpus == 4
+    torchrun = get_args_parser().parse_args(launched[1:])  # its flags, then -m layerslide ...
+    assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.module) == ("2", "4", True)
+    assert torchrun.training_script == "layerslide"
+    assert build_parser().parse_args(torchrun.training_script_args).command == "train"
+
+
+def test_the_several_gpu_command_trains_as_two_ranks_on_the_cpu(tmp_path):
+    tiny_folder(tmp_path / "tiny-llama")
+    (tmp_path / DATA).write_text("\n".join(
+        json.dumps({"text": " ".join(WORDS[i % 5:i % 5 + 6])}) for i in range(200)) + "\n")
+    line = " ".join(several_gpu_commands()[0])
+    for old, new in {**SMALLER, "--gpus 4": "--gpus 2"}.items():
+        line = line.replace(old, new)
+    argv = [str(tmp_path / "tiny-llama") if a == MODEL else a for a in line.split()]
+    done = subprocess.run([sys.executable, "-m", "layerslide", *argv[1:], "--device", "cpu",
+                           "--seq-len", "64"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=400, check=False)
+    assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2, 3]  # rank 0's log alone
+    assert LlamaForCausalLM.from_pretrained(tmp_path / "tuned-model") is not None

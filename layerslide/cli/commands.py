@@ -171,6 +171,10 @@ def cmd_plan(args) -> int:
 
 
 def _print_prediction(pred: Prediction) -> None:
+    if pred.ranks > 1:
+        print(f"{pred.ranks} ranks ({pred.ranks_per_host} GPUs per host x {pred.hosts} "
+              f"hosts): one rank simulated on its share of the host; tokens/s and model "
+              f"TFLOP/s are every rank's, MFU each GPU's, lanes and floors one rank's")
     if pred.step_s is not None:
         print(f"step {pred.step_s:.3f} s | {pred.tokens_per_s:,.0f} tokens/s | "
               f"{pred.model_flops_per_s / 1e12:.1f} model TFLOP/s | MFU {pred.mfu:.1%} | "
@@ -180,12 +184,18 @@ def _print_prediction(pred: Prediction) -> None:
         floors = sorted(pred.floors_s.items(), key=lambda kv: -kv[1])[:3]
         print(f"floor {pred.floor_s:.3f} s ({pred.floor_s / pred.step_s:.0%} of the step); "
               "largest bounds: " + ", ".join(f"{k} {v:.3f} s" for k, v in floors))
+        print(f"bound: {pred.bound} ({pred.bound_share:.0%} of the step)")
         if pred.gpu_speedup != 1.0:
             print(f"GPU computing at {pred.gpu_speedup:.2f}x its efficiency tables' rate: a "
                   "power-capped GPU clocks higher the more it idles (profile gpu.busy_speedup)")
     print("peak memory (GiB): " + ", ".join(
         f"{t} {gib(pred.peak_bytes.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
         for t in TIERS))
+    if pred.ranks_per_host > 1:
+        per_host = pred.peak_bytes_per_host
+        print(f"per host ({pred.ranks_per_host} ranks; GPU: each of its GPUs above): " + ", ".join(
+            f"{t} {gib(per_host.get(t, 0)):.2f} / {gib(pred.limits_bytes[t]):.1f}"
+            for t in ("host", "nvme")))
     if pred.simulated:
         print(f"GPU: {gib(pred.gpu_need_bytes):.2f} GiB must fit (runtime plus the caching "
               f"allocator's reserve of {gib(pred.gpu_reserved_bytes):.2f} GiB; "

@@ -29,6 +29,7 @@ from layerslide.cli.options import (
     profile_list,
     str_list,
 )
+from layerslide.cli.rank_output import errors
 from layerslide.cli.refine import add_refine_command
 from layerslide.cli.train import add_train_command
 from layerslide.hwprofiles import builtin_card_names
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as err:  # bad input says what to change (house style)
         print(f"layerslide {args.command}: error: "
               f"{in_flag_words(str(err), args.parser, getattr(args, 'given', ()))}",
-              file=sys.stderr)
+              file=errors())  # (a rank but the first of several: prefixed with its rank)
         return 2
     except KeyboardInterrupt:  # before training (which stops gracefully) or outside it
         print(f"layerslide {args.command}: interrupted", file=sys.stderr)

@@ -86,6 +86,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds, e.g. 300")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give more than 0 seconds")
+    return value
+
+
 def str_list(text: str) -> tuple[str, ...]:
     values = tuple(v.strip() for v in text.split(",") if v.strip())
     if not values:

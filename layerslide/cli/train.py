@@ -6,6 +6,7 @@ a GPU cap or host RAM too small for the plan) is refused before any weight is al
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,13 +16,23 @@ from layerslide.cli.options import (
     add_train,
     byte_size,
     byte_size_or_zero,
+    positive_seconds,
 )
+from layerslide.cli.rank_output import errors
 from layerslide.cli.run_config import RESOLVED_NAME, with_run_config, write_resolved
 from layerslide.cli.run_report import report_prediction
 from layerslide.cli.step_logs import StepReporter, say, warn
 from layerslide.cli.stopping import GracefulStop, stopped_status
+from layerslide.training.distributed import DEFAULT_TIMEOUT_S
 from layerslide.training.prepare import Run
 from layerslide.training.run import RunConfig
+
+SEVERAL_RANKS = (
+    "one rank per GPU, on one host or several: `torchrun --nproc-per-node N -m layerslide train "
+    "...` (add --nnodes M --node-rank I --rdzv-backend c10d --rdzv-endpoint HOST:PORT on each "
+    "of M hosts), or --gpus N without torchrun, which launches N ranks on this host through "
+    "torch.distributed.run. --micro-batch and --grad-accum are per rank: a step learns from "
+    "micro-batch x grad-accum x ranks sequences. Rank 0 writes the logs, saves and --out")
 
 
 def add_train_command(sub, units: str) -> None:
@@ -124,14 +135,25 @@ def add_train_command(sub, units: str) -> None:
                         "fractions), --plan, --gpu-memory and --steps (more steps: the cosine "
                         "decay is stretched over them; a finished run trains on) may give it a "
                         "new schedule, --out (and --overwrite) a new model folder, and "
-                        "--device, --serial, --trace-out, --log-jsonl, --tensorboard and "
-                        "--resume-fallback apply; other flags are ignored")
+                        "--device, --serial, --trace-out, --log-jsonl, --tensorboard, "
+                        "--collective-timeout and --resume-fallback apply; other flags are "
+                        "ignored")
     g.add_argument("--resume-fallback", action="store_true",
                    help="if the newest checkpoint fails its checksums, resume from the one "
                         "before it instead of stopping")
+    _add_ranks_flags(p)
     add_train(p)
     add_policy(p, plan_steps=False)
     p.set_defaults(run=cmd_train, train_parser=p)
+
+
+def _add_ranks_flags(p) -> None:
+    g = p.add_argument_group("several GPUs or hosts (--gpus, --hosts below)", SEVERAL_RANKS)
+    g.add_argument("--collective-timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="how long a rank waits at a collective for the others before the run "
+                        "stops, naming the ranks that did not answer (died, killed or stuck; "
+                        "default %(default)s)")
 
 
 def config_of(args) -> RunConfig:
@@ -148,16 +170,62 @@ def config_of(args) -> RunConfig:
                                   from_config=frozenset(getattr(args, "from_config", ())))
 
 def cmd_train(args) -> int:
+    from layerslide.cli.launch import joined, relaunched, say_stopped
+    from layerslide.cli.rank_output import speak_only_on_first
+    from layerslide.training.distributed import is_collective_failure, leave, under_torchrun
+
+    if under_torchrun():  # one of several ranks: rank 0 speaks for the run from the start
+        speak_only_on_first(int(os.environ["RANK"]))
+    config = config_of(args)
+    status = relaunched(config, args.argv)  # --gpus N outside torchrun: N ranks of this command
+    if status is not None:
+        return status
+    say_error = _error_sayer(args)
+    ranks = joined(config, say_error)
+    try:
+        status = _run(config, ranks, say_error)
+    except Exception as err:  # a run of several ranks that a collective stopped says who left
+        if ranks.world == 1 or not is_collective_failure(err):
+            raise
+        say_stopped(ranks, err)
+        return 1
+    if status == 0:  # (after a failure the groups go with the process: NCCL's may not part)
+        leave()
+    return status
+
+
+def _error_sayer(args):
+    """How a refusal is said (as main says one): for rank 0 to say the ranks'."""
+    from layerslide.cli.main import in_flag_words
+
+    def say_error(message: str) -> None:
+        print(f"layerslide train: error: {in_flag_words(message, args.parser, args.given)}",
+              file=errors(), flush=True)
+    return say_error
+
+
+def _run(config: RunConfig, ranks, say_error) -> int:
+    """Check, allocate and train: each of the first three on every rank before any goes on."""
+    from layerslide.cli.launch import on_every_rank
+    from layerslide.training.distributed import cores_per_rank
     from layerslide.training.prepare import prepare
 
-    run = prepare(config_of(args))
-    try:
-        trainer = run.trainer()
-    except ValueError as err:
-        raise UsageError(str(err)) from err
+    cores = cores_per_rank(ranks) if ranks.world > 1 else None
+    run = on_every_rank(ranks, lambda: prepare(config, ranks=ranks, rank_cores=cores), say_error)
+    trainer = on_every_rank(ranks, _trainer_of(run), say_error,
+                            undo=lambda trainer: trainer.close())
     with trainer:
-        _start(run, trainer)
+        on_every_rank(ranks, lambda: _start(run, trainer), say_error)
         return _train(run, trainer)
+
+
+def _trainer_of(run: Run):
+    def make():
+        try:
+            return run.trainer()
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+    return make
 
 
 def _start(run: Run, trainer) -> None:
@@ -166,8 +234,10 @@ def _start(run: Run, trainer) -> None:
     from layerslide.training.checkpoint_store import CheckpointError
 
     c, train, policy = run.config, run.plan.train, run.plan.policy
+    ranks = f" x {train.ranks} ranks" if train.ranks > 1 else ""
     print(f"{run.spec.name}: {run.spec.total_params / 1e9:.2f} B params on {run.device}; "
-          f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}; "
+          f"micro-batch {train.micro_batch} x {train.seq_len} tokens x {train.grad_accum}"
+          f"{ranks}; "
           f"window {policy.residency.window}, activations on "
           f"{policy.residency.activations}, cast {policy.schedule.cast}", flush=True)
     try:
@@ -194,18 +264,19 @@ def _start(run: Run, trainer) -> None:
 
 def _train(run: Run, trainer) -> int:
     """Train to the config's step count, reporting each step; save the model. The exit status:
-    0, 1 where training failed, 128 + a signal's number where one stopped it."""
+    0, 1 where training failed, 128 + a signal's number where one stopped it. Of several
+    ranks, rank 0 alone writes the logs, the trace and the output folder; every rank takes
+    part in a save (each holds a slice of the state)."""
     from tqdm import tqdm
 
-    from layerslide.executor.engine import TaskFailedError
-    from layerslide.training.checkpoint_store import CheckpointError
     from layerslide.training.hf_io import ModelSaveError, tokenizer_files
 
-    c, schedule = run.config, run.checkpoints
+    c, schedule, first = run.config, run.checkpoints, run.ranks.is_first
     # the bar moves as steps finish; step logs come when their segment has drained
     bar = tqdm(total=c.steps, initial=trainer.step, unit="step", file=sys.stderr,
-               dynamic_ncols=True, disable=None)
-    reporter = StepReporter(c.steps, bar, jsonl_path=c.log_jsonl, tensorboard_dir=c.tensorboard,
+               dynamic_ncols=True, disable=None if first else True)
+    reporter = StepReporter(c.steps, bar, jsonl_path=c.log_jsonl if first else None,
+                            tensorboard_dir=c.tensorboard if first else None,
                             predicted_step_s=run.prediction.step_s)
     first_step = trainer.step + 1
     if not c.trace_out:  # the steps the prediction's timeline shows
@@ -215,16 +286,6 @@ def _train(run: Run, trainer) -> int:
         reporter.report_eval(trainer.evaluate(run.evals.batches))
     stop = GracefulStop(bar)
     extra = tokenizer_files(run.tokenizer)  # the tokenizer the data was read with goes along
-
-    def save_model(step: int) -> None:
-        try:
-            path = run.saves.save(trainer, step, extra,
-                                  after_write=lambda saved: _write_options(saved, run, bar))
-        except ModelSaveError as err:  # a save along the way: the run goes on
-            warn(bar, f"--save-every: {err}; training goes on{_way_back(schedule)}")
-            return
-        say(bar, f"saved the model after step {step} to {path}")
-
     try:  # the handlers stay through the final save: a first Ctrl-C lets it finish
         try:
             logs = trainer.fit(
@@ -236,14 +297,11 @@ def _train(run: Run, trainer) -> int:
                 stop=stop.event, evals=run.evals,
                 on_eval=reporter.report_eval,
                 save_every=None if run.saves is None else run.saves.every_steps,
-                on_save=save_model)
-        except (TaskFailedError, CheckpointError) as err:
+                on_save=_model_saver(run, trainer, bar, extra))
+        except Exception as err:
             bar.close()
-            print(f"layerslide train: training stopped: {err}", file=sys.stderr)
-            if schedule is not None and schedule.store.latest() is not None:
-                print(f"the last complete checkpoint, {schedule.store.latest().path}, is "
-                      f"intact: continue with `layerslide train --resume "
-                      f"{schedule.store.root}`", file=sys.stderr)
+            if not _said_stopped(err, run):
+                raise
             return 1
         finally:
             bar.close()
@@ -256,16 +314,58 @@ def _train(run: Run, trainer) -> int:
                 saved = trainer.save(c.out, overwrite=c.overwrite, extra_files=extra)
             except ModelSaveError as err:
                 return _save_failed(err, run)
-            _write_options(saved, run, bar)
-            print(f"saved the fine-tuned model to {saved}", flush=True)
+            if first:
+                _write_options(saved, run, bar)
+                print(f"saved the fine-tuned model to {saved}", flush=True)
     finally:
         stop.restore()
-        if c.trace_out:  # after the model: a disk the trace fills costs the trace alone
+        if c.trace_out and first:  # after the model: a disk the trace fills costs the trace
             _write_trace(trainer, run, bar)
     if stop.signum is not None:
         return 128 + stop.signum
-    report_prediction(run, trainer, logs, first_step)
+    if first:
+        report_prediction(run, trainer, logs, first_step)
     return 0
+
+
+def _model_saver(run: Run, trainer, bar, extra):
+    """fit's on_save: the model every --save-every steps. Rank 0 writes the folder and keeps
+    the newest --keep-saves; every other rank hands its slice to that save."""
+    from layerslide.training.hf_io import ModelSaveError
+
+    def save_model(step: int) -> None:
+        if not run.ranks.is_first:
+            trainer.save(run.saves.folder_of(step), overwrite=True, extra_files=extra)
+            return
+        try:
+            path = run.saves.save(trainer, step, extra,
+                                  after_write=lambda saved: _write_options(saved, run, bar))
+        except ModelSaveError as err:  # a save along the way: the run goes on
+            warn(bar, f"--save-every: {err}; training goes on{_way_back(run.checkpoints)}")
+            return
+        say(bar, f"saved the model after step {step} to {path}")
+    return save_model
+
+
+def _said_stopped(err: Exception, run: Run) -> bool:
+    """Say why training stopped, where it is a failed task, checkpoint or (of several ranks)
+    collective, and the way back from the last checkpoint; False for any other error."""
+    from layerslide.cli.launch import say_stopped
+    from layerslide.executor.engine import TaskFailedError
+    from layerslide.training.checkpoint_store import CheckpointError
+    from layerslide.training.distributed import is_collective_failure
+
+    schedule = run.checkpoints
+    if run.ranks.world > 1 and is_collective_failure(err):
+        say_stopped(run.ranks, err)
+    elif isinstance(err, (TaskFailedError, CheckpointError)):
+        print(f"layerslide train: training stopped: {err}", file=errors())
+    else:
+        return False
+    if schedule is not None and schedule.store.latest() is not None:
+        print(f"the last complete checkpoint, {schedule.store.latest().path}, is intact: "
+              f"continue with `layerslide train --resume {schedule.store.root}`", file=errors())
+    return True
 
 
 def _write_options(folder: Path, run: Run, bar) -> None:
@@ -304,18 +404,18 @@ def _save_failed(err: ValueError, run: Run) -> int:
     from layerslide.training.output_space import model_bytes, size
 
     c, schedule = run.config, run.checkpoints
-    print(f"layerslide train: error: {err}", file=sys.stderr)
+    print(f"layerslide train: error: {err}", file=errors())
     latest = None if schedule is None else schedule.store.latest()
     need = size(model_bytes(run.spec.total_params, run.tokenizer))
     if latest is not None:
         print(f"nothing trained is lost: checkpoint {latest.path} holds the state of step "
               f"{latest.step}; free {need} for the model there (or choose another folder) and "
               f"write it with `layerslide export {schedule.store.root} --out {c.out}`",
-              file=sys.stderr)
+              file=errors())
     else:
         print("no checkpoint keeps the trained state (the run had no --checkpoint-dir), so "
               f"these steps are lost; the model needs {need}: give the next run room there, "
-              "and --checkpoint-dir to keep a way back", file=sys.stderr)
+              "and --checkpoint-dir to keep a way back", file=errors())
     return 1
 
 

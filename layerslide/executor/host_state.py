@@ -10,10 +10,17 @@ as fast as DeepSpeed's on the benchmark machine but needing fp32 grads and a sep
 The moments are kept in the placement's moment precision (executor/moments.py; compact ones
 need the native kernel). What lives where is the plan's Placement: this state never reads the
 policy's residency or schedule.
+
+With several ranks on a host (Placement.gpus) each holds only its slice of every block
+(planner/sharding.py): the elements from `start(block)` on, `numel(block)` of them, padded with
+zeros past the block's end; everything here (master, moments, upload copies, landed grads, NVMe
+files) is that slice, and the block's element indices (the bf16 moments' noise, the decay's
+end) count from the block's start, so that N ranks compute what one rank would.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from itertools import pairwise
 from pathlib import Path
@@ -22,6 +29,7 @@ import torch
 from torch import nn
 
 from layerslide.executor.blocks import ModelBlocks
+from layerslide.executor.collectives import owned_part, whole_from_slices
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.moments import Moments, moment_seed
 from layerslide.executor.native import load_kernels
@@ -33,7 +41,9 @@ from layerslide.executor.nvme import (
     nvme_folders,
 )
 from layerslide.executor.optim import OptimConfig
+from layerslide.executor.ranks import SINGLE, Ranks
 from layerslide.executor.stripes import padded
+from layerslide.kinds import Lane
 from layerslide.planner.plan import (
     HOST_GRAD_ACCUM,
     HOST_GRAD_LANDING,
@@ -46,6 +56,7 @@ from layerslide.planner.plan import (
     Placement,
 )
 from layerslide.planner.settings import Policy, TrainSpec
+from layerslide.planner.sharding import Shards
 
 
 class HostState:
@@ -53,16 +64,20 @@ class HostState:
 
     def __init__(self, blocks: ModelBlocks, device: LaneDevice, policy: Policy, train: TrainSpec,
                  optim: OptimConfig, placement: Placement, *,
-                 nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0):
+                 nvme_dir: str | Path | None = None, nvme_checkpoint_copies: int = 0,
+                 ranks: Ranks = SINGLE):
         self.blocks, self.device, self.policy, self.train, self.optim = (
             blocks, device, policy, train, optim)
+        # this rank's slice of each block: the whole block on one rank
+        self.ranks = ranks
+        self.shards = {b: Shards(blocks.numel(b), placement.gpus) for b in blocks.blocks}
         # blocks updated on the GPU keep only their master weights here (for load and save)
         cpu_blocks = [b for b in blocks.blocks if b not in placement.gpu_updated]
         # native: our one-pass kernel; else torch's fused AdamW, its state seeded with views of
         # the same flat moments, so that both keep (and checkpoint) one m and one v per block
         knobs = policy.executor
-        self.native = (load_kernels(threads=knobs.cpu_threads, chunk=knobs.cpu_chunk_elements,
-                                    nice=knobs.cpu_nice)
+        self.native = (load_kernels(threads=cpu_threads(knobs.cpu_threads, placement.gpus),
+                                    chunk=knobs.cpu_chunk_elements, nice=knobs.cpu_nice)
                        if policy.kernels.cpu_optimizer == "native" else None)
         # the first elements of each block's master weights / moments live on disk, as many
         # as the plan's placement says, the rest here (self.master and self.moments hold that
@@ -75,6 +90,14 @@ class HostState:
         self._allocate_weights(placement, cpu_blocks)
         self._allocate_grads(placement, cpu_blocks)
         self._allocate_optimizer_state(placement, cpu_blocks)
+
+    def numel(self, block: int) -> int:
+        """Elements of the block this rank holds (its slice, padding included)."""
+        return self.shards[block].slice_numel
+
+    def start(self, block: int) -> int:
+        """Where this rank's slice starts in the block's flat layout."""
+        return self.shards[block].start(self.ranks.local_rank)
 
     def _open_nvme(self, placement: Placement, train: TrainSpec, nvme_dir, checkpoint_copies):
         """The NVMe tier's folders, locked and checked for room before any RAM is allocated:
@@ -113,10 +136,13 @@ class HostState:
         blocks, device = self.blocks, self.device
         # loads that send the fp32 master weights over PCIe need them page-locked
         pin_master = placement.load_source == "master"
-        self.master = {b: device.host_empty(blocks.numel(b) - self.disk_master.get(b, 0),
+        self.master = {b: device.host_empty(self.numel(b) - self.disk_master.get(b, 0),
                                             torch.float32, pinned=pin_master)
                        for b in blocks.blocks}
-        self.upload = ({b: device.host_empty(blocks.numel(b) - self.disk_weights[b],
+        if placement.gpus > 1:  # the padding past a block's end stays zero: so do its updates
+            for tensor in self.master.values():
+                tensor.zero_()
+        self.upload = ({b: device.host_empty(self.numel(b) - self.disk_weights[b],
                                              torch.bfloat16)
                         for b in cpu_blocks} if placement.load_source == "upload" else {})
         self.writes_upload = placement.optimizer_writes_upload
@@ -125,19 +151,19 @@ class HostState:
         """Where offloaded bf16 grads land: in the block's upload copy, one buffer per block, or
         a pool whose buffers the plan's tasks name (its backpressure edges make reuse safe);
         and the fp32 sums of a step's micro-batches where the host sums them."""
-        blocks, device = self.blocks, self.device
+        device = self.device
         self.land_in_upload = placement.grad_landing == "upload"
         self.landing_pool: list[torch.Tensor] = []
         self.landing: dict[int, torch.Tensor] = {}
         if placement.grad_landing == "pool":
-            largest = max(blocks.numel(b) for b in cpu_blocks)
+            largest = max(self.numel(b) for b in cpu_blocks)
             self.landing_pool = [device.host_empty(largest, torch.bfloat16)
                                  for _ in range(placement.grad_landing_buffers)]
         elif not self.land_in_upload:
-            self.landing = {b: device.host_empty(blocks.numel(b), torch.bfloat16)
+            self.landing = {b: device.host_empty(self.numel(b), torch.bfloat16)
                             for b in cpu_blocks}
         self.sums_on_host = placement.grad_sums == "host"
-        self.grad32 = ({b: torch.empty(blocks.numel(b), dtype=torch.float32)
+        self.grad32 = ({b: torch.empty(self.numel(b), dtype=torch.float32)
                         for b in cpu_blocks} if self.sums_on_host else {})
 
     def _allocate_optimizer_state(self, placement: Placement, cpu_blocks: list[int]) -> None:
@@ -153,13 +179,13 @@ class HostState:
         # each update first lets it take the block's state
         self.update_guard = None
         for b in cpu_blocks:
-            ram = self.blocks.numel(b) - self.disk_moments[b]
+            ram = self.numel(b) - self.disk_moments[b]
             self.moments[b] = Moments.zeros(self.moment_precision, ram)
             if self.native is None:
                 self._params[b], self.optimizers[b] = self._make_optimizer(b)
 
     def _make_optimizer(self, block: int) -> tuple[list[nn.Parameter], torch.optim.AdamW]:
-        split = self.blocks.decay_numel(block)
+        split = self._decay_end(block, 0, self.numel(block))
         flat = self.master[block]
         exp_avg, exp_avg_sq = (self.moments[block].tensors[name]
                                for name in ("exp_avg", "exp_avg_sq"))  # fp32: Policy checks
@@ -186,25 +212,43 @@ class HostState:
             self.optimizers[block].state[param]["step"].fill_(steps)
 
     # --- weights -------------------------------------------------------------------------------
-    def block_master(self, block: int) -> torch.Tensor:
-        """The block's whole fp32 master weights: the RAM tensor itself, or (part on NVMe) a
-        fresh copy of disk part + RAM part. Not for the training loop: it reads the disk."""
+    def owned_master(self, block: int) -> torch.Tensor:
+        """This rank's slice of the block's fp32 master weights (the whole block on one rank):
+        the RAM tensor itself, or (part on NVMe) a fresh copy of disk part + RAM part. Not for
+        the training loop: it reads the disk."""
         k = self.disk_master.get(block, 0)
         if not k:
             return self.master[block]
         disk_part = self.nvme.read_block(block)[0]
         return torch.cat([disk_part, self.master[block]])
 
-    def set_master(self, block: int, values: torch.Tensor) -> None:
+    def whole_master(self, block: int) -> torch.Tensor:
+        """The block's whole fp32 master weights: with several ranks on the host gathered from
+        their slices, a collective every rank of the host calls in the same order (in the main
+        thread, between segments: it takes the gather lane's group while that lane is idle)."""
+        if self.shards[block].ranks == 1:
+            return self.owned_master(block)
+        return whole_from_slices(self.owned_master(block), self.shards[block],
+                                 self.ranks.local_rank, self.ranks.group(Lane.GATHER, "host"))
+
+    def set_owned(self, block: int, values: torch.Tensor) -> None:
+        """Set this rank's slice of the block's master weights (numel(block) values)."""
         values = values.reshape(-1)
         k = self.disk_master.get(block, 0)
         self.master[block].copy_(values[k:])
         if k:
             self.nvme.update_block(block, master=values[:k])
 
+    def set_master(self, block: int, values: torch.Tensor) -> None:
+        """Set the block's master weights from the whole block's values (this rank keeps its
+        slice of them)."""
+        self.set_owned(block, owned_part(values.reshape(-1), self.shards[block],
+                                         self.ranks.local_rank))
+
     def load_named(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy named HF tensors into the master weights; returns the names it placed. A block
-        with master weights on NVMe is gathered whole, then written once all of it is in."""
+        """Copy named HF tensors into the master weights (the part of each in this rank's
+        slice); returns the names it placed. A block with master weights on NVMe is gathered
+        whole, then written once all of it is in."""
         where = {s.name: (b, s) for b in self.blocks.blocks for s in self.blocks.layouts[b]}
         placed, gathering, missing = set(), {}, {}
         for name, tensor in tensors:
@@ -216,36 +260,48 @@ class HostState:
                                  f"{slot.shape} in config.json")
             placed.add(name)
             if not self.disk_master.get(block, 0):
-                self.master[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
+                self._copy_owned(block, slot, tensor, self.master[block])
                 continue
             if block not in gathering:
-                gathering[block] = self.block_master(block)
+                gathering[block] = self.owned_master(block)
                 missing[block] = {s.name for s in self.blocks.layouts[block]}
-            gathering[block][slot.offset:slot.offset + slot.numel].copy_(tensor.reshape(-1))
+            self._copy_owned(block, slot, tensor, gathering[block])
             missing[block].discard(name)
             if not missing[block]:
-                self.set_master(block, gathering.pop(block))
-        for block, whole in gathering.items():  # partly placed: the caller reports what's missing
-            self.set_master(block, whole)
+                self.set_owned(block, gathering.pop(block))
+        for block, owned in gathering.items():  # partly placed: the caller reports what's missing
+            self.set_owned(block, owned)
         return placed
 
+    def _copy_owned(self, block: int, slot, tensor: torch.Tensor, owned: torch.Tensor) -> None:
+        """Copy the part of one parameter's values that falls in this rank's slice into
+        `owned` (the slice's values)."""
+        start = self.start(block)
+        lo = max(slot.offset, start)
+        hi = min(slot.offset + slot.numel, start + self.numel(block))
+        if lo < hi:
+            owned[lo - start:hi - start].copy_(
+                tensor.reshape(-1)[lo - slot.offset:hi - slot.offset])
+
     def named_master(self) -> Iterable[tuple[str, torch.Tensor]]:
-        """(state-dict name, fp32 view) of every parameter, block by block."""
+        """(state-dict name, fp32 view) of every parameter, block by block (with several ranks
+        a collective: see whole_master)."""
         for b in self.blocks.blocks:
-            for slot, view in self.blocks.views(b, self.block_master(b)):
+            for slot, view in self.blocks.views(b, self.whole_master(b)):
                 yield slot.name, view
 
     def cast_to_upload(self, block: int) -> torch.Tensor:
-        """fp32 master -> the bf16 copy the GPU loads (cast=cpu_once), or a fresh staging copy."""
+        """fp32 master -> the bf16 copy the GPU loads (cast=cpu_once), or a fresh staging copy
+        (of this rank's slice)."""
         target = self.upload.get(block)
         if target is None:  # cast per load: staging from torch's pinned caching allocator,
             # which recycles a buffer once the copy that reads it has finished
-            target = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16,
+            target = torch.empty(self.numel(block), dtype=torch.bfloat16,
                                  pin_memory=self.device.is_cuda)
-        master = self.block_master(block)
+        master = self.owned_master(block)
         k = self.disk_weights.get(block, 0)
         if k:  # the first k to the block's file, the rest to the RAM copy
-            whole = torch.empty(self.blocks.numel(block), dtype=torch.bfloat16)
+            whole = torch.empty(self.numel(block), dtype=torch.bfloat16)
             self.native.cast(master, whole)
             self.nvme.update_block(block, weights=whole[:k])
             target.copy_(whole[k:])
@@ -262,7 +318,7 @@ class HostState:
         if self.land_in_upload:
             return self.upload[block]
         if self.landing_pool:
-            return self.landing_pool[pool_slot][:self.blocks.numel(block)]
+            return self.landing_pool[pool_slot][:self.numel(block)]
         return self.landing[block]
 
     def accumulate(self, block: int, micro_batch: int, landed: torch.Tensor) -> None:
@@ -293,15 +349,19 @@ class HostState:
                 self.native.adamw_step_moments(
                     param=param, moments=moments, grad=grads[part],
                     weights_out=weights if casts else None,
-                    decay_end=min(max(self.blocks.decay_numel(block) - part.start, 0),
-                                  param.numel()),
+                    decay_end=self._decay_end(block, part.start, param.numel()),
                     lr=lr, beta1=self.optim.beta1, beta2=self.optim.beta2, eps=self.optim.eps,
                     weight_decay=self.optim.weight_decay, grad_scale=clip_coef, step=step,
-                    seed=moment_seed(block, step), index_base=part.start)
+                    seed=moment_seed(block, step), index_base=self.start(block) + part.start)
             return
         self._torch_step(block, grads, lr, clip_coef)
         if self.writes_upload:  # no native kernel here: the plan still has no casts
             self.upload[block].copy_(self.master[block])
+
+    def _decay_end(self, block: int, offset: int, numel: int) -> int:
+        """How many of the `numel` elements from `offset` in this rank's slice get weight decay
+        (the block's matrices come first)."""
+        return min(max(self.blocks.decay_numel(block) - self.start(block) - offset, 0), numel)
 
     def restore_upload(self, block: int) -> None:
         """After a skipped update: the upload copy holds the landed grads, not the weights, or
@@ -321,7 +381,7 @@ class HostState:
         wholly in one place per tensor: the disk parts (in the staging buffer the plan's NVMe
         read filled) come first, then the RAM parts. The weights are the upload copy's, None
         without one. (8-bit moments: the plan cuts at whole scale blocks, so every run is.)"""
-        n, km, kv = self.blocks.numel(block), self.disk_master[block], self.disk_moments[block]
+        n, km, kv = self.numel(block), self.disk_master[block], self.disk_moments[block]
         kw = self.disk_weights[block]
         if km or kv or kw:
             slot = self.nvme.slot_of_block[block]
@@ -356,9 +416,9 @@ class HostState:
 
     def _upcast(self, block: int) -> torch.Tensor:
         if self._scratch is None:
-            self._scratch = torch.empty(max(self.blocks.numel(b) for b in self.master),
+            self._scratch = torch.empty(max(self.numel(b) for b in self.master),
                                         dtype=torch.float32)
-        return self._scratch[:self.blocks.numel(block)]
+        return self._scratch[:self.numel(block)]
 
     def allocated_bytes(self) -> dict[str, int]:
         """What this state holds, by the ids of the plan's static buffers (its ledger)."""
@@ -385,6 +445,15 @@ class HostState:
             tensors.append(self._scratch)
         total = sum(t.numel() * t.element_size() for t in tensors)
         return total + sum(moments.nbytes for moments in self.moments.values())
+
+
+def cpu_threads(asked: int, ranks_on_host: int) -> int:
+    """The native kernels' threads: as asked, else (0) OpenMP's count on one rank, and with
+    several ranks on a host this rank's share of the cores it may run on (torchrun sets
+    OMP_NUM_THREADS=1 for each, which would leave one core to each rank's AdamW)."""
+    if asked or ranks_on_host == 1:
+        return asked
+    return max(1, len(os.sched_getaffinity(0)) // ranks_on_host)
 
 
 def _on_nvme(placement: Placement) -> list[str]:

@@ -5,11 +5,16 @@ GPU memory: weight cache units are allocated once (the plan's window, plus dedic
 the embedding, the head and resident layers) and decoder-layer modules compute straight from
 them. Activations, the gradient flowing backwards and weight grads come from torch's caching
 allocator; handing them between streams is declared with record_stream.
+
+Several ranks (Placement.gpus x hosts, executor/ranks.py) run the same plan on their own
+micro-batches: a load sends this rank's slice of a block into its offset of the unit and the
+gather lane's all-gather fills the rest; a block's grads, flat and padded, are reduce-scattered
+into this rank's slice (and summed with the same slice's owners on the other hosts) before the
+slice goes down; the clipping norm sums the ranks' partial squares.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -27,9 +32,11 @@ from layerslide.executor.compute import (
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks, add_into_sum
 from layerslide.executor.grad_into_sum import attach_sums, detach_sums, route_linears
+from layerslide.executor.grad_tasks import GradTasks
 from layerslide.executor.host_state import HostState
 from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
+from layerslide.executor.rank_tasks import RankTasks
 from layerslide.kernels.linear_cross_entropy import (
     fused_linear_cross_entropy,
     triton_head_available,
@@ -54,11 +61,22 @@ from layerslide.planner.plan import (
 
 @dataclass
 class WeightUnit:
-    """A GPU buffer for one block's bf16 weights (and the module computing from it)."""
+    """A GPU buffer for one block's bf16 weights (and the module computing from it). With
+    several ranks on a host `flat` is the front of `padded`, every rank's slice back to back
+    (planner/sharding.py): what the loads and the all-gather fill."""
 
     flat: torch.Tensor
     module: nn.Module | None = None
-    landing_fp32: torch.Tensor | None = None  # cast=gpu: fp32 weights arrive here first
+    landing_fp32: torch.Tensor | None = None  # cast=gpu: fp32 weights arrive here first, padded
+    padded: torch.Tensor | None = None  # None: no padding, flat itself
+
+    @property
+    def arrivals(self) -> torch.Tensor:
+        """Where loads send a block's slices: the fp32 landing where there is one, else the
+        bf16 buffer, padded."""
+        if self.landing_fp32 is not None:
+            return self.landing_fp32
+        return self.flat if self.padded is None else self.padded
 
 
 class Handoff:
@@ -95,8 +113,9 @@ class StepOutcome:
     skipped_blocks: list[int] = field(default_factory=list)  # non-finite without clipping
 
 
-class TaskRunner:
-    """Owns the GPU weight units and performs every task kind of a plan."""
+class TaskRunner(GradTasks, RankTasks):
+    """Owns the GPU weight units and performs every task kind of a plan (those around a
+    block's update in GradTasks, the collectives of several ranks in RankTasks)."""
 
     def __init__(self, blocks: ModelBlocks, spec: ModelSpec, placement: Placement,
                  state: HostState, device: LaneDevice, optim: OptimConfig):
@@ -108,6 +127,11 @@ class TaskRunner:
         dev = device.device
         self.load_source = placement.load_source
         landing = self.load_source == "master"
+        # this rank among the ranks, the slices of each block it owns, and the rank count the
+        # loss is averaged over (grads then sum over ranks)
+        self.ranks, self.shards = state.ranks, state.shards
+        self.world = placement.gpus * placement.hosts
+        self.sharded = placement.gpus > 1
         self.gpu_updated = list(placement.gpu_updated)
         # a block's grads of the step's micro-batches summed in fp32 on the GPU and offloaded
         # once (layer-major), or offloaded one by one and summed on the host (step-major)
@@ -117,8 +141,9 @@ class TaskRunner:
         self._handlers = {kind: getattr(self, f"_do_{kind}") for kind in TaskKind}
 
         def unit(block: int, with_module: bool) -> WeightUnit:
-            n = blocks.numel(block)
-            flat = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            n, padded = blocks.numel(block), self.shards[block].padded_numel
+            whole = torch.empty(padded, dtype=torch.bfloat16, device=dev)
+            flat = whole[:n]
             module = None
             if with_module:
                 with torch.device("meta"):
@@ -127,9 +152,10 @@ class TaskRunner:
                 assert not any(t.is_meta for t in (*module.parameters(), *module.buffers()))
                 route_linears(module)
             # blocks updated on the GPU are never loaded: no fp32 landing for them
-            fp32 = (torch.empty(n, dtype=torch.float32, device=dev)
+            fp32 = (torch.empty(padded, dtype=torch.float32, device=dev)
                     if landing and block not in self.gpu_updated else None)
-            return WeightUnit(flat=flat, module=module, landing_fp32=fp32)
+            return WeightUnit(flat=flat, module=module, landing_fp32=fp32,
+                              padded=whole if padded > n else None)
 
         self.ring = [unit(0, True) for _ in range(placement.ring_units)]
         self.dedicated = {b: unit(b, True) for b in placement.dedicated_layers}
@@ -175,7 +201,8 @@ class TaskRunner:
         buffers (its ledger); the checkpoints exist from the first offload on."""
         def nbytes(units) -> int:
             return sum(t.numel() * t.element_size() for u in units
-                       for t in (u.flat, u.landing_fp32) if t is not None)
+                       for t in (u.flat if u.padded is None else u.padded, u.landing_fp32)
+                       if t is not None)
 
         layers = [u for b, u in self.dedicated.items() if 0 <= b < self.L]
         held = {GPU_WEIGHT_UNITS: nbytes(self.ring), GPU_RESIDENT_LAYERS: nbytes(layers),
@@ -199,6 +226,11 @@ class TaskRunner:
         # cast=cpu_per_load: a load's bf16 staging copy, by (block, step, micro-batch, for_kind)
         self.staging: dict[tuple, torch.Tensor] = {}
         self.grads: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+        # several ranks: (step, micro-batch, block) -> a block's grads flat and padded, where
+        # they are so already (a GPU sum's rounding), and this rank's slice of their sum
+        self.padded_grads: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.reduced: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.partial_sq: dict[int, float] = {}  # step -> this rank's slices' squared norm
         self.grad_sums: dict[tuple[int, int], torch.Tensor] = {}  # (step, block) -> fp32 sum
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
         self.final_sq: dict[int, torch.Tensor] = {}  # step -> [L + 2]: GPU-updated blocks' sums
@@ -244,17 +276,20 @@ class TaskRunner:
         return self.ring[task.unit]
 
     def _do_load_weights(self, task: Task) -> None:
-        unit = self._weight_unit(task)
+        # this rank's slice of the block (the whole block on one rank) into its offset
+        b = task.block
+        start = self.state.start(b)
+        target = self._weight_unit(task).arrivals[start:start + self.state.numel(b)]
         if self.load_source == "master":
-            unit.landing_fp32.copy_(self.state.master[task.block], non_blocking=True)
+            target.copy_(self.state.master[b], non_blocking=True)
         elif self.load_source == "staging":
-            unit.flat.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
+            target.copy_(self.staging.pop(_load_key(task)), non_blocking=True)
         elif task.slot >= 0:  # the first part read from NVMe into a weight staging buffer
-            staged = self.state.nvme.staged_weights(task.block, task.slot)
-            unit.flat[:staged.numel()].copy_(staged, non_blocking=True)
-            unit.flat[staged.numel():].copy_(self.state.upload[task.block], non_blocking=True)
+            staged = self.state.nvme.staged_weights(b, task.slot)
+            target[:staged.numel()].copy_(staged, non_blocking=True)
+            target[staged.numel():].copy_(self.state.upload[b], non_blocking=True)
         else:
-            unit.flat.copy_(self.state.upload[task.block], non_blocking=True)
+            target.copy_(self.state.upload[b], non_blocking=True)
 
     def _do_cast(self, task: Task) -> None:
         staging = self.state.cast_to_upload(task.block)
@@ -265,7 +300,7 @@ class TaskRunner:
     def _unit(self, task: Task) -> WeightUnit:
         unit = self._weight_unit(task)
         if task.casts_weights:
-            unit.flat.copy_(unit.landing_fp32)
+            unit.flat.copy_(unit.landing_fp32[:unit.flat.numel()])
         return unit
 
     def _hand_on(self, task: Task, name: str, tensor: torch.Tensor) -> None:
@@ -391,7 +426,8 @@ class TaskRunner:
             normed = norm(x)
         flat = normed.detach().view(-1, normed.shape[-1])
         count = (labels != IGNORE_INDEX).sum()
-        scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum)
+        # the mean over the step's micro-batches of every rank: grads then sum over the ranks
+        scale = 1.0 / (count.clamp(min=1).float() * self.train.grad_accum * self.world)
         loss, d_flat, d_weight = self._head_loss(
             flat, weight, labels, scale, self.head_chunk_tokens)
         self.outcomes[s].loss_parts.append(loss * scale)
@@ -483,7 +519,11 @@ class TaskRunner:
         self._await_offload(s, m, block, grads)
 
     def _await_offload(self, s: int, m: int, block: int, grads: list[torch.Tensor]) -> None:
-        """Keep the grads (in layout order) and their squared norm for the block's offload."""
+        """Keep the grads (in layout order) and their squared norm for the block's offload
+        (several ranks: for the collective before it, the norm then the reduced slice's)."""
+        if self.world > 1:
+            self.grads[(s, m, block)] = grads
+            return
         norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         grads.append(torch.stack(norms).square().sum())
         self.grads[(s, m, block)] = grads
@@ -494,7 +534,8 @@ class TaskRunner:
         if block in self.gpu_blocks:
             return self.gpu_blocks.grad_sum[block]
         if (s, block) not in self.grad_sums:
-            self.grad_sums[(s, block)] = torch.zeros(self.blocks.numel(block),
+            # padded for several ranks: its bf16 rounding is then what the reduce-scatter takes
+            self.grad_sums[(s, block)] = torch.zeros(self.shards[block].padded_numel,
                                                      dtype=torch.float32,
                                                      device=self.device.device)
         return self.grad_sums[(s, block)]
@@ -510,84 +551,11 @@ class TaskRunner:
                                               non_blocking=True)
             return
         rounded = self.grad_sums.pop((s, block)).to(torch.bfloat16)
+        if self.world > 1:
+            self.padded_grads[(s, m, block)] = rounded
         self._await_offload(s, m, block, [view for _, view in self.blocks.views(block, rounded)])
 
-    # --- gradients to the host -------------------------------------------------------------------
-    def _do_offload_grads(self, task: Task) -> None:
-        # a micro-batch's grads, or (summed on the GPU) the step's, kept by its last one
-        m = self.train.grad_accum - 1 if self.sums_on_gpu else task.micro_batch
-        s, b = task.step, task.block
-        *grads, sq = self.grads.pop((s, m, b))
-        landing = self._landed(task)
-        for (_, view), grad in zip(self.blocks.views(b, landing), grads, strict=True):
-            self.device.keep_for(grad, "d2h")
-            view.copy_(grad, non_blocking=True)
-        self.device.keep_for(sq, "d2h")
-        self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
-
-    def _landed(self, task: Task) -> torch.Tensor:
-        """The host buffer the task's block's grads land in (the task's slot of the pool)."""
-        return self.state.landing_buffer(task.block, task.slot)
-
-    def _do_accumulate_grads(self, task: Task) -> None:
-        s, m, b = task.step, task.micro_batch, task.block
-        self.state.accumulate(b, m, self._landed(task))
-        if m == self.train.grad_accum - 1 and self.train.max_grad_norm is not None:
-            self.block_sq[(s, b)] = self.state.host_grad_sq_norm(b)
-
-    def _block_sq(self, s: int, b: int) -> float:
-        if b in self.gpu_blocks:
-            return float(self.final_sq[s][b + 1])
-        if self.state.sums_on_host:
-            return self.block_sq[(s, b)]
-        # offloaded once per step, by its last micro-batch (the only one without accumulation)
-        return float(self.grad_sq[s][self.train.grad_accum - 1, b + 1])
-
-    def _do_grad_norm(self, task: Task) -> None:
-        s = task.step
-        total = math.sqrt(sum(self._block_sq(s, b) for b in self.blocks.blocks))
-        outcome = self.outcomes[s]
-        outcome.grad_norm = total
-        if not math.isfinite(total):
-            outcome.skipped = True
-            return
-        self.clip_coef[s] = min(1.0, self.train.max_grad_norm / (total + 1e-6))
-
-    def _do_optimizer_step(self, task: Task) -> None:
-        s, b = task.step, task.block
-        outcome = self.outcomes[s]
-        if outcome.skipped:
-            self.state.restore_upload(b)  # the grads that landed there are not weights
-            return
-        lr, coef = self.optim.lr_at(self.step_offset + s), self.clip_coef.get(s, 1.0)
-        if b in self.gpu_blocks:  # on the GPU lane: non-finite grads are skipped there
-            self.gpu_blocks.step(b, s, lr, coef)
-            self.gpu_blocks.refresh(b, self.dedicated[b].flat)
-            return
-        if not bool(torch.isfinite(self.grad_sq[s][:, b + 1]).all()):
-            outcome.skipped_blocks.append(b)  # without clipping there is no step-wide check
-            self.state.restore_upload(b)
-            return
-        landed = None if self.state.sums_on_host else self._landed(task)
-        self.state.step(b, lr, coef, landed)
-
-    def collect_gpu_skips(self) -> None:
-        """After a segment: record GPU-updated blocks whose update the GPU skipped."""
-        for (s, b), found_inf in self.gpu_blocks.found_inf.items():
-            if float(found_inf) and not self.outcomes[s].skipped:
-                self.outcomes[s].skipped_blocks.append(b)
-        self.gpu_blocks.found_inf.clear()
-
-    # --- the NVMe tier: each block's on-disk state around its optimizer step; checkpoints ------
-    def _do_read_state(self, task: Task) -> None:
-        self.state.nvme.read(task.block, task.slot)
-
-    def _do_write_state(self, task: Task) -> None:
-        self.state.nvme.write(task.block, task.slot)
-
-    def _do_read_weights(self, task: Task) -> None:
-        self.state.nvme.read_weights(task.block, task.slot)
-
+    # --- the NVMe tier: activation checkpoints -----------------------------------------------
     def _do_read_activation(self, task: Task) -> None:
         # into pinned buffers the fetch copies to the GPU
         numel = self.train.tokens_per_micro_batch * self.spec.hidden_size

@@ -1,5 +1,7 @@
-"""Hardware as data: TOML hardware profiles (GPU, link, host, storage) in SI units, with sources."""
+"""Hardware as data: TOML hardware profiles (GPU, link, host, storage, and where a host holds
+several GPUs or meets others, their interconnect and network) in SI units, with sources."""
 
+from .fabric import InterconnectSpec, NetworkSpec
 from .loader import (
     ProfileError,
     builtin_card_names,
@@ -15,7 +17,9 @@ __all__ = [
     "GPUSpec",
     "HardwareProfile",
     "HostSpec",
+    "InterconnectSpec",
     "LinkSpec",
+    "NetworkSpec",
     "Price",
     "Prices",
     "ProfileError",

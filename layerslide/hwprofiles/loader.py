@@ -8,6 +8,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from .fabric import InterconnectSpec, NetworkSpec
 from .profile import (
     PRICE_BASES,
     PRICE_COMPONENTS,
@@ -79,6 +80,8 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
                                                    "seconds"),
             "reserve": ("reserve_bytes", "bytes"),
             "ram_max": ("ram_max_bytes", "bytes"),
+            "gpus": ("gpus", "count"),
+            "gpus_per_link": ("gpus_per_link", "count"),
         },
     ),
     "storage": (
@@ -93,7 +96,25 @@ PROFILE_FIELDS: dict[str, tuple[type, dict[str, tuple[str, str]]]] = {
             "drives_max": ("drives_max", "count"),
         },
     ),
+    "interconnect": (
+        InterconnectSpec,
+        {
+            "kind": ("kind", "text"),
+            "bandwidth": ("bandwidth_bytes_per_s", "bytes/s"),
+            "latency": ("latency_s", "seconds"),
+        },
+    ),
+    "network": (
+        NetworkSpec,
+        {
+            "bandwidth": ("bandwidth_bytes_per_s", "bytes/s"),
+            "latency": ("latency_s", "seconds"),
+            "nics": ("nics", "count"),
+        },
+    ),
 }
+# Tables a profile may leave out: a host of one GPU has no interconnect, one host no network.
+OPTIONAL_SECTIONS = {"interconnect", "network"}
 # Fields a profile may leave out; the dataclass default stands, with no source.
 OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drives",
                    "gpu.busy_speedup",
@@ -101,7 +122,9 @@ OPTIONAL_FIELDS = {"storage.duplex", "storage.duplex_read_share", "storage.drive
                    "host.dispatch_cores", "host.reserve", "host.adamw_bf16_throughput",
                    "host.adamw_int8_throughput", "host.adamw_call_overhead", "host.ram_max",
                    "host.kernel_launch_beside_kernels", "host.kernel_launch_beside_niced_kernels",
-                   "storage.drives_max"}
+                   "storage.drives_max", "host.gpus", "host.gpus_per_link",
+                   "interconnect.bandwidth", "interconnect.latency", "network.latency",
+                   "network.nics"}
 # Fields that may be 0 (every other number must be > 0): a copy that takes nothing of the
 # host memory the CPU uses
 ZERO_ALLOWED_FIELDS = {"host.dma_read_cost", "host.dma_write_cost", "host.adamw_call_overhead"}
@@ -109,7 +132,7 @@ _TOP_LEVEL = ("name", "description", *PROFILE_FIELDS, "price")
 _CARD_TOP_LEVEL = ("description", "gpu", "link", "price")
 # Byte counts and core counts are whole numbers inside; everything else stays a float.
 INTEGER_ATTRS = {"memory_bytes", "ram_bytes", "capacity_bytes", "cores", "drives",
-                 "reserve_bytes", "ram_max_bytes", "drives_max"}
+                 "reserve_bytes", "ram_max_bytes", "drives_max", "gpus", "gpus_per_link", "nics"}
 _PRICE_KEYS = ("value", "unit", "basis", "date", "source")
 
 
@@ -236,10 +259,12 @@ def _with_card(data: dict[str, Any], card: Any, *, file: str, field: str) -> dic
 
 def _build(data: dict[str, Any], *, file: str, path: str,
            strict: bool = False) -> HardwareProfile:
-    _check_keys(data, _TOP_LEVEL, file=file, prefix="", optional={"price"})
+    _check_keys(data, _TOP_LEVEL, file=file, prefix="", optional={"price", *OPTIONAL_SECTIONS})
     sources: dict[str, str] = {}
     parts: dict[str, Any] = {}
     for section, (cls, fields) in PROFILE_FIELDS.items():
+        if section not in data:  # an optional table left out
+            continue
         table = data[section]
         if not isinstance(table, dict):
             raise ProfileError(file, section, f"must be a table ([{section}]), got {_type(table)}")
@@ -278,14 +303,13 @@ def _build(data: dict[str, Any], *, file: str, path: str,
                 raise ProfileError(file, f"{dotted}.source",
                                    f"must start with what it is, one of {', '.join(SOURCE_KINDS)}"
                                    f" (got {source[:40]!r})")
-    return HardwareProfile(
-        name=_text(data["name"], file=file, field="name"),
-        description=_text(data["description"], file=file, field="description"),
-        sources=sources,
-        path=path,
-        prices=_prices(data.get("price", {}), file=file),
-        **parts,
-    )
+    named = {"name": _text(data["name"], file=file, field="name"),
+             "description": _text(data["description"], file=file, field="description"),
+             "prices": _prices(data.get("price", {}), file=file)}
+    try:
+        return HardwareProfile(sources=sources, path=path, **named, **parts)
+    except ValueError as e:  # the whole profile's checks (a host of several GPUs)
+        raise ProfileError(file, "", str(e)) from e
 
 
 def _prices(table: Any, *, file: str) -> Prices:

@@ -10,6 +10,8 @@ from itertools import pairwise
 from types import MappingProxyType
 from typing import Any
 
+from .fabric import ASSUMED_NETWORK, InterconnectSpec, NetworkSpec
+
 # The dotted TOML field each override changes; sources use the same keys as the files.
 _OVERRIDE_FIELDS = {
     "gpu_memory_bytes": ("gpu", "memory_bytes", "gpu.memory"),
@@ -152,6 +154,11 @@ class HostSpec:
     # The most RAM the platform takes (its slots times the largest module at the rated speed);
     # None: no limit known. A variant with more RAM than this is refused.
     ram_max_bytes: int | None = None
+    # GPUs the host holds, one rank each: they share its cores, memory bandwidth, RAM and drives
+    gpus: int = 1
+    # GPUs behind one [link]: 1, each has the link's rates to itself; 2, a pair splits them
+    # while both copy (a consumer board's x16 split x8/x8, or a PCIe switch's one uplink)
+    gpus_per_link: int = 1
 
     @property
     def usable_ram_bytes(self) -> int:
@@ -161,6 +168,9 @@ class HostSpec:
         if self.ram_max_bytes is not None and self.ram_bytes > self.ram_max_bytes:
             raise ValueError(f"host ram {self.ram_bytes / 2**30:g} GiB is more than this platform "
                              f"takes (ram_max {self.ram_max_bytes / 2**30:g} GiB)")
+        if not 1 <= self.gpus_per_link <= self.gpus:
+            raise ValueError(f"host gpus_per_link must lie in 1..gpus={self.gpus}, got "
+                             f"{self.gpus_per_link}: how many of the host's GPUs share a link")
         if not 0 < self.dispatch_cores <= self.cores:
             raise ValueError(f"host dispatch_cores must lie in (0, cores={self.cores}], got "
                              f"{self.dispatch_cores}: the cores a thread launching kernels "
@@ -291,8 +301,13 @@ class HardwareProfile:
     sources: Mapping[str, str] = field(hash=False)
     path: str | None = None
     prices: Prices = field(default_factory=Prices)
+    interconnect: InterconnectSpec | None = None  # between the host's GPUs; None: one GPU
+    network: NetworkSpec | None = None  # between hosts; None: one host
 
     def __post_init__(self) -> None:
+        if self.host.gpus > 1 and self.interconnect is None:
+            raise ValueError(f"a host of {self.host.gpus} GPUs needs an [interconnect]: how its "
+                             "GPUs exchange (kind nvlink, pcie_p2p or host)")
         # Freeze the mapping so a shared profile cannot be edited behind its users' backs.
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
@@ -335,6 +350,29 @@ class HardwareProfile:
             sources[key] = "override"
         return dataclasses.replace(self, **parts, sources=sources)
 
+    def with_ranks(self, gpus: int, hosts: int) -> tuple[HardwareProfile, list[str]]:
+        """A copy that holds `gpus` of its GPU per host and reaches `hosts` hosts, and what it
+        assumed to: where the profile has no interconnect, no peer-to-peer (collectives through
+        host memory, the slowest way); where it has no network, ASSUMED_NETWORK. The profile
+        itself, and nothing assumed, where it holds them already. For a run's prediction on a
+        machine its profile describes only in part; `simulate` refuses such a plan instead."""
+        assumed, profile = [], self
+        if gpus > self.host.gpus:
+            interconnect = self.interconnect
+            if interconnect is None:
+                interconnect = InterconnectSpec(kind="host")
+                assumed.append("no peer-to-peer between its GPUs (collectives through host "
+                               "memory)")
+            host = dataclasses.replace(self.host, gpus=gpus, gpus_per_link=1)
+            sources = {**self.sources, "host.gpus": "override: the run's ranks per host"}
+            profile = dataclasses.replace(profile, host=host, interconnect=interconnect,
+                                          sources=sources)
+        if hosts > 1 and self.network is None:
+            assumed.append(f"a {ASSUMED_NETWORK.bandwidth_bytes_per_s * 8 / 1e9:.0f} Gbit/s "
+                           "network between hosts")
+            profile = dataclasses.replace(profile, network=ASSUMED_NETWORK)
+        return profile, assumed
+
     def with_adamw_rate(self, params_per_s: float, source: str) -> HardwareProfile:
         """A copy whose CPU AdamW runs at params_per_s, and with it the host memory's capacity
         (calibrate keeps that as a ratio to AdamW's rate: calibrate.sharing) and the compact
@@ -361,12 +399,13 @@ class HardwareProfile:
         return dataclasses.replace(self, host=host, sources=sources)
 
     def cost_breakdown(self) -> dict[str, float] | None:
-        """What each part of this machine costs (GPU, platform, its RAM at the price per GB, its
-        drives at the price per drive), or None where a price is missing."""
+        """What each part of this machine costs (its GPUs at the price per GPU, platform, its RAM
+        at the price per GB, its drives at the price per drive), or None where a price is
+        missing."""
         pr = self.prices
         if None in (pr.gpu, pr.platform, pr.ram_per_gb, pr.drive):
             return None
-        return {"gpu": pr.gpu.value, "platform": pr.platform.value,
+        return {"gpu": pr.gpu.value * self.host.gpus, "platform": pr.platform.value,
                 "ram": pr.ram_per_gb.value * self.host.ram_bytes / 2**30,
                 "drives": pr.drive.value * self.storage.drives}
 
@@ -389,8 +428,14 @@ class HardwareProfile:
             "storage": dataclasses.asdict(self.storage),
             "sources": dict(self.sources),
             "prices": {k: dataclasses.asdict(v) for k, v in self.prices.given().items()},
+            "interconnect": _asdict_or_none(self.interconnect),
+            "network": _asdict_or_none(self.network),
             "cost": self.cost(),
         }
+
+
+def _asdict_or_none(spec) -> dict | None:
+    return None if spec is None else dataclasses.asdict(spec)
 
 
 def _rebuild_profile(values: dict) -> HardwareProfile:

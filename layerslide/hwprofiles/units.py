@@ -27,6 +27,7 @@ UNITS_BY_KIND: dict[str, dict[str, float]] = {
         "KiB/s": 2.0**10,
         "MiB/s": 2.0**20,
         "GiB/s": 2.0**30,
+        "Gbit/s": 1e9 / 8,  # network cards are rated in bits
     },
     "FLOP/s": {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15},
     "params/s": {"param/s": 1.0, "Mparam/s": 1e6, "Gparam/s": 1e9},

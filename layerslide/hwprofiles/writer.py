@@ -23,8 +23,11 @@ def _string(text: str) -> str:
 def to_toml(profile: HardwareProfile) -> str:
     lines = [f"name = {_string(profile.name)}", f"description = {_string(profile.description)}"]
     parts = {"gpu": profile.gpu, "link": profile.link, "host": profile.host,
-             "storage": profile.storage}
+             "storage": profile.storage, "interconnect": profile.interconnect,
+             "network": profile.network}
     for section, (_, fields) in PROFILE_FIELDS.items():
+        if parts[section] is None:  # an optional table the profile has not
+            continue
         lines += ["", f"[{section}]"]
         tables = []
         for key, (attr, kind) in fields.items():

@@ -61,6 +61,7 @@ from layerslide.planner.settings import (
     sums_grads_on_host,
     sweep_group_sizes,
 )
+from layerslide.planner.sharding import Shards
 
 K = TaskKind
 
@@ -74,6 +75,10 @@ def build_plan(model: ModelSpec, train: TrainSpec, policy: Policy, *,
     if train.seq_len > model.max_position_embeddings:
         raise ValueError(f"seq_len={train.seq_len} exceeds {model.name}'s "
                          f"max_position_embeddings={model.max_position_embeddings}")
+    if train.ranks > 1 and policy.residency.gpu_updated_blocks:
+        raise ValueError(f"gpu_updated_blocks={policy.residency.gpu_updated_blocks} with "
+                         f"{train.ranks} ranks: blocks updated on the GPU are planned for one "
+                         "rank only; set gpu_updated_blocks=0")
     return _Builder(model, train, policy, num_steps).build()
 
 
@@ -182,10 +187,13 @@ class _Builder:
         # live on NVMe (GPU-updated blocks keep theirs whole); 8-bit moments cut at scale blocks
         where = policy.residency
         self.moments = where.moment_precision
+        # a host's ranks each own a slice of every block's host state (planner/sharding.py)
+        self.shards = {b: Shards(model.block_params(b), train.gpus)
+                       for b in (EMBEDDING, *range(self.L), self.L)}
 
         def cut(b: int, fraction: float) -> int:
-            return 0 if b in self.gpu_updated else disk_cut(self.params(b), fraction,
-                                                             self.moments)
+            return 0 if b in self.gpu_updated else disk_cut(self.host_params(b), fraction,
+                                                            self.moments)
 
         self.disk = {b: (cut(b, where.master_on_nvme), cut(b, where.moments_on_nvme))
                      for b in (EMBEDDING, *range(self.L), self.L)}
@@ -240,6 +248,14 @@ class _Builder:
 
     def params(self, block: int) -> int:
         return self.model.block_params(block)
+
+    def host_params(self, block: int) -> int:
+        """Elements of the block's host state this rank owns: its slice (all of it alone)."""
+        return self.shards[block].slice_numel
+
+    def gpu_params(self, block: int) -> int:
+        """Elements of the block's flat GPU weights: its slices together."""
+        return self.shards[block].padded_numel
 
     def blk(self, block: int) -> str:
         return block_name(block, self.L)
@@ -312,11 +328,11 @@ class _Builder:
             self.update_task(consumer, unit=unit)
         depth = self.policy.schedule.prefetch_depth
         if slot.content != (block, step):
-            p = self.params(block)
-            wire_bytes = (FP32_BYTES if self.policy.schedule.cast == "gpu" else BF16_BYTES) * p
+            p = self.host_params(block)
+            wire = FP32_BYTES if self.policy.schedule.cast == "gpu" else BF16_BYTES
             for_kind = self.task_of(consumer).kind
             load = self.add(kind=K.LOAD_WEIGHTS, lane=Lane.H2D, block=block, step=step,
-                            micro_batch=micro, for_kind=for_kind, bytes=wire_bytes, params=p,
+                            micro_batch=micro, for_kind=for_kind, bytes=wire * p, params=p,
                             unit=unit, key=(pos, 0))
             self.edge(slot.last_use, load, "unit_reuse")
             if block not in self.resident:
@@ -335,12 +351,25 @@ class _Builder:
             if self.disk_weights[block]:
                 self.read_weights(load, pos, depth)
             if self.policy.schedule.cast == "gpu":  # the consumer first casts the fp32 it was sent
-                task = self.task_of(consumer)
-                self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * p,
+                task, gp = self.task_of(consumer), self.gpu_params(block)
+                self.update_task(consumer, bytes=task.bytes + (FP32_BYTES + BF16_BYTES) * gp,
                                  host_ops=task.host_ops + 1, casts_weights=True)
-            self.edge(load, consumer, "weights")
+            self.edge(self.gather(load, wire, pos), consumer, "weights")
             slot.content = (block, step)
         slot.last_use, slot.last_pos = consumer, pos
+
+    def gather(self, load: str, wire_bytes: int, pos: int) -> str:
+        """The other ranks' slices of what `load` sent, all-gathered into its unit: the task
+        after which the unit holds the whole block (the load itself on one rank)."""
+        if self.train.gpus == 1:
+            return load
+        task = self.task_of(load)
+        gather = self.add(kind=K.GATHER_WEIGHTS, lane=Lane.GATHER, block=task.block,
+                          step=task.step, micro_batch=task.micro_batch, for_kind=task.for_kind,
+                          bytes=wire_bytes * self.gpu_params(task.block), unit=task.unit,
+                          comm_group="host", key=(pos, 0))
+        self.edge(load, gather, "data")
+        return gather
 
     def read_weights(self, load: str, pos: int, depth: int) -> None:
         """Before a load, read the block's bf16 weights on NVMe (those its last update wrote)
@@ -557,9 +586,10 @@ class _Builder:
         landing = len(self.host_grad_consumers) % self.host_grad_pool
         landing = landing if self.grad_landing == "pool" else NO_SLOT
         self.landing_slots[(s, m, block)] = landing
+        hp = self.host_params(block)
         off = self.add(kind=K.OFFLOAD_GRADS, lane=Lane.D2H, block=block, step=s, micro_batch=m,
-                       bytes=BF16_BYTES * p, params=p, slot=landing, key=(pos, 1))
-        self.edge(producer, off, "data")
+                       bytes=BF16_BYTES * hp, params=hp, slot=landing, key=(pos, 1))
+        self.edge(self.reduce_grads(s, m, block, producer, off), off, "data")
         if self.sweep_size > 1:  # the sum rounded to bf16 by the sweep's last task, to offload:
             # made once its scratch (autograd's grads, the workspace) is gone, beside the fp32
             # sum (an input, or scratch outliving the outputs: simulator.memory; allocator
@@ -601,8 +631,8 @@ class _Builder:
             consumer = self.tid(K.OPTIMIZER_STEP, block, s)
         else:
             consumer = self.add(kind=K.ACCUMULATE_GRADS, lane=Lane.CPU, block=block, step=s,
-                                micro_batch=m, bytes=sizes.ACCUMULATE_BYTES_PER_PARAM * p,
-                                params=p, slot=landing, key=(pos, 2))
+                                micro_batch=m, bytes=sizes.ACCUMULATE_BYTES_PER_PARAM * hp,
+                                params=hp, slot=landing, key=(pos, 2))
             self.edge(off, consumer, "data")
             if m > 0:
                 self.edge(self.tid(K.ACCUMULATE_GRADS, block, s, m - 1), consumer, "data")
@@ -611,6 +641,26 @@ class _Builder:
         if len(self.host_grad_consumers) >= self.host_grad_pool:
             self.edge(self.host_grad_consumers[-self.host_grad_pool], off, "unit_reuse")
         self.host_grad_consumers.append(consumer)
+
+    def reduce_grads(self, s: int, m: int, block: int, producer: str, off: str) -> str:
+        """The block's bf16 grads that `producer` made, summed over the ranks into this rank's
+        slice (reduce-scattered over the host's ranks, then all-reduced with the same slice's
+        owners on the other hosts): the task after which `off` may copy the slice down."""
+        pos, ready = self.grad_pos(s, m, block), producer
+        common = {"block": block, "step": s, "micro_batch": m, "params": self.host_params(block)}
+        if self.train.gpus > 1:
+            ready = self.add(kind=K.REDUCE_GRADS, lane=Lane.REDUCE, **common,
+                             bytes=BF16_BYTES * self.gpu_params(block), comm_group="host",
+                             key=(pos, 0))
+            self.edge(producer, ready, "data")
+            self.buffer(ready, "reduced", "gpu", BF16_BYTES * self.host_params(block), (off,))
+        if self.train.hosts > 1:
+            peers = self.add(kind=K.ALL_REDUCE_GRADS, lane=Lane.REDUCE, **common,
+                             bytes=BF16_BYTES * self.host_params(block), comm_group="peers",
+                             key=(pos, 1))
+            self.edge(ready, peers, "data")
+            ready = peers
+        return ready
 
     def sum_maker(self, s: int, m: int, block: int, producer: str) -> str:
         """The task that makes the sweep's fp32 grad sum of the block: its first micro-batch's
@@ -692,6 +742,12 @@ class _Builder:
                             key=(self.pos(s, last, "bwd", EMBEDDING), 3))
             for t in final_grad.values():
                 self.edge(t, norm, "clip")
+            if self.train.gpus > 1:  # each rank's norm covers its slices: sum the squares
+                total = self.add(kind=K.REDUCE_NORM, lane=Lane.REDUCE, block=L, step=s,
+                                 bytes=FP32_BYTES, comm_group="host",
+                                 key=(self.pos(s, last, "bwd", EMBEDDING), 3))
+                self.edge(norm, total, "data")
+                norm = total
 
         def arrival_key(b: int) -> tuple[int, int]:
             return (self.grad_pos(s, last, b), 4)
@@ -713,7 +769,7 @@ class _Builder:
         io_key = opt_key if norm is not None else arrival_key
         cpu_blocks = [b for b in self.blocks_in_arrival_order() if b not in self.gpu_updated]
         for b in sorted(cpu_blocks, key=io_key):
-            p = self.params(b)
+            p = self.host_params(b)
             extra = sizes.cpu_optimizer_extra_bytes_per_param(
                 pol.kernels.cpu_optimizer, not self.host_sums, pol.optimizer_casts, self.moments)
             opt = self.add(kind=K.OPTIMIZER_STEP, lane=Lane.CPU, block=b, step=s, params=p,
@@ -745,7 +801,7 @@ class _Builder:
         it back after, with the new bf16 weights the step wrote beside it where some of those
         live on NVMe; a read waits for the write nvme_prefetch reads back, whose slot it takes
         (a block with only weights there reads nothing: its read takes the slot)."""
-        pol, p = self.policy, self.params(b)
+        pol, p = self.policy, self.host_params(b)
         reuse = (self.state_chain[-pol.schedule.nvme_prefetch][1]
                  if len(self.state_chain) >= pol.schedule.nvme_prefetch else None)
         slot = self.state_slots[reuse] if reuse else len(self.state_slots)
@@ -768,10 +824,11 @@ class _Builder:
         model = self.model
         # what the placement records (policy_placement), and the executor allocates by
         placed = policy_placement(self.policy, self.train)
-        on_gpu = sum(self.params(b) for b in self.gpu_updated)
-        n = model.total_params - on_gpu  # parameters whose state lives on the host
+        # this rank's slice of each block's host state (the whole block on one rank)
+        host_owned = {b: self.host_params(b) for b in self.disk}
+        n = sum(p for b, p in host_owned.items() if b not in self.gpu_updated)
         sent_fp32 = placed["load_source"] == "master"  # fp32 arrives in a unit, then is cast
-        unit = (BF16_BYTES + (FP32_BYTES if sent_fp32 else 0)) * model.layer_params
+        unit = (BF16_BYTES + (FP32_BYTES if sent_fp32 else 0)) * self.gpu_params(0)
         self.buffer(None, runtime_buffer_id("gpu"), "gpu", sizes.GPU_RUNTIME_BYTES)
         self.buffer(None, GPU_WEIGHT_UNITS, "gpu", len(self.slots) * unit)
         updated_layers = sum(1 for b in self.gpu_updated if 0 <= b < self.L)
@@ -782,7 +839,7 @@ class _Builder:
         for b in (EMBEDDING, self.L):
             updated_here = b in self.gpu_updated  # no landing, fp32 grads in its state
             self.buffer(None, block_weights_buffer_id(b, self.L), "gpu",
-                        (BF16_BYTES + (0 if updated_here else landing)) * self.params(b))
+                        (BF16_BYTES + (0 if updated_here else landing)) * self.gpu_params(b))
         self.buffer(None, GPU_UPDATED_STATE, "gpu",
                     sum(2 * FP32_BYTES * self.params(b) + moments_nbytes(self.params(b),
                                                                          self.moments)
@@ -792,7 +849,7 @@ class _Builder:
         # initialisation, loading and checkpoints (the GPU holds the live copy)
         master_disk = sum(m for m, _ in self.disk.values())
         self.buffer(None, HOST_MASTER, "host",
-                    sizes.MASTER_BYTES_PER_PARAM * (model.total_params - master_disk))
+                    sizes.MASTER_BYTES_PER_PARAM * (sum(host_owned.values()) - master_disk))
         if placed["checkpoint_tier"] == "host":
             # page-locked buffers, one per layer and micro-batch of a sweep, allocated at the
             # first offload and reused by every sweep and step after it (H200, 3B: RSS +5.1 GiB
@@ -800,7 +857,7 @@ class _Builder:
             self.buffer(None, HOST_CHECKPOINTS, "host",
                         self.L * self.sweep_size * sizes.hidden_bytes(model, self.tokens))
         self.buffer(None, HOST_MOMENTS, "host", sum(
-            moments_nbytes(self.params(b) - self.disk[b][1], self.moments)
+            moments_nbytes(host_owned[b] - self.disk[b][1], self.moments)
             for b in self.disk if b not in self.gpu_updated))
         weights_disk = sum(self.disk_weights.values())
         if placed["load_source"] == "upload":
@@ -813,9 +870,9 @@ class _Builder:
         if self.land_in_upload:
             landing = 0
         elif self.host_grad_pool < len(cpu_blocks):
-            landing = self.host_grad_pool * max(self.params(b) for b in cpu_blocks)
+            landing = self.host_grad_pool * max(host_owned[b] for b in cpu_blocks)
         else:
-            landing = sum(self.params(b) for b in cpu_blocks)
+            landing = sum(host_owned[b] for b in cpu_blocks)
         self.buffer(None, HOST_GRAD_LANDING, "host", BF16_BYTES * landing)
         if placed["grad_sums"] == "host":
             self.buffer(None, HOST_GRAD_ACCUM, "host", FP32_BYTES * n)

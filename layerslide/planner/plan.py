@@ -50,6 +50,10 @@ LoadSource = Literal["upload", "staging", "master"]
 # where a CPU-updated block's grads of a step's micro-batches are summed in fp32
 # (Placement.grad_sums): nowhere (one micro-batch a step), on the host, or on the GPU
 GradSums = Literal["none", "host", "gpu"]
+# which ranks a collective spans (Task.comm_group): a host's ranks (its GPU interconnect), one
+# rank per host of the same local rank (the network), or every rank
+CommGroup = Literal["host", "peers", "world"]
+COMM_GROUPS = get_args(CommGroup)
 DEDICATED = -1  # Task.unit of a block with a GPU unit of its own (it never slides)
 NO_SLOT = -1
 
@@ -126,6 +130,7 @@ class Task:
     # optimizer_step: the precision of the AdamW moments it reads and writes (the CPU kernel's
     # speed depends on it beyond its bytes)
     moment_precision: str = ""
+    comm_group: str = ""  # a collective's ranks (CommGroup); "" for every other task
     # (GPU position it serves, tie-break): a lane's order is its tasks by (priority, step)
     priority: tuple[int, int] = (0, 0)
 
@@ -163,6 +168,10 @@ class Placement:
     grad_sums: GradSums
     checkpoint_tier: ActivationPlacement  # where checkpoints wait for their backward
     moment_precision: MomentPrecision  # of every block's AdamW m and v, wherever they live
+    # ranks per host, sharing its one copy of every block's host state (planner.sharding), and
+    # hosts, each holding a copy
+    gpus: int = 1
+    hosts: int = 1
 
     def __post_init__(self) -> None:
         for name, kind in (("grad_landing", GradLanding), ("load_source", LoadSource),
@@ -207,7 +216,8 @@ def policy_placement(policy: Policy, train: TrainSpec) -> dict:
             "optimizer_writes_upload": policy.optimizer_casts,
             "grad_sums": "host" if sums_on_host else "gpu" if train.grad_accum > 1 else "none",
             "checkpoint_tier": policy.residency.activations,
-            "moment_precision": policy.residency.moment_precision}
+            "moment_precision": policy.residency.moment_precision,
+            "gpus": train.gpus, "hosts": train.hosts}
 
 
 _LOAD_SOURCES: dict[str, LoadSource] = {"cpu_once": "upload", "cpu_per_load": "staging",

@@ -103,9 +103,15 @@ class TrainSpec:
     # every optimizer step of a step wait for all gradients to land.
     max_grad_norm: float | None = setting(
         None, "global gradient-norm clipping threshold (off by default)")
+    # Data-parallel ranks: every rank runs the same plan on its own micro-batches; a host's
+    # ranks shard its one copy of the state between them (planner/sharding.py), and each host
+    # holds a copy. micro_batch and grad_accum stay per rank.
+    gpus: int = setting(1, "GPUs per host, one rank each; they share the host's one copy of "
+                           "the optimizer state")
+    hosts: int = setting(1, "hosts, each with gpus ranks and a copy of the optimizer state")
 
     def __post_init__(self) -> None:
-        _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum")
+        _positive("TrainSpec", self, "micro_batch", "seq_len", "grad_accum", "gpus", "hosts")
         if self.max_grad_norm is not None and not 0 < self.max_grad_norm < math.inf:
             _fail("TrainSpec", "max_grad_norm", self.max_grad_norm,
                   "must be a finite threshold > 0, or None (off)")
@@ -116,7 +122,17 @@ class TrainSpec:
 
     @property
     def tokens_per_step(self) -> int:
+        """One rank's tokens of a step."""
         return self.tokens_per_micro_batch * self.grad_accum
+
+    @property
+    def ranks(self) -> int:
+        return self.gpus * self.hosts
+
+    @property
+    def global_tokens_per_step(self) -> int:
+        """Every rank's tokens of a step: what one optimizer step learns from."""
+        return self.tokens_per_step * self.ranks
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,7 @@
 """Cost model: how long a task takes alone on a hardware profile, and which shared resources
-(host memory bandwidth, the CPU's cores, the PCIe link, the NVMe device) it draws on while it
-runs.
+(host memory bandwidth, the CPU's cores, the PCIe link, the NVMe device, the GPU interconnect,
+the network) it draws on while it runs. A plan of several ranks per host is costed as one rank
+on its share of the host (simulator/ranks.py).
 
 The one place the simulator gets durations from. It reads a Task's amounts (FLOPs, bytes,
 params, tokens, host ops) and the profile; it knows nothing about how the plan was built.
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.kinds import Lane, TaskKind
 from layerslide.planner.plan import Task
+from layerslide.simulator.collectives import group_ranks, ring_traffic
+from layerslide.simulator.ranks import check_ranks, rank_share
 
 # Shared resources and what their capacity is in the profile.
 HOST_MEMORY = "host_memory"  # bytes/s, host.memory_bytes_per_s
@@ -25,6 +28,12 @@ NVME = "nvme"  # fraction of the device's time (reads and writes take turns, or 
 # (benchmarks/results/archive/adamw_blocks_2026-11-30), the chunks of a call waiting on the thread
 # that shares its core.
 HOST_CORES = "host_cores"
+# bytes/s one way of the rank's GPU interconnect (interconnect.bandwidth; not for kind "host",
+# whose collectives take PCIE and HOST_MEMORY like the copies), and of its share of the host's
+# network cards (network.bandwidth x nics / ranks of the host): the gather and reduce lanes'
+# collectives run at once on them
+INTERCONNECT = "interconnect"
+NETWORK = "network"
 
 # A weight that water-filling always satisfies in full (a dispatch taking every core, unslowed).
 UNSLOWED_SHARE = 1e6
@@ -53,15 +62,20 @@ class CostModel:
     """Durations and resource draws of plan tasks on one hardware profile."""
 
     def __init__(self, profile: HardwareProfile, *, gpu_speedup: float = 1.0,
-                 lanes_first: bool = False):
+                 lanes_first: bool = False, gpus: int = 1, hosts: int = 1):
         """gpu_speedup: how much faster than the profile's efficiency tables the GPU computes
         (at the busy fraction the simulator found: GPUSpec.speedup_at_busy); lanes_first: the
         plan's CPU kernels run niced (ExecutorKnobs.lanes_first), its launches beside them
-        priced at host.kernel_launch_beside_niced_kernels where the profile has it."""
+        priced at host.kernel_launch_beside_niced_kernels where the profile has it; gpus and
+        hosts: the plan's ranks per host and hosts (Placement.gpus, .hosts), costed as one
+        rank on its share of the host (ranks.rank_share)."""
         if not gpu_speedup > 0:
             raise ValueError(f"gpu_speedup must be > 0, got {gpu_speedup}")
-        self.profile = profile
-        self.storage = profile.storage.striped()  # the drives as one: the tier stripes evenly
+        check_ranks(profile, gpus, hosts)
+        self.gpus, self.hosts = gpus, hosts
+        self.profile = rank_share(profile, gpus)
+        # the drives as one (the tier stripes evenly), at this rank's share
+        self.storage = self.profile.storage.striped()
         self.gpu_speedup = gpu_speedup
         self.lanes_first = lanes_first
         self._efficiency_cache: dict[int, float] = {}
@@ -89,8 +103,13 @@ class CostModel:
 
     def capacities(self) -> dict[str, float]:
         p = self.profile
-        return {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s, NVME: 1.0,
-                HOST_CORES: float(p.host.cores)}
+        out = {HOST_MEMORY: p.host.memory_bytes_per_s, PCIE: p.link.duplex_bytes_per_s,
+               NVME: 1.0, HOST_CORES: float(p.host.cores)}
+        if p.interconnect is not None and p.interconnect.kind != "host":
+            out[INTERCONNECT] = p.interconnect.bandwidth_bytes_per_s
+        if p.network is not None:
+            out[NETWORK] = p.network.host_bytes_per_s / self.gpus
+        return out
 
     def mixed_capacities(self) -> dict[str, float]:
         """Capacities while reads and writes run on the disk at once (one flow each way: each
@@ -233,11 +252,59 @@ class CostModel:
         return self._disk(t, self.storage.write_bytes_per_s, "write",
                           self.profile.host.dma_read_cost)
 
+    # --- collectives between ranks: a ring over the group's link ------------------------------
+    def _collective(self, t: Task) -> Cost:
+        """A ring collective: its steps' latency plus the bytes each rank sends at the link's
+        rate, drawing on the link's resources at their average over that time."""
+        sent, steps = ring_traffic(t.kind, t.bytes, group_ranks(t.comm_group, self.gpus,
+                                                                 self.hosts))
+        if not steps:
+            return Cost(solo_s=0.0)
+        crosses_hosts = t.comm_group == "peers" or (t.comm_group == "world" and self.hosts > 1)
+        rate, latency_s, per_byte = (self._network_path() if crosses_hosts
+                                     else self._interconnect_path())
+        solo = steps * latency_s + sent / rate
+        flow = sent / solo
+        return Cost(solo_s=solo, uses=tuple((r, flow * k) for r, k in per_byte),
+                    share=self.profile.host.dma_share if PCIE in dict(per_byte) else 1.0)
+
+    def _interconnect_path(self) -> tuple[float, float, tuple[tuple[str, float], ...]]:
+        """(rate, step latency, resource units per byte sent) between a host's GPUs."""
+        ic = self.profile.interconnect
+        if ic.kind == "host":
+            return self._staged(ic.bandwidth_bytes_per_s, ic.latency_s)
+        if ic.kind == "pcie_p2p":  # each byte leaves over one GPU's link, arrives over another's
+            link = self.profile.link
+            rate = min(ic.bandwidth_bytes_per_s, link.h2d_bytes_per_s, link.d2h_bytes_per_s)
+            return rate, ic.latency_s, ((INTERCONNECT, 1.0), (PCIE, 2.0))
+        return ic.bandwidth_bytes_per_s, ic.latency_s, ((INTERCONNECT, 1.0),)
+
+    def _network_path(self) -> tuple[float, float, tuple[tuple[str, float], ...]]:
+        """Between hosts: the rank's share of its host's network cards. GPUs without
+        peer-to-peer have no GPUDirect RDMA either: their bytes pass through host memory."""
+        net = self.profile.network
+        rate = net.host_bytes_per_s / self.gpus
+        ic = self.profile.interconnect
+        if ic is not None and ic.kind == "host":
+            staged, _, per_byte = self._staged(rate, net.latency_s)
+            return staged, net.latency_s, ((NETWORK, 1.0), *per_byte)
+        return rate, net.latency_s, ((NETWORK, 1.0),)
+
+    def _staged(self, cap: float | None,
+                latency_s: float) -> tuple[float, float, tuple[tuple[str, float], ...]]:
+        """Through host memory: each byte sent goes down the GPU's link (a D2H writing host
+        memory) and each received comes up it (an H2D reading host memory), both at once."""
+        link, host = self.profile.link, self.profile.host
+        rate = min(link.h2d_bytes_per_s, link.d2h_bytes_per_s, link.duplex_bytes_per_s / 2)
+        rate = rate if cap is None else min(rate, cap)
+        return rate, latency_s, ((PCIE, 2.0),
+                                 (HOST_MEMORY, host.dma_read_cost + host.dma_write_cost))
+
 
 def shape_of(task: Task) -> tuple:
     """What a task's cost depends on: its kind, lane and amounts (not its id, block or step)."""
     return (task.kind, task.lane, task.flops, task.attention_flops, task.bytes, task.params,
-            task.tokens, task.host_ops, task.moment_precision)
+            task.tokens, task.host_ops, task.moment_precision, task.comm_group)
 
 
 # The rule of each kind. Copies and disk I/O are costed as the transfer they are (their lane's
@@ -254,4 +321,6 @@ RULES: dict[TaskKind, Callable[[CostModel, Task], Cost]] = {
     TaskKind.READ_STATE: CostModel._nvme_read, TaskKind.READ_ACTIVATION: CostModel._nvme_read,
     TaskKind.READ_WEIGHTS: CostModel._nvme_read,
     TaskKind.WRITE_STATE: CostModel._nvme_write, TaskKind.WRITE_ACTIVATION: CostModel._nvme_write,
+    TaskKind.GATHER_WEIGHTS: CostModel._collective, TaskKind.REDUCE_GRADS: CostModel._collective,
+    TaskKind.ALL_REDUCE_GRADS: CostModel._collective, TaskKind.REDUCE_NORM: CostModel._collective,
 }

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner.plan import STEADY_STEPS, Buffer, Plan, runtime_buffer_id
+from layerslide.simulator.bounds import bound_of
 from layerslide.simulator.costmodel import HOST_CORES, CostModel, shape_of
 from layerslide.simulator.engine import run_plan
+from layerslide.simulator.ranks import check_ranks
 from layerslide.trace import TIERS, Trace
 
 GIB = 1024**3
@@ -28,21 +30,27 @@ class Overflow:
     need_bytes: int
     limit_bytes: int
     reserve_bytes: int = 0  # what the limit leaves the rest of the machine (the host's)
+    ranks: int = 1  # the host's ranks whose needs add up to need_bytes (host and NVMe tiers)
 
     def __str__(self) -> str:
         reserve = (f" (RAM less {self.reserve_bytes / GIB:.0f} GiB for the OS and the CUDA "
                    "driver)" if self.reserve_bytes else "")
-        return (f"{self.tier} needs {self.need_bytes / GIB:.1f} GiB "
+        each = (f" ({self.ranks} ranks x {self.need_bytes / self.ranks / GIB:.1f} GiB)"
+                if self.ranks > 1 else "")
+        return (f"{self.tier} needs {self.need_bytes / GIB:.1f} GiB{each} "
                 f"> limit {self.limit_bytes / GIB:.1f} GiB{reserve}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
     """Simulated outcome of a plan. When infeasible, `overflows` says which tier and by how much;
-    timing fields are None if the plan was rejected before simulating."""
+    timing fields are None if the plan was rejected before simulating. With several ranks it is
+    one rank's (its peaks, lanes and floors) on its share of the host, but for the step's tokens
+    and throughput, which are every rank's, and the limits, which are the host's (its RAM and
+    drives) and each GPU's."""
 
     label: str
-    tokens_per_step: int
+    tokens_per_step: int  # every rank's tokens of a step (TrainSpec.global_tokens_per_step)
     limits_bytes: dict[str, int]
     peak_bytes: dict[str, int]
     overflows: tuple[Overflow, ...] = ()
@@ -71,6 +79,27 @@ class Prediction:
     # how much faster than the profile's efficiency tables the GPU computed (GPUSpec.busy_speedup
     # at the busy fraction the simulation settled on; 1 without a table)
     gpu_speedup: float = 1.0
+    ranks_per_host: int = 1  # the plan's GPUs per host (Placement.gpus), one rank each
+    hosts: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.ranks_per_host * self.hosts
+
+    @property
+    def peak_bytes_per_host(self) -> dict[str, int]:
+        """Each tier's peak over a host's ranks together (the GPU tier: all its GPUs')."""
+        return {t: b * self.ranks_per_host for t, b in self.peak_bytes.items()}
+
+    @property
+    def bound(self) -> str | None:
+        """The resource whose floor is the largest share of the step (bounds.bound_of)."""
+        return bound_of(self.floors_s, self.step_s)[0]
+
+    @property
+    def bound_share(self) -> float | None:
+        """That floor over the step: near 1, the step runs as fast as its bound allows."""
+        return bound_of(self.floors_s, self.step_s)[1]
 
     @property
     def gpu_allocated_peak_bytes(self) -> int:
@@ -135,6 +164,9 @@ class Prediction:
             "gpu_runtime_bytes": self.gpu_runtime_bytes,
             "gpu_reserved_bytes": self.gpu_reserved_bytes if self.simulated else None,
             "gpu_need_bytes": self.gpu_need_bytes if self.simulated else None,
+            "ranks_per_host": self.ranks_per_host, "hosts": self.hosts,
+            **{f"peak_{t}_bytes_per_host": b for t, b in self.peak_bytes_per_host.items()},
+            "bound": self.bound, "bound_share_of_step": self.bound_share,
         }
 
 
@@ -158,27 +190,39 @@ def memory_limits(profile: HardwareProfile, gpu_memory_bytes: int | None = None)
 
 
 def static_rejection(buffers: Iterable[Buffer], tokens_per_step: int, profile: HardwareProfile,
-                     *, gpu_memory_bytes: int | None = None,
-                     label: str = "") -> Prediction | None:
+                     *, gpu_memory_bytes: int | None = None, label: str = "",
+                     ranks_per_host: int = 1, hosts: int = 1) -> Prediction | None:
     """The Prediction of a plan whose static buffers (`buffers`: its own, or
-    planner.build.static_buffers' without building it) already overflow a tier; None if
-    they fit."""
+    planner.build.static_buffers' without building it; one rank's of `ranks_per_host`)
+    already overflow a tier; None if they fit."""
     buffers = [b for b in buffers if b.is_static]
     limits = memory_limits(profile, gpu_memory_bytes)
     static = {t: sum(b.bytes for b in buffers if b.tier == t) for t in TIERS}
-    early = _overflows(static, limits, profile)
+    early = _overflows(static, limits, profile, ranks_per_host)
     if not early:
         return None
     runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
     return Prediction(label=label, tokens_per_step=tokens_per_step, limits_bytes=limits,
-                      peak_bytes=static, overflows=early, gpu_runtime_bytes=runtime)
+                      peak_bytes=static, overflows=early, gpu_runtime_bytes=runtime,
+                      ranks_per_host=ranks_per_host, hosts=hosts)
 
 
-def _overflows(need: dict[str, int], limits: dict[str, int],
-               profile: HardwareProfile) -> tuple[Overflow, ...]:
-    return tuple(Overflow(tier=t, need_bytes=need[t], limit_bytes=limits[t],
-                          reserve_bytes=profile.host.reserve_bytes if t == "host" else 0)
-                 for t in TIERS if need[t] > limits[t])
+# tiers a host's ranks share: their needs add up against the host's limit
+HOST_SHARED_TIERS = ("host", "nvme")
+
+
+def _overflows(need: dict[str, int], limits: dict[str, int], profile: HardwareProfile,
+               ranks_per_host: int = 1) -> tuple[Overflow, ...]:
+    """The tiers a rank's `need` overflows: each GPU alone, the host's RAM and drives with the
+    host's every rank's need together."""
+    out = []
+    for t in TIERS:
+        ranks = ranks_per_host if t in HOST_SHARED_TIERS else 1
+        if need[t] * ranks > limits[t]:
+            out.append(Overflow(tier=t, need_bytes=need[t] * ranks, limit_bytes=limits[t],
+                                reserve_bytes=profile.host.reserve_bytes if t == "host" else 0,
+                                ranks=ranks))
+    return tuple(out)
 
 
 def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, float]:
@@ -358,17 +402,22 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{STEADY_STEPS} so that the last one is a steady-state step "
                          "(the first starts with no optimizer work behind it)")
-    early = static_rejection(plan.buffers, plan.train.tokens_per_step, profile,
-                             gpu_memory_bytes=gpu_memory_bytes, label=label)
+    gpus, hosts = plan.placement.gpus, plan.placement.hosts
+    check_ranks(profile, gpus, hosts)
+    tokens = plan.train.global_tokens_per_step  # every rank's: they all step at once
+    early = static_rejection(plan.buffers, tokens, profile, gpu_memory_bytes=gpu_memory_bytes,
+                             label=label, ranks_per_host=gpus, hosts=hosts)
     if early is not None:
         return early
     limits = memory_limits(profile, gpu_memory_bytes)
-    tokens = plan.train.tokens_per_step
     settle_clock = settle_clock and profile.gpu.busy_speedup is not None
     lanes_first = plan.policy.executor.lanes_first
-    if costs is None or costs.lanes_first != lanes_first:  # the plan's own launch price
+    ranks = {"gpus": gpus, "hosts": hosts}
+    if costs is None or (costs.lanes_first, costs.gpus, costs.hosts) != (lanes_first, gpus,
+                                                                          hosts):
+        # the plan's own launch price and ranks
         costs = CostModel(profile, gpu_speedup=costs.gpu_speedup if costs else 1.0,
-                          lanes_first=lanes_first)
+                          lanes_first=lanes_first, **ranks)
     steady = memo.steady if memo is not None else _steady_step
     trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
                                  profile_name=profile.name)
@@ -384,7 +433,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         speedup = _clock_fixed_point(profile, gpu_tasks, _step_at(seen), costs.gpu_speedup)
         if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
             break
-        costs = CostModel(profile, gpu_speedup=speedup, lanes_first=lanes_first)
+        costs = CostModel(profile, gpu_speedup=speedup, lanes_first=lanes_first, **ranks)
         trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
                                      profile_name=profile.name)
         seen.append((speedup, step_s))
@@ -395,8 +444,10 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], reserves, plan.runtime_bytes("gpu"))}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
-        overflows=_overflows(need, limits, profile), step_s=step_s, tokens_per_s=tokens / step_s,
-        model_flops_per_s=flops_per_s, mfu=flops_per_s / profile.gpu.bf16_flops_per_s,
+        overflows=_overflows(need, limits, profile, gpus), step_s=step_s,
+        tokens_per_s=tokens / step_s, model_flops_per_s=flops_per_s,
+        mfu=flops_per_s / (profile.gpu.bf16_flops_per_s * gpus * hosts),
+        ranks_per_host=gpus, hosts=hosts,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
         gpu_pool_peak_bytes=pools, gpu_pool_reserved_bytes=reserves, gpu_speedup=costs.gpu_speedup,

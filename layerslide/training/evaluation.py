@@ -5,6 +5,9 @@ eval batches at once: each block's bf16 weights go to the GPU once per eval (cas
 master weights, or where the block is updated on the GPU, as they are there), the eval batches'
 hidden states stay on the GPU. It borrows the runner's first ring unit for the sliding layers:
 every segment loads the weights it computes with, so nothing the next step needs is lost.
+
+With several ranks each scores its share of the batches (every rank-th one) and the sums are
+added over the ranks; every rank takes part in each block's gather of the host's slices.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from layerslide.executor.blocks import EMBEDDING
@@ -38,6 +42,7 @@ def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
     dev = runner.device.device
     runner.device.synchronize()  # nothing of the last segment in flight
     start_s = time.perf_counter()
+    batches = batches[runner.ranks.rank::runner.ranks.world]
     with torch.no_grad(), torch.cuda.device(dev) if dev.type == "cuda" else nullcontext():
         attention = [runner.document_attention(b[2]) if len(b) > 2 else None for b in batches]
         embedding = _weights(runner, state, EMBEDDING)
@@ -48,7 +53,7 @@ def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
             hidden = [runner.call_layer(unit.module, x, context)
                       for x, context in zip(hidden, attention, strict=True)]
         head = runner.dedicated[runner.L]
-        head.flat.copy_(_weights(runner, state, runner.L))
+        _weights(runner, state, runner.L)
         if runner.blocks.tied:
             lm_weight = embedding.view(runner.spec.vocab_size, -1)
         else:
@@ -68,10 +73,20 @@ def evaluate(runner, state, batches: list[tuple[torch.Tensor, ...]], step: int,
                 correct += part_correct
             count += int((batch[1] != IGNORE_INDEX).sum())
     runner.device.synchronize()
+    loss, correct, count = _summed_over_ranks(runner.ranks, float(loss), int(correct), count)
     if count == 0:
         raise ValueError("the eval batches have no label to score")
-    return EvalResult(step=step, loss=float(loss) / count, accuracy=int(correct) / count,
+    return EvalResult(step=step, loss=loss / count, accuracy=correct / count,
                       tokens=count, seconds=time.perf_counter() - start_s)
+
+
+def _summed_over_ranks(ranks, loss: float, correct: int, count: int) -> tuple[float, int, int]:
+    """Every rank's sums of its share of the batches added up (one rank: its own)."""
+    if ranks.world == 1:
+        return loss, correct, count
+    sums = torch.tensor([loss, correct, count], dtype=torch.float64)
+    dist.all_reduce(sums, group=ranks.group(None, "world"))
+    return float(sums[0]), int(sums[1]), int(sums[2])
 
 
 def _token_scores(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor):
@@ -90,14 +105,15 @@ def _weights(runner, state, block: int) -> torch.Tensor:
     if block in runner.gpu_updated:
         return runner.dedicated[block].flat
     target = runner.dedicated[block] if block in runner.dedicated else runner.ring[0]
-    master = state.block_master(block)
+    master = state.owned_master(block)
     staged = torch.empty(master.numel(), dtype=torch.bfloat16,
                          pin_memory=runner.device.is_cuda)
     if state.native is not None:
         state.native.cast(master, staged)
     else:
         staged.copy_(master)
-    target.flat.copy_(staged)  # (synchronous from a fresh pinned buffer: it is reused next)
+    # (synchronous from a fresh pinned buffer: it is reused next)
+    runner.fill_unit(target, block, staged)
     return target.flat
 
 

@@ -4,6 +4,7 @@ were given."""
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -144,6 +145,55 @@ def require_tensorboard() -> None:
     except ImportError as err:
         raise RunError("--tensorboard needs the tensorboard package: pip install tensorboard "
                        f"({err})") from err
+
+
+def with_ranks(config: RunConfig, ranks) -> RunConfig:
+    """The config with the ranks the launch made (executor.ranks.Ranks): a --gpus or --hosts
+    given that says otherwise is refused naming both (the launch decides; a resumed run takes
+    the launch's, not its checkpoint's)."""
+    launched = {"gpus": (ranks.gpus, "rank(s) on each host", "--nproc-per-node"),
+                "hosts": (ranks.hosts, "host(s)", "--nnodes")}
+    for name, (count, what, launch_flag) in launched.items():
+        given = config.option(name)
+        if name not in config.given or given == count:
+            continue
+        if ranks.world == 1:
+            raise RunError(f"{config.flag(name)} {given}, but this process runs alone, not "
+                           f"under torchrun: {SEVERAL_HOSTS}")
+        raise RunError(f"{config.flag(name)} {given}, but torchrun launched {count} {what} "
+                       f"({launch_flag} {count}): drop {flag_of(name)} (the launch sets it) "
+                       f"or launch with {launch_flag} {given}")
+    return config.with_(gpus=ranks.gpus, hosts=ranks.hosts)
+
+
+# how a run of several hosts starts (said where one is asked for without it)
+SEVERAL_HOSTS = ("start `torchrun --nnodes M --node-rank I --rdzv-backend c10d --rdzv-endpoint "
+                 "HOST:PORT --nproc-per-node N -m layerslide train ...` on each of the M hosts "
+                 "(I = 0..M-1, HOST:PORT one address all reach); `layerslide train --gpus N` "
+                 "launches N ranks on this host alone")
+
+
+def check_gpu_count(ranks_per_host: int, torch) -> None:
+    """One GPU per rank: refuse more ranks on this host than torch sees CUDA devices."""
+    count = torch.cuda.device_count()
+    if ranks_per_host > count:
+        raise RunError(f"{ranks_per_host} ranks on this host need a GPU each, and torch sees "
+                       f"{count} CUDA GPU(s) (CUDA_VISIBLE_DEVICES="
+                       f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): launch at most "
+                       f"{count}, make more visible, or train on --device cpu")
+
+
+def rank_device(device: str, ranks, torch) -> str:
+    """This rank's device: the GPU of its local rank (cuda:LOCAL_RANK) on a run of several
+    ranks, else `device`."""
+    if ranks.world == 1 or not device.startswith("cuda"):
+        return device
+    if device != "cuda":
+        raise RunError(f"--device {device}: each rank of a run of several takes the GPU of "
+                       "its local rank (cuda:LOCAL_RANK): give --device cuda, and choose the "
+                       "GPUs with CUDA_VISIBLE_DEVICES")
+    check_gpu_count(ranks.gpus, torch)
+    return f"cuda:{ranks.local_rank}"
 
 
 def device_of(name: str | None, torch) -> str:

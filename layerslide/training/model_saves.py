@@ -48,8 +48,13 @@ class ModelSaves:
                 found.append((int(match[1]), path))
         return sorted(found)
 
-    def save(self, trainer, step: int, extra_files: dict[str, Path], after_write=None) -> Path:
+    def save(self, trainer, step: int, extra_files: dict[str, Path],
+             after_write=None) -> Path | None:
+        """Save the model at `step` (every rank calls it: rank 0 writes, the others take part
+        in its gathers and get None) and prune this run's older saves."""
         saved = trainer.save(self.folder_of(step), overwrite=True, extra_files=extra_files)
+        if saved is None:  # not the rank that writes
+            return None
         if after_write is not None:
             after_write(saved)
         self._own[step] = saved

@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from layerslide.planner.plan import STEADY_STEPS, Plan
-from layerslide.planner.settings import LANES_FIRST_NICE
+from layerslide.planner.settings import LANES_FIRST_NICE, ExecutorKnobs
 from layerslide.training.run import RunConfig, RunError
 
 GIB = 1024**3
@@ -43,6 +43,36 @@ def refuse_options_a_plan_replaces(plan: Plan, plan_file: str, given, value, fla
                        f"would be ignored: {'; '.join(clashes)}. Drop them, make the plan "
                        "with them (`layerslide tune` takes --seq-len and --max-grad-norm), or "
                        "give the flags without --plan to build the plan from them")
+
+
+def refuse_a_plan_for_other_ranks(plan: Plan, plan_file: str, train) -> None:
+    """A plan's slices and collectives are made for its ranks: refuse one made for others
+    than the run's (train: the run's TrainSpec, its gpus and hosts the launch's)."""
+    planned, running = (plan.train.gpus, plan.train.hosts), (train.gpus, train.hosts)
+    if planned == running:
+        return
+    g, h = plan.train.gpus, plan.train.hosts
+    launch = ("one process: `layerslide train ...` without torchrun" if g * h == 1 else
+              f"`layerslide train --gpus {g} ...`" if h == 1 else
+              f"torchrun --nnodes {h} --nproc-per-node {g} on each host")
+    raise RunError(f"--plan {plan_file} is a plan for {_ranks(*planned)}, and this run has "
+                   f"{_ranks(*running)}: make one for them (`layerslide plan ... --gpus "
+                   f"{train.gpus} --hosts {train.hosts} -o PLAN`), or launch the plan's ranks "
+                   f"({launch})")
+
+
+def _ranks(gpus: int, hosts: int) -> str:
+    return f"{gpus} GPU(s) per host x {hosts} host(s)"
+
+
+def with_rank_threads(plan: Plan, cores: int | None) -> Plan:
+    """The plan with its CPU kernels on `cores` threads (a rank's share of its host's cores,
+    None: a run of one rank, whose kernels take every core), unless LAYERSLIDE_CPU_THREADS
+    or the --plan file chose a count: N ranks each starting a thread per core would fight."""
+    chosen = plan.policy.executor.cpu_threads or "cpu_threads" in ExecutorKnobs.env_settings()
+    if cores is None or chosen:
+        return plan
+    return replace(plan, policy=plan.policy.with_(cpu_threads=cores))
 
 
 def refuse_policy_options_that_would_not_act(train, policy, given, flag) -> None:
@@ -84,29 +114,35 @@ def check_fits(plan: Plan, profile, gpu_memory: int | None, *, warn: bool = True
                        "allocator reserves for it), more than "
                        f"--gpu-memory {gpu_memory / GIB:.2f} GiB: {FIT_HINTS['gpu']}")
     ram = physical_ram_bytes()
-    host_need = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
+    # the plan is one rank's (its host buffers the rank's slices): a host holds all its ranks
+    per_rank = max(plan.static_bytes("host"), prediction.peak_bytes.get("host", 0))
     # on the CPU the GPU tier's buffers (weights window, activations, workspaces) are RAM too;
     # the CUDA context is not there
     gpu_in_ram = prediction.gpu_allocated_peak_bytes if on_cpu else 0
-    need = host_need + gpu_in_ram
+    ranks_here = plan.train.gpus
+    need = (per_rank + gpu_in_ram) * ranks_here
     reserve = profile.host.reserve_bytes
+    said = _host_need(need, gpu_in_ram * ranks_here, ranks_here)
     if warn and ram - reserve < need <= ram:  # a machine whose RAM grows may hold it
-        print(f"warning: the plan needs {_host_need(need, gpu_in_ram)}, within "
-              f"{reserve / GIB:.0f} GiB of this machine's {ram / GIB:.1f} GiB "
-              "(the OS and the CUDA driver need some): the OOM killer may stop it",
-              file=sys.stderr)
+        print(f"warning: the plan needs {said}, within {reserve / GIB:.0f} GiB of this "
+              f"machine's {ram / GIB:.1f} GiB (the OS and the CUDA driver need some): the OOM "
+              "killer may stop it", file=sys.stderr)
     if need > ram:
-        hint = CPU_FIT_HINT if gpu_in_ram > host_need else FIT_HINTS["host"]
-        raise RunError(f"the plan needs {_host_need(need, gpu_in_ram)}, this machine has "
-                       f"{ram / GIB:.1f} GiB: {hint}")
+        hint = CPU_FIT_HINT if gpu_in_ram > per_rank else FIT_HINTS["host"]
+        if ranks_here > 1:
+            hint += f", or run fewer ranks on this host ({ranks_here} now)"
+        raise RunError(f"the plan needs {said}, this machine has {ram / GIB:.1f} GiB: {hint}")
     return prediction
 
 
-def _host_need(need: int, gpu_in_ram: int) -> str:
-    """A plan's host memory need, said with the part of it that is the GPU tier's on the CPU."""
+def _host_need(need: int, gpu_in_ram: int, ranks_here: int = 1) -> str:
+    """A plan's host memory need, said with the part of it that is the GPU tier's on the CPU,
+    and its ranks on this host."""
     where = (f" ({gpu_in_ram / GIB:.1f} GiB of it the GPU's share, which --device cpu keeps in "
              "RAM)" if gpu_in_ram else "")
-    return f"{need / GIB:.1f} GiB of host memory at its peak{where}"
+    ranks = (f" for its {ranks_here} ranks on this host, {need / ranks_here / GIB:.1f} GiB "
+             "each" if ranks_here > 1 else "")
+    return f"{need / GIB:.1f} GiB of host memory at its peak{ranks}{where}"
 
 
 def with_lanes_first(config: RunConfig, plan: Plan, prediction, profile, device: str, say):

@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from layerslide import hub
+from layerslide.executor.ranks import SINGLE, Ranks
 from layerslide.planner.model import ModelSpec, resolve_model
 from layerslide.planner.plan import Plan
 from layerslide.training import inputs
 from layerslide.training.plan_checks import (
     check_fits,
+    refuse_a_plan_for_other_ranks,
     refuse_options_a_plan_replaces,
     refuse_policy_options_that_would_not_act,
     with_lanes_first,
+    with_rank_threads,
 )
 from layerslide.training.run import RunConfig, RunError, with_absolute_paths, with_environment
 
@@ -49,28 +52,40 @@ class Run:
     saves: Any  # model_saves.ModelSaves | None
     tokenizer: Path | None
     nvme_checkpoint_copies: int
+    ranks: Ranks = SINGLE  # this process's place among the run's ranks
 
     def trainer(self):
-        """The Trainer of this run (allocates the plan's memory)."""
+        """The Trainer of this run (allocates the plan's memory): on a run of several ranks,
+        this rank's, on its own GPU and NVMe folders."""
         from layerslide.executor.nvme import NvmeSpaceError
+        from layerslide.training.distributed import rank_folders
         from layerslide.training.trainer import Trainer
 
-        c = self.config
+        c, several = self.config, self.ranks.world > 1
+        if several and self.device.startswith("cuda"):
+            import torch
+            torch.cuda.set_device(self.device)  # NCCL's collectives run on the current device
+        # (a Trainer that predates ranks takes none: a run of one rank passes none)
+        ranks = {"ranks": self.ranks} if several else {}
         try:
             trainer = Trainer(config=self.hf_config, plan=self.plan, optim=self.optim,
                               device=self.device, serial=c.serial,
                               segment_steps=c.segment_steps, gpu_memory_bytes=c.gpu_memory,
-                              keep_trace=bool(c.trace_out), nvme_dir=c.nvme_dir,
-                              nvme_checkpoint_copies=self.nvme_checkpoint_copies)
+                              keep_trace=bool(c.trace_out),
+                              nvme_dir=c.nvme_dir and rank_folders(c.nvme_dir, self.ranks),
+                              nvme_checkpoint_copies=self.nvme_checkpoint_copies, **ranks)
         except NvmeSpaceError as err:
             raise RunError(str(err)) from err
         trainer.checkpointing.copy_ram_bytes = c.checkpoint_copy_ram
         return trainer
 
 
-def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
+def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr, ranks: Ranks = SINGLE,
+            rank_cores: int | None = None) -> Run:
     """Resolve and check everything a run needs, in the order a user fixes it (say: where
-    notes go). A config with `resume` continues that run with its recorded settings."""
+    notes go). A config with `resume` continues that run with its recorded settings. ranks:
+    this process's place in the launch (its gpus and hosts are the run's); rank_cores: the
+    CPU cores its kernels may take, on a run of several ranks."""
     import torch
 
     from layerslide.executor.optim import OptimConfig
@@ -81,9 +96,10 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
         config = resumed(config, say)
     elif not config.model:
         raise RunError("--model is required (or --resume DIR to continue a run)")
+    config = inputs.with_ranks(config, ranks)
     inputs.check_outputs(config)
     saves = _model_saves(config)
-    device = inputs.device_of(config.device, torch)
+    device = inputs.rank_device(inputs.device_of(config.device, torch), ranks, torch)
     spec, hf_config, folder = _model(config)
     from_folder = folder is not None
     inputs.check_schedule_flags(config)
@@ -93,7 +109,8 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
     config = _own_checkpoint_dir(config, say)
     checkpoints = _checkpoint_schedule(config, hf_config)
     config, plan, drives = _plan(config, spec)
-    profile = _profile_of(config.profile, drives)
+    plan = with_rank_threads(plan, rank_cores)
+    profile = _for_the_ranks(_profile_of(config.profile, drives), plan.train, say)
     prediction = check_fits(plan, profile, config.gpu_memory, on_cpu=device.startswith("cpu"))
     plan, prediction = with_lanes_first(config, plan, prediction, profile, device, say)
     tokenizer = Path(config.tokenizer).expanduser() if config.tokenizer else (
@@ -115,7 +132,7 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr) -> Run:
                weights=_weights(config, folder), plan=plan,
                prediction=prediction, profile=profile, device=device, optim=optim, data=data,
                evals=evals, checkpoints=checkpoints, saves=saves, tokenizer=tokenizer,
-               nvme_checkpoint_copies=_checkpoints_beside(config, checkpoints))
+               nvme_checkpoint_copies=_checkpoints_beside(config, checkpoints), ranks=ranks)
 
 
 def _progress(config: RunConfig, checkpoints, saves):
@@ -183,6 +200,7 @@ def _plan(config: RunConfig, spec: ModelSpec) -> tuple[RunConfig, Plan, int | No
     if shape != {k: v for k, v in spec.to_dict().items() if k != "name"}:
         raise RunError(f"{config.plan} is a plan for {plan.model.name}, not for {config.model}: "
                        f"tune for this model (`layerslide tune --model {config.model} -o ...`)")
+    refuse_a_plan_for_other_ranks(plan, config.plan, config.train)
     refuse_options_a_plan_replaces(plan, config.plan, config.given, config.option, config.flag)
     if config.gpu_memory is None:  # a tuned plan fits the cap it was tuned for: keep to it
         config = replace(config, gpu_memory=plan.meta.get("gpu_memory_bytes"))
@@ -196,6 +214,18 @@ def _plan(config: RunConfig, spec: ModelSpec) -> tuple[RunConfig, Plan, int | No
                            f"here ({err}): pass --profile with its file") from err
         config, drives = replace(config, profile=tuned_for), plan.meta.get("tuned_for_nvme_drives")
     return config, replace(plan, policy=with_environment(plan.policy)), drives
+
+
+def _for_the_ranks(profile, train, say):
+    """The profile this run is predicted on: as given, or holding the launch's ranks where it
+    describes fewer GPUs or hosts, said with what that assumed."""
+    ranked, assumed = profile.with_ranks(train.gpus, train.hosts)
+    if assumed:
+        say(f"note: profile {profile.name} describes {profile.host.gpus} GPU(s) of one host; "
+            f"this run's {train.ranks} ranks are predicted on it assuming "
+            f"{' and '.join(assumed)}: pass --profile for a machine like this one (layerslide "
+            "profiles lists several-GPU ones) for a closer prediction")
+    return ranked
 
 
 def _profile_of(name: str, drives: int | None):

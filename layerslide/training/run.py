@@ -23,6 +23,7 @@ from layerslide.planner.settings import (
     policy_flag_fields,
     run_ahead_from_env,
 )
+from layerslide.training.distributed import DEFAULT_TIMEOUT_S
 
 # the plan's settings a train option sets: the fields that are flags (planner.settings says)
 POLICY_OPTIONS = tuple(f.name for f in policy_flag_fields())
@@ -31,7 +32,7 @@ DEFAULT_TRAIN = TrainSpec(micro_batch=8, seq_len=1024, grad_accum=1)
 
 # what a resumed run takes from this invocation: how it runs, not what it computes
 RUNTIME_ONLY = ("device", "serial", "trace_out", "log_jsonl", "tensorboard", "resume",
-                "resume_fallback", "checkpoint_copy_ram")
+                "resume_fallback", "checkpoint_copy_ram", "collective_timeout")
 # what a resumed run may change: how the steps are scheduled, not what the state means or where
 # on the drive its parts lie (the sequence length positions the data)
 RESCHEDULABLE = frozenset({*TRAIN_OPTIONS, *POLICY_OPTIONS, "plan", "gpu_memory",
@@ -92,6 +93,8 @@ class RunConfig:
     random_init: bool = False
     nvme_dir: str | None = None
     profile: str = "h200-bench"
+    # how long a rank waits at a collective for the others (a run of several ranks)
+    collective_timeout: float = DEFAULT_TIMEOUT_S
     # checkpoints of the full training state
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None

@@ -5,15 +5,20 @@ drained pipeline, or beside training through a `SnapshotGuard`) and read back on
 A checkpoint holds each block's state whatever the schedule, so a resume checks only what the
 state means and how it is laid out (model, optimizer settings, moment precision, the NVMe
 fractions): a run may resume under another micro-batch, window, placement or kernel choice.
+
+Several ranks: each rank of the first host writes its slices (training/rank_checkpoints.py),
+and a resume on another count of ranks (one included) cuts its slices out of the saved ones.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from layerslide.data.sources import TokenSource
 from layerslide.executor.moments import Moments
@@ -25,7 +30,20 @@ from layerslide.training.checkpoint_snapshot import (
     available_ram_bytes,
     keep_copy_buffers,
 )
-from layerslide.training.checkpoint_store import CheckpointInfo, CheckpointStore
+from layerslide.training.checkpoint_store import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointStore,
+)
+from layerslide.training.rank_checkpoints import (
+    SavedStep,
+    layout_meta,
+    rank_store,
+    reslice,
+    saved_steps,
+    slices_of,
+)
 
 STATE_FORMAT = "layerslide-train-state/1"
 
@@ -63,6 +81,7 @@ class Checkpointing:
         # at most this much RAM for checkpoint copies (None: what is free beyond the reserve)
         self.copy_ram_bytes: int | None = None
         self._last_save_s = time.monotonic()  # for a schedule's every_minutes
+        self._rank_stores: dict[Path, CheckpointStore | None] = {}  # by the run's store's root
 
     @property
     def in_flight(self) -> bool:
@@ -85,6 +104,8 @@ class Checkpointing:
         """Where fit()'s pipeline has drained: report a checkpoint written beside training,
         and write one where the schedule says (at the last step always, and there whole: nothing
         runs beside it). on_checkpoint(info, seconds the pipeline stalled for it)."""
+        if self._writer(schedule.store) is None:  # another host's rank: the first host's state
+            return
         step = self.trainer.step
         due = last or (schedule.every_steps is not None and step % schedule.every_steps == 0) or (
             schedule.every_minutes is not None
@@ -141,6 +162,16 @@ class Checkpointing:
                 "policy": _what_it_computes(self.trainer.policy.to_dict()),
                 "optim": self.trainer.optim.to_dict()}
 
+    def writes(self, store: CheckpointStore) -> bool:
+        """Whether this rank writes checkpoints of the run's `store` (not another host's)."""
+        return self._writer(store) is not None
+
+    def _writer(self, store: CheckpointStore) -> CheckpointStore | None:
+        """The store this rank writes to for the run's `store` (None: it writes nothing)."""
+        if store.root not in self._rank_stores:
+            self._rank_stores[store.root] = rank_store(store, self.trainer.ranks)
+        return self._rank_stores[store.root]
+
     def _check_resumable(self, path: Path, meta: dict) -> None:
         """The state is per block whatever the schedule (micro-batch, window, placement, ...):
         what it means, and where its parts lie, must match this run's."""
@@ -155,19 +186,26 @@ class Checkpointing:
                                  f"the {key} settings of the run that wrote it")
 
     def save_state(self, store: CheckpointStore, data: TokenSource, *,
-                   meta: dict | None = None) -> CheckpointInfo:
+                   meta: dict | None = None) -> CheckpointInfo | None:
         """Write the full training state (weights, moments, step counts, data position) as one
-        checkpoint; call where the pipeline is drained (between fit() calls or segments)."""
+        checkpoint; call where the pipeline is drained (between fit() calls or segments). With
+        several ranks each writes its slices (None on a rank of another host: it writes none)."""
         self.wait_for_checkpoint()
+        store = self._writer(store)
+        if store is None:
+            return None
         step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
         return store.save(step, groups, state_meta, link_files=links)
 
     def start_save_state(self, store: CheckpointStore, data: TokenSource, *,
-                         meta: dict | None = None) -> CheckpointSnapshot:
+                         meta: dict | None = None) -> CheckpointSnapshot | None:
         """save_state's checkpoint, written while training goes on: call where the pipeline
         is drained; the next updates of each block wait for (or copy) its part, within the RAM
         the machine has free beyond RAM_RESERVE_BYTES. wait_for_checkpoint() gives its info."""
         self.wait_for_checkpoint()
+        store = self._writer(store)
+        if store is None:
+            return None
         start_s = time.monotonic()
         step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
         cpu_groups = {b: f"block_{b}" for b in self.trainer.state.steps_taken}
@@ -189,9 +227,10 @@ class Checkpointing:
                                  self._copy_buffers)
 
     def _copy_budget_bytes(self) -> int:
-        """RAM new checkpoint copies may take: what is free beyond the reserve, within
-        checkpoint_copy_ram_bytes less the copies kept already."""
-        free = available_ram_bytes() - RAM_RESERVE_BYTES
+        """RAM new checkpoint copies may take: what is free beyond the reserve (this rank's
+        share of it, where a host runs several), within checkpoint_copy_ram_bytes less the
+        copies kept already."""
+        free = (available_ram_bytes() - RAM_RESERVE_BYTES) // self.trainer.ranks.gpus
         if self.copy_ram_bytes is None:
             return free
         return min(free, self.copy_ram_bytes - self.checkpoint_copy_bytes)
@@ -243,6 +282,8 @@ class Checkpointing:
         steps_taken.update({str(b): int(gpu.steps[b]) for b in gpu.ids})
         state_meta = {"format": STATE_FORMAT, "step": self.trainer.step, "steps_taken": steps_taken,
                       "data": data.state_dict(), **self._identity(), "run": meta or {}}
+        if self.trainer.ranks.world > 1:  # the slices this rank's groups hold
+            state_meta["ranks"] = layout_meta(self.trainer.ranks, self.trainer.state.shards)
         # moments on NVMe: their files join the checkpoint as hard links (the tier replaces a
         # file by rename, never in place, so a linked checkpoint stays as it was)
         nvme = self.trainer.state.nvme
@@ -257,10 +298,15 @@ class Checkpointing:
         when the newest fails its checksums): weights, moments, step counts, data position.
         It reads into the live state: after a failure, restore again or discard the trainer."""
         groups = self._state_groups()
-        newest = store.latest()
-        if newest is not None:  # before reading tensors sized by settings that may differ
-            self._check_resumable(newest.path, newest.meta)
-        info, meta = store.load_latest_good(groups, fallback=fallback)
+        saved = saved_steps(store)
+        if self.trainer.ranks.world == 1 and (not saved or saved[0].gpus == 1
+                                               and "ranks" not in saved[0].meta):
+            newest = store.latest()
+            if newest is not None:  # before reading tensors sized by settings that may differ
+                self._check_resumable(newest.path, newest.meta)
+            info, meta = store.load_latest_good(groups, fallback=fallback)
+        else:
+            info, meta = self._restore_slices(store, saved, groups, fallback)
         self._check_resumable(info.path, meta)
         gpu = self.trainer.runner.gpu_blocks
         for b in self.trainer.blocks.blocks:
@@ -279,6 +325,55 @@ class Checkpointing:
         self.trainer.weights_changed()
         self.trainer.device.synchronize()
         return info
+
+    def _restore_slices(self, store: CheckpointStore, saved: list[SavedStep], groups: dict,
+                        fallback: bool) -> tuple[CheckpointInfo, dict]:
+        """Read this rank's slices of the newest step every rank reads whole (with
+        `fallback`, an older one where a rank's part of it is damaged): the same step on every
+        rank."""
+        if not saved:
+            raise CheckpointError(f"no checkpoint in {store.root}")
+        self._check_resumable(saved[0].infos[0].path, saved[0].meta)  # before reading tensors
+        for candidate in saved:
+            error = None
+            try:
+                found = self._read_slices(candidate, groups)
+            except CheckpointCorruptError as e:
+                error = e
+            if self._every_rank(error is None):
+                return found
+            error = error or CheckpointCorruptError(
+                f"another rank's part of step {candidate.step} in {store.root} is damaged")
+            if not fallback:
+                raise error
+            warnings.warn(f"skipping step {candidate.step}: {error}", RuntimeWarning,
+                          stacklevel=3)
+        raise CheckpointCorruptError(f"every checkpoint in {store.root} is damaged")
+
+    def _read_slices(self, saved: SavedStep, groups: dict) -> tuple[CheckpointInfo, dict]:
+        """This rank's slices from one saved step: its own rank's checkpoint where the slices
+        are the same, else cut out of every saved slice."""
+        self._check_resumable(saved.infos[0].path, saved.meta)
+        state, local = self.trainer.state, self.trainer.ranks.local_rank
+        theirs = slices_of(saved) or {b: s.numel for b, s in state.shards.items()}
+        if saved.gpus == self.trainer.plan.placement.gpus and theirs == {
+                b: s.slice_numel for b, s in state.shards.items()}:
+            info = saved.infos[local]
+            return info, saved.stores[local].load(info, groups)
+        if self.trainer.plan.placement.state_on_nvme:
+            raise ValueError(f"{saved.infos[0].path} holds slices of {saved.gpus} rank(s) per "
+                             f"host, this run has {self.trainer.ranks.gpus}: with state on "
+                             "NVMe resume on as many ranks per host as wrote it")
+        reslice(saved, groups, state.shards, local)
+        return saved.infos[0], saved.meta
+
+    def _every_rank(self, ok: bool) -> bool:
+        """Whether every rank's ok is True (a collective of the main thread)."""
+        if self.trainer.ranks.world == 1:
+            return ok
+        flag = torch.tensor([int(ok)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.trainer.ranks.group(None, "world"))
+        return bool(flag[0])
 
 
 

@@ -6,6 +6,10 @@ allocate, and a segment of `segment_steps` consecutive steps is that plan unroll
 tail overlaps the next step's forward; between segments the pipeline drains (where logs and
 checkpoints of the full training state are taken: segments end on checkpoint steps). Steps are
 timed like the simulator times them: from one step's last GPU task to the next one's.
+
+Several ranks (`ranks`, from training/distributed.join) each run the same plan on their own
+micro-batches of one global order, each holding its slice of the host state; the logged loss,
+grad norm and tokens/s are the global ones, and only rank 0 writes a saved model.
 """
 
 from __future__ import annotations
@@ -15,12 +19,13 @@ import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
 import torch
+import torch.distributed as dist
 from transformers import PretrainedConfig
 
 from layerslide.data.sources import TokenSource
@@ -30,6 +35,7 @@ from layerslide.executor.engine import PlanEngine, TaskTiming
 from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.optim import OptimConfig
+from layerslide.executor.ranks import SINGLE, Ranks
 from layerslide.executor.runner import TaskRunner
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
@@ -73,6 +79,16 @@ class StepLog:
     host_rss_bytes: int
 
 
+def check_ranks(plan: Plan, ranks: Ranks) -> None:
+    """Refuse, before anything is allocated, a plan made for another number of ranks."""
+    placed = plan.placement
+    if (placed.gpus, placed.hosts) != (ranks.gpus, ranks.hosts):
+        raise ValueError(f"the plan is for {placed.gpus} GPU(s) per host on {placed.hosts} "
+                         f"host(s), this run has {ranks.gpus} rank(s) per host on "
+                         f"{ranks.hosts} host(s): plan with --gpus {ranks.gpus} --hosts "
+                         f"{ranks.hosts}, or launch as many ranks as the plan has")
+
+
 def check_executable(spec: ModelSpec, policy: Policy, blocks: ModelBlocks) -> None:
     """Refuse, before anything is allocated, what this executor does not run yet."""
     on_nvme = policy.residency.moments_on_nvme or policy.residency.master_on_nvme
@@ -92,14 +108,18 @@ class Trainer:
 
     nvme_dir: the folder for state the policy keeps on NVMe; nvme_checkpoint_copies: how many
     checkpoints will be kept on that filesystem (each ends up owning a copy of the state files
-    it hard-linked), counted when the folder's room is checked."""
+    it hard-linked), counted when the folder's room is checked. ranks: this process's place
+    among the run's ranks and their process groups (one process: SINGLE); nvme_dir is then this
+    rank's own folder."""
 
     def __init__(self, *, config: PretrainedConfig, plan: Plan, optim: OptimConfig,
                  device: str | torch.device = "cuda", serial: bool = False,
                  segment_steps: int = 16, gpu_memory_bytes: int | None = None,
                  keep_trace: bool | int = True, nvme_dir: str | Path | None = None,
-                 nvme_checkpoint_copies: int = 0):
+                 nvme_checkpoint_copies: int = 0, ranks: Ranks = SINGLE):
         spec, train, policy = plan.model, plan.train, plan.policy
+        check_ranks(plan, ranks)
+        self.ranks = ranks
         check_supported(config, train.seq_len)
         self.blocks = ModelBlocks(config)
         check_executable(spec, policy, self.blocks)
@@ -117,7 +137,7 @@ class Trainer:
         try:
             self.state = HostState(self.blocks, self.device, policy, train, optim,
                                    plan.placement, nvme_dir=nvme_dir,
-                                   nvme_checkpoint_copies=nvme_checkpoint_copies)
+                                   nvme_checkpoint_copies=nvme_checkpoint_copies, ranks=ranks)
             self.runner = TaskRunner(self.blocks, spec, plan.placement, self.state, self.device,
                                      optim)
         except BaseException:
@@ -159,11 +179,21 @@ class Trainer:
     def init_random(self, seed: int = 0) -> None:
         """Random weights (blocks.init_block). torch draws normals with an explicit generator on
         one thread (~0.2-0.3 G/s), so blocks kept wholly in RAM are drawn in place on a thread
-        each; those with master weights on NVMe go through set_master one at a time."""
+        each; those with master weights on NVMe go through set_master one at a time. With
+        several ranks on a host each draws every block whole (a generator's draws cannot skip
+        ahead) and keeps its slice, on its share of the cores: the values one rank would have."""
         in_ram = [b for b in self.blocks.blocks if not self.state.disk_master.get(b, 0)]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda b: self.blocks.init_block(b, seed, out=self.state.master[b]),
-                          in_ram))  # list(): a failed draw raises here
+        sliced = self.plan.placement.gpus > 1
+
+        def draw(b: int) -> None:
+            if sliced:
+                self.state.set_master(b, self.blocks.init_block(b, seed))
+            else:
+                self.blocks.init_block(b, seed, out=self.state.master[b])
+
+        workers = max(1, (os.cpu_count() or 1) // self.plan.placement.gpus)
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(draw, in_ram))  # list(): a failed draw raises here
         for b in self.blocks.blocks:
             if b not in in_ram:
                 self.state.set_master(b, self.blocks.init_block(b, seed))
@@ -187,14 +217,28 @@ class Trainer:
         self.runner.load_gpu_state()
 
     def save(self, folder: str | Path, *, overwrite: bool = False,
-             extra_files: dict[str, Path] | None = None) -> Path:
-        """Write the model as an HF folder (bf16 safetensors) that from_pretrained loads."""
+             extra_files: dict[str, Path] | None = None) -> Path | None:
+        """Write the model as an HF folder (bf16 safetensors) that from_pretrained loads. With
+        several ranks every rank calls it (each block's weights are gathered from the host's
+        slices) and rank 0 alone writes the folder: the others return None."""
         self.runner.store_gpu_state()
         self.device.synchronize()
+        if not self.ranks.is_first:
+            for _ in self.state.named_master():  # take part in each block's gather
+                pass
+            return None
         config = self.blocks.config.to_dict()
         config.pop("_attn_implementation_autoset", None)
-        return hf_io.save_hf_folder(folder, config, self.state.named_master(),
-                                    overwrite=overwrite, extra_files=extra_files)
+        tensors = self.state.named_master()
+        try:
+            return hf_io.save_hf_folder(folder, config, tensors, overwrite=overwrite,
+                                        extra_files=extra_files)
+        except BaseException:
+            if self.plan.placement.gpus > 1:  # the other ranks' gathers go on to their end
+                with suppress(Exception):
+                    for _ in tensors:
+                        pass
+            raise
 
     # --- training --------------------------------------------------------------------------------
     def fit(self, data: TokenSource, num_steps: int,
@@ -220,18 +264,22 @@ class Trainer:
         if save_every is not None and save_every < 1:
             raise ValueError(f"save_every={save_every}: must be >= 1")
         saves = self.checkpointing
-        if checkpoints is not None and checkpoints.background and not saves.copies_kept:
+        if (checkpoints is not None and checkpoints.background and not saves.copies_kept
+                and saves.writes(checkpoints.store)):
             saves.keep_checkpoint_copies()  # copies into fresh memory fault: a longer stall
         saves.restart_clock()
         logs: list[StepLog] = []
         self.stopped = False
+        # several ranks stop together where a segment ends: the engine never cuts theirs, whose
+        # cuts could fall on other steps and leave a rank's collectives waiting for the others
+        cut = stop if self.ranks.world == 1 else None
         while len(logs) < num_steps and not self.stopped:
-            if stop is not None and stop.is_set():  # between segments: nothing in flight
+            if self._stop_asked(stop):  # between segments: nothing in flight
                 self.stopped = True
                 break
             count = self._segment_length(num_steps - len(logs), checkpoints, evals, save_every)
             with self._failing():  # close() keeps the NVMe files as the last good step left them
-                segment = self._segment(data, count, on_step_done, stop)
+                segment = self._segment(data, count, on_step_done, cut)
             for log in segment:
                 logs.append(log)
                 if on_step is not None:
@@ -241,6 +289,7 @@ class Trainer:
             if not self.stopped:
                 self._score_and_save(evals, on_eval, save_every if not finished else None,
                                      on_save, finished=finished)
+                self.stopped = cut is None and not finished and self._stop_asked(stop)
             if checkpoints is not None:
                 with self._failing():  # keep the NVMe files: the checkpoint may be incomplete
                     saves.at_segment_end(checkpoints, data, last=self.stopped or finished,
@@ -250,6 +299,16 @@ class Trainer:
         self.runner.store_gpu_state()  # the host's master weights are whole again
         self.device.synchronize()
         return logs
+
+    def _stop_asked(self, stop: threading.Event | None) -> bool:
+        """Whether `stop` is set; with several ranks, on any of them (a collective: every
+        rank passes a stop event to fit(), or none does)."""
+        asked = stop is not None and stop.is_set()
+        if self.ranks.world == 1 or stop is None:
+            return asked
+        flag = torch.tensor([int(asked)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.ranks.group(None, "world"))
+        return bool(flag[0])
 
     def _segment_length(self, steps_left: int, *schedules) -> int:
         """The next segment's steps: at most segment_steps, ending where a checkpoint, an eval
@@ -297,8 +356,7 @@ class Trainer:
         positions, batches = [], {}
         for s in range(count):
             positions.append(data.state_dict())
-            for m in range(self.train.grad_accum):
-                batches[(s, m)] = data.next_batch(self.train.micro_batch)
+            batches.update(self._step_batches(data, s))
         self.runner.prepare(plan, batches, self.step)
         if self.device.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device.device)
@@ -320,6 +378,29 @@ class Trainer:
         return_freed_heap()
         return logs
 
+    def _step_batches(self, data: TokenSource, s: int) -> dict[tuple[int, int], tuple]:
+        """Step s's micro-batches of this rank: of the step's grad_accum x ranks micro-batches
+        in the data's order, rank r's are the r-th grad_accum of them. Every rank reads them
+        all, so the data's position is the same on every rank (and a run resumes on any count
+        of ranks that divides the global batch)."""
+        accum, mine = self.train.grad_accum, {}
+        for i in range(accum * self.ranks.world):
+            batch = data.next_batch(self.train.micro_batch)
+            if i // accum == self.ranks.rank:
+                mine[(s, i % accum)] = batch
+        return mine
+
+    def _global_losses(self, count: int) -> list[float]:
+        """The loss of each of the segment's steps over every rank's micro-batches (each
+        rank's part is already scaled by its share of the step's)."""
+        local = [float(sum(float(p) for p in self.runner.outcomes[s].loss_parts))
+                 for s in range(count)]
+        if self.ranks.world == 1:
+            return local
+        total = torch.tensor(local, dtype=torch.float64)
+        dist.all_reduce(total, group=self.ranks.group(None, "world"))
+        return total.tolist()
+
     def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: MemorySampler,
               count: int) -> list[StepLog]:
         end_of = {t.task.id: t.end_s for t in timings}
@@ -335,14 +416,15 @@ class Trainer:
         gpu_peak = (torch.cuda.max_memory_allocated(self.device.device)
                     if self.device.is_cuda else 0)
         flops_per_token = self.spec.training_flops_per_token(self.train.seq_len)
+        losses = self._global_losses(count)
         logs, previous_end = [], 0.0
         for s in range(count):
             marker_end = end_of[plan.meta["step_markers"][s]]
             step_s = max(marker_end - previous_end, 1e-9)
             previous_end = marker_end
             outcome = self.runner.outcomes[s]
-            loss = float(sum(float(p) for p in outcome.loss_parts))
-            tokens = self.train.tokens_per_step
+            loss = losses[s]
+            tokens = self.train.global_tokens_per_step  # every rank's: one step learns from
             logs.append(StepLog(
                 step=self.step, loss=loss, lr=self.optim.lr_at(self.step),
                 grad_norm=outcome.grad_norm, skipped=outcome.skipped,

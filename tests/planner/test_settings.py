@@ -96,7 +96,7 @@ def test_every_field_is_a_flag_or_named_with_what_sets_it():
     assert {f.name for f in fields(ExecutorKnobs)} <= set(FROM_ENVIRONMENT)  # as its doc says
     assert "stream_run_ahead" in FROM_ENVIRONMENT and "window" in flags
     assert [f.name for f in flag_fields(TrainSpec)] == [
-        "micro_batch", "seq_len", "grad_accum", "max_grad_norm"]
+        "micro_batch", "seq_len", "grad_accum", "max_grad_norm", "gpus", "hosts"]
     assert all(doc_of(f) for f in (*flag_fields(TrainSpec), *policy_flag_fields()))
 
 

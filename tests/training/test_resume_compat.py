@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from layerslide.cli.main import main
 from layerslide.training.checkpoint_store import CheckpointStore
 from layerslide.training.run import RunConfig
@@ -34,7 +36,11 @@ def test_an_old_record_reads_back_as_a_run_config(tmp_path):
     config = RunConfig.from_options(args)
     assert (config.steps, config.lr, config.train.seq_len, config.policy.residency.window) == (
         4, 1e-3, 8, 2)
-    assert config.options().items() <= {**args, "checkpoint_dir": str(ckpt)}.items()
+    options, defaults = config.options(), RunConfig().options()
+    assert {k: v for k, v in options.items() if k in args}.items() <= {
+        **args, "checkpoint_dir": str(ckpt)}.items()
+    added = [k for k in options if k not in args]  # options born since: their defaults
+    assert added and {k: options[k] for k in added} == {k: defaults[k] for k in added}
 
 
 def test_an_old_checkpoint_resumes_with_the_losses_its_run_logged(tmp_path, capsys):
@@ -45,4 +51,9 @@ def test_an_old_checkpoint_resumes_with_the_losses_its_run_logged(tmp_path, caps
     logged = [json.loads(line) for line in (OLD / "losses.jsonl").read_text().splitlines()]
     resumed = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in resumed] == [3, 4]
-    assert [r["loss"] for r in resumed] == [r["loss"] for r in logged[2:]]
+    # bit for bit on the machine that logged them; CPUs of another kind (AVX-512 or not, Intel
+    # or AMD) take other kernel paths: the first loss then differs in the last bits (1e-6
+    # seen on an AMD EPYC) and the one after an update more (1.5e-5), where a misread master
+    # weight or moment moves them by far more
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in logged[2:]],
+                                                         rel=1e-4, abs=0)
