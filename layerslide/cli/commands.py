@@ -29,7 +29,7 @@ from layerslide.cli.refusals import (
     refuse_flags_a_plan_replaces,
     refuse_policy_flags_that_would_not_act,
 )
-from layerslide.hwprofiles import builtin_profiles
+from layerslide.hwprofiles import builtin_one_gpu_profiles, builtin_profiles
 from layerslide.outputs import writable_file, writable_folder
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.planner.settings import MOMENT_PRECISIONS
@@ -453,7 +453,7 @@ def _whatif_profiles(args):
                          "--target-tokens-per-s)")
     model = model_of(args)
     profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
-                [p.name for p in builtin_profiles()]]
+                [p.name for p in builtin_one_gpu_profiles()]]
     # a cap that lowers some cards across profiles; one above every card caps none
     check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
     note_cards_under_cap(args.gpu_memory, profiles)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from layerslide.cli.options import gib
-from layerslide.hwprofiles import builtin_profiles, load_profile
+from layerslide.hwprofiles import builtin_one_gpu_profiles, load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.reports import (
     lane_summary,
@@ -61,8 +61,8 @@ def run_demo(out: Path, log=print, exhaustive: bool = False) -> Path:
     result.best_plan.save(out / "plan_tuned.json")
     tuned = simulate(result.best_plan, profile, gpu_memory_bytes=cap, label="tuned")
 
-    log("3/4 what-if: the same model on every built-in profile")
-    rows = across_profiles(model, builtin_profiles(), gpu_memory_bytes=None, exhaustive=exhaustive,
+    log("3/4 what-if: the same model on every built-in profile of one GPU")
+    rows = across_profiles(model, builtin_one_gpu_profiles(), gpu_memory_bytes=None, exhaustive=exhaustive,
                            progress=lambda done, total: log(f"    {done}/{total} profiles tuned"))
     whatif = pd.DataFrame([r.row() for r in rows])
     write_table(whatif, out / "whatif_profiles")
@@ -108,7 +108,7 @@ Simulated, not measured: predictions of the SimPy model from the hardware profil
 | timeline_default.png, timeline_tuned.png | one row per lane (GPU, H2D, D2H, CPU, NVMe) |
 | memory_default.png, memory_tuned.png | bytes in use per tier over time, with limits |
 | tuning_heatmap.png, tuning.csv/.md | best tokens/s per window x micro-batch of the candidates simulated (x: none of them fits, or none could beat the best) |
-| whatif_profiles.png, whatif_profiles.csv/.md | the model on every built-in profile |
+| whatif_profiles.png, whatif_profiles.csv/.md | the model on every built-in profile of one GPU |
 | trace_*.json | Chrome/Perfetto traces: open in https://ui.perfetto.dev |
 | trace_*.layerslide.json | the same traces in layerslide's schema |
 | lanes_*.csv/.md, predictions.csv/.md | busy time per lane; prediction summaries |

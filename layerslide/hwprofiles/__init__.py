@@ -5,6 +5,7 @@ from .fabric import InterconnectSpec, NetworkSpec
 from .loader import (
     ProfileError,
     builtin_card_names,
+    builtin_one_gpu_profiles,
     builtin_profile_names,
     builtin_profiles,
     load_profile,
@@ -27,6 +28,7 @@ __all__ = [
     "StorageSpec",
     "build_variant",
     "builtin_card_names",
+    "builtin_one_gpu_profiles",
     "builtin_profile_names",
     "builtin_profiles",
     "load_profile",

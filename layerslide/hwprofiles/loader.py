@@ -160,6 +160,12 @@ def builtin_profiles() -> list[HardwareProfile]:
     return [load_profile(name) for name in builtin_profile_names()]
 
 
+def builtin_one_gpu_profiles() -> list[HardwareProfile]:
+    """The shipped profiles of one GPU: what `whatif` and the demo compare by default (tune and
+    whatif search one rank's plan; a host of several GPUs is `simulate --gpus N`'s)."""
+    return [p for p in builtin_profiles() if p.host.gpus == 1]
+
+
 def load_profile(name_or_path: str | os.PathLike[str], *,
                  gpu: str | None = None) -> HardwareProfile:
     """Load a built-in profile by name, or any profile by path to a .toml file. A profile may
