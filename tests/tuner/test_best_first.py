@@ -171,3 +171,27 @@ def test_a_fill_tries_only_the_blocks_worth_trying():
     assert len(asked) == len(set(asked)) <= 2  # the first try of each order, no halving
     assert filled_with_gpu_updates(model, base, profile, **options,
                                    worth_trying=lambda b: True) == filled
+
+
+def test_the_collector_is_paused_while_a_plan_is_simulated_and_left_as_it_was(monkeypatch):
+    import gc
+
+    seen = []
+    simulate_plan = plans.simulate
+
+    def watched(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return simulate_plan(*args, **kwargs)
+    monkeypatch.setattr(plans, "simulate", watched)
+    model, profile = make_tiny_model(), make_round_profile()
+    train = TrainSpec(micro_batch=1, seq_len=16)
+    assert gc.isenabled()
+    plans.simulated(model, train, Policy.of(), profile, gpu_memory_bytes=None, num_steps=3)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:  # a caller that turned it off keeps it off
+        plans.simulated(model, train, Policy.of(window=2), profile, gpu_memory_bytes=None,
+                        num_steps=3)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
