@@ -27,6 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks import record
 
 # name -> (the layerslide command, its kind, the target wall seconds on 2 cores: issue 49)
 COMMANDS = {
@@ -137,9 +140,12 @@ def main() -> int:
     command = "python " + " ".join(["benchmarks/planning_commands.py", *sys.argv[1:]])
     header = (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}: "
               f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
+    head, dirty = record.commit()
     (out / "planning_commands.json").write_text(json.dumps(
-        {"command": command, "baseline": str(baseline) if baseline else None,
-         "cores": os.cpu_count(), "commands": rows}, indent=1, default=str) + "\n")
+        {"command": command, "commit": head, "dirty": dirty,
+         "baseline": str(baseline) if baseline else None, "cores": os.cpu_count(),
+         "hardware": record.hardware(), "versions": record.versions(), "commands": rows},
+        indent=1, default=str) + "\n")
     (out / "planning_commands.md").write_text(markdown(rows, command, header))
     print(markdown(rows, command, header))
     return 0

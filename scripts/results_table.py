@@ -122,6 +122,25 @@ def scale_out(path: str) -> str:
     return "; ".join(parts) + f"; the issue's target met in {met} of {len(judged)} rows"
 
 
+def planning_quality(path: str) -> str:
+    total = _json(path)["summary"]
+    faster = sum(1 for c in _json(path)["cases"]
+                 if c["tokens_per_s_ratio"] and c["tokens_per_s_ratio"] > 1)
+    slower = sum(1 for c in _json(path)["cases"]
+                 if c["tokens_per_s_ratio"] and c["tokens_per_s_ratio"] < 1)
+    return (f"{total['identical']} of {total['cases']} picks identical ({faster} faster, "
+            f"{slower} slower); {total['fast_simulated']} candidates simulated against "
+            f"{total['exhaustive_simulated']}")
+
+
+def planning_commands(path: str) -> str:
+    runs = {c["command"]: c["runs"] for c in _json(path)["commands"]}
+    names = {"demo": "demo", "tune-123b": "tune 123B", "whatif-70b": "whatif 70B",
+             "purchase-70b": "purchase 70B"}
+    return "; ".join(f"{label} {runs[name]['baseline']['wall_s']:.1f} -> "
+                     f"{runs[name]['fast']['wall_s']:.1f} s" for name, label in names.items())
+
+
 # (suite, what was measured, how it is read, the file)
 ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("compare", ("Llama-3.2-3B, seq 1024, 24 GiB cap: layerslide (default policy) vs DeepSpeed "
@@ -144,6 +163,11 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("scale-out", ("simulated data-parallel ranks on one host, each 32 sequences a step, against "
      "the same host at one GPU (CPU; predictions)"), scale_out,
      "scale-out/2026-12-05-1993fbf/simulate/scale_out.json"),
+    ("planning-speed", ("tune's best-first search against the exhaustive one: 48 cases of "
+     "3B-123B on every built-in profile"), planning_quality,
+     "planning-speed/2026-12-05-10789b7/quality/planning_speed.json"),
+    ("planning-speed", "the commands as a user runs them, main (59c3b8e) -> best first, 2 cores",
+     planning_commands, "planning-speed/2026-12-05-3d18dc9/commands/planning_commands.json"),
 ]
 
 

@@ -25,6 +25,7 @@ def _commands_summary(out):
 SUITE = Suite(
     name="planning-speed",
     what="tune's exhaustive search against its best-first one: time and picks (CPU)",
+    current="benchmarks/results/planning-speed/README.md",
     reproduce="any machine (the targets are for 2 cores); speed ~15 min, quality ~30 min on "
               "2 cores (both searches of every case)",
     cases=(
