@@ -29,7 +29,11 @@ from layerslide.cli.refusals import (
     refuse_flags_a_plan_replaces,
     refuse_policy_flags_that_would_not_act,
 )
-from layerslide.hwprofiles import builtin_one_gpu_profiles, builtin_profiles
+from layerslide.hwprofiles import (
+    builtin_one_gpu_profiles,
+    builtin_profiles,
+    builtin_several_gpu_profiles,
+)
 from layerslide.outputs import writable_file, writable_folder
 from layerslide.planner import PRESETS, Plan, Policy, TrainSpec, build_plan, resolve_model
 from layerslide.planner.settings import MOMENT_PRECISIONS
@@ -41,6 +45,7 @@ from layerslide.reports import (
     write_chrome_trace,
 )
 from layerslide.simulator import Prediction, simulate
+from layerslide.simulator.ranks import check_ranks
 from layerslide.trace import TIERS
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.lanes_first import chosen_in_environment, niced_where_gpu_bound
@@ -62,8 +67,11 @@ from layerslide.tuner.whatif import (
     WhatIfRow,
     across_models,
     across_profiles,
+    across_ranks,
     capacity_bounds,
     largest_fitting,
+    rank_counts,
+    speedups,
 )
 
 
@@ -327,10 +335,15 @@ def cmd_tune(args) -> int:
     check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
     TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
+    ranks = {"gpus": args.gpus, "hosts": args.hosts}
+    try:
+        check_ranks(profile, **ranks)
+    except ValueError as err:
+        raise UsageError(str(err).replace("plan with", "tune with")) from None
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
                   space=space_of(args), gpu_memory_bytes=args.gpu_memory,
                   base_policy=with_env_overrides(Policy.of()), exhaustive=args.exhaustive,
-                  tolerance=tolerance, progress=progress_printer("tune: candidates"))
+                  tolerance=tolerance, progress=progress_printer("tune: candidates"), **ranks)
     if result.interrupted:
         print(f"interrupted (Ctrl-C): the best of the {len(result.candidates)} candidates "
               "simulated so far", file=sys.stderr)
@@ -349,10 +362,15 @@ def cmd_tune(args) -> int:
     if result.bounded:
         pruned += (f", {result.bounded} not simulated (their bound could not beat the best; "
                    "--exhaustive simulates them all)")
-    print(f"tune {model.name} on {profile.name}: {len(result.candidates)} candidates{pruned}, "
+    on = (f"{args.gpus} GPUs x {args.hosts} hosts of {profile.name} (one rank tuned on its "
+          "share of the host; tokens/s are every rank's, memory one rank's)"
+          if args.gpus * args.hosts > 1 else profile.name)
+    print(f"tune {model.name} on {on}: {len(result.candidates)} candidates{pruned}, "
           f"{len(result.feasible)} fit"
           + (f" (GPU capped at {gib(args.gpu_memory):.1f} GiB)" if args.gpu_memory else ""))
-    shown = ["micro_batch", "grad_accum", "accumulation", "window", "activations", "cast",
+    shown = ["micro_batch", "grad_accum", *(["tokens_per_step"] if args.gpus * args.hosts > 1
+                                            else []),
+             "accumulation", "window", "activations", "cast",
              "gpu_updated_blocks",
              "gpu_updated_order", "moments_on_nvme", "master_on_nvme", "weights_on_nvme",
              "step_s", "floor_s", "tokens_per_s", "mfu", "bottleneck", "gpu_need_bytes",
@@ -412,11 +430,15 @@ def cmd_whatif(args) -> int:
     given = [flag for flag, value in buying.items() if value is not None]
     if given:
         raise UsageError(f"{', '.join(given)} go with --target-tokens-per-s T (what to buy)")
+    if args.host_counts and not args.gpu_counts:
+        raise UsageError("--host-counts goes with --gpu-counts N,...: give both, e.g. "
+                         "--gpu-counts 8 --host-counts 1,2")
     search = {"space": _whatif_space(args), "exhaustive": args.exhaustive,
               "tolerance": tolerance_of(args), "seq_len": args.seq_len,
               "gpu_memory_bytes": args.gpu_memory,
               "progress": progress_printer("whatif: tuned")}
-    profile, title, rows_of = (_whatif_models if args.profile_axis else _whatif_profiles)(args)
+    profile, title, rows_of = (_whatif_models if args.profile_axis else
+                               _whatif_ranks if args.gpu_counts else _whatif_profiles)(args)
     interrupted = False
     try:
         rows = rows_of(**search)
@@ -433,9 +455,9 @@ def cmd_whatif(args) -> int:
 def _whatif_models(args):
     """whatif --on-profile P: the profile, the title and the search of each model on it, for
     each RAM and NVMe size."""
-    if args.model or args.profiles:
+    if args.model or args.profiles or args.gpu_counts:
         raise UsageError("--on-profile compares models: give them with --models, "
-                         "not --model or --profiles")
+                         "not --model, --profiles or --gpu-counts")
     profile = profile_of(args.profile_axis, args.nvme_drives)
     check_gpu_cap(args.gpu_memory, profile)
     models = [resolve_model(n) for n in (args.models or tuple(PRESETS))]
@@ -446,12 +468,7 @@ def _whatif_models(args):
 
 def _whatif_profiles(args):
     """whatif --model M: the title and the search of the model on each profile."""
-    if not args.model:
-        raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
-    if args.models or args.ram or args.nvme:
-        raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
-                         "--target-tokens-per-s)")
-    model = model_of(args)
+    model = _model_across_profiles(args)
     profiles = [profile_of(n, args.nvme_drives) for n in args.profiles or
                 [p.name for p in builtin_one_gpu_profiles()]]
     # a cap that lowers some cards across profiles; one above every card caps none
@@ -460,17 +477,48 @@ def _whatif_profiles(args):
     return None, f"{model.name} across profiles", partial(across_profiles, model, profiles)
 
 
+def _model_across_profiles(args):
+    """--model M of whatif across profiles, its flags checked."""
+    if not args.model:
+        raise UsageError("give --model M (across profiles) or --on-profile P (across models)")
+    if args.models or args.ram or args.nvme:
+        raise UsageError("--models, --ram and --nvme go with --on-profile (--ram also with "
+                         "--target-tokens-per-s)")
+    return model_of(args)
+
+
+def _whatif_ranks(args):
+    """whatif --model M --gpu-counts N,...: the title and the search of the model on each
+    profile at each GPU and host count it holds (the others said and left out)."""
+    model = _model_across_profiles(args)
+    names = args.profiles or [p.name for p in builtin_several_gpu_profiles()]
+    profiles = [profile_of(n, args.nvme_drives) for n in names]
+    check_gpu_cap(args.gpu_memory, max(profiles, key=lambda p: p.gpu.memory_bytes))
+    placements, skipped = rank_counts(profiles, args.gpu_counts, args.host_counts or (1,))
+    for why in skipped:
+        print(f"whatif: {why}", file=sys.stderr)
+    if not placements:
+        raise UsageError("no profile holds any of --gpu-counts "
+                         f"{','.join(map(str, args.gpu_counts))}: give smaller counts or "
+                         "profiles of more GPUs (`layerslide profiles` lists each one's)")
+    return None, f"{model.name} on 1 to {max(args.gpu_counts)} GPUs", partial(
+        across_ranks, model, placements)
+
+
 def _print_whatif(args, rows: list[WhatIfRow], title: str, profile, interrupted: bool) -> None:
     table = _whatif_table(rows)
+    if args.gpu_counts:
+        table.insert(table.columns.get_loc("tokens_per_s") + 1, "speedup", speedups(rows))
     largest = (_largest_by_size(rows, profile, args.moment_precision)
                if args.profile_axis else [])
     if args.json:
         _print_json({"rows": _records(table), "largest": largest, "interrupted": interrupted})
         return
     print(f"what-if: {title}")
-    cols = ["model", "params_B", "profile", "ram_bytes", "nvme_bytes", "feasible",
-            "tokens_per_s", "bottleneck", "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes",
-            "config", "reason"]
+    cols = ["model", "params_B", "profile", *(["gpus", "hosts"] if args.gpu_counts else []),
+            "ram_bytes", "nvme_bytes", "feasible", "tokens_per_s",
+            *(["speedup", "bound"] if args.gpu_counts else ["bottleneck"]),
+            "peak_gpu_bytes", "peak_host_bytes", "peak_nvme_bytes", "config", "reason"]
     print(format_table(_gib_columns(table[[c for c in cols if c in table.columns]])))
     for entry in largest:
         name = entry["largest_fitting_model"]

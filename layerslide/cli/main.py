@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
+    p.add_argument("--gpus", type=positive_int, default=1, metavar="N",
+                   help="GPUs per host, one rank each (default 1; at most the profile's): "
+                        "one rank is tuned on its share of the host; tokens/s and "
+                        "--max-tokens-per-step count every rank's tokens")
+    p.add_argument("--hosts", type=positive_int, default=1, metavar="M",
+                   help="hosts of --gpus ranks each (default 1; the profile needs a [network])")
     p.add_argument("--top", type=positive_int, default=5, help="how many of the best to print")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every candidate (the search before bounds: minutes on large "
@@ -163,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--moment-precision", choices=MOMENT_PRECISIONS, default="fp32",
                    help="how AdamW's moments are stored in the configurations tried (fp32, "
                         "bf16 or int8); --on-profile also bounds the largest model by each")
+    p.add_argument("--gpu-counts", type=int_list, default=None, metavar="N,...",
+                   help="instead of one GPU per profile: each profile at each of these GPU "
+                        "counts per host, one rank each, e.g. 1,2,4,8 (default profiles: the "
+                        "built-in hosts of several GPUs); rows say tokens/s over every rank, "
+                        "the speedup over the profile's one GPU and what bounds each")
+    p.add_argument("--host-counts", type=int_list, default=None, metavar="M,...",
+                   help="with --gpu-counts: each at these host counts too, e.g. 1,2 (profiles "
+                        "with a [network] table)")
     p.add_argument("--exhaustive", action="store_true",
                    help="tune each row over its whole space (see tune --exhaustive)")
     p.add_argument("--tolerance", type=float, default=0.0, metavar="PCT",

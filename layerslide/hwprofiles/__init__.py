@@ -8,6 +8,7 @@ from .loader import (
     builtin_one_gpu_profiles,
     builtin_profile_names,
     builtin_profiles,
+    builtin_several_gpu_profiles,
     load_profile,
 )
 from .profile import GPUSpec, HardwareProfile, HostSpec, LinkSpec, Price, Prices, StorageSpec
@@ -31,6 +32,7 @@ __all__ = [
     "builtin_one_gpu_profiles",
     "builtin_profile_names",
     "builtin_profiles",
+    "builtin_several_gpu_profiles",
     "load_profile",
     "parse_bytes",
     "parse_profile_spec",

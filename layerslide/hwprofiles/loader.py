@@ -161,9 +161,14 @@ def builtin_profiles() -> list[HardwareProfile]:
 
 
 def builtin_one_gpu_profiles() -> list[HardwareProfile]:
-    """The shipped profiles of one GPU: what `whatif` and the demo compare by default (tune and
-    whatif search one rank's plan; a host of several GPUs is `simulate --gpus N`'s)."""
+    """The shipped profiles of one GPU: what `whatif` and the demo compare by default (hosts of
+    several GPUs are `whatif --gpu-counts`'s)."""
     return [p for p in builtin_profiles() if p.host.gpus == 1]
+
+
+def builtin_several_gpu_profiles() -> list[HardwareProfile]:
+    """The shipped hosts of several GPUs: what `whatif --gpu-counts` compares by default."""
+    return [p for p in builtin_profiles() if p.host.gpus > 1]
 
 
 def load_profile(name_or_path: str | os.PathLike[str], *,

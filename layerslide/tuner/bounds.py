@@ -171,7 +171,8 @@ def class_key(train: TrainSpec, policy: Policy) -> tuple:
                          moments_on_nvme=0.0, master_on_nvme=0.0, weights_on_nvme=0.0,
                          host_grad_buffers=None, nvme_prefetch=1, prefetch_depth=1,
                          gpu_updated_blocks=0, resident_layers=0)
-    return (train.micro_batch, train.seq_len, train.max_grad_norm, plain)
+    return (train.micro_batch, train.seq_len, train.max_grad_norm, train.gpus, train.hosts,
+            plain)
 
 
 def keeps_blocks_on_gpu(policy: Policy) -> bool:
@@ -181,9 +182,10 @@ def keeps_blocks_on_gpu(policy: Policy) -> bool:
 
 def class_plan_settings(model: ModelSpec, key: tuple) -> tuple[ModelSpec, TrainSpec, Policy]:
     """What a key's class plan is built from: one decoder layer, one micro-batch a step."""
-    micro_batch, seq_len, max_grad_norm, policy = key
+    micro_batch, seq_len, max_grad_norm, gpus, hosts, policy = key
     return (dataclasses.replace(model, num_layers=1),
-            TrainSpec(micro_batch=micro_batch, seq_len=seq_len, max_grad_norm=max_grad_norm),
+            TrainSpec(micro_batch=micro_batch, seq_len=seq_len, max_grad_norm=max_grad_norm,
+                      gpus=gpus, hosts=hosts),
             policy)
 
 

@@ -31,7 +31,7 @@ def exhaustive(context: TuneContext, settings: list[tuple[TrainSpec, Policy]], w
     try:
         results, pruned = _sweep(context, settings, pool, workers, progress)
         order = ranked(results)
-        if context.space.fill_gpu_updates:
+        if context.fills_gpu_updates:
             order = _filled(context, order, pool)
     finally:
         if pool is not None:

@@ -16,7 +16,7 @@ import signal
 from layerslide.kinds import COMPUTE_KINDS
 from layerslide.planner import Policy, TrainSpec
 from layerslide.planner.plan import runtime_buffer_id
-from layerslide.simulator import CostModel, Overflow, Prediction, memory_limits, static_rejection
+from layerslide.simulator import CostModel, Overflow, Prediction, memory_limits
 from layerslide.simulator.predict import floors_by_block
 from layerslide.trace import TIERS
 from layerslide.tuner.bounds import (
@@ -39,7 +39,7 @@ from layerslide.tuner.bounds import (
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.lanes_first import lanes_first, priced_apart
 from layerslide.tuner.placement import placed_policy, placement_steps
-from layerslide.tuner.plans import plan_of, small_plan_of, static_buffers_of
+from layerslide.tuner.plans import plan_of, rejected_early, small_plan_of, static_buffers_of
 from layerslide.tuner.space import Candidate
 from layerslide.tuner.stages import STAGES, evaluate, filled_with_gpu_updates, niced, settled
 
@@ -66,8 +66,9 @@ class Levels:
         key = (lanes_first, speedup)
         costs = self._costs.get(key)
         if costs is None:
-            costs = self._costs[key] = CostModel(self.context.profile, gpu_speedup=speedup,
-                                                 lanes_first=lanes_first)
+            costs = self._costs[key] = CostModel(
+                self.context.profile, gpu_speedup=speedup, lanes_first=lanes_first,
+                gpus=self.context.gpus, hosts=self.context.hosts)
             while len(self._costs) > COST_MODELS_KEPT:
                 self._costs.pop(next(iter(self._costs)))
         return costs
@@ -93,7 +94,7 @@ class Levels:
 
     def fill(self, policy: Policy, headroom_bytes: float) -> list[list[int]] | None:
         """The blocks a GPU-update fill could take into headroom_bytes (None: none)."""
-        if not self.context.space.fill_gpu_updates:
+        if not self.context.fills_gpu_updates:
             return None
         return fill_takes(self.context.model, policy, headroom_bytes * GPU_FILL_MARGIN)
 
@@ -111,7 +112,7 @@ class Levels:
                             train.grad_accum, fill, cpu=not keeps_blocks_on_gpu(policy))
 
     def class_tokens_per_s(self, train: TrainSpec, policy: Policy) -> float:
-        return tokens_per_s_bound(train.tokens_per_step, self.class_bound(train, policy))
+        return tokens_per_s_bound(train.global_tokens_per_step, self.class_bound(train, policy))
 
     def bound_if_beating(self, train: TrainSpec, policy: Policy, best_tps: float) -> float:
         """The class plans' bound on a candidate of a settling GPU, taken at the fastest its
@@ -121,8 +122,8 @@ class Levels:
             return self.class_tokens_per_s(train, policy)
         work = self.class_bound(train, policy, speedup=1.0)["lane:gpu"]
         speedup = settled_speedup_bound(self.context.profile, work,
-                                        train.tokens_per_step / best_tps)
-        return tokens_per_s_bound(train.tokens_per_step,
+                                        train.global_tokens_per_step / best_tps)
+        return tokens_per_s_bound(train.global_tokens_per_step,
                                   self.class_bound(train, policy, speedup=speedup))
 
     # --- level 1 ------------------------------------------------------------------------------
@@ -149,7 +150,7 @@ class Levels:
         merged = plan_bounds(floors, fill, self.compute_floors(train, placed), train.grad_accum)
         for key, value in self.class_bound(train, policy).items():
             merged[key] = max(merged.get(key, 0.0), value)
-        return tokens_per_s_bound(train.tokens_per_step, merged), None
+        return tokens_per_s_bound(train.global_tokens_per_step, merged), None
 
     def _least_placement(self, train: TrainSpec, policy: Policy) -> tuple[Policy, tuple] | None:
         """The first of place_state's placements whose static buffers fit (the policy and its
@@ -159,8 +160,7 @@ class Levels:
         for *placement, prefetch, activations in steps:
             placed = placed_policy(policy, *placement, pools[-1], prefetch, activations)
             buffers = static_buffers_of(ctx.model, train, placed)
-            early = static_rejection(buffers, train.tokens_per_step, ctx.profile,
-                                     gpu_memory_bytes=ctx.gpu_memory_bytes)
+            early = rejected_early(buffers, train, ctx.profile, ctx.gpu_memory_bytes)
             if early is None:
                 return placed, buffers
             if any(o.tier != "host" for o in early.overflows):
@@ -177,7 +177,8 @@ class Levels:
         limits = memory_limits(ctx.profile, ctx.gpu_memory_bytes)
         runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
         prediction = Prediction(
-            label="", tokens_per_step=train.tokens_per_step, limits_bytes=limits,
+            label="", tokens_per_step=train.global_tokens_per_step, limits_bytes=limits,
+            ranks_per_host=train.gpus, hosts=train.hosts,
             peak_bytes={**static, "gpu": held_bytes}, gpu_runtime_bytes=runtime,
             overflows=(Overflow(tier="gpu", need_bytes=held_bytes, limit_bytes=limits["gpu"]),))
         return Candidate(train=train, policy=policy, prediction=prediction)
@@ -202,7 +203,7 @@ class Levels:
         ctx = self.context
         model, profile, cap, steps = ctx.model, ctx.profile, ctx.gpu_memory_bytes, ctx.num_steps
         if stage == "fill":
-            if ctx.space.fill_gpu_updates:
+            if ctx.fills_gpu_updates:
                 base = candidate
                 candidate = filled_with_gpu_updates(
                     model, base, profile, gpu_memory_bytes=cap, num_steps=steps,
@@ -256,7 +257,7 @@ class Levels:
         costs = self.costs(policy.executor.lanes_first, speedup=speedup)
         floors = BlockFloors.of(plan, costs, ctx.model.num_layers)
         compute = self.compute_floors(train, policy, speedup)
-        return tokens_per_s_bound(train.tokens_per_step,
+        return tokens_per_s_bound(train.global_tokens_per_step,
                                   plan_bounds(floors, fill, compute, train.grad_accum))
 
     def _speedup_bound(self, candidate: Candidate, plan, fill) -> float:

@@ -102,13 +102,21 @@ def simulated(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardw
                         settle_clock=settle_clock, memo=MEMO)
 
 
+def rejected_early(buffers: tuple, train: TrainSpec, profile: HardwareProfile,
+                   gpu_memory_bytes: int | None) -> Prediction | None:
+    """static_rejection of a candidate's static buffers: one rank's, every rank's tokens."""
+    return static_rejection(buffers, train.global_tokens_per_step, profile,
+                            gpu_memory_bytes=gpu_memory_bytes, ranks_per_host=train.gpus,
+                            hosts=train.hosts)
+
+
 def predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
               gpu_memory_bytes: int | None, num_steps: int, costs: CostModel,
               settle_clock: bool) -> Prediction:
     """The candidate simulated; one whose static buffers overflow is rejected before its plan
     is built (a step-major plan of many micro-batches has hundreds of thousands of tasks)."""
-    early = static_rejection(static_buffers_of(model, train, policy), train.tokens_per_step,
-                             profile, gpu_memory_bytes=gpu_memory_bytes)
+    early = rejected_early(static_buffers_of(model, train, policy), train, profile,
+                           gpu_memory_bytes)
     if early is not None:
         return early
     return simulated(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,

@@ -17,6 +17,7 @@ from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy
 from layerslide.planner.build import build_repeatable_plan
 from layerslide.planner.plan import STEADY_STEPS
+from layerslide.simulator.ranks import check_ranks
 from layerslide.tuner.best_first import BestFirst, Outcome
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.exhaustive import exhaustive as exhaustive_search
@@ -63,7 +64,7 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
          num_steps: int = STEADY_STEPS, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None, exhaustive: bool = False,
          tolerance: float = 0.0, interruptible: bool = True,
-         with_plan: bool = True) -> TuneResult:
+         with_plan: bool = True, gpus: int = 1, hosts: int = 1) -> TuneResult:
     """The best candidate of the space and its plan; candidates best tokens/s first,
     infeasible ones last.
 
@@ -75,22 +76,28 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     search as it was, for comparison). Ctrl-C (KeyboardInterrupt) during the best-first search
     returns the best found so far (TuneResult.interrupted); interruptible=False lets it
     through (a sweep of many tunes stops as a whole). with_plan=False leaves the best plan
-    unbuilt (a what-if row reads only the prediction)."""
+    unbuilt (a what-if row reads only the prediction). gpus, hosts: the ranks every candidate
+    runs on (one rank simulated on its share of the host; tokens/s and the token cap are every
+    rank's); with several, no block is updated on the GPU (the planner refuses it)."""
     space = space or SearchSpace()
+    check_ranks(profile, gpus, hosts)
     base = base_policy or Policy.of()
     if seq_len > model.max_position_embeddings:
         raise ValueError(f"seq_len={seq_len} exceeds {model.name}'s "
                          f"max_position_embeddings={model.max_position_embeddings}")
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance={tolerance!r}: give a fraction in [0, 1)")
-    settings = list(space.candidates(seq_len, max_grad_norm, base))
+    settings = list(space.candidates(seq_len, max_grad_norm, base, gpus, hosts))
     if not settings:
+        ranks = f" over {gpus * hosts} ranks" if gpus * hosts > 1 else ""
         raise ValueError(f"no candidate has at most max_tokens_per_step="
-                         f"{space.max_tokens_per_step} tokens per step at seq_len={seq_len}: "
-                         "raise the cap (--max-tokens-per-step) or try smaller micro-batches")
+                         f"{space.max_tokens_per_step} tokens per step{ranks} at "
+                         f"seq_len={seq_len}: raise the cap (--max-tokens-per-step) or try "
+                         "smaller micro-batches" + (" or fewer ranks" if ranks else ""))
     workers = workers if workers is not None else min(os.cpu_count() or 1, MAX_WORKERS)
     context = TuneContext(model=model, profile=profile, space=space,
-                          gpu_memory_bytes=gpu_memory_bytes, num_steps=num_steps)
+                          gpu_memory_bytes=gpu_memory_bytes, num_steps=num_steps, gpus=gpus,
+                          hosts=hosts)
     if exhaustive:
         order, pruned = exhaustive_search(context, settings, workers, progress)
         found = Outcome(ranked=order, pruned=pruned, bounded=0, interrupted=False)

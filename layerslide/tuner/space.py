@@ -83,8 +83,10 @@ class SearchSpace:
                 raise ValueError(f"SearchSpace.{name}: {bad} unknown; choose from "
                                  f"{', '.join(allowed)}")
 
-    def candidates(self, seq_len: int, max_grad_norm: float | None,
-                   base: Policy) -> Iterable[tuple[TrainSpec, Policy]]:
+    def candidates(self, seq_len: int, max_grad_norm: float | None, base: Policy,
+                   gpus: int = 1, hosts: int = 1) -> Iterable[tuple[TrainSpec, Policy]]:
+        """Every combination as (TrainSpec, Policy), for `gpus` ranks per host on `hosts`
+        hosts; max_tokens_per_step caps a step's tokens over every rank (the global batch)."""
         for w, mb, ga, accumulation, act, cast, worker, order, moments in itertools.product(
                 self.windows, self.micro_batches, self.grad_accums, self.accumulations,
                 self.activations, self.casts, self.cast_workers, self.optimizer_orders,
@@ -94,11 +96,11 @@ class SearchSpace:
             if (accumulation == "step_major" and ga > self.step_major_max_accum
                     and "layer_major" in self.accumulations):
                 continue  # layer-major is tried instead
-            tokens = mb * seq_len * ga
+            tokens = mb * seq_len * ga * gpus * hosts
             if self.max_tokens_per_step is not None and tokens > self.max_tokens_per_step:
                 continue
             train = TrainSpec(micro_batch=mb, seq_len=seq_len, grad_accum=ga,
-                              max_grad_norm=max_grad_norm)
+                              max_grad_norm=max_grad_norm, gpus=gpus, hosts=hosts)
             policy = base.with_(window=w, prefetch_depth=min(base.schedule.prefetch_depth, w),
                                 activations=act, cast=cast, accumulation=accumulation,
                                 cast_worker=worker, optimizer_order=order,
@@ -126,7 +128,8 @@ class Candidate:
         p, t, s = self.policy.flat(), self.train, self.prediction
         return {
             "window": p["window"], "micro_batch": t.micro_batch, "grad_accum": t.grad_accum,
-            "tokens_per_step": t.tokens_per_step,
+            "gpus": t.gpus, "hosts": t.hosts,
+            "tokens_per_step": t.global_tokens_per_step,  # every rank's
             **{k: p[k] for k in ("accumulation", "activations", "cast", "cast_worker",
                                  "optimizer_order", "moments_on_nvme", "master_on_nvme",
                                  "weights_on_nvme", "host_grad_buffers", "gpu_updated_blocks",

@@ -32,7 +32,8 @@ def evaluate(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardwa
     holds the GPU at its efficiency tables' rate (simulate's busy speedup left out). `costs`:
     a cost model of the profile to reuse (its costs per task shape), at the policy's knobs."""
     if costs is None or costs.lanes_first != policy.executor.lanes_first or costs.gpu_speedup != 1:
-        costs = CostModel(profile, lanes_first=policy.executor.lanes_first)
+        costs = CostModel(profile, lanes_first=policy.executor.lanes_first, gpus=train.gpus,
+                          hosts=train.hosts)
     base = place_state(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
                        allow_nvme=allow_nvme, num_steps=num_steps, costs=costs,
                        settle_clock=settle_clock)
@@ -52,7 +53,8 @@ def filled_with_gpu_updates(model: ModelSpec, base: Candidate, profile: Hardware
     that fit, then half as many while the GPU overflows; `worth_trying(blocks)` False skips a
     try and the fewer blocks of its order after it (a best-first search whose bound says none
     of them can beat its best)."""
-    costs = costs or CostModel(profile, lanes_first=base.policy.executor.lanes_first)
+    costs = costs or CostModel(profile, lanes_first=base.policy.executor.lanes_first,
+                               gpus=base.train.gpus, hosts=base.train.hosts)
     train = base.train
     pred = base.prediction
     headroom = (pred.limits_bytes["gpu"] - pred.gpu_need_bytes) * GPU_FILL_MARGIN

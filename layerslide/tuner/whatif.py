@@ -1,4 +1,5 @@
-"""What-if: one model across hardware profiles, or one profile across models and RAM/NVMe sizes.
+"""What-if: one model across hardware profiles (on one GPU each, or on several GPUs and hosts),
+or one profile across models and RAM/NVMe sizes.
 
 Each row is the best configuration that tune finds in a small search space, or why nothing fits.
 """
@@ -37,19 +38,23 @@ class WhatIfRow:
     ram_bytes: int
     nvme_bytes: int
     result: TuneResult
+    gpus: int = 1  # ranks per host
+    hosts: int = 1
 
     def row(self) -> dict:
+        """The row's columns: its best configuration's tokens/s (every rank's), what bounds it,
+        and each tier's peak (the GPU's per GPU, the host's and NVMe's per host)."""
         best = self.result.best
         base = {"model": self.model, "params": self.params, "profile": self.profile,
-                "gpu_bytes": self.gpu_bytes, "ram_bytes": self.ram_bytes,
-                "nvme_bytes": self.nvme_bytes, "feasible": best is not None}
+                "gpus": self.gpus, "hosts": self.hosts, "gpu_bytes": self.gpu_bytes,
+                "ram_bytes": self.ram_bytes, "nvme_bytes": self.nvme_bytes,
+                "feasible": best is not None}
         if best is None:
             # the closest miss: the candidate whose worst overflow is the smallest
             closest = min(self.result.candidates, key=_worst_ratio)
-            peaks = closest.prediction.peak_bytes
             return {**base, "reason": closest.prediction.reason, "tokens_per_s": None,
-                    "step_s": None, "bottleneck": None, "mfu": None, "config": "",
-                    **{f"peak_{tier}_bytes": peaks.get(tier, 0) for tier in TIERS}}
+                    "step_s": None, "bottleneck": None, "bound": None, "mfu": None,
+                    "config": "", **_peaks(closest.prediction)}
         r = best.row()
         accumulation = (f"x{r['grad_accum']} {r['accumulation'].replace('_major', '-major')}"
                         if r["grad_accum"] > 1 else "")
@@ -67,8 +72,15 @@ class WhatIfRow:
             parts.append(f"moments={r['moment_precision']}")
         config = " ".join(parts)
         return {**base, "reason": "", "tokens_per_s": r["tokens_per_s"], "step_s": r["step_s"],
-                "bottleneck": r["bottleneck"], "mfu": r["mfu"], "config": config,
-                **{k: r[k] for k in r if k.startswith("peak_")}}
+                "bottleneck": r["bottleneck"], "bound": best.prediction.bound, "mfu": r["mfu"],
+                "config": config, **_peaks(best.prediction)}
+
+
+def _peaks(prediction) -> dict[str, int]:
+    """Each tier's peak: the GPU's per GPU, the host's RAM and NVMe per host (all its ranks)."""
+    per_host = prediction.peak_bytes_per_host
+    return {f"peak_{tier}_bytes": (prediction.peak_bytes if tier == "gpu" else per_host).get(
+        tier, 0) for tier in TIERS}
 
 
 def _worst_ratio(candidate) -> float:
@@ -76,17 +88,19 @@ def _worst_ratio(candidate) -> float:
                default=0.0)
 
 
-def _evaluate(model: ModelSpec, profile: HardwareProfile, *, seq_len: int,
-              gpu_memory_bytes: int | None, space: SearchSpace,
+def _evaluate(model: ModelSpec, profile: HardwareProfile, gpus: int = 1, hosts: int = 1, *,
+              seq_len: int, gpu_memory_bytes: int | None, space: SearchSpace,
               exhaustive: bool = False, tolerance: float = 0.0) -> WhatIfRow:
     result = tune(model, profile, seq_len=seq_len, space=space,
                   gpu_memory_bytes=gpu_memory_bytes, workers=1, exhaustive=exhaustive,
-                  tolerance=tolerance, interruptible=False, with_plan=False)
+                  tolerance=tolerance, interruptible=False, with_plan=False, gpus=gpus,
+                  hosts=hosts)
     gpu = profile.gpu.memory_bytes if gpu_memory_bytes is None else min(
         gpu_memory_bytes, profile.gpu.memory_bytes)
     return WhatIfRow(model=model.name, params=model.total_params, profile=profile.name,
                      gpu_bytes=gpu, ram_bytes=profile.host.ram_bytes,
-                     nvme_bytes=profile.storage.total_capacity_bytes, result=result)
+                     nvme_bytes=profile.storage.total_capacity_bytes, result=result, gpus=gpus,
+                     hosts=hosts)
 
 
 def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
@@ -156,6 +170,44 @@ def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, se
                   exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, [(model, profile) for profile in profiles], workers=workers,
                         progress=progress)
+
+
+def rank_counts(profiles: Sequence[HardwareProfile], gpu_counts: Sequence[int],
+                host_counts: Sequence[int]) -> tuple[list[tuple], list[str]]:
+    """The (profile, gpus, hosts) each profile can hold, and why the others were left out."""
+    held, skipped = [], []
+    for profile in profiles:
+        over = [g for g in gpu_counts if g > profile.host.gpus]
+        if over:
+            skipped.append(f"{profile.name} holds {profile.host.gpus} GPUs: "
+                           f"{', '.join(map(str, over))} not tried")
+        several_hosts = [h for h in host_counts if h > 1]
+        if several_hosts and profile.network is None:
+            skipped.append(f"{profile.name} has no [network] between hosts: "
+                           f"{', '.join(map(str, several_hosts))} hosts not tried")
+        held += [(profile, g, h) for h in host_counts for g in gpu_counts
+                 if g <= profile.host.gpus and (h == 1 or profile.network is not None)]
+    return held, skipped
+
+
+def across_ranks(model: ModelSpec, placements: Sequence[tuple], *, seq_len: int = 1024,
+                 gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
+                 progress: Callable[[int, int], None] | None = None,
+                 workers: int | None = None, exhaustive: bool = False,
+                 tolerance: float = 0.0) -> list[WhatIfRow]:
+    """One model on each (profile, GPUs per host, hosts) of rank_counts: "one GPU or two?"."""
+    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
+                  exhaustive=exhaustive, tolerance=tolerance)
+    return in_processes(job, [(model, *placed) for placed in placements], workers=workers,
+                        progress=progress)
+
+
+def speedups(rows: Sequence[WhatIfRow]) -> list[float | None]:
+    """Each row's tokens/s over its profile's one-GPU row's (None where either is missing)."""
+    one = {r.profile: r.result.best.prediction.tokens_per_s for r in rows
+           if r.gpus == 1 and r.hosts == 1 and r.result.best is not None}
+    return [r.result.best.prediction.tokens_per_s / one[r.profile]
+            if r.result.best is not None and r.profile in one else None for r in rows]
 
 
 def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
