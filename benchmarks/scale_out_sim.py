@@ -1,15 +1,16 @@
 """Simulated scale-out (issue 53): tokens/s and the bound of each model on 1 to 8 GPUs of one
 host, every rank with the same sequences per step (weak scaling, as data-parallel runs report).
 
-    python benchmarks/scale_out_sim.py --out DIR [--quick]
+    python benchmarks/scale_out_sim.py --out DIR [--quick] [--tuned]
 
 Rows: Llama-3.1-70B and Mistral-Large-123B on the RTX 4090 desktop (1 GPU), the two-4090
 desktop and the four-4090 workstation, and on the H100 SXM hosts; Llama-3.2-3B and
 Llama-3.1-8B on the H200 hosts with 24 GiB of each GPU. Each host runs at 1 GPU too, the
 baseline of its speedups. A row's settings are the fastest of a small fixed search (window x
 micro-batch, layer-major accumulation to SEQUENCES_PER_RANK, fp32 moments), each with the least
-NVMe use that fits the host (STATE_LADDER); `tune` is not used. Writes DIR/scale_out.json and
-DIR/scale_out.md.
+NVMe use that fits the host (STATE_LADDER). --tuned: each row is instead `tune`'s pick for
+the ranks (`whatif --gpu-counts`' search space: its token cap counts every rank's tokens, so
+more ranks accumulate less each). Writes DIR/scale_out.json and DIR/scale_out.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.planner.build import static_buffers
 from layerslide.simulator import simulate, static_rejection
+from layerslide.tuner import tune
+from layerslide.tuner.whatif import WHATIF_SPACE
 
 GIB = 1024**3
 SEQ_LEN = 1024
@@ -117,9 +120,25 @@ def best_row(model_name: str, family: Family, profile_name: str, gpus: int,
            "tried": tried}
     if best is None:
         return {**row, "feasible": False}
-    train, policy, pred = best
+    return {**row, **_settings_row(*best)}
+
+
+def tuned_row(model_name: str, family: Family, profile_name: str, gpus: int) -> dict:
+    """tune's pick on the host with `gpus` ranks (whatif's space), as a table row."""
+    model, profile = PRESETS[model_name], load_profile(profile_name)
+    result = tune(model, profile, seq_len=SEQ_LEN, space=WHATIF_SPACE,
+                  gpu_memory_bytes=family.gpu_memory_bytes, gpus=gpus, with_plan=False)
+    row = {"family": family.name, "model": model_name, "profile": profile_name, "gpus": gpus,
+           "tuned": True, "searched": result.searched}
+    if result.best is None:
+        return {**row, "feasible": False}
+    return {**row, **_settings_row(result.best.train, result.best.policy,
+                                   result.best.prediction)}
+
+
+def _settings_row(train: TrainSpec, policy: Policy, pred) -> dict:
     residency = policy.residency
-    return {**row, "feasible": True, "micro_batch": train.micro_batch,
+    return {"feasible": True, "micro_batch": train.micro_batch,
             "grad_accum": train.grad_accum, "window": residency.window,
             "activations": residency.activations, "moments_on_nvme": residency.moments_on_nvme,
             "master_on_nvme": residency.master_on_nvme,
@@ -186,6 +205,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="one candidate per row (a smoke run, not the table)")
     parser.add_argument("--families", help="comma-separated family names to run (default all)")
+    parser.add_argument("--tuned", action="store_true",
+                        help="each row tune's pick for its ranks instead of the fixed search")
     args = parser.parse_args()
     chosen = set(args.families.split(",")) if args.families else None
     rows = []
@@ -196,7 +217,8 @@ def main() -> int:
             for profile, counts in family.hosts:
                 for gpus in counts:
                     start = time.perf_counter()
-                    rows.append(best_row(model, family, profile, gpus, args.quick))
+                    rows.append(tuned_row(model, family, profile, gpus) if args.tuned
+                                else best_row(model, family, profile, gpus, args.quick))
                     print(f"{model} on {profile} x{gpus}: "
                           f"{rows[-1].get('tokens_per_s') or 0:,.0f} tokens/s "
                           f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)

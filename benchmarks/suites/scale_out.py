@@ -13,5 +13,8 @@ SUITE = Suite(
         Case("simulate", "the fastest of a small fixed search per model, host and GPU count",
              (step("{python} benchmarks/scale_out_sim.py --out {out}", timeout_s=3600),),
              needs="cpu"),
+        Case("tuned", "tune's pick per model, host and GPU count (whatif --gpu-counts' space)",
+             (step("{python} benchmarks/scale_out_sim.py --tuned --out {out}", timeout_s=3600),),
+             needs="cpu"),
     ),
 )
