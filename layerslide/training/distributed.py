@@ -77,21 +77,28 @@ def join(device_type: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     rank, world = _whole(environ, "RANK"), _whole(environ, "WORLD_SIZE")
     per_host = _whole(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else world
     if not dist.is_initialized():
-        _init(dist, device_type, timeout_s)
+        local = _whole(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else 0
+        _init(dist, device_type, timeout_s, local)
     gpus = _agreed_ranks_per_host(per_host)
     hosts = world // gpus
     return Ranks(rank=rank, gpus=gpus, hosts=hosts, groups=_groups(dist, gpus, hosts, rank))
 
 
-def _init(dist, device_type: str, timeout_s: float) -> None:
+def _init(dist, device_type: str, timeout_s: float, local_rank: int = 0) -> None:
     """The default process group, through torch's env:// rendezvous (torchrun's store), whose
-    store this module keeps for the roll call."""
+    store this module keeps for the roll call. On GPUs it is bound to this rank's GPU, so that
+    NCCL makes its communicators there at once instead of guessing the device later."""
     global _store, _timeout_s
     timeout = timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     store.set_timeout(timeout)
+    bound = {}
+    if device_type == "cuda":
+        import torch
+
+        bound["device_id"] = torch.device("cuda", local_rank)
     dist.init_process_group(backend(device_type), store=store, rank=rank, world_size=world,
-                            timeout=timeout)
+                            timeout=timeout, **bound)
     _store, _timeout_s = store, timeout_s
 
 

@@ -10,6 +10,7 @@ from ranks_helpers import Launched, free_port, host_args, torchrun
 from layerslide.executor.engine import TaskFailedError
 from layerslide.executor.ranks import SINGLE, Ranks
 from layerslide.kinds import Lane
+from layerslide.training import distributed
 from layerslide.training.distributed import (
     backend,
     is_collective_failure,
@@ -47,6 +48,36 @@ def test_a_missing_group_names_what_was_set_up():
 
 def test_gloo_on_the_cpu_nccl_beside_it_on_gpus():
     assert backend("cpu") == "gloo" and backend("cuda") == "cpu:gloo,cuda:nccl"
+
+
+class _Dist:
+    """torch.distributed as _init sees it: the rendezvous and the group's arguments."""
+
+    def __init__(self):
+        self.made = None
+
+    def rendezvous(self, url, timeout):
+        class Store:
+            def set_timeout(self, timeout):
+                pass
+        yield Store(), 1, 2
+
+    def init_process_group(self, backend, **options):
+        self.made = (backend, options)
+
+
+def test_on_gpus_the_group_is_bound_to_the_ranks_own_gpu(monkeypatch):
+    import torch
+
+    for kept in ("_store", "_timeout_s"):  # _init sets them: put back after the test
+        monkeypatch.setattr(distributed, kept, getattr(distributed, kept))
+    dist = _Dist()
+    distributed._init(dist, "cuda", 30.0, local_rank=3)
+    backend_made, options = dist.made
+    assert backend_made == "cpu:gloo,cuda:nccl"
+    assert options["device_id"] == torch.device("cuda", 3) and options["rank"] == 1
+    distributed._init(dist, "cpu", 30.0, local_rank=3)
+    assert "device_id" not in dist.made[1]
 
 
 # real ranks: torchrun on this machine, gloo (tests/training/ranks_probe.py)
