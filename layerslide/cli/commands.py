@@ -29,6 +29,7 @@ from layerslide.cli.refusals import (
     refuse_flags_a_plan_replaces,
     refuse_policy_flags_that_would_not_act,
 )
+from layerslide.cli.tune_data import data_capped
 from layerslide.hwprofiles import (
     builtin_one_gpu_profiles,
     builtin_profiles,
@@ -302,7 +303,8 @@ def space_of(args) -> SearchSpace:
         # schedules named on the command line are each tried at every accumulation
         step_major_max_accum=(max(args.grad_accums or defaults.grad_accums)
                               if args.accumulations else defaults.step_major_max_accum),
-        max_tokens_per_step=args.max_tokens_per_step or None,
+        max_tokens_per_step=(defaults.max_tokens_per_step if args.max_tokens_per_step is None
+                             else args.max_tokens_per_step or None),
         activations=args.activations_list or defaults.activations,
         casts=args.casts or defaults.casts,
         optimizer_orders=args.optimizer_orders or defaults.optimizer_orders,
@@ -340,8 +342,11 @@ def cmd_tune(args) -> int:
         check_ranks(profile, **ranks)
     except ValueError as err:
         raise UsageError(str(err).replace("plan with", "tune with")) from None
+    if args.tokenizer and not args.data:
+        raise UsageError("--tokenizer counts --data's tokens: give --data FILE too")
+    space = data_capped(space_of(args), args, model) if args.data else space_of(args)
     result = tune(model, profile, seq_len=args.seq_len, max_grad_norm=args.max_grad_norm,
-                  space=space_of(args), gpu_memory_bytes=args.gpu_memory,
+                  space=space, gpu_memory_bytes=args.gpu_memory,
                   base_policy=with_env_overrides(Policy.of()), exhaustive=args.exhaustive,
                   tolerance=tolerance, progress=progress_printer("tune: candidates"), **ranks)
     if result.interrupted:

@@ -112,10 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with accumulation above 1, the schedules to try, of step_major,"
                         f"layer_major (default: both, step_major only up to "
                         f"x{space.step_major_max_accum}; named here: each at every accumulation)")
-    p.add_argument("--max-tokens-per-step", type=int, default=space.max_tokens_per_step,
+    p.add_argument("--max-tokens-per-step", type=int, default=None,
                    help="skip candidates of more tokens per step (micro-batch x sequence x "
-                        f"accumulation; default {space.max_tokens_per_step}: 256 sequences of "
-                        "1k, a large fine-tuning batch); 0 for no cap")
+                        f"accumulation x ranks; default {space.max_tokens_per_step}: 256 "
+                        "sequences of 1k, a large fine-tuning batch, or the --data's tokens "
+                        "where fewer); 0 for no cap")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="the training data (a file, folder or Hub dataset, as train's): a "
+                        "step's tokens are capped at its tokens an epoch, counted with the "
+                        "model's tokenizer (--model a folder or Hub id, or --tokenizer)")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="with --data: the tokenizer folder (default: --model's folder)")
     p.add_argument("--activations", dest="activations_list", type=str_list,
                    help="checkpoint placements to try, of gpu,host,nvme "
                         f"(default: {listed(space.activations)})")

@@ -117,9 +117,22 @@ def data_sources(config: RunConfig, spec: ModelSpec, train, tokenizer):
     for name, source in (("data", data), ("eval data", held_out)):
         if hasattr(source, "describe"):
             print(f"{name}: {source.describe()}", flush=True)
+    _say_passes_a_step(data, train)
     if held_out is None:
         return data, None
     return data, EvalSchedule(batches=batches, every_steps=config.eval_every)
+
+
+def _say_passes_a_step(data, train) -> None:
+    """A note where a step takes more rows than an epoch of the data has: each step then
+    learns from the same examples more than once."""
+    rows = getattr(data, "rows_per_epoch", None)
+    per_step = train.micro_batch * train.grad_accum * train.ranks
+    if rows and per_step > rows:
+        print(f"note: a step takes {per_step} rows (micro-batch x grad-accum x ranks) and the "
+              f"data has {rows} an epoch: each step passes over it {per_step / rows:.1f} times; "
+              "a smaller --grad-accum or --micro-batch gives more optimizer steps per epoch "
+              "(`layerslide tune --data` caps a step at the data)", flush=True)
 
 
 def _say_warnings(said) -> None:
