@@ -653,6 +653,10 @@ class _Builder:
                              bytes=BF16_BYTES * self.gpu_params(block), comm_group="host",
                              key=(pos, 0))
             self.edge(producer, ready, "data")
+            if self.sweep_size == 1:  # autograd's grads, a tensor per parameter, copied into
+                # one flat buffer padded to the slices, as the collective takes them
+                self.buffer(ready, "flat_grads", "gpu", BF16_BYTES * self.gpu_params(block),
+                            (ready,))
             self.buffer(ready, "reduced", "gpu", BF16_BYTES * self.host_params(block), (off,))
         if self.train.hosts > 1:
             peers = self.add(kind=K.ALL_REDUCE_GRADS, lane=Lane.REDUCE, **common,

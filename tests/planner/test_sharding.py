@@ -107,3 +107,21 @@ def test_one_rank_plans_no_collectives():
 def test_gpu_updated_blocks_with_several_ranks_are_refused_by_name():
     with pytest.raises(ValueError, match="gpu_updated_blocks=1 with 2 ranks"):
         plan_for(gpus=2, gpu_updated_blocks=1)
+
+
+@pytest.mark.parametrize("accumulation", ["step_major", "layer_major"])
+def test_step_major_grads_are_copied_into_one_padded_buffer_for_the_reduce(accumulation):
+    """autograd's grads are a tensor per parameter: step-major copies them into one flat
+    buffer padded to the slices for the reduce-scatter, alive while it runs; layer-major
+    rounds its sum into such a buffer already."""
+    plan = plan_for(gpus=2, accumulation=accumulation)
+    reduces = {t.id: t for t in plan.tasks if t.kind == K.REDUCE_GRADS}
+    flats = [b for b in plan.buffers if b.tier == "gpu" and b.alloc_task in reduces
+             and b.release_tasks == (b.alloc_task,)]
+    if accumulation == "layer_major":
+        assert flats == []
+        return
+    assert len(flats) == len(reduces)
+    for b in flats:
+        block = reduces[b.alloc_task].block
+        assert b.bytes == 2 * Shards(plan.model.block_params(block), 2).padded_numel
