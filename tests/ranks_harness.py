@@ -110,6 +110,7 @@ def train(ranks, job: TrainJob) -> dict:
         else:
             trainer.init_random(job.seed)
         initial = {n: v.clone() for n, v in trainer.state.named_master()}
+        owned_at_start = {b: trainer.state.owned_master(b).clone() for b in trainer.blocks.blocks}
         scored = (trainer.evaluate(eval_batches(job.options["eval_batches"]))
                   if "eval_batches" in job.options else None)
         stop = threading.Event()
@@ -136,8 +137,10 @@ def train(ranks, job: TrainJob) -> dict:
         return {"saved": saved, "whole": whole, "losses": [log.loss for log in logs],
                 "stopped": trainer.stopped, "refused": refused,
                 "grad_norms": [log.grad_norm for log in logs],
+                "skipped_blocks": [log.skipped_blocks for log in logs],
                 "tokens_per_step": [log.tokens_per_s * log.step_s for log in logs],
                 "initial": initial, "final": final, "owned": owned, "moments": moments,
+                "owned_at_start": owned_at_start,
                 "eval": scored, "allocated": trainer.allocated_bytes(),
                 "expected": plan.static_buffer_bytes()}
 

@@ -29,6 +29,9 @@ class GradTasks:
             owned = self.reduced.pop(key)
             self.device.keep_for(owned, "d2h")
             sq = torch.linalg.vector_norm(owned, dtype=torch.float32).square()
+            bad = self.nonfinite_elsewhere.pop(key, None)
+            if bad is not None:  # a slice of another rank's is non-finite: skip the block too
+                sq = torch.where(bad[0] > 0, torch.full_like(sq, math.inf), sq)
             landing.copy_(owned, non_blocking=True)
             self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
             return

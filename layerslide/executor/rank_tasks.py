@@ -64,6 +64,8 @@ class RankTasks:
                             device=self.device.device)
         reduce_scatter_slices(owned, flat, self.ranks.group(task.lane, task.comm_group))
         self.reduced[key] = owned
+        if self.ranks.hosts == 1:  # else after the sum across hosts
+            self._share_nonfinite(key, task.lane)
 
     def _do_all_reduce_grads(self, task: Task) -> None:
         """This rank's slice of the grads (the block on a host of one rank) summed with the
@@ -72,6 +74,17 @@ class RankTasks:
         if key not in self.reduced:  # one rank a host: the whole block, flat
             self.reduced[key] = self._flat_grads(key, task.lane)
         sum_over(self.reduced[key], self.ranks.group(task.lane, task.comm_group))
+        if self.ranks.gpus > 1:
+            self._share_nonfinite(key, task.lane)
+
+    def _share_nonfinite(self, key: tuple[int, int, int], lane: str) -> None:
+        """Every rank of the host learns whether any of its slices of the block's summed grads
+        is non-finite, so that all skip the block as one rank would (a one-element all-reduce
+        on the lane's host group after its last reduction, too small for the simulator to
+        price; across hosts the slices are the same sums already)."""
+        bad = (~torch.isfinite(self.reduced[key])).any().to(torch.float32).reshape(1)
+        sum_over(bad, self.ranks.group(lane, "host"))
+        self.nonfinite_elsewhere[key] = bad
 
     def _do_reduce_norm(self, task: Task) -> None:
         """The host's ranks' partial squared norms summed: every rank clips by the same norm."""
