@@ -21,12 +21,7 @@ from layerslide.training.run import (
 def resumed(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     """The checkpointed run's config, with this one's schedule changes, outputs and runtime
     options; checkpoints keep going to DIR. say: where the notes on what changes go."""
-    from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
-
-    try:
-        newest = CheckpointStore(config.resume).latest()
-    except CheckpointError as err:
-        raise RunError(str(err)) from err
+    newest = _newest(config.resume)
     if newest is None:
         raise RunError(f"--resume {config.resume}: no complete checkpoint there (a run writes "
                        "them with --checkpoint-dir and --checkpoint-every/--checkpoint-minutes)")
@@ -45,6 +40,19 @@ def resumed(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     given = set(taken) | (config.given & set(RUNTIME_ONLY))
     return RunConfig.from_options({**saved, **ours, "checkpoint_dir": config.resume},
                                   given=frozenset(given))
+
+
+def _newest(root: str):
+    """The newest checkpoint's info in root (several ranks': rank 0's of the newest step
+    every rank holds), or None."""
+    from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
+    from layerslide.training.rank_checkpoints import saved_steps
+
+    try:
+        found = saved_steps(CheckpointStore(root))
+    except CheckpointError as err:
+        raise RunError(str(err)) from err
+    return found[0].infos[0] if found else None
 
 
 def _check_steps_left(config: RunConfig, saved: dict, done: int) -> None:
