@@ -43,6 +43,9 @@ from layerslide.executor.stripes import (
 )
 from layerslide.planner.settings import MomentPrecision
 
+# a state file's link held for a checkpoint being written (NvmeState.pin_files)
+PIN_SUFFIX = ".pinned"
+
 
 class NvmeSpaceError(OSError):
     """The disk has too little room, or the folder cannot be written."""
@@ -118,6 +121,9 @@ class NvmeState:
                                      self._pools) for b in self.disk_blocks}
         for b in self.disk_blocks:  # fresh state: sparse files of zeros
             self.files[b].create()
+        for folder in self.folders:  # a stopped run's pins (the folder is this run's now)
+            for stale in folder.glob(f"*{PIN_SUFFIX}"):
+                stale.unlink(missing_ok=True)
 
     def required_bytes(self) -> int:
         """Disk bytes the files take, plus the largest once more: a write's new file exists
@@ -128,6 +134,18 @@ class NvmeState:
     def paths(self, block: int) -> list[Path]:
         """The block's file: its stripes, one per folder (one plain file with one folder)."""
         return self.files[block].paths
+
+    def pin_files(self) -> dict[str, Path]:
+        """Hard links of every state file as it is now, by its name: a checkpoint written
+        beside training links these, as the tier replaces the files meanwhile."""
+        pins = {}
+        for b in self.disk_blocks:
+            for path in self.paths(b):
+                pin = path.with_name(path.name + PIN_SUFFIX)
+                pin.unlink(missing_ok=True)
+                os.link(path, pin)
+                pins[path.name] = pin
+        return pins
 
     def remove_files(self) -> None:
         """Delete the state files once the run is over: scratch by then, and often tens of GB.
@@ -389,6 +407,18 @@ class ActivationFiles:
         suffix = f"_{copy}" if self.copies > 1 else ""
         folder = self.folders[(layer * self.copies + copy) % len(self.folders)]
         return folder / f"activations_{layer}{suffix}.bin"
+
+    def pin_files(self) -> dict[str, Path]:
+        """Hard links of every state file as it is now, by its name: a checkpoint written
+        beside training links these, as the tier replaces the files meanwhile."""
+        pins = {}
+        for b in self.disk_blocks:
+            for path in self.paths(b):
+                pin = path.with_name(path.name + PIN_SUFFIX)
+                pin.unlink(missing_ok=True)
+                os.link(path, pin)
+                pins[path.name] = pin
+        return pins
 
     def remove_files(self) -> None:
         """Delete this run's checkpoint files (scratch once it is over), and no other file of a

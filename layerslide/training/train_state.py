@@ -84,6 +84,7 @@ class Checkpointing:
         self.copy_ram_bytes: int | None = None
         self._last_save_s = time.monotonic()  # for a schedule's every_minutes
         self._rank_stores: dict[Path, CheckpointStore | None] = {}  # by the run's store's root
+        self._pins: dict[str, Path] = {}  # NVMe files' links a checkpoint in flight reads
 
     @property
     def in_flight(self) -> bool:
@@ -209,7 +210,8 @@ class Checkpointing:
         if store is None:
             return None
         start_s = time.monotonic()
-        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta,
+                                                                 pinned=True)
         cpu_groups = {b: f"block_{b}" for b in self.trainer.state.steps_taken}
         guard = SnapshotGuard(groups, cpu_groups, self._copy_budget_bytes(),
                               kept=self._copy_buffers)
@@ -271,9 +273,14 @@ class Checkpointing:
             return snapshot.wait(), snapshot
         finally:
             self.trainer.state.update_guard = None
+            for pin in self._pins.values():  # linked by the checkpoint, or it failed
+                pin.unlink(missing_ok=True)
+            self._pins = {}
 
-    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None):
-        """What CheckpointStore.save takes, for the state as it is now."""
+    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None,
+                          pinned: bool = False):
+        """What CheckpointStore.save takes, for the state as it is now (pinned: its NVMe
+        files' links made now, for a write beside training, which replaces the files)."""
         groups = self._state_groups()
         gpu = self.trainer.runner.gpu_blocks
         for b in gpu.ids:
@@ -291,6 +298,8 @@ class Checkpointing:
         nvme = self.trainer.state.nvme
         links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
                                          for path in nvme.paths(b)}
+        if pinned and links:
+            links = self._pins = nvme.pin_files()
         store.check_space(groups, link_files=links)
         return self.trainer.step, groups, state_meta, links
 
