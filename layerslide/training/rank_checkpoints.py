@@ -85,6 +85,13 @@ def saved_steps(store: CheckpointStore) -> list[SavedStep]:
     return sorted(found, key=lambda s: (s.step, "ranks" in s.meta), reverse=True)
 
 
+def newest_checkpoint(store: CheckpointStore) -> CheckpointInfo | None:
+    """The newest checkpoint in the run's folder, of either layout (several ranks': rank 0's
+    of the newest step they all hold whole), or None."""
+    found = saved_steps(store)
+    return found[0].infos[0] if found else None
+
+
 def _gpus(info: CheckpointInfo) -> int:
     """Slices per block in a checkpoint's layout (1: the plain one)."""
     return int(info.meta.get("ranks", {}).get("gpus", 1))

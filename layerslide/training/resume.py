@@ -48,13 +48,12 @@ def _newest(root: str):
     """The newest checkpoint's info in root (several ranks': rank 0's of the newest step
     every rank holds), or None."""
     from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
-    from layerslide.training.rank_checkpoints import saved_steps
+    from layerslide.training.rank_checkpoints import newest_checkpoint
 
     try:
-        found = saved_steps(CheckpointStore(root))
+        return newest_checkpoint(CheckpointStore(root))
     except CheckpointError as err:
         raise RunError(str(err)) from err
-    return found[0].infos[0] if found else None
 
 
 def _check_steps_left(config: RunConfig, saved: dict, done: int) -> None:
