@@ -201,8 +201,9 @@ def _trainer(ranks, job: TrainJob):
     from layerslide.planner.plan import Plan
     from layerslide.training.trainer import Trainer
 
+    nvme = None if job.nvme_dir is None else Path(job.nvme_dir) / f"rank{ranks.rank}"
     return Trainer(config=job.config, plan=Plan.load(job.plan), optim=job.optim, device="cpu",
-                   ranks=ranks, segment_steps=2)
+                   ranks=ranks, segment_steps=2, nvme_dir=nvme)
 
 
 def _data():

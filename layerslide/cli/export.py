@@ -33,7 +33,9 @@ def cmd_export(args) -> int:
         write_resolved(done.folder, RunConfig.from_options({**recorded, "out": str(done.folder)}))
     tokenizer = (f"the tokenizer of {done.tokenizer}" if done.tokenizer is not None
                  else f"no tokenizer ({done.no_tokenizer})")
-    print(f"exported step {done.step} ({done.checkpoint}) to {done.folder}: "
+    source = (str(done.checkpoint) if done.slices == 1
+              else f"the slices of {done.slices} ranks in {done.checkpoint}")
+    print(f"exported step {done.step} ({source}) to {done.folder}: "
           f"{size(done.weights_bytes)} of bf16 weights, config.json, {tokenizer}"
           + (f", {RESOLVED_NAME}" if recorded is not None else ""))
     return 0

@@ -41,9 +41,12 @@ class GracefulStop:
 def stopped_status(trainer, schedule, signum: int | None) -> int:
     """What a stopped run says: where to resume from, or that nothing was kept; 128 + the
     signal's number, as a shell reports a run a signal ended."""
+    from layerslide.training.rank_checkpoints import newest_checkpoint
+
     print(f"stopped after step {trainer.step}; the model is not saved to --out", file=sys.stderr)
-    if schedule is not None and schedule.store.latest() is not None:
-        print(f"checkpoint {schedule.store.latest().path} holds it: continue with "
+    latest = None if schedule is None else newest_checkpoint(schedule.store)
+    if latest is not None:
+        print(f"checkpoint {latest.path} holds it: continue with "
               f"`layerslide train --resume {schedule.store.root}`", file=sys.stderr)
     else:
         print("no checkpoint is kept (no --checkpoint-dir): these steps are lost",

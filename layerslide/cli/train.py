@@ -354,6 +354,7 @@ def _said_stopped(err: Exception, run: Run) -> bool:
     from layerslide.executor.engine import TaskFailedError
     from layerslide.training.checkpoint_store import CheckpointError
     from layerslide.training.distributed import is_collective_failure
+    from layerslide.training.rank_checkpoints import newest_checkpoint
 
     schedule = run.checkpoints
     if run.ranks.world > 1 and is_collective_failure(err):
@@ -362,8 +363,9 @@ def _said_stopped(err: Exception, run: Run) -> bool:
         print(f"layerslide train: training stopped: {err}", file=errors())
     else:
         return False
-    if schedule is not None and schedule.store.latest() is not None:
-        print(f"the last complete checkpoint, {schedule.store.latest().path}, is intact: "
+    latest = None if schedule is None else newest_checkpoint(schedule.store)
+    if latest is not None:
+        print(f"the last complete checkpoint, {latest.path}, is intact: "
               f"continue with `layerslide train --resume {schedule.store.root}`", file=errors())
     return True
 
@@ -392,7 +394,8 @@ def _write_trace(trainer, run: Run, bar) -> None:
 
 def _way_back(schedule) -> str:
     """Where the trained state is kept when a model folder could not be written."""
-    latest = None if schedule is None else schedule.store.latest()
+    from layerslide.training.rank_checkpoints import newest_checkpoint
+    latest = None if schedule is None else newest_checkpoint(schedule.store)
     if latest is None:
         return ""
     return (f"; checkpoint {latest.path} holds the state of step {latest.step}: "
@@ -402,10 +405,11 @@ def _way_back(schedule) -> str:
 def _save_failed(err: ValueError, run: Run) -> int:
     """The final model could not be written: what it needs, and the way back to it."""
     from layerslide.training.output_space import model_bytes, size
+    from layerslide.training.rank_checkpoints import newest_checkpoint
 
     c, schedule = run.config, run.checkpoints
     print(f"layerslide train: error: {err}", file=errors())
-    latest = None if schedule is None else schedule.store.latest()
+    latest = None if schedule is None else newest_checkpoint(schedule.store)
     need = size(model_bytes(run.spec.total_params, run.tokenizer))
     if latest is not None:
         print(f"nothing trained is lost: checkpoint {latest.path} holds the state of step "

@@ -43,6 +43,9 @@ from layerslide.executor.stripes import (
 )
 from layerslide.planner.settings import MomentPrecision
 
+# a state file's link held for a checkpoint being written (NvmeState.pin_files)
+PIN_SUFFIX = ".pinned"
+
 
 class NvmeSpaceError(OSError):
     """The disk has too little room, or the folder cannot be written."""
@@ -118,6 +121,9 @@ class NvmeState:
                                      self._pools) for b in self.disk_blocks}
         for b in self.disk_blocks:  # fresh state: sparse files of zeros
             self.files[b].create()
+        for folder in self.folders:  # a stopped run's pins (the folder is this run's now)
+            for stale in folder.glob(f"*{PIN_SUFFIX}"):
+                stale.unlink(missing_ok=True)
 
     def required_bytes(self) -> int:
         """Disk bytes the files take, plus the largest once more: a write's new file exists
@@ -128,6 +134,18 @@ class NvmeState:
     def paths(self, block: int) -> list[Path]:
         """The block's file: its stripes, one per folder (one plain file with one folder)."""
         return self.files[block].paths
+
+    def pin_files(self) -> dict[str, Path]:
+        """Hard links of every state file as it is now, by its name: a checkpoint written
+        beside training links these, as the tier replaces the files meanwhile."""
+        pins = {}
+        for b in self.disk_blocks:
+            for path in self.paths(b):
+                pin = path.with_name(path.name + PIN_SUFFIX)
+                pin.unlink(missing_ok=True)
+                os.link(path, pin)
+                pins[path.name] = pin
+        return pins
 
     def remove_files(self) -> None:
         """Delete the state files once the run is over: scratch by then, and often tens of GB.
@@ -183,8 +201,21 @@ class NvmeState:
         self.slot_of_block.pop(block, None)
 
     def restore_files(self, block: int, sources: list[Path]) -> None:
-        """Make a checkpoint's copies of the block's files (stripes) the current ones."""
-        self.files[block].restore(sources)
+        """Make a checkpoint's copies of the block's file (its stripes, in order) the current
+        one: linked where they are striped as this run's, else read and written anew (a resume
+        on another count of drives)."""
+        if len(sources) == len(self.paths(block)):
+            self.files[block].restore(sources)
+            return
+        held = sum(source.stat().st_size for source in sources)
+        if held != self.file_bytes[block]:
+            raise ValueError(f"{sources[0]} and its other stripes hold {held} bytes, this run's "
+                             f"state_{block}.bin {self.file_bytes[block]}: resume with the "
+                             "policy that wrote the checkpoint")
+        staging = self.staging[0]
+        staging[:held].copy_(torch.frombuffer(bytearray(read_stripes(sources, 0, held)),
+                                              dtype=torch.uint8))
+        self.write(block, 0)
 
     def read_block(self, block: int) -> tuple[torch.Tensor, Moments]:
         """Copies of a block's on-disk master and moments parts (outside a segment: through
@@ -196,12 +227,15 @@ class NvmeState:
             name: t.clone() for name, t in moments.tensors.items()})
 
     def update_block(self, block: int, master: torch.Tensor | None = None,
-                     weights: torch.Tensor | None = None) -> None:
-        """Replace a block's on-disk master part and/or bf16 weights part (outside a segment),
-        keeping the rest."""
+                     weights: torch.Tensor | None = None,
+                     moments: Moments | None = None) -> None:
+        """Replace a block's on-disk master part, moments part and/or bf16 weights part
+        (outside a segment), keeping the rest."""
         self.files[block].read(self.staging[0], 0, self.file_bytes[block])
         if master is not None:
             self.views(block, 0)[0].copy_(master)
+        if moments is not None:
+            self.views(block, 0)[1].copy_(moments)
         if weights is not None:
             self.weights_view(block, 0).copy_(weights)
         self.write(block, 0)
@@ -222,17 +256,33 @@ def state_file_stripes(files: dict[str, Path], block: int) -> list[Path]:
     return stripes
 
 
-def master_from_stripes(stripes: list[Path], numel: int) -> torch.Tensor:
-    """The first numel fp32 master weights of a block's state file (NvmeState's layout puts
-    the master part first), read from its stripes in order."""
-    want, data = 4 * numel, bytearray()
+def read_stripes(stripes: list[Path], start: int, nbytes: int) -> bytes:
+    """Bytes [start, start + nbytes) of a file striped as `stripes` (its stripes in order, as
+    state_file_stripes lists them)."""
+    data, offset = bytearray(), 0
     for stripe in stripes:
-        with open(stripe, "rb") as f:
-            data += f.read(want - len(data))
-        if len(data) == want:
-            return torch.frombuffer(data, dtype=torch.float32).clone()
-    raise ValueError(f"{', '.join(map(str, stripes)) or 'no state file'}: holds fewer than the "
-                     f"{numel} master weights its checkpoint keeps on NVMe")
+        size = stripe.stat().st_size
+        if offset + size > start and len(data) < nbytes:
+            with open(stripe, "rb") as f:
+                f.seek(max(0, start - offset))
+                data += f.read(nbytes - len(data))
+        offset += size
+    if len(data) < nbytes:
+        raise ValueError(f"{', '.join(map(str, stripes)) or 'no state file'}: holds "
+                         f"{offset} bytes, fewer than the {start + nbytes} its checkpoint needs")
+    return bytes(data)
+
+
+def disk_parts(precision: MomentPrecision, master_numel: int,
+               moments_numel: int) -> dict[str, tuple[int, int, torch.dtype]]:
+    """(start byte, elements, dtype) of each tensor's part in a block's state file, as
+    NvmeState lays it out: the master part, then the moments part as Moments.layout orders
+    it."""
+    parts, start = {"master": (0, master_numel, torch.float32)}, 4 * master_numel
+    for name, size, dtype in Moments.layout(precision, moments_numel):
+        parts[name] = (start, size, dtype)
+        start += size * dtype.itemsize
+    return parts
 
 
 class NvmeFolderLocks:
@@ -357,6 +407,18 @@ class ActivationFiles:
         suffix = f"_{copy}" if self.copies > 1 else ""
         folder = self.folders[(layer * self.copies + copy) % len(self.folders)]
         return folder / f"activations_{layer}{suffix}.bin"
+
+    def pin_files(self) -> dict[str, Path]:
+        """Hard links of every state file as it is now, by its name: a checkpoint written
+        beside training links these, as the tier replaces the files meanwhile."""
+        pins = {}
+        for b in self.disk_blocks:
+            for path in self.paths(b):
+                pin = path.with_name(path.name + PIN_SUFFIX)
+                pin.unlink(missing_ok=True)
+                os.link(path, pin)
+                pins[path.name] = pin
+        return pins
 
     def remove_files(self) -> None:
         """Delete this run's checkpoint files (scratch once it is over), and no other file of a

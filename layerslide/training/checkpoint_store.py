@@ -516,6 +516,13 @@ class CheckpointStore:
                     _Run(stored["nbytes"], None), True)
         return out
 
+    def stored(self, info_or_path: CheckpointInfo | str | Path,
+               group: str) -> dict[str, tuple[torch.dtype, int]]:
+        """Each stored tensor of a group: its dtype and element count (nothing read)."""
+        entry = self._manifest(self._path(info_or_path))["groups"][group]
+        return {t["name"]: (getattr(torch, t["dtype"]), _numel(t["shape"]))
+                for t in entry["tensors"]}
+
     def linked_files(self, info_or_path: CheckpointInfo | str | Path) -> dict[str, Path]:
         """The checkpoint's linked files (NVMe state), each checked against its CRC32."""
         path = self._path(info_or_path)
@@ -613,3 +620,10 @@ class CheckpointStore:
             except OSError as e:
                 warnings.warn(f"could not delete old checkpoint {info.path}: {e}",
                               RuntimeWarning, stacklevel=3)
+
+
+def _numel(shape: list[int]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count

@@ -4,8 +4,9 @@ used), the way back to a model whose final save failed, was killed, or was never
 
 It reads a block at a time, CRC-checked: the block's fp32 master weights from the checkpoint's
 group file and, where the run kept part of them on NVMe, from the state files the checkpoint
-linked (NvmeState's layout: the master part first). Nothing of the training state is allocated
-beyond one block, and no GPU or data is needed.
+linked (NvmeState's layout: the master part first); a checkpoint of several ranks, from each
+rank's slice of the block (training/rank_checkpoints.py). Nothing of the training state is
+allocated beyond one block, and no GPU or data is needed.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from layerslide.training.run import RunError
 
 @dataclass(frozen=True, kw_only=True)
 class Exported:
-    """What an export wrote: the folder, the checkpoint and step it came from, the tokenizer
-    folder whose files went along (None: none did) and why not, where none did."""
+    """What an export wrote: the folder, the checkpoint (of several ranks: their folders'
+    parent) and step it came from, the tokenizer folder whose files went along (None: none
+    did) and why not, where none did."""
 
     folder: Path
     checkpoint: Path
@@ -29,6 +31,7 @@ class Exported:
     tokenizer: Path | None
     no_tokenizer: str | None
     weights_bytes: int
+    slices: int = 1  # ranks whose slices of each block it joined
 
 
 def export_checkpoint(root: str, out: str, *, step: int | None = None,
@@ -40,43 +43,45 @@ def export_checkpoint(root: str, out: str, *, step: int | None = None,
     from layerslide.training.checkpoint_store import CheckpointCorruptError
 
     writable_folder("--out", out, overwrite=overwrite)
-    store, candidates = _checkpoints(root, step)
-    for info in candidates:
+    candidates = _checkpoints(root, step)
+    for saved in candidates:
         try:
-            return _export(store, info, Path(out).expanduser(), overwrite)
+            return _export(saved, Path(out).expanduser(), overwrite)
         except CheckpointCorruptError as err:
-            if step is not None or info is candidates[-1]:
+            if step is not None or saved is candidates[-1]:
                 raise RunError(f"{err}; export another with --step") from err
-            say(f"note: {info.path} is damaged ({err}): exporting the one before it")
+            say(f"note: {saved.infos[0].path} is damaged ({err}): exporting the one before it")
     raise AssertionError("unreachable: _checkpoints returns at least one")
 
 
 def _checkpoints(root: str, step: int | None):
-    """The store and the checkpoints to try, newest first (the one of `step` alone)."""
+    """The saved steps to try, newest first (the one of `step` alone)."""
     from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
+    from layerslide.training.rank_checkpoints import saved_steps
 
     try:
         store = CheckpointStore(Path(root).expanduser(), read_only=True)
-        kept = store.list()
+        kept = saved_steps(store)
     except CheckpointError as err:
         raise RunError(f"{root}: {err}: give the folder a run's --checkpoint-dir named") from err
     if not kept:
         raise RunError(f"{root}: no complete checkpoint there (a run writes them with "
                        "--checkpoint-dir)")
     if step is None:
-        return store, kept[::-1]
-    chosen = [info for info in kept if info.step == step]
+        return kept
+    chosen = [saved for saved in kept if saved.step == step]
     if not chosen:
         raise RunError(f"--step {step}: {root} holds checkpoints of step(s) "
-                       f"{', '.join(str(i.step) for i in kept)}: give one of them")
-    return store, chosen
+                       f"{', '.join(str(s.step) for s in kept[::-1])}: give one of them")
+    return chosen[:1]
 
 
-def _export(store, info, out: Path, overwrite: bool) -> Exported:
+def _export(saved, out: Path, overwrite: bool) -> Exported:
     from layerslide.executor.blocks import ModelBlocks
     from layerslide.training.hf_io import save_hf_folder, tokenizer_files
     from layerslide.training.output_space import check_output_space, export_need
 
+    info = saved.infos[0]
     hf_config = _hf_config(info)
     blocks = ModelBlocks(hf_config)
     tokenizer, no_tokenizer = _tokenizer_of(info)
@@ -84,11 +89,12 @@ def _export(store, info, out: Path, overwrite: bool) -> Exported:
     check_output_space([export_need(params, tokenizer, str(out))])
     config = hf_config.to_dict()
     config.pop("_attn_implementation_autoset", None)
-    folder = save_hf_folder(out, config, _named_master(store, info, blocks),
+    folder = save_hf_folder(out, config, _named_master(saved, blocks),
                             overwrite=overwrite, extra_files=tokenizer_files(tokenizer))
-    return Exported(folder=folder, checkpoint=info.path, step=info.step,
+    checkpoint = info.path if saved.gpus == 1 else info.path.parent.parent
+    return Exported(folder=folder, checkpoint=checkpoint, step=saved.step,
                     checkpoint_meta=info.meta, tokenizer=tokenizer,
-                    no_tokenizer=no_tokenizer, weights_bytes=2 * params)
+                    no_tokenizer=no_tokenizer, weights_bytes=2 * params, slices=saved.gpus)
 
 
 def _hf_config(info):
@@ -125,19 +131,19 @@ def _tokenizer_of(info) -> tuple[Path | None, str | None]:
     return folder, None
 
 
-def _named_master(store, info, blocks) -> Iterator:
-    """(name, fp32 tensor) of every parameter, a block at a time."""
+def _named_master(saved, blocks) -> Iterator:
+    """(name, fp32 tensor) of every parameter, a block at a time: its slices joined (one
+    slice, the whole block, where one rank wrote it)."""
     import torch
 
-    from layerslide.executor.nvme import master_from_stripes, state_file_stripes
+    from layerslide.planner.sharding import Shards
+    from layerslide.training.rank_checkpoints import reslice
+    from layerslide.training.saved_slices import SavedSlices
 
-    linked = None
+    readers = [SavedSlices(s, i) for s, i in zip(saved.stores, saved.infos, strict=True)]
     for b in blocks.blocks:
-        in_ram = store.read_tensor(info, f"block_{b}", "master")
-        on_disk = blocks.numel(b) - in_ram.numel()
-        if on_disk:  # the first elements live in the block's NVMe state file
-            linked = store.linked_files(info) if linked is None else linked
-            stripes = state_file_stripes(linked, b)
-            in_ram = torch.cat([master_from_stripes(stripes, on_disk), in_ram])
-        for slot, view in blocks.views(b, in_ram):
+        whole = torch.empty(blocks.numel(b), dtype=torch.float32)
+        reslice(saved, {f"block_{b}": {"master": whole}}, {b: Shards(whole.numel(), 1)}, 0,
+                readers)
+        for slot, view in blocks.views(b, whole):
             yield slot.name, view

@@ -142,8 +142,10 @@ def _progress(config: RunConfig, checkpoints, saves):
 
     if not config.resume:
         return Progress()
-    kept = checkpoints.store.list()
-    return Progress(steps_done=kept[-1].step if kept else 0, checkpoints=len(kept),
+    from layerslide.training.rank_checkpoints import saved_steps
+
+    kept = saved_steps(checkpoints.store)  # one rank's, or several ranks' slices of each step
+    return Progress(steps_done=kept[0].step if kept else 0, checkpoints=len(kept),
                     saves=len(saves.existing()) if saves is not None else 0)
 
 

@@ -9,7 +9,9 @@ A resume finds the newest step that every writer of a layout holds whole (`saved
 the same slices it reads its own rank's checkpoint as one rank always has; on others it cuts
 its slices out of the saved ones (`reslice`): every tensor of a block is per element (master,
 moments) or per 2048 elements (8-bit moments' scales), and every slice starts on a multiple of
-2048, so each of its elements comes from one saved slice, bit for bit.
+2048, so each of its elements comes from one saved slice, bit for bit. The parts of the saved
+slices a run kept on NVMe are read from the state files their checkpoints linked, and a rank
+whose own state is partly on NVMe writes its files' parts anew (`reslice_with_disk`).
 """
 
 from __future__ import annotations
@@ -18,14 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from layerslide.executor.moments import Moments
 from layerslide.executor.ranks import Ranks
-from layerslide.planner.settings import MOMENT_BLOCK_ELEMENTS
 from layerslide.planner.sharding import Shards
 from layerslide.training.checkpoint_store import CheckpointInfo, CheckpointStore
+from layerslide.training.saved_slices import SavedSlices, count_of, per_element
 
 RANK_FOLDER = "rank-{:05d}"
-# tensors of a block's group kept one per MOMENT_BLOCK_ELEMENTS elements (executor/moments.py)
-PER_SCALE_BLOCK = ("exp_avg_scale", "exp_avg_sq_scale")
 
 
 def rank_store(store: CheckpointStore, ranks: Ranks) -> CheckpointStore | None:
@@ -84,6 +85,13 @@ def saved_steps(store: CheckpointStore) -> list[SavedStep]:
     return sorted(found, key=lambda s: (s.step, "ranks" in s.meta), reverse=True)
 
 
+def newest_checkpoint(store: CheckpointStore) -> CheckpointInfo | None:
+    """The newest checkpoint in the run's folder, of either layout (several ranks': rank 0's
+    of the newest step they all hold whole), or None."""
+    found = saved_steps(store)
+    return found[0].infos[0] if found else None
+
+
 def _gpus(info: CheckpointInfo) -> int:
     """Slices per block in a checkpoint's layout (1: the plain one)."""
     return int(info.meta.get("ranks", {}).get("gpus", 1))
@@ -98,24 +106,51 @@ def slices_of(saved: SavedStep) -> dict[int, int]:
 
 
 def reslice(saved: SavedStep, into: dict[str, dict[str, torch.Tensor]],
-            shards: dict[int, Shards], local_rank: int) -> None:
+            shards: dict[int, Shards], local_rank: int,
+            readers: list[SavedSlices] | None = None) -> None:
     """Fill this rank's groups `into` (block_<b>: tensors of its slice of `shards[b]`) from
     the saved slices, each read with its CRC checked; what no saved slice holds (padding past
-    the block) is zero."""
+    the block) is zero. readers: the saved checkpoints' (kept from one call to the next)."""
     sizes = slices_of(saved)
+    readers = readers or [SavedSlices(s, i) for s, i in zip(saved.stores, saved.infos,
+                                                              strict=True)]
     for group, tensors in into.items():
         block = int(group.removeprefix("block_"))
         saved_size = sizes.get(block, shards[block].numel)
         for name, target in tensors.items():
             target.zero_()
-            per = MOMENT_BLOCK_ELEMENTS if name in PER_SCALE_BLOCK else 1
+            per = per_element(name)
             begin = shards[block].start(local_rank) // per
-            for rank, (store, info) in enumerate(zip(saved.stores, saved.infos, strict=True)):
+            for rank, reader in enumerate(readers):
                 # a slice of 8-bit moments' scales: one per started 2048 elements
-                saved_start, stored = rank * saved_size // per, -(-saved_size // per)
+                saved_start, stored = rank * saved_size // per, count_of(name, saved_size)
                 if _overlap(begin, target.numel(), saved_start, stored):
-                    source = store.read_tensor(info, group, name).reshape(-1)
+                    source = reader.tensor(group, name, saved_size)
                     _copy_overlap(target, begin, source, saved_start)
+
+
+def reslice_with_disk(saved: SavedStep, into: dict[str, dict[str, torch.Tensor]],
+                      shards: dict[int, Shards], local_rank: int, state) -> None:
+    """reslice for a rank whose state (HostState) keeps the first elements of some blocks'
+    slices on NVMe: `into` holds the rest (in RAM); a block at a time, its slice is cut whole
+    and its first elements written to the block's state file."""
+    readers = [SavedSlices(s, i) for s, i in zip(saved.stores, saved.infos, strict=True)]
+    disk = set(state.nvme.disk_blocks)
+    for group, in_ram in into.items():
+        block = int(group.removeprefix("block_"))
+        if block not in disk:
+            reslice(saved, {group: in_ram}, shards, local_rank, readers)
+            continue
+        numel = shards[block].slice_numel
+        whole = {name: torch.empty(count_of(name, numel), dtype=t.dtype)
+                 for name, t in in_ram.items()}
+        reslice(saved, {group: whole}, shards, local_rank, readers)
+        on_disk = {name: t[:t.numel() - in_ram[name].numel()] for name, t in whole.items()}
+        for name, t in in_ram.items():
+            t.copy_(whole[name][on_disk[name].numel():])
+        moments = Moments(state.nvme.moment_precision,
+                          {k: v for k, v in on_disk.items() if k != "master"})
+        state.nvme.update_block(block, master=on_disk["master"], moments=moments)
 
 
 def _overlap(a_start: int, a_len: int, b_start: int, b_len: int) -> bool:

@@ -1,6 +1,7 @@
 """`--resume DIR`: the settings of the run whose checkpoints are in DIR, as its newest
 checkpoint recorded them, with what this invocation may change: a new schedule (a longer
---steps among it), where the model goes (--out), how it runs. A finished run is continued only
+--steps among it), where the model goes (--out), where its NVMe state goes (--nvme-dir: the
+checkpoint holds that state, restored into the new folder), how it runs. A finished run is continued only
 for more --steps; else it is told where its model is, or how to export it."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from layerslide.training.run import (
     RESCHEDULABLE,
     RESUMED_OUTPUTS,
+    RESUMED_PLACES,
     RUNTIME_ONLY,
     RunConfig,
     RunError,
@@ -21,12 +23,7 @@ from layerslide.training.run import (
 def resumed(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     """The checkpointed run's config, with this one's schedule changes, outputs and runtime
     options; checkpoints keep going to DIR. say: where the notes on what changes go."""
-    from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
-
-    try:
-        newest = CheckpointStore(config.resume).latest()
-    except CheckpointError as err:
-        raise RunError(str(err)) from err
+    newest = _newest(config.resume)
     if newest is None:
         raise RunError(f"--resume {config.resume}: no complete checkpoint there (a run writes "
                        "them with --checkpoint-dir and --checkpoint-every/--checkpoint-minutes)")
@@ -38,13 +35,25 @@ def resumed(config: RunConfig, say: Callable[[str], None]) -> RunConfig:
     # what this command line gives, even at a default's value, that the checkpointed run had not
     changed = {k for k in (config.given & set(RunConfig.option_names())) - set(RUNTIME_ONLY)
                if config.option(k) != saved.get(k)}
-    taken = sorted(changed & (RESCHEDULABLE | RESUMED_OUTPUTS))
+    taken = sorted(changed & (RESCHEDULABLE | RESUMED_OUTPUTS | RESUMED_PLACES))
     _say_changes(config, saved, done, taken, sorted(set(changed) - set(taken)), say)
     ours = {k: config.option(k) for k in (*taken, *RUNTIME_ONLY)}
     # what this command line gives that the resumed run takes: the rest was said ignored
     given = set(taken) | (config.given & set(RUNTIME_ONLY))
     return RunConfig.from_options({**saved, **ours, "checkpoint_dir": config.resume},
                                   given=frozenset(given))
+
+
+def _newest(root: str):
+    """The newest checkpoint's info in root (several ranks': rank 0's of the newest step
+    every rank holds), or None."""
+    from layerslide.training.checkpoint_store import CheckpointError, CheckpointStore
+    from layerslide.training.rank_checkpoints import newest_checkpoint
+
+    try:
+        return newest_checkpoint(CheckpointStore(root))
+    except CheckpointError as err:
+        raise RunError(str(err)) from err
 
 
 def _check_steps_left(config: RunConfig, saved: dict, done: int) -> None:
@@ -79,7 +88,7 @@ def _say_changes(config: RunConfig, saved: dict, done: int, taken: list[str],
                  ignored: list[str], say: Callable[[str], None]) -> None:
     """The notes on what a resume changes, what its --steps does to the learning rate, and
     what it ignores."""
-    schedule = [k for k in taken if k not in RESUMED_OUTPUTS]
+    schedule = [k for k in taken if k not in RESUMED_OUTPUTS | RESUMED_PLACES]
     if schedule:
         say("note: resuming under a new schedule: " + ", ".join(
             f"{flag_of(k)} {config.option(k)} (was {saved.get(k)})" for k in schedule))
@@ -88,6 +97,11 @@ def _say_changes(config: RunConfig, saved: dict, done: int, taken: list[str],
     if "out" in taken:
         was = f"was {saved['out']}" if saved.get("out") else "the run had no --out"
         say(f"note: the resumed run saves its model to --out {config.out} ({was})")
+    if "nvme_dir" in taken:
+        was = (f"was {saved['nvme_dir']}, no longer read or written" if saved.get("nvme_dir")
+               else "the run had none")
+        say(f"note: the NVMe state moves to --nvme-dir {config.nvme_dir} ({was}): restored "
+            "there from the checkpoint")
     if ignored:
         say("note: resuming with the checkpointed run's settings: "
             f"{', '.join(map(flag_of, ignored))} ignored")

@@ -39,6 +39,8 @@ RESCHEDULABLE = frozenset({*TRAIN_OPTIONS, *POLICY_OPTIONS, "plan", "gpu_memory"
                            "segment_steps", "steps"} - {"seq_len", *STATE_LAYOUT_FIELDS})
 # where a resumed run's model goes, when this invocation names it
 RESUMED_OUTPUTS = frozenset({"out", "overwrite"})
+# where a resumed run keeps its NVMe state: the checkpoint's copy of it is restored there
+RESUMED_PLACES = frozenset({"nvme_dir"})
 
 
 class RunError(ValueError):

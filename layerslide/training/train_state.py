@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from layerslide.data.sources import TokenSource
 from layerslide.executor.moments import Moments
+from layerslide.executor.nvme import state_file_stripes
 from layerslide.planner.settings import STATE_LAYOUT_FIELDS, Policy, TrainSpec
 from layerslide.training.checkpoint_snapshot import (
     RAM_RESERVE_BYTES,
@@ -41,6 +42,7 @@ from layerslide.training.rank_checkpoints import (
     layout_meta,
     rank_store,
     reslice,
+    reslice_with_disk,
     saved_steps,
     slices_of,
 )
@@ -82,6 +84,7 @@ class Checkpointing:
         self.copy_ram_bytes: int | None = None
         self._last_save_s = time.monotonic()  # for a schedule's every_minutes
         self._rank_stores: dict[Path, CheckpointStore | None] = {}  # by the run's store's root
+        self._pins: dict[str, Path] = {}  # NVMe files' links a checkpoint in flight reads
 
     @property
     def in_flight(self) -> bool:
@@ -207,7 +210,8 @@ class Checkpointing:
         if store is None:
             return None
         start_s = time.monotonic()
-        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta)
+        step, groups, state_meta, links = self._checkpoint_parts(store, data, meta,
+                                                                 pinned=True)
         cpu_groups = {b: f"block_{b}" for b in self.trainer.state.steps_taken}
         guard = SnapshotGuard(groups, cpu_groups, self._copy_budget_bytes(),
                               kept=self._copy_buffers)
@@ -269,9 +273,14 @@ class Checkpointing:
             return snapshot.wait(), snapshot
         finally:
             self.trainer.state.update_guard = None
+            for pin in self._pins.values():  # linked by the checkpoint, or it failed
+                pin.unlink(missing_ok=True)
+            self._pins = {}
 
-    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None):
-        """What CheckpointStore.save takes, for the state as it is now."""
+    def _checkpoint_parts(self, store: CheckpointStore, data: TokenSource, meta: dict | None,
+                          pinned: bool = False):
+        """What CheckpointStore.save takes, for the state as it is now (pinned: its NVMe
+        files' links made now, for a write beside training, which replaces the files)."""
         groups = self._state_groups()
         gpu = self.trainer.runner.gpu_blocks
         for b in gpu.ids:
@@ -289,6 +298,8 @@ class Checkpointing:
         nvme = self.trainer.state.nvme
         links = {} if nvme is None else {path.name: path for b in nvme.disk_blocks
                                          for path in nvme.paths(b)}
+        if pinned and links:
+            links = self._pins = nvme.pin_files()
         store.check_space(groups, link_files=links)
         return self.trainer.step, groups, state_meta, links
 
@@ -305,8 +316,9 @@ class Checkpointing:
             if newest is not None:  # before reading tensors sized by settings that may differ
                 self._check_resumable(newest.path, newest.meta)
             info, meta = store.load_latest_good(groups, fallback=fallback)
+            linked = info
         else:
-            info, meta = self._restore_slices(store, saved, groups, fallback)
+            info, meta, linked = self._restore_slices(store, saved, groups, fallback)
         self._check_resumable(info.path, meta)
         gpu = self.trainer.runner.gpu_blocks
         for b in self.trainer.blocks.blocks:
@@ -317,20 +329,28 @@ class Checkpointing:
                 gpu.steps[b].fill_(taken)
             else:
                 self.trainer.state.set_steps_taken(b, taken)
-        nvme = self.trainer.state.nvme
-        for b in () if nvme is None else nvme.disk_blocks:
-            nvme.restore_files(b, [info.path / path.name for path in nvme.paths(b)])
+        self._restore_files(linked)
         data.load_state_dict(meta["data"])
         self.trainer.step = meta["step"]
         self.trainer.weights_changed()
         self.trainer.device.synchronize()
         return info
 
+    def _restore_files(self, linked: CheckpointInfo | None) -> None:
+        """Make the NVMe state files the checkpoint `linked` holds this run's (as many
+        stripes as it holds: another count of drives re-stripes them); None: written already."""
+        nvme = self.trainer.state.nvme
+        if nvme is None or linked is None:
+            return
+        held = {path.name: path for path in linked.path.iterdir()}
+        for b in nvme.disk_blocks:
+            nvme.restore_files(b, state_file_stripes(held, b))
+
     def _restore_slices(self, store: CheckpointStore, saved: list[SavedStep], groups: dict,
-                        fallback: bool) -> tuple[CheckpointInfo, dict]:
+                        fallback: bool) -> tuple[CheckpointInfo, dict, CheckpointInfo | None]:
         """Read this rank's slices of the newest step every rank reads whole (with
         `fallback`, an older one where a rank's part of it is damaged): the same step on every
-        rank."""
+        rank. Also the checkpoint whose NVMe files to restore (None: written already)."""
         if not saved:
             raise CheckpointError(f"no checkpoint in {store.root}")
         self._check_resumable(saved[0].infos[0].path, saved[0].meta)  # before reading tensors
@@ -350,22 +370,23 @@ class Checkpointing:
                           stacklevel=3)
         raise CheckpointCorruptError(f"every checkpoint in {store.root} is damaged")
 
-    def _read_slices(self, saved: SavedStep, groups: dict) -> tuple[CheckpointInfo, dict]:
+    def _read_slices(self, saved: SavedStep,
+                     groups: dict) -> tuple[CheckpointInfo, dict, CheckpointInfo | None]:
         """This rank's slices from one saved step: its own rank's checkpoint where the slices
-        are the same, else cut out of every saved slice."""
+        are the same (its NVMe files linked next), else cut out of every saved slice (this
+        rank's NVMe files written here)."""
         self._check_resumable(saved.infos[0].path, saved.meta)
         state, local = self.trainer.state, self.trainer.ranks.local_rank
         theirs = slices_of(saved) or {b: s.numel for b, s in state.shards.items()}
         if saved.gpus == self.trainer.plan.placement.gpus and theirs == {
                 b: s.slice_numel for b, s in state.shards.items()}:
             info = saved.infos[local]
-            return info, saved.stores[local].load(info, groups)
-        if self.trainer.plan.placement.state_on_nvme:
-            raise ValueError(f"{saved.infos[0].path} holds slices of {saved.gpus} rank(s) per "
-                             f"host, this run has {self.trainer.ranks.gpus}: with state on "
-                             "NVMe resume on as many ranks per host as wrote it")
-        reslice(saved, groups, state.shards, local)
-        return saved.infos[0], saved.meta
+            return info, saved.stores[local].load(info, groups), info
+        if state.nvme is None:
+            reslice(saved, groups, state.shards, local)
+        else:
+            reslice_with_disk(saved, groups, state.shards, local, state)
+        return saved.infos[0], saved.meta, None
 
     def _every_rank(self, ok: bool) -> bool:
         """Whether every rank's ok is True (a collective of the main thread)."""

@@ -3,8 +3,13 @@ options beside it for a rerun ("same settings, longer") that keeps its checkpoin
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from helpers import tiny_model_folder, tiny_text_data
+from ranks_helpers import Launched, torchrun
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from layerslide.cli.main import main
@@ -50,3 +55,32 @@ def test_export_refuses_what_holds_no_checkpoint(tmp_path, capsys):
         capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["export", str(tmp_path)])  # --out is required
+
+
+def test_a_checkpoint_of_two_ranks_exports_the_model_they_saved(model_dir, tmp_path, capsys):
+    """Each rank's slices, half of them on NVMe, joined into one folder bit for bit; a resume
+    of the finished run finds its checkpoint and offers the export once its model is gone."""
+    data, ckpt, out = tiny_text_data(tmp_path / "data.jsonl"), tmp_path / "ckpt", tmp_path / "out"
+    launched = Launched(torchrun(
+        "--standalone", "--nproc-per-node", "2", "-m", "layerslide", "train", "--model",
+        str(model_dir), "--data", str(data), "--device", "cpu", "--seq-len", "16",
+        "--micro-batch", "2", "--steps", "2", "--checkpoint-dir", str(ckpt), "--out", str(out),
+        "--master-on-nvme", "0.5", "--moments-on-nvme", "0.5", "--nvme-dir",
+        str(tmp_path / "nvme")))
+    status, _, err = launched.finish()
+    assert status == 0, err
+    exported = tmp_path / "exported"
+    assert main(["export", str(ckpt), "--out", str(exported)]) == 0
+    assert f"exported step 2 (the slices of 2 ranks in {ckpt}) to {exported}" in \
+        capsys.readouterr().out
+    saved, joined = load_file(out / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert saved.keys() == joined.keys()
+    assert all(saved[name].equal(joined[name]) for name in saved)  # bit for bit
+    assert json.loads((exported / "config.json").read_text()) == \
+        json.loads((out / "config.json").read_text())
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
+    assert f"finished all its 2 steps and its model is in {out}" in capsys.readouterr().err
+    shutil.rmtree(out)
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu"]) == 2
+    assert f"write the model with `layerslide export {ckpt} --out {out}`" in \
+        capsys.readouterr().err

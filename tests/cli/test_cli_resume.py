@@ -356,8 +356,31 @@ def test_resume_takes_a_new_schedule_and_keeps_the_state_layout(config_dir, tmp_
     assert "after step 2" in captured.out and "step 4/4" in captured.out
     shutil.rmtree(CheckpointStore(ckpt).latest().path)
     assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--moments-on-nvme",
-                 "0.5", "--nvme-dir", str(tmp_path / "nvme")]) == 0  # the layout is kept
-    assert "--moments-on-nvme, --nvme-dir ignored" in capsys.readouterr().err
+                 "0.5"]) == 0  # the layout is kept
+    assert "--moments-on-nvme ignored" in capsys.readouterr().err
+
+
+def test_resume_moves_the_nvme_state_to_a_new_nvme_dir(config_dir, tmp_path, uninterrupted,
+                                                       capsys):
+    """The old folder's drive is gone (a file in its place): the state goes to the new one,
+    from the checkpoint, and the run goes on bit for bit."""
+    ckpt, log, old = tmp_path / "ckpt", tmp_path / "log.jsonl", tmp_path / "old"
+    assert main([*train_args(config_dir, ckpt, log), "--master-on-nvme", "0.5",
+                 "--moments-on-nvme", "0.5", "--nvme-dir", str(old)]) == 0
+    shutil.rmtree(CheckpointStore(ckpt).latest().path)  # as if it stopped 2 steps earlier
+    shutil.rmtree(old)
+    old.write_text("")
+    capsys.readouterr()
+    new, resumed_log = tmp_path / "new", tmp_path / "resumed.jsonl"
+    assert main(["train", "--resume", str(ckpt), "--device", "cpu", "--nvme-dir", str(new),
+                 "--log-jsonl", str(resumed_log)]) == 0
+    assert (f"note: the NVMe state moves to --nvme-dir {new} (was {old}, no longer read or "
+            "written): restored there from the checkpoint") in capsys.readouterr().err
+    after = losses(resumed_log)
+    assert sorted(after) == [STEPS - 2, STEPS - 1]
+    assert after == {s: uninterrupted[s] for s in after}  # bit for bit
+    latest = CheckpointStore(ckpt).latest()
+    assert latest.step == STEPS and latest.meta["run"]["args"]["nvme_dir"] == str(new)
 
 
 def test_resume_takes_a_flag_typed_at_its_default_and_refuses_what_a_plan_replaces(

@@ -149,3 +149,57 @@ def _slice_of(tensors: dict, shards: Shards, rank: int) -> dict:
         part[:piece.numel()] = piece
         out[name] = part
     return out
+
+
+NVME = {**POLICY, "master_on_nvme": 0.5, "moments_on_nvme": 0.75}
+
+
+def one_rank_resumed(config, plan, root, nvme_dir=None) -> dict:
+    """One rank's restored state (its whole blocks) and two steps trained on from it."""
+    from ranks_harness import _state_of
+
+    with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu", segment_steps=2,
+                 nvme_dir=nvme_dir) as trainer:
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        assert trainer.checkpointing.restore_state(CheckpointStore(root), data).step == 2
+        restored = _state_of(trainer)
+        logs = trainer.fit(data, 2)
+        return {"restored": restored, "losses": [log.loss for log in logs],
+                "final": {n: v.clone() for n, v in trainer.state.named_master()}}
+
+
+def test_state_on_nvme_resumes_from_two_ranks_on_one_and_from_one_on_two(tmp_path):
+    """Each rank's NVMe part is cut out of the saved slices and written to its own files: the
+    state as saved bit for bit, trained on as the same state read whole, and back on two ranks
+    as the two that saved it, never stopped."""
+    config = tiny_config("llama")
+    root = str(tmp_path / "two-ckpt")
+    _, two_plan = make_plan(tmp_path, "two", config, accum=2, gpus=2, **NVME)
+    two = spawn(checkpointed, TrainJob(out=str(tmp_path / "two-out"), plan=two_plan,
+                                       config=config, optim=OPTIM, steps=2,
+                                       nvme_dir=str(tmp_path / "two-nvme"),
+                                       options={"root": root, "first": 2}), gpus=2)
+    numels = {b: len(t) for b, t in _numels(config).items()}
+    one_plan, _ = make_plan(tmp_path, "one", config, accum=4, **NVME)
+    on_disk = one_rank_resumed(config, one_plan, root, tmp_path / "one-nvme")
+    check_same_state(two, [on_disk], "restored", numels)
+    check_close(on_disk["losses"], on_disk["final"], two[0])
+
+    one_root = str(tmp_path / "one-ckpt")  # the same state as one rank's checkpoint
+    with Trainer(config=config, plan=one_plan, optim=OPTIM, device="cpu",
+                 nvme_dir=tmp_path / "one-nvme") as trainer:
+        data = SyntheticTokens(VOCAB, SEQ, seed=1)
+        trainer.checkpointing.restore_state(CheckpointStore(root), data)
+        trainer.checkpointing.save_state(CheckpointStore(one_root), data)
+    linked = one_rank_resumed(config, one_plan, one_root, tmp_path / "linked-nvme")
+    assert linked["losses"] == on_disk["losses"]  # cut from slices = linked whole: bit for bit
+    assert all(torch.equal(linked["final"][n], v) for n, v in on_disk["final"].items())
+    # and back on two ranks: as the two that saved it trained on, never stopped
+    again = spawn(checkpointed, TrainJob(out=str(tmp_path / "again-out"), plan=two_plan,
+                                         config=config, optim=OPTIM, steps=2,
+                                         nvme_dir=str(tmp_path / "again-nvme"),
+                                         options={"root": one_root, "resume": True}), gpus=2)
+    check_same_state(two, again, "restored", numels)
+    for r in again:
+        assert r["losses"] == two[0]["resumed"]["losses"]  # as the two ranks that saved it
+        assert all(torch.equal(r["final"][n], v) for n, v in two[0]["resumed"]["final"].items())

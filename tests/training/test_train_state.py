@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 
 import pytest
 import torch
@@ -274,3 +275,36 @@ def test_a_checkpoint_written_beside_training_is_the_synchronous_one(tmp_path, p
     for name, value in state[0].items():
         assert torch.equal(got[0][name], value), name
     assert_same_moments(got[1], state[1])
+
+
+def test_a_checkpoint_beside_training_links_the_nvme_files_of_its_own_step(tmp_path,
+                                                                           monkeypatch):
+    """Its writer links the state files only once the next step has replaced them: the
+    checkpoint still holds its step's files (linked as the pipeline drained), as the
+    synchronous one does."""
+    from layerslide.training import checkpoint_store
+
+    config, policy = tiny_config("llama"), Policy.of(moments_on_nvme=0.5, master_on_nvme=0.5)
+    plan = build_plan(spec_of(config, tmp_path), TrainSpec(micro_batch=2, seq_len=SEQ), policy)
+    next_step_done, link = threading.Event(), checkpoint_store._link
+
+    def late_link(*args):
+        next_step_done.wait(30)
+        return link(*args)
+
+    stores = {}
+    for background in (False, True):
+        stores[background] = store = CheckpointStore(tmp_path / f"ckpt-{background}")
+        monkeypatch.setattr(checkpoint_store, "_link", late_link if background else link)
+        with Trainer(config=config, plan=plan, optim=OPTIM, device="cpu", segment_steps=2,
+                     nvme_dir=tmp_path / f"nvme-{background}") as trainer:
+            trainer.init_random(0)
+            trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 4,
+                        checkpoints=CheckpointSchedule(store=store, every_steps=2,
+                                                       background=background),
+                        on_step_done=lambda step: step == 3 and next_step_done.set())
+    assert next_step_done.is_set()
+    ours, theirs = (stores[b].list()[0] for b in (True, False))
+    assert ours.step == theirs.step == 2
+    assert checkpoint_bytes(ours.path) == checkpoint_bytes(theirs.path)
+    assert not list((tmp_path / "nvme-True").glob("*.pinned"))  # the pins went with it
