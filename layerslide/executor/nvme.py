@@ -408,18 +408,6 @@ class ActivationFiles:
         folder = self.folders[(layer * self.copies + copy) % len(self.folders)]
         return folder / f"activations_{layer}{suffix}.bin"
 
-    def pin_files(self) -> dict[str, Path]:
-        """Hard links of every state file as it is now, by its name: a checkpoint written
-        beside training links these, as the tier replaces the files meanwhile."""
-        pins = {}
-        for b in self.disk_blocks:
-            for path in self.paths(b):
-                pin = path.with_name(path.name + PIN_SUFFIX)
-                pin.unlink(missing_ok=True)
-                os.link(path, pin)
-                pins[path.name] = pin
-        return pins
-
     def remove_files(self) -> None:
         """Delete this run's checkpoint files (scratch once it is over), and no other file of a
         folder that may be shared."""
