@@ -83,12 +83,19 @@ class SearchSpace:
                 raise ValueError(f"SearchSpace.{name}: {bad} unknown; choose from "
                                  f"{', '.join(allowed)}")
 
+    def rank_accums(self, ranks: int) -> tuple[int, ...]:
+        """Each rank's accumulations to try: grad_accums, and each divided by the ranks (so
+        that N ranks are tried at the global batches one GPU is)."""
+        shared = {ga // ranks for ga in self.grad_accums if ga // ranks >= 1}
+        return tuple(sorted(set(self.grad_accums) | shared))
+
     def candidates(self, seq_len: int, max_grad_norm: float | None, base: Policy,
                    gpus: int = 1, hosts: int = 1) -> Iterable[tuple[TrainSpec, Policy]]:
         """Every combination as (TrainSpec, Policy), for `gpus` ranks per host on `hosts`
         hosts; max_tokens_per_step caps a step's tokens over every rank (the global batch)."""
         for w, mb, ga, accumulation, act, cast, worker, order, moments in itertools.product(
-                self.windows, self.micro_batches, self.grad_accums, self.accumulations,
+                self.windows, self.micro_batches, self.rank_accums(gpus * hosts),
+                self.accumulations,
                 self.activations, self.casts, self.cast_workers, self.optimizer_orders,
                 self.moment_precisions):
             if ga == 1 and accumulation != self.accumulations[0]:

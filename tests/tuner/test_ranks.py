@@ -123,3 +123,17 @@ def test_whatif_rows_on_several_ranks_and_their_speedups():
     best = rows[1].result.best.prediction
     assert table[1]["peak_host_bytes"] == 2 * best.peak_bytes["host"]
     assert table[1]["peak_gpu_bytes"] == best.peak_bytes["gpu"]
+
+
+def test_several_ranks_are_tried_at_the_global_batches_of_one_gpu():
+    """Each accumulation divided by the ranks is tried too: under a cap on every rank's
+    tokens, N ranks reach the global batch one GPU is tuned at (64 sequences: 16 x 4 on one,
+    16 x 2 on each of two)."""
+    space = SearchSpace(windows=(1,), micro_batches=(16,), grad_accums=(1, 4),
+                        accumulations=("layer_major",), activations=("gpu",),
+                        casts=("cpu_once",), max_tokens_per_step=64 * 64)
+    assert space.rank_accums(1) == (1, 4) and space.rank_accums(2) == (1, 2, 4)
+    assert space.rank_accums(8) == (1, 4)
+    biggest = max(t.global_tokens_per_step
+                  for t, _ in space.candidates(64, None, Policy.of(), gpus=2))
+    assert biggest == max(t.tokens_per_step for t, _ in space.candidates(64, None, Policy.of()))
