@@ -184,3 +184,20 @@ def cache_hub_dataset(home, name: str, splits: dict) -> None:
         target = home / "datasets" / name.replace("/", "___") / "default" / "0.0.0"
         target.mkdir(parents=True)
         shutil.move(builder.cache_dir, target / COMMIT[:16])
+
+
+def level_bounds(levels, train, policy):
+    """A candidate taken through tune's levels (tuner.levels): the bound each gave, and the
+    candidate at its end (None where its sweep found it infeasible)."""
+    from layerslide.tuner.stages import STAGES
+
+    bounds = [levels.class_tokens_per_s(train, policy), levels.short_bound(train, policy)[0]]
+    candidate, later = levels.sweep(train, policy)
+    if not candidate.feasible:
+        return bounds, None
+    for stage in STAGES:
+        if later is None:
+            break
+        bounds.append(later)
+        candidate, later = levels.stage(candidate, stage)
+    return bounds, candidate

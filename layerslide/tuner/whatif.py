@@ -160,16 +160,10 @@ def _longest_first(items: Sequence[tuple]) -> list[int]:
     return sorted(range(len(items)), key=size)
 
 
-def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile], *, seq_len: int = 1024,
-                    gpu_memory_bytes: int | None = None, space: SearchSpace = WHATIF_SPACE,
-                    progress: Callable[[int, int], None] | None = None,
-                    workers: int | None = None, exhaustive: bool = False,
-                    tolerance: float = 0.0) -> list[WhatIfRow]:
-    """One model on each profile (exhaustive, tolerance: as tune's)."""
-    job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
-                  exhaustive=exhaustive, tolerance=tolerance)
-    return in_processes(job, [(model, profile) for profile in profiles], workers=workers,
-                        progress=progress)
+def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile],
+                    **search) -> list[WhatIfRow]:
+    """One model on one GPU of each profile (search: across_ranks' options)."""
+    return across_ranks(model, [(profile, 1, 1) for profile in profiles], **search)
 
 
 def rank_counts(profiles: Sequence[HardwareProfile], gpu_counts: Sequence[int],
@@ -195,7 +189,8 @@ def across_ranks(model: ModelSpec, placements: Sequence[tuple], *, seq_len: int 
                  progress: Callable[[int, int], None] | None = None,
                  workers: int | None = None, exhaustive: bool = False,
                  tolerance: float = 0.0) -> list[WhatIfRow]:
-    """One model on each (profile, GPUs per host, hosts) of rank_counts: "one GPU or two?"."""
+    """One model on each (profile, GPUs per host, hosts) of rank_counts: "one GPU or two?"
+    (exhaustive, tolerance: as tune's)."""
     job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
                   exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, [(model, *placed) for placed in placements], workers=workers,

@@ -3,7 +3,7 @@
 from dataclasses import replace
 
 import pytest
-from helpers import make_round_profile, make_tiny_model
+from helpers import level_bounds, make_round_profile, make_tiny_model
 
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
@@ -12,7 +12,6 @@ from layerslide.tuner import SearchSpace, plans, tune
 from layerslide.tuner.bounds import gpu_in_use_lower_bound
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.levels import Levels
-from layerslide.tuner.stages import STAGES
 
 TINY_SPACE = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1, 4),
                          accumulations=("layer_major",), activations=("gpu", "host"),
@@ -62,18 +61,10 @@ def test_every_bound_is_above_what_its_candidate_reaches():
     levels = Levels(TuneContext(model=model, profile=profile, space=H200_SPACE,
                                 gpu_memory_bytes=24 * 2**30, num_steps=3))
     for train, policy in H200_SPACE.candidates(1024, None, Policy.of()):
-        bounds = [levels.class_tokens_per_s(train, policy)]
-        short, rejected = levels.short_bound(train, policy)
-        assert rejected is None
-        bounds.append(short)
-        candidate, later = levels.sweep(train, policy)
-        if not candidate.feasible:
+        assert levels.short_bound(train, policy)[1] is None  # none rejected unsimulated
+        bounds, candidate = level_bounds(levels, train, policy)
+        if candidate is None:
             continue
-        for stage in STAGES:
-            if later is None:
-                break
-            bounds.append(later)
-            candidate, later = levels.stage(candidate, stage)
         reached = candidate.prediction.tokens_per_s
         assert all(b >= reached for b in bounds), (train, policy, bounds, reached)
 

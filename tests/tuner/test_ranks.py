@@ -3,13 +3,12 @@
 from dataclasses import replace
 
 import pytest
-from helpers import make_round_host, make_round_profile, make_tiny_model
+from helpers import level_bounds, make_round_host, make_round_profile, make_tiny_model
 
 from layerslide.planner import Policy
 from layerslide.tuner import SearchSpace, tune
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.levels import Levels
-from layerslide.tuner.stages import STAGES
 from layerslide.tuner.whatif import across_ranks, rank_counts, speedups
 
 SPACE = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1, 4),
@@ -43,15 +42,9 @@ def test_every_bound_holds_on_several_ranks():
                                 num_steps=3, gpus=2))
     checked = 0
     for train, policy in SPACE.candidates(64, None, Policy.of(), gpus=2):
-        bounds = [levels.class_tokens_per_s(train, policy), levels.short_bound(train, policy)[0]]
-        candidate, later = levels.sweep(train, policy)
-        if not candidate.feasible:
+        bounds, candidate = level_bounds(levels, train, policy)
+        if candidate is None:
             continue
-        for stage in STAGES:
-            if later is None:
-                break
-            bounds.append(later)
-            candidate, later = levels.stage(candidate, stage)
         assert all(b >= candidate.prediction.tokens_per_s for b in bounds), (train, bounds)
         checked += 1
     assert checked > 0
