@@ -4,6 +4,7 @@ this code with --exhaustive (every candidate simulated), and this code as it is;
 seconds each (the command and its worker processes), and whether the answers agree.
 
     python benchmarks/planning_commands.py --out DIR [--baseline DIR] [--only demo,tune-123b]
+        [--no-exhaustive]
 
 Each command's variants run one after the other (baseline, exhaustive, fast), so that they
 see the same machine; the load average is recorded before each. The answers compared: tune's
@@ -92,9 +93,10 @@ def run_variant(name: str, variant: str, code: Path) -> dict:
             "stderr_tail": done.stderr[-2000:] if not ok else ""}
 
 
-def run_command(name: str, baseline: Path | None) -> dict:
+def run_command(name: str, baseline: Path | None, exhaustive: bool = True) -> dict:
     variants = [("baseline", baseline)] if baseline else []
-    variants += [("exhaustive", REPO), ("fast", REPO)]
+    variants += [("exhaustive", REPO)] if exhaustive else []
+    variants += [("fast", REPO)]
     runs = {v: run_variant(name, v, code) for v, code in variants}
     fast = runs["fast"]["answer"]
     return {"command": name, "target_s": COMMANDS[name][2], "runs": runs,
@@ -126,6 +128,9 @@ def main() -> int:
                         help="a copy of the code before (e.g. `git archive 59c3b8e`), run as is")
     parser.add_argument("--only", default=None,
                         help=f"commands to run, comma-separated (default all: {', '.join(COMMANDS)})")
+    parser.add_argument("--no-exhaustive", action="store_true",
+                        help="leave out this code's --exhaustive runs (the baseline and the "
+                             "fast search only: half the time)")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(COMMANDS)
     unknown = [n for n in names if n not in COMMANDS]
@@ -134,7 +139,7 @@ def main() -> int:
     baseline = Path(args.baseline).resolve() if args.baseline else None
     if baseline is not None and not (baseline / "layerslide" / "cli" / "main.py").is_file():
         parser.error(f"--baseline {args.baseline}: no layerslide/cli/main.py there")
-    rows = [run_command(name, baseline) for name in names]
+    rows = [run_command(name, baseline, not args.no_exhaustive) for name in names]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(["benchmarks/planning_commands.py", *sys.argv[1:]])
