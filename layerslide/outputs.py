@@ -27,6 +27,14 @@ def free_bytes(path: str | Path) -> int:
     return shutil.disk_usage(_nearest_existing(Path(path).expanduser().absolute())).free
 
 
+def size(nbytes: int) -> str:
+    """Bytes as a person reads them (decimal units, as disks are sold)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
 def filesystem_of(path: str | Path) -> tuple[int, Path]:
     """(device id, mount point) of the filesystem that holds (or will hold) path: outputs on
     one device share its free bytes."""

@@ -22,8 +22,8 @@ def add_export_command(sub, units: str) -> None:
 
 
 def cmd_export(args) -> int:
+    from layerslide.outputs import size
     from layerslide.training.export import export_checkpoint
-    from layerslide.training.output_space import size
     from layerslide.training.run import RunConfig
 
     done = export_checkpoint(args.checkpoint_dir, args.out, step=args.step,

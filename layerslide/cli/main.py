@@ -4,7 +4,6 @@ calibrate, refine, demo."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from layerslide.cli.options import (
     add_train,
     byte_size,
     byte_sizes,
-    flag_of,
     given_options,
+    in_flag_words,
     int_list,
     positive_int,
     profile_list,
@@ -235,24 +234,6 @@ def run_demo_command(args) -> int:
                       exhaustive=args.exhaustive)
     print(f"report written to {readme.parent.resolve()} (start with {readme.name})")
     return 0
-
-
-# a spec's field named otherwise than the flag that sets it
-_FIELD_FLAGS = {"num_steps": "steps"}
-
-
-def in_flag_words(message: str, parser: argparse.ArgumentParser, given) -> str:
-    """A refusal that names a spec's field (`Policy.moments_on_nvme=2.0: ...`, or a bare
-    `num_steps=1: ...` opening it) said as the flag the user gave (`--moments-on-nvme 2.0:`):
-    a value from a plan file, or a profile variant's `drives=x`, stays as it is."""
-    dests = {a.dest for a in parser._actions if a.option_strings} & set(given)
-
-    def flag(match: re.Match) -> str:
-        dest = _FIELD_FLAGS.get(match["field"], match["field"])
-        if dest not in dests:
-            return match[0]
-        return f"{flag_of(dest)} {match['value']}:"
-    return re.sub(r"(?:\b[A-Z]\w*\.|^)(?P<field>[a-z_]+)=(?P<value>[^:\s]+):", flag, message)
 
 
 def _subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

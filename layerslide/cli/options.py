@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import MISSING, Field
@@ -58,6 +59,24 @@ def plan_settings(parser: argparse.ArgumentParser) -> list[str]:
 def flag_of(dest: str) -> str:
     """The command-line flag of an option's dest."""
     return "--" + dest.replace("_", "-")
+
+
+# a spec's field named otherwise than the flag that sets it
+_FIELD_FLAGS = {"num_steps": "steps"}
+
+
+def in_flag_words(message: str, parser: argparse.ArgumentParser, given) -> str:
+    """A refusal that names a spec's field (`Policy.moments_on_nvme=2.0: ...`, or a bare
+    `num_steps=1: ...` opening it) said as the flag the user gave (`--moments-on-nvme 2.0:`):
+    a value from a plan file, or a profile variant's `drives=x`, stays as it is."""
+    dests = {a.dest for a in parser._actions if a.option_strings} & set(given)
+
+    def flag(match: re.Match) -> str:
+        dest = _FIELD_FLAGS.get(match["field"], match["field"])
+        if dest not in dests:
+            return match[0]
+        return f"{flag_of(dest)} {match['value']}:"
+    return re.sub(r"(?:\b[A-Z]\w*\.|^)(?P<field>[a-z_]+)=(?P<value>[^:\s]+):", flag, message)
 
 
 def given_as(args, dest: str) -> str:

@@ -196,7 +196,7 @@ def cmd_train(args) -> int:
 
 def _error_sayer(args):
     """How a refusal is said (as main says one): for rank 0 to say the ranks'."""
-    from layerslide.cli.main import in_flag_words
+    from layerslide.cli.options import in_flag_words
 
     def say_error(message: str) -> None:
         print(f"layerslide train: error: {in_flag_words(message, args.parser, args.given)}",

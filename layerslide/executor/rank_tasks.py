@@ -10,16 +10,12 @@ the clipping norm sums the host's ranks' partial squares.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from layerslide.executor.collectives import gather_slices, reduce_scatter_slices, sum_over
+from layerslide.executor.units import WeightUnit
 from layerslide.kinds import Lane
 from layerslide.planner.plan import Task
-
-if TYPE_CHECKING:
-    from layerslide.executor.runner import WeightUnit
 
 
 class RankTasks:

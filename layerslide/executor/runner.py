@@ -37,6 +37,7 @@ from layerslide.executor.host_state import HostState
 from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.rank_tasks import RankTasks
+from layerslide.executor.units import WeightUnit
 from layerslide.kernels.linear_cross_entropy import (
     fused_linear_cross_entropy,
     triton_head_available,
@@ -57,26 +58,6 @@ from layerslide.planner.plan import (
     block_weights_buffer_id,
     slot_space,
 )
-
-
-@dataclass
-class WeightUnit:
-    """A GPU buffer for one block's bf16 weights (and the module computing from it). With
-    several ranks on a host `flat` is the front of `padded`, every rank's slice back to back
-    (planner/sharding.py): what the loads and the all-gather fill."""
-
-    flat: torch.Tensor
-    module: nn.Module | None = None
-    landing_fp32: torch.Tensor | None = None  # cast=gpu: fp32 weights arrive here first, padded
-    padded: torch.Tensor | None = None  # None: no padding, flat itself
-
-    @property
-    def arrivals(self) -> torch.Tensor:
-        """Where loads send a block's slices: the fp32 landing where there is one, else the
-        bf16 buffer, padded."""
-        if self.landing_fp32 is not None:
-            return self.landing_fp32
-        return self.flat if self.padded is None else self.padded
 
 
 class Handoff:

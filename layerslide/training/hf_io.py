@@ -333,8 +333,7 @@ def _save_failed(target: Path, err: Exception) -> ModelSaveError:
 
 def free_space_at(folder: Path) -> str:
     """The free bytes on folder's disk, said as the space checks say them."""
-    from layerslide.outputs import free_bytes
-    from layerslide.training.output_space import size
+    from layerslide.outputs import free_bytes, size
 
     return size(free_bytes(folder))
 

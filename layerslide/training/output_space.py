@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from layerslide import outputs
-from layerslide.outputs import filesystem_of
+from layerslide.outputs import filesystem_of, size
 from layerslide.planner.model import BF16_BYTES
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import moments_nbytes
@@ -54,14 +54,6 @@ class Progress:
     steps_done: int = 0
     checkpoints: int = 0
     saves: int = 0
-
-
-def size(nbytes: int) -> str:
-    """Bytes as a person reads them (decimal units, as disks are sold)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes} B"
 
 
 def model_bytes(num_params: int, tokenizer: Path | None) -> int:

@@ -299,7 +299,8 @@ def test_profile_lists_keep_a_variants_parts_with_it():
 
 
 def test_refusals_say_the_flag_only_for_a_specs_field_the_user_gave():
-    from layerslide.cli.main import _subcommand_parser, build_parser, in_flag_words
+    from layerslide.cli.main import _subcommand_parser, build_parser
+    from layerslide.cli.options import in_flag_words
 
     simulate = _subcommand_parser(build_parser(), "simulate")
     given = {"moments_on_nvme", "steps", "nvme_drives"}
