@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from layerslide import hub
 from layerslide.training.run import RunError
 
 
@@ -123,6 +124,11 @@ def _tokenizer_of(info) -> tuple[Path | None, str | None]:
     folder), and why none goes along where none does."""
     args = info.meta.get("run", {}).get("args", {})
     named = args.get("tokenizer") or args.get("model")
+    if named and hub.is_model_id(named):  # its snapshot in huggingface_hub's cache
+        try:
+            return hub.model_folder(named, hub.MODEL_FILES_BUT_WEIGHTS), None
+        except ValueError as err:
+            return None, f"the run's Hub model's tokenizer: {err}"
     if not named or not Path(named).expanduser().is_absolute():
         return None, "the run had no tokenizer folder (a preset's random weights)"
     folder = Path(named).expanduser()

@@ -444,7 +444,8 @@ def test_train_takes_a_hub_model_id_and_dataset_name_from_their_caches_offline(
     result = subprocess.run(
         [sys.executable, "-m", "layerslide.cli.main", "train", "--model", "someone/tiny-llama",
          "--data", "someone/tinytext:train", "--device", "cpu", "--steps", "2",
-         "--micro-batch", "2", "--seq-len", "16", "--out", str(out)],
+         "--micro-batch", "2", "--seq-len", "16", "--out", str(out), "--checkpoint-dir",
+         str(tmp_path / "ck"), "--checkpoint-every", "2"],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "text data from someone/tinytext:train: 20 examples" in result.stdout
@@ -454,6 +455,14 @@ def test_train_takes_a_hub_model_id_and_dataset_name_from_their_caches_offline(
     resolved = (out / "layerslide-train.toml").read_text()  # a rerun names them the same way
     assert 'model = "someone/tiny-llama"' in resolved
     assert 'data = "someone/tinytext:train"' in resolved
+    # its checkpoint exports with the Hub model's tokenizer, from the cache
+    exported = subprocess.run(
+        [sys.executable, "-m", "layerslide.cli.main", "export", str(tmp_path / "ck"), "--out",
+         str(tmp_path / "exported")], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=300, check=False)
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "exported" / "tokenizer.json").read_bytes() == (
+        out / "tokenizer.json").read_bytes()
 
 
 @pytest.mark.parametrize(("flags", "words"), [
