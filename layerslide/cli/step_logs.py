@@ -68,7 +68,10 @@ class StepReporter:
         self.total, self.bar = total_steps, bar
         self.predicted_step_s = predicted_step_s  # the simulator's, shown beside each step
         self.jsonl_path = jsonl_path
-        self.jsonl = open(jsonl_path, "a") if jsonl_path else None  # noqa: SIM115
+        # a raw descriptor: each record goes to the OS in its own writes, and no buffer is
+        # left over to be written again (past a cut-back end) once a write has failed
+        self.jsonl = (os.open(jsonl_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                      if jsonl_path else None)
         self.tensorboard_dir = tensorboard_dir
         # before the writer: its thread's first write may fail at once
         self._quiet = _QuietTensorBoardThread() if tensorboard_dir is not None else None
@@ -116,14 +119,15 @@ class StepReporter:
         self._scalars(result.step, {"eval/loss": result.loss, "eval/accuracy": result.accuracy})
 
     def _append(self, record: dict, step: int | None) -> None:
-        """One JSON line, flushed; a failed write is cut back off the file (no half record for
-        a reader to choke on), said once, and the log dropped."""
+        """One JSON line, written through to the OS; a failed write is cut back off the file
+        (no half record for a reader to choke on), said once, and the log dropped."""
         if self.jsonl is None:
             return
-        whole = self.jsonl.tell()
+        line = (json.dumps(record) + "\n").encode()
         try:
-            self.jsonl.write(json.dumps(record) + "\n")
-            self.jsonl.flush()
+            whole = os.lseek(self.jsonl, 0, os.SEEK_END)
+            while line:  # a write may take part of it (a disk filling up)
+                line = line[os.write(self.jsonl, line):]
         except OSError as err:
             self._drop_jsonl(err, whole)
             return
@@ -131,11 +135,11 @@ class StepReporter:
 
     def _drop_jsonl(self, err: OSError, whole: int) -> None:
         jsonl, self.jsonl = self.jsonl, None
-        for undo in (lambda: os.truncate(self.jsonl_path, whole), jsonl.close):
+        for undo in (lambda: os.ftruncate(jsonl, whole), lambda: os.close(jsonl)):
             try:
                 undo()
             except OSError:
-                pass  # the buffer that failed fails again on close: nothing more to keep
+                pass  # a disk that refuses even that: nothing more to keep
         kept = f"step {self.last_logged}" if self.last_logged else "no step"
         warn(self.bar, f"--log-jsonl {self.jsonl_path}: writing failed ({err.strerror or err}); "
                        f"the run goes on without it (its last whole record is of {kept})")
@@ -157,10 +161,8 @@ class StepReporter:
 
     def close(self) -> None:
         if self.jsonl is not None:
-            try:
-                self.jsonl.close()
-            except OSError:
-                pass  # every record was flushed as it was written
+            os.close(self.jsonl)  # every record went to the OS as it was written
+            self.jsonl = None
         self._to_tensorboard(lambda writer: writer.close())
         if self._quiet is not None:
             self._quiet.restore()

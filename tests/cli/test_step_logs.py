@@ -45,3 +45,32 @@ def test_a_log_file_that_cannot_be_written_is_said_once_and_the_steps_go_on(caps
                               "device); the run goes on without it") == 1
     assert [line.split(" |")[0] for line in captured.out.splitlines()] == \
         ["step 1/3", "step 2/3", "step 3/3"]
+
+
+def test_a_disk_filling_mid_record_leaves_only_whole_records(tmp_path, monkeypatch, capsys):
+    """The disk takes part of the third record, then refuses: the file is cut back to the two
+    whole ones and stays so once the log is closed (nothing buffered is written again)."""
+    import errno
+    import os
+
+    from layerslide.cli import step_logs
+
+    path = tmp_path / "log.jsonl"
+    reporter = StepReporter(4, tqdm(total=4, disable=True), jsonl_path=str(path))
+    for step in range(2):
+        reporter(a_step(step))
+    room = [40]  # bytes the disk takes before it is full
+    real_write = os.write
+
+    def filling(fd, data):
+        if room[0] == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        taken = real_write(fd, data[:room[0]])
+        room[0] -= taken
+        return taken
+    monkeypatch.setattr(step_logs.os, "write", filling)
+    for step in range(2, 4):
+        reporter(a_step(step))
+    reporter.close()
+    assert [json.loads(r)["step"] for r in path.read_text().splitlines()] == [1, 2]
+    assert "its last whole record is of step 2" in capsys.readouterr().err
