@@ -20,7 +20,7 @@ from layerslide.planner.plan import STEADY_STEPS
 from layerslide.tuner.best_first import BestFirst, Outcome
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.exhaustive import exhaustive as exhaustive_search
-from layerslide.tuner.plans import plan_of
+from layerslide.tuner.plans import collector_paused, plan_of
 from layerslide.tuner.space import Candidate, SearchSpace
 
 MAX_WORKERS = 8  # processes a tune uses at most (default: one per core up to this)
@@ -91,11 +91,15 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     workers = workers if workers is not None else min(os.cpu_count() or 1, MAX_WORKERS)
     context = TuneContext(model=model, profile=profile, space=space,
                           gpu_memory_bytes=gpu_memory_bytes, num_steps=num_steps)
-    if exhaustive:
-        order, pruned = exhaustive_search(context, settings, workers, progress)
-        found = Outcome(ranked=order, pruned=pruned, bounded=0, interrupted=False)
-    else:
-        found = BestFirst(context, settings, workers, progress, tolerance, interruptible).run()
+    # the collector off throughout: a tune's plans and simulations free themselves by refcount
+    # (tuner.plans), and each collection would walk every plan kept
+    with collector_paused(freeze=True):
+        if exhaustive:
+            order, pruned = exhaustive_search(context, settings, workers, progress)
+            found = Outcome(ranked=order, pruned=pruned, bounded=0, interrupted=False)
+        else:
+            found = BestFirst(context, settings, workers, progress, tolerance,
+                              interruptible).run()
     best = found.ranked[0] if found.ranked and found.ranked[0].feasible else None
     return TuneResult(candidates=tuple(found.ranked), pruned=found.pruned,
                       bounded=found.bounded, interrupted=found.interrupted,
