@@ -50,7 +50,11 @@ class _TaskState:
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
     """Simulate the plan to completion and return its Trace; its meta has the GPU's peak bytes
     and the allocator's reserve per pool (gpu_pool_peak_bytes, gpu_pool_reserved_bytes)."""
-    return _PlanRun(plan, costs).run()
+    run = _PlanRun(plan, costs)
+    try:
+        return run.run()
+    finally:
+        run.close()
 
 
 class _PlanRun:
@@ -78,6 +82,12 @@ class _PlanRun:
         for st in self.states.values():
             if st.waiting_on == 0 and st.task.lane in self.workers:
                 self.workers[st.task.lane].push(st)
+
+    def close(self) -> None:
+        """Break the run's reference cycles (its workers refer to it, the environment's bound
+        methods to the environment): refcounting then frees its states and events at once."""
+        self.workers.clear()
+        vars(self.env).clear()
 
     def run(self) -> Trace:
         for lane, order in self.plan.lane_order.items():

@@ -11,6 +11,7 @@ class floors it reuses; run_level is what a worker process runs."""
 
 from __future__ import annotations
 
+import gc
 import signal
 
 from layerslide.kinds import COMPUTE_KINDS
@@ -291,6 +292,7 @@ def levels_for(context: TuneContext) -> Levels:
 def worker_start(context: TuneContext) -> None:
     """A worker of the best-first pool: Ctrl-C is the parent's to handle."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.disable()  # for this tune's life, as in its parent (tuner.plans frees plans whole)
     levels_for(context)
 
 

@@ -31,11 +31,13 @@ MEMO = SimulationMemo()
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a plan is built or simulated. Both allocate objects
-    by the hundred thousand, and every full collection in between walks all the objects alive,
-    the plans kept here included: on a 32B tune that was half its CPU time. The cycles a
-    simulation leaves (its processes and events) are collected, in one pass, once it is on."""
+def collector_paused(freeze: bool = False) -> Iterator[None]:
+    """Python's cycle collector off while plans are built or simulated. Both allocate objects
+    by the hundred thousand, and every collection walks the objects made since the last, the
+    plans kept here included: on a 32B tune that was half its CPU time. A simulation and a plan
+    dropped from here leave no cycles, so refcounting frees them. freeze: what is alive at the
+    end (this module's plans, mostly) is left out of later collections (gc.freeze), where
+    walking it once more took 2-5 s at the end of a 70B tune."""
     if not gc.isenabled():
         yield
         return
@@ -43,7 +45,24 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        if freeze:
+            gc.freeze()
         gc.enable()
+
+
+# networkx caches these views of a graph in the graph: each a reference cycle through it
+_GRAPH_VIEWS = ("nodes", "adj", "succ", "pred", "edges", "out_edges", "in_edges", "degree",
+                "in_degree", "out_degree")
+
+
+def _trim(cache: OrderedDict, size: int) -> None:
+    """Drop the oldest entries past size; a plan dropped loses its graph's cached views, so
+    that refcounting frees it whole (the cycle collector stays off through a tune)."""
+    while len(cache) > size:
+        _, value = cache.popitem(last=False)
+        if isinstance(value, Plan):
+            for name in _GRAPH_VIEWS:
+                vars(value.graph).pop(name, None)
 
 
 def _build_key(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple:
@@ -59,8 +78,7 @@ def plan_of(model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int) 
     if plan is None:
         with collector_paused():
             plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps)
-        while len(_PLANS) > PLAN_CACHE_SIZE:
-            _PLANS.popitem(last=False)
+        _trim(_PLANS, PLAN_CACHE_SIZE)
     else:
         _PLANS.move_to_end(key)
     out = copy.copy(plan)
@@ -76,8 +94,7 @@ def small_plan_of(model: ModelSpec, train: TrainSpec, policy: Policy) -> Plan:
     if plan is None:
         with collector_paused():
             plan = _SMALL_PLANS[key] = build_plan(model, train, policy, num_steps=MIN_STEPS)
-        while len(_SMALL_PLANS) > SMALL_PLAN_CACHE_SIZE:
-            _SMALL_PLANS.popitem(last=False)
+        _trim(_SMALL_PLANS, SMALL_PLAN_CACHE_SIZE)
     return plan
 
 

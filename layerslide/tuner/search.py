@@ -21,7 +21,7 @@ from layerslide.simulator.ranks import check_ranks
 from layerslide.tuner.best_first import BestFirst, Outcome
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.exhaustive import exhaustive as exhaustive_search
-from layerslide.tuner.plans import plan_of
+from layerslide.tuner.plans import collector_paused, plan_of
 from layerslide.tuner.space import Candidate, SearchSpace
 
 MAX_WORKERS = 8  # processes a tune uses at most (default: one per core up to this)
@@ -98,17 +98,25 @@ def tune(model: ModelSpec, profile: HardwareProfile, *, seq_len: int = 1024,
     context = TuneContext(model=model, profile=profile, space=space,
                           gpu_memory_bytes=gpu_memory_bytes, num_steps=num_steps, gpus=gpus,
                           hosts=hosts)
-    if exhaustive:
-        order, pruned = exhaustive_search(context, settings, workers, progress)
-        found = Outcome(ranked=order, pruned=pruned, bounded=0, interrupted=False)
-    else:
-        found = BestFirst(context, settings, workers, progress, tolerance, interruptible).run()
+    found = _search(context, settings, workers, progress, exhaustive, tolerance, interruptible)
     best = found.ranked[0] if found.ranked and found.ranked[0].feasible else None
     return TuneResult(candidates=tuple(found.ranked), pruned=found.pruned,
                       bounded=found.bounded, interrupted=found.interrupted,
                       searched=len(settings),
                       best_plan=(_best_plan(context, best) if best is not None and with_plan
                                  else None))
+
+
+def _search(context: TuneContext, settings: list, workers: int, progress, exhaustive: bool,
+            tolerance: float, interruptible: bool) -> Outcome:
+    """The exhaustive or the best-first search of the settings. The cycle collector is off
+    throughout: a tune's plans and simulations free themselves by refcount (tuner.plans), and
+    each collection would walk every plan kept."""
+    with collector_paused(freeze=True):
+        if exhaustive:
+            order, pruned = exhaustive_search(context, settings, workers, progress)
+            return Outcome(ranked=order, pruned=pruned, bounded=0, interrupted=False)
+        return BestFirst(context, settings, workers, progress, tolerance, interruptible).run()
 
 
 def _best_plan(context: TuneContext, best: Candidate) -> Plan:
