@@ -167,7 +167,7 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
      "3B-123B on every built-in profile"), planning_quality,
      "planning-speed/2026-12-05-10789b7/quality/planning_speed.json"),
     ("planning-speed", "the commands as a user runs them, main (59c3b8e) -> best first, 2 cores",
-     planning_commands, "planning-speed/2026-12-05-3d18dc9/commands/planning_commands.json"),
+     planning_commands, "planning-speed/2026-12-05-fea2d41/commands/planning_commands.json"),
 ]
 
 
