@@ -362,6 +362,21 @@ def cmd_tune(args) -> int:
                      "interrupted": result.interrupted,
                      "plan_file": args.output if result.best_plan is not None else None})
         return 130 if result.interrupted else 0 if result.best else 1
+    _print_tune_table(args, model, profile, result, table)
+    lines = _rejection_lines(result)
+    if lines:
+        print("rejected:")
+        print("\n".join(lines))
+    if result.best_plan is None:
+        print("nothing fits: see the rejections above")
+        return 1
+    if args.output:
+        print(f"best plan written to {args.output} (for `layerslide simulate --plan` and train)")
+    return 130 if result.interrupted else 0
+
+
+def _print_tune_table(args, model, profile, result, table: pd.DataFrame) -> None:
+    """tune's headline, its best candidates and the best of each accumulation."""
     pruned = (f", {result.pruned} more not tried (a smaller micro-batch of the same settings "
               "overflowed the GPU)") if result.pruned else ""
     if result.bounded:
@@ -388,16 +403,6 @@ def cmd_tune(args) -> int:
         print(format_table(_gib_columns(table[table.feasible].head(args.top)[shown])))
         print("best by accumulation" + (" (of those simulated)" if result.bounded else "")
               + ": " + "; ".join(_by_accumulation(result)))
-    lines = _rejection_lines(result)
-    if lines:
-        print("rejected:")
-        print("\n".join(lines))
-    if result.best_plan is None:
-        print("nothing fits: see the rejections above")
-        return 1
-    if args.output:
-        print(f"best plan written to {args.output} (for `layerslide simulate --plan` and train)")
-    return 130 if result.interrupted else 0
 
 
 def _whatif_table(rows: list[WhatIfRow]) -> pd.DataFrame:
