@@ -87,7 +87,7 @@ def _export(saved, out: Path, overwrite: bool) -> Exported:
     blocks = ModelBlocks(hf_config)
     tokenizer, no_tokenizer = _tokenizer_of(info)
     params = sum(blocks.numel(b) for b in blocks.blocks)
-    check_output_space([export_need(params, tokenizer, str(out))])
+    check_output_space([export_need(params, tokenizer, str(out))], "the exported model")
     config = hf_config.to_dict()
     config.pop("_attn_implementation_autoset", None)
     folder = save_hf_folder(out, config, _named_master(saved, blocks),

@@ -162,7 +162,8 @@ def _checkpoint_need(config: RunConfig, plan: Plan, start: Progress) -> Need:
     keep = config.keep_checkpoints
     count = rotated_peak(start.checkpoints, checkpoints_written(config, start.steps_done), keep)
     what = (f"{count} checkpoint(s) of {size(one)}" + (
-        f": --keep-checkpoints {keep} and the one being written" if count == keep + 1 else ""))
+        f": --keep-checkpoints {keep} and the one being written" if count == keep + 1 else "")
+        + f", and {size(CHECKPOINT_SLACK_BYTES)} the store keeps free while it writes one")
     fix = f"give {config.flag('checkpoint_dir')} a folder on a disk with room" + (
         " or keep fewer checkpoints (--keep-checkpoints)" if keep > 1 else "")
     return Need(config.flag("checkpoint_dir"), config.checkpoint_dir,
@@ -176,22 +177,22 @@ def _trace_bytes(plan: Plan, steps: int, predicted_step_s: float | None) -> int:
                + TRACE_BYTES_PER_RUN_S * (predicted_step_s or 0.0) * steps)
 
 
-def check_output_space(needs: list[Need]) -> None:
+def check_output_space(needs: list[Need], whose: str = "the run's outputs") -> None:
     """Refuse a run whose outputs would fill a disk: per filesystem, what each needs there
-    against what it has free."""
+    against what it has free (`whose`: what the refusal calls them)."""
     shared: dict[int, list[Need]] = defaultdict(list)
     for need in needs:
         shared[filesystem_of(need.path)[0]].append(need)
     for group in shared.values():
         total, free = sum(n.bytes for n in group), outputs.free_bytes(group[0].path)
         if total > free:
-            raise RunError(_too_little_room(group, total, free))
+            raise RunError(_too_little_room(group, total, free, whose))
 
 
-def _too_little_room(group: list[Need], total: int, free: int) -> str:
+def _too_little_room(group: list[Need], total: int, free: int, whose: str) -> str:
     mount = filesystem_of(group[0].path)[1]
     parts = "; ".join(f"{n.flag} {n.path} needs {size(n.bytes)} ({n.what})" for n in group)
     whole = f", {size(total)} in all," if len(group) > 1 else ""
-    return (f"not enough room for the run's outputs: {parts}{whole} where the disk of {mount} "
+    return (f"not enough room for {whose}: {parts}{whole} where the disk of {mount} "
             f"has {size(free)} ({free} bytes) free: free {size(total - free)} there, or "
             + "; or ".join(n.fix for n in group))

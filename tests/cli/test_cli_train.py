@@ -711,9 +711,12 @@ def test_outputs_a_disk_has_no_room_for_are_refused_before_any_work(model_dir, d
                          "--log-jsonl", str(log))) == 2
     err = capsys.readouterr().err
     assert f"not enough room for the run's outputs: --out {out} needs " in err
-    assert re.search(rf"--checkpoint-dir {re.escape(str(ckpt))} needs [0-9.]+ MB \(3 "
-                     r"checkpoint\(s\) of [0-9.]+ MB: --keep-checkpoints 2 and the one being "
-                     r"written\)", err), err
+    said = re.search(rf"--checkpoint-dir {re.escape(str(ckpt))} needs ([0-9.]+) MB \(3 "
+                     r"checkpoint\(s\) of ([0-9.]+) MB: --keep-checkpoints 2 and the one being "
+                     r"written, and ([0-9.]+) MB the store keeps free while it writes one\)", err)
+    assert said, err
+    need, one, slack = map(float, said.groups())
+    assert need == pytest.approx(3 * one + slack, abs=0.02)  # the parts add up on the page
     assert f"--log-jsonl {log} needs 1.0" in err and "where the disk of" in err
     assert "or keep fewer checkpoints (--keep-checkpoints)" in err
     assert [p for p in disk.path.rglob("*") if not p.is_dir()] == []  # nothing written

@@ -100,3 +100,12 @@ def test_what_export_refuses(tmp_path):
     (tmp_path / "out").mkdir()
     with pytest.raises(ValueError, match="exists: pass --overwrite"):
         export_checkpoint(str(tmp_path), str(tmp_path / "out"))
+
+
+def test_an_export_a_disk_has_no_room_for_is_refused_naming_it(model_dir, data_file,
+                                                                tmp_path, small_disk):
+    assert main(train(model_dir, data_file, tmp_path)) == 0
+    disk = small_disk(100_000)
+    with pytest.raises(RunError, match="not enough room for the exported model: "):
+        export_checkpoint(str(tmp_path / "ckpt"), str(disk.path / "exported"))
+    assert list(disk.path.iterdir()) == []  # nothing written
