@@ -5,6 +5,7 @@ Errors are RunErrors (ValueErrors) whose message says what to change."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -85,7 +86,21 @@ def prepare(config: RunConfig, *, say: Callable[[str], None] = _stderr, ranks: R
     """Resolve and check everything a run needs, in the order a user fixes it (say: where
     notes go). A config with `resume` continues that run with its recorded settings. ranks:
     this process's place in the launch (its gpus and hosts are the run's); rank_cores: the
-    CPU cores its kernels may take, on a run of several ranks."""
+    CPU cores its kernels may take, on a run of several ranks. A refused run leaves no
+    --checkpoint-dir it made behind (the checks open its store before they end)."""
+    fresh = (Path(config.checkpoint_dir).expanduser() if config.checkpoint_dir
+             and not Path(config.checkpoint_dir).expanduser().exists() else None)
+    try:
+        return _prepare(config, say, ranks, rank_cores)
+    except RunError:
+        if fresh is not None:
+            with contextlib.suppress(OSError):  # not empty, or another rank's took it
+                fresh.rmdir()
+        raise
+
+
+def _prepare(config: RunConfig, say: Callable[[str], None], ranks: Ranks,
+             rank_cores: int | None) -> Run:
     import torch
 
     from layerslide.executor.optim import OptimConfig
