@@ -28,10 +28,10 @@ class GradTasks:
         if key in self.reduced:  # several ranks: this rank's slice of their sum
             owned = self.reduced.pop(key)
             self.device.keep_for(owned, "d2h")
-            sq = torch.linalg.vector_norm(owned, dtype=torch.float32).square()
-            bad = self.nonfinite_elsewhere.pop(key, None)
-            if bad is not None:  # a slice of another rank's is non-finite: skip the block too
-                sq = torch.where(bad[0] > 0, torch.full_like(sq, math.inf), sq)
+            sq = self.reduced_sq.pop(key, None)
+            if sq is None:  # one rank a host: the block's own sum, whole
+                sq = torch.linalg.vector_norm(owned, dtype=torch.float32).square()
+            self.device.keep_for(sq, "d2h")
             landing.copy_(owned, non_blocking=True)
             self.grad_sq[s][m, b + 1].copy_(sq, non_blocking=True)
             return

@@ -10,6 +10,8 @@ the clipping norm sums the host's ranks' partial squares.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from layerslide.executor.collectives import gather_slices, reduce_scatter_slices, sum_over
@@ -74,13 +76,14 @@ class RankTasks:
             self._share_nonfinite(key, task.lane)
 
     def _share_nonfinite(self, key: tuple[int, int, int], lane: str) -> None:
-        """Every rank of the host learns whether any of its slices of the block's summed grads
-        is non-finite, so that all skip the block as one rank would (a one-element all-reduce
-        on the lane's host group after its last reduction, too small for the simulator to
-        price; across hosts the slices are the same sums already)."""
-        bad = (~torch.isfinite(self.reduced[key])).any().to(torch.float32).reshape(1)
+        """The squared norm of this rank's slice of the block's summed grads, made inf where
+        any rank's of the host is non-finite, so that all skip the block as one rank would (a
+        one-element all-reduce on the lane's host group after its last reduction, too small
+        for the simulator to price; across hosts the slices are the same sums already)."""
+        sq = torch.linalg.vector_norm(self.reduced[key], dtype=torch.float32).square()
+        bad = (~torch.isfinite(sq)).to(torch.float32).reshape(1)
         sum_over(bad, self.ranks.group(lane, "host"))
-        self.nonfinite_elsewhere[key] = bad
+        self.reduced_sq[key] = torch.where(bad[0] > 0, torch.full_like(sq, math.inf), sq)
 
     def _do_reduce_norm(self, task: Task) -> None:
         """The host's ranks' partial squared norms summed: every rank clips by the same norm."""

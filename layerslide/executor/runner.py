@@ -211,8 +211,9 @@ class TaskRunner(GradTasks, RankTasks):
         # they are so already (a GPU sum's rounding), and this rank's slice of their sum
         self.padded_grads: dict[tuple[int, int, int], torch.Tensor] = {}
         self.reduced: dict[tuple[int, int, int], torch.Tensor] = {}
-        # (step, micro-batch, block) -> whether any rank's slice of the sum is non-finite
-        self.nonfinite_elsewhere: dict[tuple[int, int, int], torch.Tensor] = {}
+        # (step, micro-batch, block) -> its reduced slice's squared norm, inf where any rank's
+        # slice of the host is non-finite
+        self.reduced_sq: dict[tuple[int, int, int], torch.Tensor] = {}
         self.partial_sq: dict[int, float] = {}  # step -> this rank's slices' squared norm
         self.grad_sums: dict[tuple[int, int], torch.Tensor] = {}  # (step, block) -> fp32 sum
         self.grad_sq: dict[int, torch.Tensor] = {}  # step -> [A, L + 2] squared norms (host)
