@@ -348,19 +348,25 @@ def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:
     floors: dict[str, float] = {}
     capacities = costs.capacities()
     for task in plan.tasks:
-        if task.step != 0:
-            continue
-        cost = costs.cost(task)
-        key = f"lane:{task.lane}"
-        floors[key] = floors.get(key, 0.0) + cost.solo_s
-        if cost.dispatch_s:
-            key = f"dispatch:{task.lane}"
-            floors[key] = floors.get(key, 0.0) + cost.dispatch_s
-        for resource, rate in cost.uses:
-            if resource == HOST_CORES:
-                continue
-            floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
+        if task.step == 0:
+            _add_floor_terms(floors, task, costs, capacities)
     return floors
+
+
+def _add_floor_terms(floors: dict[str, float], task, costs: CostModel,
+                     capacities: dict[str, float]) -> None:
+    """Add a task's terms to step_floors' keys: its lane's time, its dispatch, its share of
+    each shared resource but the cores."""
+    cost = costs.cost(task)
+    key = f"lane:{task.lane}"
+    floors[key] = floors.get(key, 0.0) + cost.solo_s
+    if cost.dispatch_s:
+        key = f"dispatch:{task.lane}"
+        floors[key] = floors.get(key, 0.0) + cost.dispatch_s
+    for resource, rate in cost.uses:
+        if resource == HOST_CORES:
+            continue
+        floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
 
 
 def floors_by_block(plan: Plan, costs: CostModel,
@@ -373,17 +379,7 @@ def floors_by_block(plan: Plan, costs: CostModel,
     for task in plan.tasks:
         if task.step != 0 or (kinds is not None and task.kind not in kinds):
             continue
-        cost = costs.cost(task)
-        floors = out.setdefault(task.block, {})
-        key = f"lane:{task.lane}"
-        floors[key] = floors.get(key, 0.0) + cost.solo_s
-        if cost.dispatch_s:
-            key = f"dispatch:{task.lane}"
-            floors[key] = floors.get(key, 0.0) + cost.dispatch_s
-        for resource, rate in cost.uses:
-            if resource == HOST_CORES:
-                continue
-            floors[resource] = floors.get(resource, 0.0) + rate * cost.solo_s / capacities[resource]
+        _add_floor_terms(out.setdefault(task.block, {}), task, costs, capacities)
     return out
 
 
