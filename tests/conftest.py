@@ -15,6 +15,22 @@ def tiny_model() -> ModelSpec:
 
 
 @pytest.fixture
+def tiny_config_folder(tmp_path) -> str:
+    """A folder holding only the config.json of a 2-layer Llama named "tiny" (what tune and
+    what-if read of a model)."""
+    import json
+
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"}))
+    return str(folder)
+
+
+@pytest.fixture
 def round_profile() -> HardwareProfile:
     return make_round_profile()
 

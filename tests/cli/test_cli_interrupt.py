@@ -1,25 +1,10 @@
 """Ctrl-C during tune, whatif and the purchase question: what was found so far is printed, and
 the command exits 130. The interrupt is raised from the search's own calls, in one process."""
 
-import json
 
-import pytest
 
 from layerslide.cli.main import main
 from layerslide.tuner import plans, purchase, search, whatif
-
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY))
-    return str(folder)
 
 
 def interrupted_after(monkeypatch, module, name: str, calls: int) -> None:
@@ -34,11 +19,11 @@ def interrupted_after(monkeypatch, module, name: str, calls: int) -> None:
     monkeypatch.setattr(module, name, counted)
 
 
-def test_tune_prints_the_best_so_far_on_ctrl_c(capsys, monkeypatch, tiny, tmp_path):
+def test_tune_prints_the_best_so_far_on_ctrl_c(capsys, monkeypatch, tiny_config_folder, tmp_path):
     monkeypatch.setattr(search.os, "cpu_count", lambda: 1)  # one process: the patch holds
     interrupted_after(monkeypatch, plans, "simulate", 2)
     path = tmp_path / "tuned.json"
-    code = main(["tune", "--model", tiny, "--seq-len", "64", "--profile", "rtx4090-256gb",
+    code = main(["tune", "--model", tiny_config_folder, "--seq-len", "64", "--profile", "rtx4090-256gb",
                  "--windows", "1,2", "--micro-batches", "1,2,4", "-o", str(path)])
     out, err = capsys.readouterr()
     assert code == 130
@@ -47,10 +32,10 @@ def test_tune_prints_the_best_so_far_on_ctrl_c(capsys, monkeypatch, tiny, tmp_pa
     assert path.exists()
 
 
-def test_whatif_prints_the_rows_tuned_so_far_on_ctrl_c(capsys, monkeypatch, tiny):
+def test_whatif_prints_the_rows_tuned_so_far_on_ctrl_c(capsys, monkeypatch, tiny_config_folder):
     monkeypatch.setattr(whatif.os, "cpu_count", lambda: 1)
     interrupted_after(monkeypatch, whatif, "tune", 1)
-    code = main(["whatif", "--model", tiny, "--seq-len", "64",
+    code = main(["whatif", "--model", tiny_config_folder, "--seq-len", "64",
                  "--profiles", "h200-bench,rtx4090-256gb"])
     out, err = capsys.readouterr()
     assert code == 130 and "interrupted (Ctrl-C): the 1 rows tuned so far" in err
@@ -59,9 +44,9 @@ def test_whatif_prints_the_rows_tuned_so_far_on_ctrl_c(capsys, monkeypatch, tiny
 
 
 def test_the_purchase_question_ranks_the_variants_tuned_so_far_on_ctrl_c(capsys, monkeypatch,
-                                                                       tiny):
+                                                                       tiny_config_folder):
     interrupted_after(monkeypatch, purchase, "tune", 1)
-    code = main(["whatif", "--model", tiny, "--seq-len", "64", "--target-tokens-per-s", "1",
+    code = main(["whatif", "--model", tiny_config_folder, "--seq-len", "64", "--target-tokens-per-s", "1",
                  "--platforms", "desktop-ddr5", "--gpus", "rtx4090,rtx5090", "--ram", "128GiB",
                  "--drives", "1", "--workers", "1"])
     out, err = capsys.readouterr()

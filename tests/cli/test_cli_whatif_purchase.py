@@ -8,19 +8,6 @@ import pytest
 
 from layerslide.cli.main import main
 
-TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-
-
-@pytest.fixture
-def tiny(tmp_path):
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY))
-    return str(folder)
-
 
 def run(capsys, *argv):
     code = main(list(argv))
@@ -28,9 +15,9 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_target_search_prints_cheapest_first_and_writes_its_files(capsys, tmp_path, tiny):
+def test_target_search_prints_cheapest_first_and_writes_its_files(capsys, tmp_path, tiny_config_folder):
     out_dir, csv = tmp_path / "buy", tmp_path / "rows.csv"
-    code, out, _ = run(capsys, "whatif", "--model", tiny, "--seq-len", "64",
+    code, out, _ = run(capsys, "whatif", "--model", tiny_config_folder, "--seq-len", "64",
                        "--target-tokens-per-s", "1", "--platforms", "desktop-ddr5,workstation-8ch",
                        "--gpus", "rtx4090", "--ram", "128GiB,256GiB", "--drives", "1",
                        "--workers", "1", "--out", str(out_dir), "--csv", str(csv))
@@ -47,7 +34,7 @@ def test_target_search_prints_cheapest_first_and_writes_its_files(capsys, tmp_pa
     assert data["skipped"][0]["profile"] == "desktop-ddr5+rtx4090,ram=256GiB,drives=1"
     assert (out_dir / "purchase.png").read_bytes()[:4] == b"\x89PNG"
     assert "cheapest that reaches" in (out_dir / "summary.txt").read_text()
-    code, out, _ = run(capsys, "whatif", "--model", tiny, "--seq-len", "64",
+    code, out, _ = run(capsys, "whatif", "--model", tiny_config_folder, "--seq-len", "64",
                        "--target-tokens-per-s", "1", "--platforms", "desktop-ddr5",
                        "--gpus", "rtx5090", "--ram", "128GiB", "--drives", "1", "--json")
     assert code == 0 and json.loads(out)["rows"][0]["card"] == "rtx5090"
@@ -66,12 +53,12 @@ def test_target_search_prints_cheapest_first_and_writes_its_files(capsys, tmp_pa
     (["--target-tokens-per-s", "10", "--platforms", "desktop-ddr5", "--ram", "512GiB"],
      "no variant to try"),
 ])
-def test_bad_input_is_refused_before_tuning(capsys, monkeypatch, tiny, extra, fragment):
+def test_bad_input_is_refused_before_tuning(capsys, monkeypatch, tiny_config_folder, extra, fragment):
     def never(*args, **kwargs):
         raise AssertionError("tuning started")
 
     monkeypatch.setattr("layerslide.cli.commands.purchase_search", never)
-    code, out, err = run(capsys, "whatif", "--model", tiny, *extra)
+    code, out, err = run(capsys, "whatif", "--model", tiny_config_folder, *extra)
     assert code == 2, (out, err)
     assert fragment in err, err
 
