@@ -336,8 +336,8 @@ def cmd_tune(args) -> int:
     tolerance = tolerance_of(args)
     check_gpu_cap(args.gpu_memory, profile)
     writable_file("-o", args.output)
-    TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm)  # fail before the sweep
     ranks = {"gpus": args.gpus, "hosts": args.hosts}
+    TrainSpec(seq_len=args.seq_len, max_grad_norm=args.max_grad_norm, **ranks)  # before the sweep
     try:
         check_ranks(profile, **ranks)
     except ValueError as err:

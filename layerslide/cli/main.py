@@ -13,6 +13,7 @@ from layerslide.cli.demo import run_demo
 from layerslide.cli.export import add_export_command
 from layerslide.cli.options import (
     UsageError,
+    add_field_flags,
     add_json,
     add_model,
     add_nvme_drives,
@@ -34,7 +35,7 @@ from layerslide.cli.train import add_train_command
 from layerslide.hwprofiles import builtin_card_names
 from layerslide.hwprofiles.variants import SPEC_SYNTAX
 from layerslide.outputs import writable_folder
-from layerslide.planner.settings import MOMENT_PRECISIONS
+from layerslide.planner.settings import MOMENT_PRECISIONS, TrainSpec
 from layerslide.tuner import SearchSpace
 from layerslide.tuner.purchase import DEFAULT_CARDS, DEFAULT_DRIVE_COUNTS, DEFAULT_PLATFORMS
 
@@ -136,12 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nvme", action="store_true", help="never place optimizer state on NVMe")
     p.add_argument("--no-gpu-updates", action="store_true",
                    help="do not fill free GPU memory with blocks updated on the GPU")
-    p.add_argument("--gpus", type=positive_int, default=1, metavar="N",
-                   help="GPUs per host, one rank each (default 1; at most the profile's): "
-                        "one rank is tuned on its share of the host; tokens/s and "
-                        "--max-tokens-per-step count every rank's tokens")
-    p.add_argument("--hosts", type=positive_int, default=1, metavar="M",
-                   help="hosts of --gpus ranks each (default 1; the profile needs a [network])")
+    # one rank is tuned on its share of the host; tokens/s and the token cap are every rank's
+    add_field_flags(p.add_argument_group("ranks"), TrainSpec, only=("gpus", "hosts"))
     p.add_argument("--top", type=positive_int, default=5, help="how many of the best to print")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every candidate (the search before bounds: minutes on large "

@@ -198,11 +198,15 @@ def add_policy(p: argparse.ArgumentParser, *, plan_steps: bool = True) -> None:
                         "the last cycle is the steady-state step it reports)")
 
 
-def add_field_flags(group: argparse._ArgumentGroup, cls: type) -> None:
-    """A flag for each field of a settings class that is one (settings.flag_fields), all read
-    off the field: --its-name, its doc the help, its default, a Literal's values the choices."""
+def add_field_flags(group: argparse._ArgumentGroup, cls: type,
+                    only: tuple[str, ...] | None = None) -> None:
+    """A flag for each field of a settings class that is one (settings.flag_fields), or of
+    those named in `only`, all read off the field: --its-name, its doc the help, its default,
+    a Literal's values the choices."""
     hints = get_type_hints(cls)
     for f in flag_fields(cls):
+        if only is not None and f.name not in only:
+            continue
         group.add_argument(flag_of(f.name), **_flag_options(cls, f, hints[f.name]))
 
 
