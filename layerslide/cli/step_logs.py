@@ -61,7 +61,8 @@ class _QuietTensorBoardThread:
 
 
 class StepReporter:
-    """Reports each StepLog as its segment drains; close() flushes the files."""
+    """Reports each StepLog as the step lands (from the Trainer's step-log thread); close()
+    flushes the files."""
 
     def __init__(self, total_steps: int, bar, *, jsonl_path: str | None = None,
                  tensorboard_dir: str | None = None, predicted_step_s: float | None = None):

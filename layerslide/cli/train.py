@@ -272,7 +272,7 @@ def _train(run: Run, trainer) -> int:
     from layerslide.training.hf_io import ModelSaveError, tokenizer_files
 
     c, schedule, first = run.config, run.checkpoints, run.ranks.is_first
-    # the bar moves as steps finish; step logs come when their segment has drained
+    # the bar moves as steps' tasks have run; each step's line comes once its GPU work has
     bar = tqdm(total=c.steps, initial=trainer.step, unit="step", file=sys.stderr,
                dynamic_ncols=True, disable=None if first else True)
     reporter = StepReporter(c.steps, bar, jsonl_path=c.log_jsonl if first else None,

@@ -38,6 +38,7 @@ from layerslide.planner.plan import Plan, Task
 
 POLL_S = 2e-4  # how often a worker rechecks GPU events it waits on (they cannot notify)
 ABORT_CHECK_S = 0.5  # how often blocked threads look for another lane's failure
+LANDED_POLL_S = 1e-3  # how often a step's reporter rechecks its last GPU work (off the lanes)
 COMPUTE_LANE = "gpu"  # the lane whose thread runs the layers' GEMMs (and autograd's backward)
 # While the lanes run, Python's GIL switch interval is the plan's
 # (Policy.executor.lane_switch_interval_s; the interpreter's default is 5 ms): the CPU lane needs
@@ -93,10 +94,10 @@ class PlanEngine:
         self._landed = {tid: threading.Event() for tid in plan.graph
                         if self.watch and plan.task(tid).lane in STREAM_LANES}
         self._slots = {lane: threading.Semaphore(max(self.run_ahead, 1)) for lane in STREAM_LANES}
-        self._step_left: dict[int, int] = {}
+        self._step_tasks: dict[int, list[str]] = {}
         for tid in plan.graph:
-            step = plan.task(tid).step
-            self._step_left[step] = self._step_left.get(step, 0) + 1
+            self._step_tasks.setdefault(plan.task(tid).step, []).append(tid)
+        self._step_left = {step: len(tids) for step, tids in self._step_tasks.items()}
         self._step_lock = threading.Lock()
         self.graph = plan.graph
         self._host_done = {tid: threading.Event() for tid in self.graph}
@@ -142,6 +143,25 @@ class PlanEngine:
             with cond:
                 cond.notify_all()
         return stop
+
+    def wait_step_landed(self, step: int) -> bool:
+        """Block until the GPU work of every task of `step` is done, once on_step_done(step)
+        has come (its tasks are all enqueued, so their work ends); False where the run failed
+        first. Another thread's wait: a lane never waits for a step to land."""
+        for tid in self._step_tasks[step]:
+            landed = None if self.serial else self._landed.get(tid)  # serial: synchronised
+            while not (landed.wait(ABORT_CHECK_S) if landed is not None
+                       else self.device.is_done(self._end_event.get(tid))):
+                if self._abort.is_set():
+                    return False
+                if landed is None:
+                    time.sleep(LANDED_POLL_S)
+        return True
+
+    def end_s(self, tid: str) -> float:
+        """Seconds from time zero to the end of a task that has landed (wait_step_landed)."""
+        end = self._timing[tid][1]
+        return end if isinstance(end, float) else self.device.event_time_s(end)
 
     @property
     def stopped_after(self) -> int | None:

@@ -7,10 +7,14 @@ state around it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from layerslide.planner.plan import Task
+
+if TYPE_CHECKING:
+    from layerslide.executor.runner import StepOutcome
 
 
 class GradTasks:
@@ -96,12 +100,15 @@ class GradTasks:
         landed = None if self.state.sums_on_host else self._landed(task)
         self.state.step(b, lr, coef, landed)
 
-    def collect_gpu_skips(self) -> None:
-        """After a segment: record GPU-updated blocks whose update the GPU skipped."""
-        for (s, b), found_inf in self.gpu_blocks.found_inf.items():
-            if float(found_inf) and not self.outcomes[s].skipped:
-                self.outcomes[s].skipped_blocks.append(b)
-        self.gpu_blocks.found_inf.clear()
+    def step_outcome(self, s: int) -> StepOutcome:
+        """Step s's outcome, once its GPU work is done: GPU-updated blocks whose update the
+        GPU skipped are recorded then (their flags are read once)."""
+        outcome = self.outcomes[s]
+        for b in self.gpu_updated:
+            found_inf = self.gpu_blocks.found_inf.pop((s, b), None)
+            if found_inf is not None and float(found_inf) and not outcome.skipped:
+                outcome.skipped_blocks.append(b)
+        return outcome
 
     def _do_read_state(self, task: Task) -> None:
         self.state.nvme.read(task.block, task.slot)

@@ -22,7 +22,8 @@ class Ranks:
     gpus: int = 1  # ranks per host
     hosts: int = 1
     # (lane, comm group) -> the torch.distributed process group a collective of that lane and
-    # Task.comm_group runs on; "world" (lane None) is the main thread's, for the step's totals
+    # Task.comm_group runs on; "world" (lane None) is the main thread's, for the step's totals,
+    # and "step_logs" (lane None) the thread's that logs each step as it lands
     groups: Mapping[tuple[str | None, str], object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

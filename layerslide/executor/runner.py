@@ -228,6 +228,7 @@ class TaskRunner(GradTasks, RankTasks):
                 step_offset: int) -> None:
         """Check the plan's bindings against the units here and stage the segment's batches."""
         self._reset_segment()
+        self.gpu_blocks.found_inf.clear()  # a stopped segment's steps that were never logged
         self.step_offset = step_offset
         pin = self.device.is_cuda
         self.batches = {k: tuple(t.pin_memory() if pin else t for t in batch)

@@ -132,7 +132,9 @@ def gathered(value) -> list:
 
 def _groups(dist, gpus: int, hosts: int, rank: int) -> dict:
     """Every group, made by every rank in the same order; each rank keeps those it is in."""
-    mine: dict = {(None, "world"): dist.group.WORLD}
+    # the step logs' losses are summed by a thread of their own, beside the main thread's
+    mine: dict = {(None, "world"): dist.group.WORLD,
+                  (None, "step_logs"): dist.new_group(list(range(gpus * hosts)), backend="gloo")}
     spans = {"host": [list(range(h * gpus, (h + 1) * gpus)) for h in range(hosts)],
              "peers": [list(range(g, gpus * hosts, gpus)) for g in range(gpus)]}
     for lane in COLLECTIVE_LANES:

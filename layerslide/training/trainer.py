@@ -36,7 +36,7 @@ from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.ranks import SINGLE, Ranks
-from layerslide.executor.runner import TaskRunner
+from layerslide.executor.runner import StepOutcome, TaskRunner
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import Policy, TrainSpec
@@ -44,6 +44,7 @@ from layerslide.trace import MemorySample, Trace, TraceEvent
 from layerslide.training import hf_io
 from layerslide.training.checkpoint_store import CheckpointInfo
 from layerslide.training.evaluation import EvalResult, evaluate
+from layerslide.training.step_watch import StepWatch
 from layerslide.training.train_state import Checkpointing, CheckpointSchedule
 
 
@@ -253,7 +254,8 @@ class Trainer:
             on_save: Callable[[int], None] | None = None,
             ) -> list[StepLog]:
         """Train `num_steps` optimizer steps; returns one log per step. `on_step_done(step)`
-        comes as soon as a step has run; `on_step(log)` once its segment has drained. With
+        comes as soon as a step's tasks have run on the host (from a lane's thread), and
+        `on_step(log)` once its GPU work has too (from a thread of its own, in step order). With
         `checkpoints`, segments end on checkpoint steps and the state is saved there;
         `on_checkpoint(info, seconds)` follows each save (seconds: the pipeline's stall).
         Once `stop` is set (e.g. by a signal handler) training ends after the step in flight,
@@ -279,11 +281,8 @@ class Trainer:
                 break
             count = self._segment_length(num_steps - len(logs), checkpoints, evals, save_every)
             with self._failing():  # close() keeps the NVMe files as the last good step left them
-                segment = self._segment(data, count, on_step_done, cut)
-            for log in segment:
-                logs.append(log)
-                if on_step is not None:
-                    on_step(log)
+                segment = self._segment(data, count, on_step, on_step_done, cut)
+            logs.extend(segment)
             self.stopped = len(segment) < count
             finished = len(logs) == num_steps
             if not self.stopped:
@@ -348,10 +347,11 @@ class Trainer:
         return evaluate(self.runner, self.state, batches, self.step)
 
     def _segment(self, data: TokenSource, count: int,
+                 on_step: Callable[[StepLog], None] | None,
                  on_step_done: Callable[[int], None] | None,
                  stop: threading.Event | None = None) -> list[StepLog]:
         """Run `count` steps (fewer where `stop` cut the segment: the data then resumes after
-        the last step run)."""
+        the last step run), each logged as soon as it has run (StepWatch)."""
         plan = self.plan.unroll(count)
         positions, batches = [], {}
         for s in range(count):
@@ -362,19 +362,29 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(self.device.device)
         self.device.reset_clock()
         sampler = MemorySampler(self.device)
+        offset = self.step
+
+        def done(s: int) -> None:
+            watch.step_done(s)
+            if on_step_done is not None:
+                on_step_done(offset + s)
+
+        engine = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
+                            on_step_done=done, stop=stop)
+        watch = StepWatch(self._log_maker(plan, engine, sampler), on_step)
+        watch.start(engine)
         try:
-            offset = self.step
-            done = None if on_step_done is None else (lambda s: on_step_done(offset + s))
-            engine = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
-                                on_step_done=done, stop=stop)
             timings = engine.run()
+        except BaseException:
+            watch.abandon()
+            raise
         finally:
             sampler.stop()
+        logs = watch.finish()
         if engine.stopped_after is not None:
-            count = engine.stopped_after + 1
-            data.load_state_dict(positions[count])
-        self.runner.collect_gpu_skips()
-        logs = self._logs(plan, timings, sampler, count)
+            data.load_state_dict(positions[engine.stopped_after + 1])
+        self._keep_trace(timings, sampler)
+        self.step += len(logs)
         return_freed_heap()
         return logs
 
@@ -390,20 +400,41 @@ class Trainer:
                 mine[(s, i % accum)] = batch
         return mine
 
-    def _global_losses(self, count: int) -> list[float]:
-        """The loss of each of the segment's steps over every rank's micro-batches (each
-        rank's part is already scaled by its share of the step's)."""
-        local = [float(sum(float(p) for p in self.runner.outcomes[s].loss_parts))
-                 for s in range(count)]
+    def _log_maker(self, plan: Plan, engine: PlanEngine,
+                   sampler: MemorySampler) -> Callable[[int], StepLog]:
+        """The log of the segment's step s, once it has landed; called in step order. A step
+        is timed from the previous step's last GPU task to its own, as the simulator times it."""
+        markers, offset, ends = plan.meta["step_markers"], self.step, [0.0]
+        flops_per_token = self.spec.training_flops_per_token(self.train.seq_len)
+        tokens = self.train.global_tokens_per_step  # every rank's: one step learns from them
+
+        def make(s: int) -> StepLog:
+            ends.append(engine.end_s(markers[s]))
+            step_s = max(ends[-1] - ends[-2], 1e-9)
+            outcome = self.runner.step_outcome(s)
+            return StepLog(
+                step=offset + s, loss=self._global_loss(outcome), lr=self.optim.lr_at(offset + s),
+                grad_norm=outcome.grad_norm, skipped=outcome.skipped,
+                skipped_blocks=tuple(outcome.skipped_blocks), step_s=step_s,
+                tokens_per_s=tokens / step_s,
+                model_tflops=flops_per_token * tokens / step_s / 1e12,
+                gpu_peak_bytes=(torch.cuda.max_memory_allocated(self.device.device)
+                                if self.device.is_cuda else 0),
+                host_rss_bytes=sampler.peak_host_bytes)
+        return make
+
+    def _global_loss(self, outcome: StepOutcome) -> float:
+        """A step's loss over every rank's micro-batches (each rank's part is already scaled
+        by its share of the step's), summed on a group of the step logs' own."""
+        local = float(sum(float(p) for p in outcome.loss_parts))
         if self.ranks.world == 1:
             return local
-        total = torch.tensor(local, dtype=torch.float64)
-        dist.all_reduce(total, group=self.ranks.group(None, "world"))
-        return total.tolist()
+        total = torch.tensor([local], dtype=torch.float64)
+        dist.all_reduce(total, group=self.ranks.group(None, "step_logs"))
+        return float(total[0])
 
-    def _logs(self, plan: Plan, timings: list[TaskTiming], sampler: MemorySampler,
-              count: int) -> list[StepLog]:
-        end_of = {t.task.id: t.end_s for t in timings}
+    def _keep_trace(self, timings: list[TaskTiming], sampler: MemorySampler) -> None:
+        """The segment's task timings and memory samples, while the trace keeps steps."""
         if self.trace_steps is None or self.step < self.trace_steps:
             self.trace_events.extend(TraceEvent(
                 task_id=t.task.id, lane=t.task.lane, kind=t.task.kind, block=t.task.block,
@@ -413,28 +444,7 @@ class Trainer:
                 for t in timings)
             self.memory.extend(MemorySample(time_s=self._clock_s + m.time_s, tier=m.tier,
                                             bytes_in_use=m.bytes_in_use) for m in sampler.samples)
-        gpu_peak = (torch.cuda.max_memory_allocated(self.device.device)
-                    if self.device.is_cuda else 0)
-        flops_per_token = self.spec.training_flops_per_token(self.train.seq_len)
-        losses = self._global_losses(count)
-        logs, previous_end = [], 0.0
-        for s in range(count):
-            marker_end = end_of[plan.meta["step_markers"][s]]
-            step_s = max(marker_end - previous_end, 1e-9)
-            previous_end = marker_end
-            outcome = self.runner.outcomes[s]
-            loss = losses[s]
-            tokens = self.train.global_tokens_per_step  # every rank's: one step learns from
-            logs.append(StepLog(
-                step=self.step, loss=loss, lr=self.optim.lr_at(self.step),
-                grad_norm=outcome.grad_norm, skipped=outcome.skipped,
-                skipped_blocks=tuple(outcome.skipped_blocks), step_s=step_s,
-                tokens_per_s=tokens / step_s,
-                model_tflops=flops_per_token * tokens / step_s / 1e12,
-                gpu_peak_bytes=gpu_peak, host_rss_bytes=sampler.peak_host_bytes))
-            self.step += 1
         self._clock_s += max((t.end_s for t in timings), default=0.0)
-        return logs
 
     def trace(self, label: str = "executor") -> Trace:
         """Everything run so far, in the simulator's trace schema."""

@@ -277,6 +277,43 @@ def test_watched_lanes_never_poll_and_host_tasks_start_once_their_gpu_inputs_are
     assert polled.queries > 0  # the poll mode, for contrast
 
 
+# blocks updated on the GPU: a step's last GPU work (their optimizer steps) has no host task
+# after it in the step, so the step is done on the host before its GPU work is
+GPU_UPDATED = build_plan(make_tiny_model(3), TrainSpec(micro_batch=1, seq_len=16),
+                         Policy.of(gpu_updated_blocks=5), num_steps=3)
+
+
+@pytest.mark.parametrize("lane_waits", ["poll", "watch"])
+def test_a_step_has_landed_once_every_gpu_task_of_it_is_done(lane_waits):
+    """on_step_done comes once a step's tasks have run on the host, its GPU work maybe still
+    queued; wait_step_landed (another thread's) returns once that work is done too."""
+    plan = replace(GPU_UPDATED, policy=GPU_UPDATED.policy.with_(lane_waits=lane_waits))
+    gpu, checks, results = _QueuedGpu(period_s=2e-3), [], []
+
+    def gpu_work_of(step: int) -> list:
+        return [engine._end_event[t] for t in plan.graph
+                if plan.task(t).step == step and t in engine._end_event]
+
+    def check(step: int, queued_when_done: bool) -> None:
+        results.append((step, engine.wait_step_landed(step), queued_when_done,
+                        all(e.done for e in gpu_work_of(step))))
+
+    def on_step_done(step: int) -> None:
+        queued = not all(e.done for e in gpu_work_of(step))
+        checks.append(threading.Thread(target=check, args=(step, queued)))
+        checks[-1].start()
+
+    engine = PlanEngine(plan, gpu, lambda task: None, on_step_done=on_step_done)
+    assert "error" not in run_in_thread(engine.run)
+    for thread in checks:
+        thread.join(10)
+    assert sorted(step for step, *_ in results) == [0, 1, 2]
+    assert all(landed and done for _, landed, _, done in results)
+    assert any(queued for _, _, queued, _ in results)  # the wait had GPU work to wait for
+    if lane_waits == "watch":
+        assert gpu.queries == 0  # watched: the wait sleeps on the watchers' flags
+
+
 def test_unbounded_the_stream_lanes_run_ahead_of_a_slow_gpu():
     gpu = _QueuedGpu()
     PlanEngine(PLAN, gpu, lambda task: None, run_ahead=0).run()

@@ -494,3 +494,33 @@ def test_packed_documents_attend_only_within_themselves(tmp_path, device, policy
     # random weights and labels: every loss is near ln(vocab); the masks' mark is the gap
     miss = (losses - torch.tensor(expected)).abs().max()
     assert (losses - torch.tensor(crossing)).abs().max() > 5 * miss
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_each_step_is_logged_while_later_steps_of_its_segment_still_run(tmp_path, serial):
+    """A log file outside a terminal gets each step's record as the step lands, not a burst
+    when the segment drains: the last step of the segment cannot end until step 1's log has
+    come (its host tasks wait for it; they would wait forever for a log made at the end)."""
+    import threading
+
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+    train = TrainSpec(micro_batch=2, seq_len=SEQ)
+    first_logged, logged = threading.Event(), []
+
+    def on_step(log) -> None:
+        logged.append(log.step)
+        first_logged.set()
+
+    def on_step_done(step: int) -> None:
+        if step == 2:  # the engine's thread: step 3 runs only after this returns
+            assert first_logged.wait(60), "step 1 was not logged before step 3 ran"
+
+    with Trainer(config=config, plan=build_plan(spec, train, Policy.of()),
+                 optim=OptimConfig(lr=1e-3), device="cpu", serial=serial,
+                 segment_steps=4) as trainer:
+        trainer.init_random(0)
+        logs = trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 4, on_step=on_step,
+                           on_step_done=on_step_done)
+    assert logged == [0, 1, 2, 3] == [log.step for log in logs]
+    assert all(log.step_s > 0 and log.loss > 0 for log in logs)
