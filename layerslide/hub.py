@@ -1,12 +1,15 @@
 """Names on the Hugging Face Hub: a model id (`Qwen/Qwen3-8B`) resolved to its folder in
 huggingface_hub's snapshot cache (downloaded where the Hub can be reached, read from the cache
 where it cannot or HF_HUB_OFFLINE=1 says not to try), and the test of whether a name given
-where a path is expected is meant as a Hub name. huggingface_hub is imported only when a name
-is resolved, so the planner may use this without torch or transformers."""
+where a path is expected is meant as a Hub name; and a Hub dataset read from datasets' cache at
+once where the Hub does not answer. huggingface_hub is imported only when a name is resolved, so
+the planner may use this without torch or transformers."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # owner/name, as the Hub spells repositories (a local path that exists always wins)
@@ -17,6 +20,8 @@ _DATASET_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 CONFIG_FILES = ("config.json",)
 MODEL_FILES_BUT_WEIGHTS = ("*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken")
 MODEL_FILES = (*MODEL_FILES_BUT_WEIGHTS, "model*.safetensors")
+# how long the Hub may take to answer whether it can be reached at all
+PROBE_TIMEOUT_S = 5.0
 # endings that name a local file, never a Hub name
 _FILE_ENDINGS = (".json", ".jsonl", ".parquet", ".arrow", ".txt", ".safetensors", ".toml")
 
@@ -84,3 +89,35 @@ def unreachable(what: str, *, offline: bool, switch: str = "HF_HUB_OFFLINE") -> 
                 f"network on ({switch} unset), or pass a local path")
     return (f"and the Hub cannot be reached: connect to the network once to download {what}, "
             "or pass a local path")
+
+
+def hub_answers() -> bool:
+    """Whether the Hub answers one request within PROBE_TIMEOUT_S."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 (the HTTP client's errors vary by version: none answers)
+        return False
+    return True
+
+
+@contextmanager
+def cache_only_unless_the_hub_answers() -> Iterator[bool]:
+    """Offline mode for the datasets calls within where the Hub does not answer (yields
+    whether the user set it): datasets would retry for half a minute before reading its
+    cache."""
+    import datasets
+    from huggingface_hub import constants
+
+    asked = bool(datasets.config.HF_HUB_OFFLINE)
+    if asked or hub_answers():
+        yield asked
+        return
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield asked
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved

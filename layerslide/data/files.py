@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from layerslide.hub import dataset_name, unreachable
+from layerslide.hub import cache_only_unless_the_hub_answers, dataset_name, unreachable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -144,7 +144,7 @@ def _hub_table(name: str, split: str | None) -> RecordTable:
     through its own cache, its download's progress shown."""
     import datasets
 
-    with _quiet_datasets(bars=True):
+    with _quiet_datasets(bars=True), cache_only_unless_the_hub_answers() as asked_offline:
         try:
             dataset = datasets.load_dataset(name, split=split)
         except datasets.exceptions.DatasetNotFoundError as err:
@@ -160,7 +160,7 @@ def _hub_table(name: str, split: str | None) -> RecordTable:
         except (ConnectionError, FileNotFoundError) as err:  # not cached, and no Hub to ask
             msg = (f"data {name!r} is no path here, and as a Hugging Face Hub dataset it is not "
                    f"in datasets' cache ({datasets.config.HF_DATASETS_CACHE}), "
-                   f"{unreachable('it', offline=datasets.config.HF_HUB_OFFLINE, switch=_OFFLINE)}")
+                   f"{unreachable('it', offline=asked_offline, switch=_OFFLINE)}")
             raise ValueError(msg) from err
     if isinstance(dataset, datasets.DatasetDict):
         if "train" not in dataset:

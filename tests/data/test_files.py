@@ -69,6 +69,31 @@ def test_a_hub_dataset_neither_cached_nor_reachable_is_refused_saying_why(offlin
         hub_source("someone/absent", tok_dir)
 
 
+def test_a_cached_hub_dataset_loads_at_once_where_the_hub_does_not_answer(offline_hub, tok_dir,
+                                                                         monkeypatch):
+    """Online mode with no network: one request finds the Hub silent and datasets reads its
+    cache at once (on its own it retries for ~25 s first); offline mode is put back after."""
+    import socket
+
+    import datasets
+    from huggingface_hub import constants
+
+    cache_hub_dataset(offline_hub, "someone/tinytext", {"train": TRAIN, "test": TEST})
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    lookups = []
+
+    def no_network(*args, **kwargs):
+        lookups.append(args[:1])
+        raise OSError("network blocked by the test")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    assert hub_source("someone/tinytext", tok_dir).num_examples == 6
+    assert len(lookups) == 1  # the probe's, and no retries
+    assert not datasets.config.HF_HUB_OFFLINE and not constants.HF_HUB_OFFLINE
+
+
 def test_a_split_a_hub_dataset_lacks_is_refused_with_its_splits(offline_hub, tok_dir):
     cache_hub_dataset(offline_hub, "someone/tinytext", {"train": TRAIN, "test": TEST})
     with pytest.raises(ValueError, match=(
