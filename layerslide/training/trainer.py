@@ -76,7 +76,7 @@ class StepLog:
     step_s: float
     tokens_per_s: float
     model_tflops: float  # model FLOPs (no recompute) per second, in TFLOP/s
-    gpu_peak_bytes: int
+    gpu_peak_bytes: int  # the peak since its segment began, as of its log (host_rss_bytes too)
     host_rss_bytes: int
 
 
