@@ -1,4 +1,4 @@
-"""Discrete-event run of a Plan in SimPy: one process per lane, fluid bandwidth sharing,
+"""Discrete-event run of a Plan (on simulator.kernel, SimPy's semantics): one process per lane, fluid bandwidth sharing,
 memory tracked per tier as buffers are allocated and released.
 
 A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import heapq
 
-import simpy
-
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.kernel import Event, Kernel
 from layerslide.simulator.memory import MemoryLedger
 from layerslide.simulator.sharing import SharedResources
 from layerslide.trace import Trace, TraceEvent
@@ -29,7 +28,7 @@ class _TaskState:
                  "order", "predecessors_enqueued", "ready", "start_s", "successors", "task",
                  "waiting_on")
 
-    def __init__(self, task, cost, order: int, env: simpy.Environment):
+    def __init__(self, task, cost, order: int, env: Kernel):
         self.task = task
         self.cost = cost
         self.order = order  # position in its lane's order: the priority
@@ -44,7 +43,7 @@ class _TaskState:
         # the graph's edges as the states they lead to and the events they wait for, in the
         # graph's order (looked up once, not at every event)
         self.successors: list[_TaskState] = []
-        self.predecessors_enqueued: list[simpy.Event] = []
+        self.predecessors_enqueued: list[Event] = []
 
 
 def run_plan(plan: Plan, costs: CostModel) -> Trace:
@@ -62,7 +61,7 @@ class _PlanRun:
 
     def __init__(self, plan: Plan, costs: CostModel):
         self.plan, self.graph = plan, plan.graph
-        self.env = env = simpy.Environment()
+        self.env = env = Kernel()
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
         self.memory = MemoryLedger(plan)
         self.states: dict[str, _TaskState] = {}
@@ -84,10 +83,10 @@ class _PlanRun:
                 self.workers[st.task.lane].push(st)
 
     def close(self) -> None:
-        """Break the run's reference cycles (its workers refer to it, the environment's bound
-        methods to the environment): refcounting then frees its states and events at once."""
+        """Break the run's reference cycles (its workers refer to it): refcounting then frees
+        its states and events at once."""
         self.workers.clear()
-        vars(self.env).clear()
+        self.env.queue.clear()
 
     def run(self) -> Trace:
         for lane, order in self.plan.lane_order.items():
