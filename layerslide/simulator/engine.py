@@ -28,16 +28,20 @@ class _TaskState:
                  "order", "predecessors_enqueued", "ready", "start_s", "successors", "task",
                  "waiting_on")
 
-    def __init__(self, task, cost, order: int, env: Kernel):
+    def __init__(self, task, cost, order: int, env: Kernel, on_stream: bool):
         self.task = task
         self.cost = cost
         self.order = order  # position in its lane's order: the priority
         self.waiting_on = 0
-        self.ready = env.event()  # every predecessor is done
-        self.dispatched = env.event()  # its host thread began enqueueing it (strict lanes)
         self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
-        self.finished = env.event()
-        self.start_s = self.end_s = 0.0
+        # what only a stream waits for: every predecessor done, its host thread begun
+        # enqueueing it, and (the run-ahead) an earlier task finished; a worker's task has
+        # none (an event nothing waits for is left out: the others keep their order)
+        self.ready = env.event() if on_stream else None
+        self.dispatched = env.event() if on_stream else None
+        self.finished = env.event() if on_stream else None
+        self.end_s: float | None = None  # None until it has ended
+        self.start_s = 0.0
         # a stream task's enqueue by its host thread: (begun, done) in seconds
         self.enqueue_window: tuple[float, float] | None = None
         # the graph's edges as the states they lead to and the events they wait for, in the
@@ -65,16 +69,18 @@ class _PlanRun:
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
         self.memory = MemoryLedger(plan)
         self.states: dict[str, _TaskState] = {}
-        for order in plan.lane_order.values():
+        tasks, cost = self.graph.nodes(data="task"), costs.cost
+        for lane, order in plan.lane_order.items():
+            on_stream = plan.lane_discipline[lane] == "strict"
             for i, tid in enumerate(order):
-                task = plan.task(tid)
-                self.states[tid] = _TaskState(task, costs.cost(task), i, env)
-        states, graph = self.states, self.graph
+                task = tasks[tid]
+                self.states[tid] = _TaskState(task, cost(task), i, env, on_stream)
+        states, succ, pred = self.states, self.graph.succ, self.graph.pred
         for tid, st in states.items():
-            st.successors = [states[succ] for succ in graph.successors(tid)]
-            st.predecessors_enqueued = [states[p].enqueued for p in graph.predecessors(tid)]
+            st.successors = [states[s] for s in succ[tid]]
+            st.predecessors_enqueued = [states[p].enqueued for p in pred[tid]]
             st.waiting_on = len(st.predecessors_enqueued)
-            if st.waiting_on == 0:
+            if st.waiting_on == 0 and st.ready is not None:
                 st.ready.succeed()
         self.workers = {lane: WorkerLane(self, lane) for lane, d in plan.lane_discipline.items()
                         if d == "priority"}
@@ -97,7 +103,7 @@ class _PlanRun:
             else:
                 self.workers[lane].start(len(order))
         self.env.run()
-        unfinished = [tid for tid, st in self.states.items() if not st.finished.triggered]
+        unfinished = [tid for tid, st in self.states.items() if st.end_s is None]
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                                f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
@@ -131,8 +137,9 @@ class _PlanRun:
         if on_stream and not st.enqueued.triggered:
             yield st.enqueued  # its last kernels were still being launched
         st.end_s = env.now
-        st.finished.succeed()
-        if not on_stream:  # a host lane's task: its host part is the task
+        if on_stream:
+            st.finished.succeed()
+        else:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
             memory.enqueued(env.now, st.task.id)
         memory.release(env.now, st.task.id)

@@ -67,7 +67,8 @@ class SharedResources:
         self._last_s = 0.0
         # Each change of the running set schedules a timer for the next completion; timers
         # from before the latest change are stale and ignored (cheaper than cancelling).
-        self._generation = 0
+        self._timer = None
+        self._fire = self._on_timer  # the timers' callback, bound once
 
     def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float,
             tag: str = "") -> Event:
@@ -105,16 +106,15 @@ class SharedResources:
                 f.rate = min(f.rate, frac)
 
     def _schedule(self) -> None:
-        self._generation += 1
         if not self.flows:
+            self._timer = None
             return
         next_s = max(min(f.remaining_s / f.rate for f in self.flows), 0.0)
-        timer = self.env.timeout(next_s)
-        generation = self._generation
-        timer.callbacks.append(lambda _event: self._on_timer(generation))
+        self._timer = self.env.timeout(next_s)
+        self._timer.callbacks.append(self._fire)
 
-    def _on_timer(self, generation: int) -> None:
-        if generation != self._generation:
+    def _on_timer(self, timer) -> None:
+        if timer is not self._timer:
             return  # the running set changed since this timer was set
         self._advance()
         finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]
