@@ -50,10 +50,12 @@ class _TaskState:
         self.predecessors_enqueued: list[Event] = []
 
 
-def run_plan(plan: Plan, costs: CostModel) -> Trace:
-    """Simulate the plan to completion and return its Trace; its meta has the GPU's peak bytes
-    and the allocator's reserve per pool (gpu_pool_peak_bytes, gpu_pool_reserved_bytes)."""
-    run = _PlanRun(plan, costs)
+def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
+    """Simulate the plan to completion and return its Trace; its meta has each tier's peak
+    bytes (peak_bytes), the GPU's per pool and the allocator's reserve per pool
+    (gpu_pool_peak_bytes, gpu_pool_reserved_bytes). keep_memory=False leaves the memory
+    samples out of the trace (a search reads only the peaks)."""
+    run = _PlanRun(plan, costs, keep_memory)
     try:
         return run.run()
     finally:
@@ -63,11 +65,11 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
 class _PlanRun:
     """One simulation: the tasks' states, the shared resources and memory, and the lanes."""
 
-    def __init__(self, plan: Plan, costs: CostModel):
+    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True):
         self.plan, self.graph = plan, plan.graph
         self.env = env = Kernel()
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-        self.memory = MemoryLedger(plan)
+        self.memory = MemoryLedger(plan, keep_samples=keep_memory)
         self.states: dict[str, _TaskState] = {}
         tasks, cost = self.graph.nodes(data="task"), costs.cost
         for lane, order in plan.lane_order.items():
@@ -114,7 +116,8 @@ class _PlanRun:
                        dispatch_start_s=st.enqueue_window[0] if st.enqueue_window else None,
                        dispatch_end_s=st.enqueue_window[1] if st.enqueue_window else None)
             for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
-        meta = {"gpu_held_peak_bytes": self.memory.held_peak_bytes,
+        meta = {"peak_bytes": dict(self.memory.peaks),
+                "gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
                 "gpu_pool_reserved_bytes": self.memory.gpu_pool_reserves()}
         return Trace(source="simulated", label="", events=events,
