@@ -321,7 +321,9 @@ class Plan:
 
     def validate(self) -> None:
         """Raise ValueError if lane orders and dependencies cannot all be honoured."""
-        missing = [n for n, data in self.graph.nodes(data=True) if "task" not in data]
+        # each task looked up once, not through the NodeView: tune validates every plan it builds
+        tasks = {n: data.get("task") for n, data in self.graph._node.items()}
+        missing = [n for n, task in tasks.items() if task is None]
         if missing:
             raise ValueError(f"edges name tasks that the plan does not have: {missing[:3]}")
         for lane, discipline in self.lane_discipline.items():
@@ -334,14 +336,14 @@ class Plan:
         if len(markers) != self.num_steps or any(m not in self.graph for m in markers):
             raise ValueError("meta.step_markers must name one task per planned step")
         lane_tasks = {lane: set(order) for lane, order in self.lane_order.items()}
-        for t in self.tasks:
+        for t in tasks.values():
             if t.id not in lane_tasks.get(t.lane, ()):
                 raise ValueError(f"task {t.id} is not in the order of its lane {t.lane}")
         if sum(len(o) for o in self.lane_order.values()) != self.graph.number_of_nodes():
             raise ValueError("a task appears in more than one lane order")
         for lane, order in self.lane_order.items():
             for a, b in pairwise(order):
-                ta, tb = self.task(a), self.task(b)
+                ta, tb = tasks[a], tasks[b]
                 if (tb.priority, tb.step) < (ta.priority, ta.step):
                     raise ValueError(f"lane {lane}: {b} follows {a} but has a lower priority: a "
                                      "lane's order is its tasks by (priority, step); to reorder "
@@ -665,18 +667,22 @@ def _step_permutations(plan: Plan, template: list[Task]) -> _Permutations:
 def _acyclic(graph: nx.DiGraph, extra_edges: list[tuple[str, str]]) -> bool:
     """Whether graph plus extra_edges has no cycle (Kahn's algorithm, without copying the graph:
     tune validates thousands of plans)."""
-    indegree = {n: d for n, d in graph.in_degree()}
+    succ = graph._succ  # the adjacency dicts, not their views (one view per task otherwise)
+    indegree = {n: len(preds) for n, preds in graph._pred.items()}
     extra_out: dict[str, list[str]] = {}
     for u, v in extra_edges:
         indegree[v] += 1
         extra_out.setdefault(u, []).append(v)
     ready = [n for n, d in indegree.items() if d == 0]
     seen = 0
-    succ = graph.succ
     while ready:
         n = ready.pop()
         seen += 1
-        for m in (*succ[n], *extra_out.get(n, ())):
+        for m in succ[n]:
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+        for m in extra_out.get(n, ()):
             indegree[m] -= 1
             if indegree[m] == 0:
                 ready.append(m)

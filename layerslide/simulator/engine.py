@@ -1,4 +1,4 @@
-"""Discrete-event run of a Plan in SimPy: one process per lane, fluid bandwidth sharing,
+"""Discrete-event run of a Plan (on simulator.kernel, SimPy's semantics): one process per lane, fluid bandwidth sharing,
 memory tracked per tier as buffers are allocated and released.
 
 A strict lane is a CUDA stream fed by a host thread, as in the executor: the thread enqueues the
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import heapq
 
-import simpy
-
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
+from layerslide.simulator.kernel import Event, Kernel
 from layerslide.simulator.memory import MemoryLedger
 from layerslide.simulator.sharing import SharedResources
 from layerslide.trace import Trace, TraceEvent
@@ -29,28 +28,34 @@ class _TaskState:
                  "order", "predecessors_enqueued", "ready", "start_s", "successors", "task",
                  "waiting_on")
 
-    def __init__(self, task, cost, order: int, env: simpy.Environment):
+    def __init__(self, task, cost, order: int, env: Kernel, on_stream: bool):
         self.task = task
         self.cost = cost
         self.order = order  # position in its lane's order: the priority
         self.waiting_on = 0
-        self.ready = env.event()  # every predecessor is done
-        self.dispatched = env.event()  # its host thread began enqueueing it (strict lanes)
         self.enqueued = env.event()  # its host part is over: enqueued on a stream, or done
-        self.finished = env.event()
-        self.start_s = self.end_s = 0.0
+        # what only a stream waits for: every predecessor done, its host thread begun
+        # enqueueing it, and (the run-ahead) an earlier task finished; a worker's task has
+        # none (an event nothing waits for is left out: the others keep their order)
+        self.ready = env.event() if on_stream else None
+        self.dispatched = env.event() if on_stream else None
+        self.finished = env.event() if on_stream else None
+        self.end_s: float | None = None  # None until it has ended
+        self.start_s = 0.0
         # a stream task's enqueue by its host thread: (begun, done) in seconds
         self.enqueue_window: tuple[float, float] | None = None
         # the graph's edges as the states they lead to and the events they wait for, in the
         # graph's order (looked up once, not at every event)
         self.successors: list[_TaskState] = []
-        self.predecessors_enqueued: list[simpy.Event] = []
+        self.predecessors_enqueued: list[Event] = []
 
 
-def run_plan(plan: Plan, costs: CostModel) -> Trace:
-    """Simulate the plan to completion and return its Trace; its meta has the GPU's peak bytes
-    and the allocator's reserve per pool (gpu_pool_peak_bytes, gpu_pool_reserved_bytes)."""
-    run = _PlanRun(plan, costs)
+def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
+    """Simulate the plan to completion and return its Trace; its meta has each tier's peak
+    bytes (peak_bytes), the GPU's per pool and the allocator's reserve per pool
+    (gpu_pool_peak_bytes, gpu_pool_reserved_bytes). keep_memory=False leaves the memory
+    samples out of the trace (a search reads only the peaks)."""
+    run = _PlanRun(plan, costs, keep_memory)
     try:
         return run.run()
     finally:
@@ -60,22 +65,24 @@ def run_plan(plan: Plan, costs: CostModel) -> Trace:
 class _PlanRun:
     """One simulation: the tasks' states, the shared resources and memory, and the lanes."""
 
-    def __init__(self, plan: Plan, costs: CostModel):
+    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True):
         self.plan, self.graph = plan, plan.graph
-        self.env = env = simpy.Environment()
+        self.env = env = Kernel()
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
-        self.memory = MemoryLedger(plan)
+        self.memory = MemoryLedger(plan, keep_samples=keep_memory)
         self.states: dict[str, _TaskState] = {}
-        for order in plan.lane_order.values():
+        tasks, cost = self.graph.nodes(data="task"), costs.cost
+        for lane, order in plan.lane_order.items():
+            on_stream = plan.lane_discipline[lane] == "strict"
             for i, tid in enumerate(order):
-                task = plan.task(tid)
-                self.states[tid] = _TaskState(task, costs.cost(task), i, env)
-        states, graph = self.states, self.graph
+                task = tasks[tid]
+                self.states[tid] = _TaskState(task, cost(task), i, env, on_stream)
+        states, succ, pred = self.states, self.graph.succ, self.graph.pred
         for tid, st in states.items():
-            st.successors = [states[succ] for succ in graph.successors(tid)]
-            st.predecessors_enqueued = [states[p].enqueued for p in graph.predecessors(tid)]
+            st.successors = [states[s] for s in succ[tid]]
+            st.predecessors_enqueued = [states[p].enqueued for p in pred[tid]]
             st.waiting_on = len(st.predecessors_enqueued)
-            if st.waiting_on == 0:
+            if st.waiting_on == 0 and st.ready is not None:
                 st.ready.succeed()
         self.workers = {lane: WorkerLane(self, lane) for lane, d in plan.lane_discipline.items()
                         if d == "priority"}
@@ -84,10 +91,10 @@ class _PlanRun:
                 self.workers[st.task.lane].push(st)
 
     def close(self) -> None:
-        """Break the run's reference cycles (its workers refer to it, the environment's bound
-        methods to the environment): refcounting then frees its states and events at once."""
+        """Break the run's reference cycles (its workers refer to it): refcounting then frees
+        its states and events at once."""
         self.workers.clear()
-        vars(self.env).clear()
+        self.env.queue.clear()
 
     def run(self) -> Trace:
         for lane, order in self.plan.lane_order.items():
@@ -98,7 +105,7 @@ class _PlanRun:
             else:
                 self.workers[lane].start(len(order))
         self.env.run()
-        unfinished = [tid for tid, st in self.states.items() if not st.finished.triggered]
+        unfinished = [tid for tid, st in self.states.items() if st.end_s is None]
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                                f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
@@ -109,7 +116,8 @@ class _PlanRun:
                        dispatch_start_s=st.enqueue_window[0] if st.enqueue_window else None,
                        dispatch_end_s=st.enqueue_window[1] if st.enqueue_window else None)
             for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
-        meta = {"gpu_held_peak_bytes": self.memory.held_peak_bytes,
+        meta = {"peak_bytes": dict(self.memory.peaks),
+                "gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
                 "gpu_pool_reserved_bytes": self.memory.gpu_pool_reserves()}
         return Trace(source="simulated", label="", events=events,
@@ -132,8 +140,9 @@ class _PlanRun:
         if on_stream and not st.enqueued.triggered:
             yield st.enqueued  # its last kernels were still being launched
         st.end_s = env.now
-        st.finished.succeed()
-        if not on_stream:  # a host lane's task: its host part is the task
+        if on_stream:
+            st.finished.succeed()
+        else:  # a host lane's task: its host part is the task
             st.enqueued.succeed()
             memory.enqueued(env.now, st.task.id)
         memory.release(env.now, st.task.id)

@@ -43,9 +43,10 @@ class MemoryLedger:
     follows the host threads instead (dispatched, enqueued), as the caching allocator sees the
     requests: see the module's doc."""
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, keep_samples: bool = True):
         self.in_use = dict.fromkeys(TIERS, 0)
-        self.samples: list[MemorySample] = []
+        self.samples: list[MemorySample] = []  # each change, where kept (a trace's memory)
+        self._keep_samples = keep_samples
         self.pool_in_use: dict[str, int] = {}
         self.pool_peaks: dict[str, int] = {}
         self.allocator = CachingAllocatorModel()
@@ -86,6 +87,7 @@ class MemoryLedger:
                 self._releases.setdefault(t, []).append(b)
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
+        self.peaks = dict(self.in_use)  # each tier's most in use: its samples' largest
 
     def _lane(self, task_id: str) -> str:
         lane = self._lanes.get(task_id)
@@ -98,8 +100,10 @@ class MemoryLedger:
         self.in_use[tier] += sign * buffer.bytes
         assert self.in_use[tier] >= 0, f"{tier} memory went negative"
         if sample:
-            self.samples.append(MemorySample(time_s=now, tier=tier,
-                                             bytes_in_use=self.in_use[tier]))
+            self.peaks[tier] = max(self.peaks[tier], self.in_use[tier])
+            if self._keep_samples:
+                self.samples.append(MemorySample(time_s=now, tier=tier,
+                                                 bytes_in_use=self.in_use[tier]))
         if tier != "gpu":
             return
         pool = self._pool[buffer.id]

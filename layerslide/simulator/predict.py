@@ -267,12 +267,15 @@ def _clock_fixed_point(profile: HardwareProfile, gpu_tasks, step_at, start: floa
     return speedup
 
 
-def _steady_step(plan: Plan, costs: CostModel, *, label: str,
-                 profile_name: str) -> tuple[Trace, float, dict[str, float]]:
-    """Simulate the plan: its trace, steady step time and lane busy fractions in that step."""
-    raw = run_plan(plan, costs)
+def _steady_step(plan: Plan, costs: CostModel, *, label: str, profile_name: str,
+                 keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
+    """Simulate the plan: its trace (its memory samples where kept), steady step time, lane
+    busy fractions in that step and each tier's peak bytes."""
+    raw = run_plan(plan, costs, keep_memory)
+    meta = dict(raw.meta)
+    peaks = meta.pop("peak_bytes")
     trace = Trace(source="simulated", label=label, events=raw.events, memory=raw.memory,
-                  meta={**raw.meta, "profile": profile_name})
+                  meta={**meta, "profile": profile_name})
     # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
     # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
     # the CPU's updates can fall one and a half steps into one cycle and half a step into the
@@ -282,7 +285,7 @@ def _steady_step(plan: Plan, costs: CostModel, *, label: str,
     last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
     # lane busy fractions over the same window the step time comes from
     busy = _busy_fractions(trace, markers[-2] if last >= mean else markers[0], markers[-1])
-    return trace, max(last, mean), busy
+    return trace, max(last, mean), busy, peaks
 
 
 def plan_signature(plan: Plan) -> tuple:
@@ -323,14 +326,15 @@ class SimulationMemo:
             self._signatures.popitem(last=False)
         return signature
 
-    def steady(self, plan: Plan, costs: CostModel, *, label: str,
-               profile_name: str) -> tuple[Trace, float, dict[str, float]]:
+    def steady(self, plan: Plan, costs: CostModel, *, label: str, profile_name: str,
+               keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
         key = (self._signature(plan), id(costs.profile), costs.gpu_speedup, costs.lanes_first,
-               label, profile_name)
+               label, profile_name, keep_memory)
         run = self._runs.get(key)
         if run is None or run[0] is not costs.profile:  # the profile kept: its id stays its own
             run = (costs.profile, _steady_step(plan, costs, label=label,
-                                               profile_name=profile_name))
+                                               profile_name=profile_name,
+                                               keep_memory=keep_memory))
             self._runs[key] = run
             while len(self._runs) > self.size:
                 self._runs.popitem(last=False)
@@ -385,7 +389,8 @@ def floors_by_block(plan: Plan, costs: CostModel,
 
 def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | None = None,
              label: str = "", costs: CostModel | None = None,
-             settle_clock: bool = True, memo: SimulationMemo | None = None) -> Prediction:
+             settle_clock: bool = True, memo: SimulationMemo | None = None,
+             keep_trace: bool = True) -> Prediction:
     """Predict the plan's steady-state step on the profile. Plans whose static buffers already
     overflow a tier are rejected without simulating; others are simulated and then checked.
     With settle_clock, where the profile has a GPU busy speedup, the GPU's speed is settled
@@ -393,7 +398,9 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     `costs` (a cost model of this profile to reuse) where given; without, it stays at costs'.
     A cost model made for other executor knobs than the plan's (CostModel.lanes_first) is
     replaced by one at the same GPU speed for the plan's. `memo`: simulations of this plan
-    already run (a search simulating a plan again to settle its clock starts where it was)."""
+    already run (a search simulating a plan again to settle its clock starts where it was).
+    keep_trace=False: a prediction without its trace (a search's: the memory samples are not
+    kept, the peaks are the same)."""
     if plan.num_steps < STEADY_STEPS:
         raise ValueError(f"the plan has {plan.num_steps} steps: plan at least "
                          f"{STEADY_STEPS} so that the last one is a steady-state step "
@@ -415,8 +422,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         costs = CostModel(profile, gpu_speedup=costs.gpu_speedup if costs else 1.0,
                           lanes_first=lanes_first, **ranks)
     steady = memo.steady if memo is not None else _steady_step
-    trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
-                                 profile_name=profile.name)
+    trace, step_s, busy, peaks = steady(plan, costs, label=label or plan.model.name,
+                                        profile_name=profile.name, keep_memory=keep_trace)
     # A power-capped GPU computes faster the more it idles (GPUSpec.busy_speedup), and how much
     # it idles depends on how fast it computes. The step's answer to the GPU's speed is read
     # off the simulations so far (held at first, then a + b / speedup through the last two),
@@ -430,10 +437,10 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         if abs(speedup - costs.gpu_speedup) < CLOCK_TOLERANCE:
             break
         costs = CostModel(profile, gpu_speedup=speedup, lanes_first=lanes_first, **ranks)
-        trace, step_s, busy = steady(plan, costs, label=label or plan.model.name,
-                                     profile_name=profile.name)
+        trace, step_s, busy, peaks = steady(plan, costs, label=label or plan.model.name,
+                                            profile_name=profile.name, keep_memory=keep_trace)
         seen.append((speedup, step_s))
-    peaks = {t: trace.peak_bytes(t) for t in TIERS}
+    peaks = {t: peaks[t] for t in TIERS}
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
     pools, reserves = trace.meta["gpu_pool_peak_bytes"], trace.meta["gpu_pool_reserved_bytes"]
@@ -445,7 +452,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         mfu=flops_per_s / (profile.gpu.bf16_flops_per_s * gpus * hosts),
         ranks_per_host=gpus, hosts=hosts,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
-        floors_s=step_floors(plan, costs), trace=trace, gpu_runtime_bytes=plan.runtime_bytes("gpu"),
+        floors_s=step_floors(plan, costs), trace=trace if keep_trace else None,
+        gpu_runtime_bytes=plan.runtime_bytes("gpu"),
         gpu_pool_peak_bytes=pools, gpu_pool_reserved_bytes=reserves, gpu_speedup=costs.gpu_speedup,
         gpu_held_peak_bytes=trace.meta["gpu_held_peak_bytes"],
     )

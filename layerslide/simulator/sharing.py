@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import simpy
+from layerslide.simulator.kernel import Event, Kernel
 
 _DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round-off)
 
@@ -19,7 +19,7 @@ _DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round
 class _Flow:
     __slots__ = ("done", "rate", "remaining_s", "share", "tag", "uses")
 
-    def __init__(self, solo_s: float, uses, share: float, done: simpy.Event, tag: str):
+    def __init__(self, solo_s: float, uses, share: float, done: Event, tag: str):
         self.remaining_s = solo_s  # seconds of solo-speed work left
         self.uses = uses
         self.share = share
@@ -54,9 +54,10 @@ def water_fill(demands: list[float], weights: list[float], capacity: float) -> l
 
 
 class SharedResources:
-    """Runs tasks against shared capacities inside a SimPy environment."""
+    """Runs tasks against shared capacities inside an event kernel (simulator.kernel, or a
+    simpy.Environment: the same calls)."""
 
-    def __init__(self, env: simpy.Environment, capacities: dict[str, float],
+    def __init__(self, env: Kernel, capacities: dict[str, float],
                  mixed_capacities: dict[str, float] | None = None):
         self.env = env
         self.capacities = capacities
@@ -66,10 +67,11 @@ class SharedResources:
         self._last_s = 0.0
         # Each change of the running set schedules a timer for the next completion; timers
         # from before the latest change are stale and ignored (cheaper than cancelling).
-        self._generation = 0
+        self._timer = None
+        self._fire = self._on_timer  # the timers' callback, bound once
 
     def run(self, solo_s: float, uses: Iterable[tuple[str, float]], share: float,
-            tag: str = "") -> simpy.Event:
+            tag: str = "") -> Event:
         """Start a task; the returned event fires when its work is done."""
         done = self.env.event()
         self._advance()
@@ -104,16 +106,15 @@ class SharedResources:
                 f.rate = min(f.rate, frac)
 
     def _schedule(self) -> None:
-        self._generation += 1
         if not self.flows:
+            self._timer = None
             return
         next_s = max(min(f.remaining_s / f.rate for f in self.flows), 0.0)
-        timer = self.env.timeout(next_s)
-        generation = self._generation
-        timer.callbacks.append(lambda _event: self._on_timer(generation))
+        self._timer = self.env.timeout(next_s)
+        self._timer.callbacks.append(self._fire)
 
-    def _on_timer(self, generation: int) -> None:
-        if generation != self._generation:
+    def _on_timer(self, timer) -> None:
+        if timer is not self._timer:
             return  # the running set changed since this timer was set
         self._advance()
         finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]

@@ -112,11 +112,12 @@ def static_buffers_of(model: ModelSpec, train: TrainSpec, policy: Policy) -> tup
 def simulated(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
               gpu_memory_bytes: int | None, num_steps: int, costs: CostModel | None = None,
               settle_clock: bool = True) -> Prediction:
-    """simulate() of the candidate's plan, through the memo."""
+    """simulate() of the candidate's plan, through the memo; without its trace (a search
+    keeps none)."""
     plan = plan_of(model, train, policy, num_steps)
     with collector_paused():
         return simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
-                        settle_clock=settle_clock, memo=MEMO)
+                        settle_clock=settle_clock, memo=MEMO, keep_trace=False)
 
 
 def rejected_early(buffers: tuple, train: TrainSpec, profile: HardwareProfile,

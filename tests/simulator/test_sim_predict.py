@@ -197,3 +197,15 @@ def test_a_busy_gpu_settles_where_its_clock_and_busy_fraction_agree():
     assert given.gpu_speedup == 1.0 and given.step_s == pytest.approx(plain.step_s)
     reused = simulate(plan, profile, costs=CostModel(profile))  # settles from the one given
     assert reused.gpu_speedup == pytest.approx(settled.gpu_speedup)
+
+
+@pytest.mark.parametrize("policy", [Policy.of(), Policy.of(moments_on_nvme=1.0, window=1)])
+def test_a_prediction_without_its_trace_is_the_same_prediction(policy):
+    # the search's simulations keep no memory samples: the peaks come from the ledger itself
+    plan = build_plan(PRESETS["llama-3.2-3b"], TrainSpec(micro_batch=4), policy)
+    profile = load_profile("h200-bench")
+    full = simulate(plan, profile, gpu_memory_bytes=24 * 2**30)
+    lean = simulate(plan, profile, gpu_memory_bytes=24 * 2**30, keep_trace=False)
+    assert lean.trace is None and full.trace is not None
+    assert lean.peak_bytes == {t: full.trace.peak_bytes(t) for t in TIERS}
+    assert dataclasses.replace(lean, trace=full.trace) == full
