@@ -90,3 +90,27 @@ def test_a_private_or_unknown_model_says_to_log_in_or_check_the_id(monkeypatch):
             r"'someone/secret' .* it is not on the Hub \(or it is private: log in with `hf auth "
             r"login`\); check the id, or pass the model's folder$")):
         hub.model_folder("someone/secret")
+
+
+@pytest.mark.parametrize(("failure", "answers"), [
+    (OSError("Name or service not known"), False),
+    (type("ConnectTimeout", (OSError,), {})("slow proxy"), True)])
+def test_a_hub_that_is_slow_is_left_to_the_libraries_and_one_not_there_is_not(
+        monkeypatch, failure, answers):
+    """No answer at all: datasets reads its cache at once; a timeout: the Hub may be there
+    behind a slow proxy, so datasets still asks it (and downloads what the cache lacks)."""
+    import datasets
+    from huggingface_hub import utils
+
+    from layerslide.hub import cache_only_unless_the_hub_answers, hub_answers
+
+    class Session:
+        def head(self, url, timeout):
+            raise failure
+
+    monkeypatch.setattr(utils, "get_session", Session)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    assert hub_answers() is answers
+    with cache_only_unless_the_hub_answers() as asked:
+        assert not asked and datasets.config.HF_HUB_OFFLINE is (not answers)
+    assert datasets.config.HF_HUB_OFFLINE is False

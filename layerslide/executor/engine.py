@@ -24,7 +24,7 @@ import queue
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
@@ -94,10 +94,13 @@ class PlanEngine:
         self._landed = {tid: threading.Event() for tid in plan.graph
                         if self.watch and plan.task(tid).lane in STREAM_LANES}
         self._slots = {lane: threading.Semaphore(max(self.run_ahead, 1)) for lane in STREAM_LANES}
-        self._step_tasks: dict[int, list[str]] = {}
-        for tid in plan.graph:
-            self._step_tasks.setdefault(plan.task(tid).step, []).append(tid)
-        self._step_left = {step: len(tids) for step, tids in self._step_tasks.items()}
+        self._step_left = Counter(plan.task(tid).step for tid in plan.graph)
+        # each stream lane's last task of each step: the step has landed once they are done
+        self._last_on_streams: dict[int, list[str]] = {step: [] for step in self._step_left}
+        for lane in STREAM_LANES:
+            last = {plan.task(tid).step: tid for tid in plan.lane_order.get(lane, ())}
+            for step, tid in last.items():
+                self._last_on_streams[step].append(tid)
         self._step_lock = threading.Lock()
         self.graph = plan.graph
         self._host_done = {tid: threading.Event() for tid in self.graph}
@@ -148,14 +151,16 @@ class PlanEngine:
         """Block until the GPU work of every task of `step` is done, once on_step_done(step)
         has come (its tasks are all enqueued, so their work ends); False where the run failed
         first. Another thread's wait: a lane never waits for a step to land."""
-        for tid in self._step_tasks[step]:
+        for tid in self._last_on_streams[step]:  # a stream's work ends in its order
             landed = None if self.serial else self._landed.get(tid)  # serial: synchronised
-            while not (landed.wait(ABORT_CHECK_S) if landed is not None
-                       else self.device.is_done(self._end_event.get(tid))):
-                if self._abort.is_set():
-                    return False
+            while not self._abort.is_set():
+                if (landed.wait(ABORT_CHECK_S) if landed is not None
+                        else self.device.is_done(self._end_event.get(tid))):
+                    break
                 if landed is None:
                     time.sleep(LANDED_POLL_S)
+            else:
+                return False
         return True
 
     def end_s(self, tid: str) -> float:

@@ -132,15 +132,17 @@ def gathered(value) -> list:
 
 def _groups(dist, gpus: int, hosts: int, rank: int) -> dict:
     """Every group, made by every rank in the same order; each rank keeps those it is in."""
+    timeout = timedelta(seconds=_timeout_s)  # the run's, not torch's 30 minutes
     # the step logs' losses are summed by a thread of their own, beside the main thread's
     mine: dict = {(None, "world"): dist.group.WORLD,
-                  (None, "step_logs"): dist.new_group(list(range(gpus * hosts)), backend="gloo")}
+                  (None, "step_logs"): dist.new_group(list(range(gpus * hosts)), backend="gloo",
+                                                      timeout=timeout)}
     spans = {"host": [list(range(h * gpus, (h + 1) * gpus)) for h in range(hosts)],
              "peers": [list(range(g, gpus * hosts, gpus)) for g in range(gpus)]}
     for lane in COLLECTIVE_LANES:
         for name, members in spans.items():
             for ranks in members:
-                group = dist.new_group(ranks)
+                group = dist.new_group(ranks, timeout=timeout)
                 if rank in ranks:
                     mine[(lane, name)] = group
     return mine

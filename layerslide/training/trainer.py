@@ -280,10 +280,13 @@ class Trainer:
                 self.stopped = True
                 break
             count = self._segment_length(num_steps - len(logs), checkpoints, evals, save_every)
+            before = self.step
             with self._failing():  # close() keeps the NVMe files as the last good step left them
-                segment = self._segment(data, count, on_step, on_step_done, cut)
+                segment, log_error = self._segment(data, count, on_step, on_step_done, cut)
+            if log_error is not None:  # the steps ran and are counted: only their logs failed
+                raise log_error
             logs.extend(segment)
-            self.stopped = len(segment) < count
+            self.stopped = self.step - before < count
             finished = len(logs) == num_steps
             if not self.stopped:
                 self._score_and_save(evals, on_eval, save_every if not finished else None,
@@ -349,9 +352,11 @@ class Trainer:
     def _segment(self, data: TokenSource, count: int,
                  on_step: Callable[[StepLog], None] | None,
                  on_step_done: Callable[[int], None] | None,
-                 stop: threading.Event | None = None) -> list[StepLog]:
+                 stop: threading.Event | None = None,
+                 ) -> tuple[list[StepLog], BaseException | None]:
         """Run `count` steps (fewer where `stop` cut the segment: the data then resumes after
-        the last step run), each logged as soon as it has run (StepWatch)."""
+        the last step run), each logged as soon as it has run (StepWatch); returns their logs
+        and a failure of on_step (or of making a log), for the caller to raise."""
         plan = self.plan.unroll(count)
         positions, batches = [], {}
         for s in range(count):
@@ -372,7 +377,7 @@ class Trainer:
         engine = PlanEngine(plan, self.device, self.runner.run, serial=self.serial,
                             on_step_done=done, stop=stop)
         watch = StepWatch(self._log_maker(plan, engine, sampler), on_step)
-        watch.start(engine)
+        watch.start(engine, self.device.bind_thread)
         try:
             timings = engine.run()
         except BaseException:
@@ -382,11 +387,12 @@ class Trainer:
             sampler.stop()
         logs = watch.finish()
         if engine.stopped_after is not None:
-            data.load_state_dict(positions[engine.stopped_after + 1])
+            count = engine.stopped_after + 1
+            data.load_state_dict(positions[count])
         self._keep_trace(timings, sampler)
-        self.step += len(logs)
+        self.step += count
         return_freed_heap()
-        return logs
+        return logs, watch.error
 
     def _step_batches(self, data: TokenSource, s: int) -> dict[tuple[int, int], tuple]:
         """Step s's micro-batches of this rank: of the step's grad_accum x ranks micro-batches

@@ -80,6 +80,27 @@ def test_on_gpus_the_group_is_bound_to_the_ranks_own_gpu(monkeypatch):
     assert "device_id" not in dist.made[1]
 
 
+def test_every_group_waits_as_long_as_the_run_joined_with(monkeypatch):
+    """Not torch's 30 minutes: a rank whose peer died hears of it within the run's timeout,
+    on the lanes' groups and on the step logs' group alike."""
+    from datetime import timedelta
+
+    made = []
+
+    class Groups:
+        group = type("group", (), {"WORLD": "world"})
+
+        def new_group(self, ranks, **options):
+            made.append(options)
+            return tuple(ranks)
+
+    monkeypatch.setattr(distributed, "_timeout_s", 42.0)
+    groups = distributed._groups(Groups(), 2, 2, rank=1)
+    assert groups[(None, "step_logs")] == (0, 1, 2, 3)
+    assert groups[(Lane.REDUCE, "host")] == (0, 1) and groups[(Lane.GATHER, "peers")] == (1, 3)
+    assert len(made) > 4 and all(o["timeout"] == timedelta(seconds=42) for o in made)
+
+
 # real ranks: torchrun on this machine, gloo (tests/training/ranks_probe.py)
 PROBE = str(Path(__file__).with_name("ranks_probe.py"))
 

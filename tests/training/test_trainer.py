@@ -499,8 +499,8 @@ def test_packed_documents_attend_only_within_themselves(tmp_path, device, policy
 @pytest.mark.parametrize("serial", [False, True])
 def test_each_step_is_logged_while_later_steps_of_its_segment_still_run(tmp_path, serial):
     """A log file outside a terminal gets each step's record as the step lands, not a burst
-    when the segment drains: the last step of the segment cannot end until step 1's log has
-    come (its host tasks wait for it; they would wait forever for a log made at the end)."""
+    when the segment drains: the segment's last step cannot run until its first step's log
+    has come (a lane waits for it in on_step_done; a log made at the end would never come)."""
     import threading
 
     config = tiny_config("llama")
@@ -514,7 +514,7 @@ def test_each_step_is_logged_while_later_steps_of_its_segment_still_run(tmp_path
 
     def on_step_done(step: int) -> None:
         if step == 2:  # the engine's thread: step 3 runs only after this returns
-            assert first_logged.wait(60), "step 1 was not logged before step 3 ran"
+            assert first_logged.wait(60), "the first step was not logged before the last ran"
 
     with Trainer(config=config, plan=build_plan(spec, train, Policy.of()),
                  optim=OptimConfig(lr=1e-3), device="cpu", serial=serial,
@@ -524,3 +524,21 @@ def test_each_step_is_logged_while_later_steps_of_its_segment_still_run(tmp_path
                            on_step_done=on_step_done)
     assert logged == [0, 1, 2, 3] == [log.step for log in logs]
     assert all(log.step_s > 0 and log.loss > 0 for log in logs)
+
+
+def test_a_failing_step_callback_is_raised_with_the_steps_it_ran_counted(tmp_path):
+    """on_step raising (a user's callback) stops the logs, not the segment: fit() raises it
+    once the segment has run, with the trainer's step counting every step that ran."""
+    config = tiny_config("llama")
+    spec = spec_of(config, tmp_path)
+
+    def broken(log) -> None:
+        raise RuntimeError("callback broke")
+
+    with Trainer(config=config, plan=build_plan(spec, TrainSpec(micro_batch=2, seq_len=SEQ),
+                                                Policy.of()),
+                 optim=OptimConfig(lr=1e-3), device="cpu", segment_steps=3) as trainer:
+        trainer.init_random(0)
+        with pytest.raises(RuntimeError, match="callback broke"):
+            trainer.fit(SyntheticTokens(VOCAB, SEQ, seed=1), 6, on_step=broken)
+        assert trainer.step == 3 and not trainer.failed
