@@ -313,6 +313,9 @@ class PlanEngine:
     def _execute(self, task: Task) -> None:
         if self.stop is not None and self.stop.is_set() and self._stop_after is None:
             self._request_stop()
+        for pred in self.graph.predecessors(task.id):
+            self._wait_host(pred)
+        # a skip is decided once the inputs are in: a cut chosen meanwhile may have skipped them
         if self._skip_or_begin(task):
             if task.id in self._landed:  # nothing enqueued: it has landed, as far as any waits
                 self._landed[task.id].set()
@@ -323,7 +326,6 @@ class PlanEngine:
         if on_stream:
             self._wait_run_ahead(task.lane)
         for pred in self.graph.predecessors(task.id):
-            self._wait_host(pred)
             event = self._end_event.get(pred)
             pred_lane = self.plan.task(pred).lane
             if on_stream and pred_lane != task.lane:

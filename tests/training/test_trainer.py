@@ -147,18 +147,21 @@ def test_segments_do_not_change_the_result(tmp_path):
     assert all(torch.equal(one[2][n], many[2][n]) for n in one[2])
 
 
-@pytest.mark.parametrize(("serial", "accumulation"), [
-    (False, "step_major"), (True, "step_major"), (False, "layer_major")])
+@pytest.mark.parametrize(("serial", "accumulation", "gpu_updated"), [
+    (False, "step_major", 0), (True, "step_major", 0), (False, "layer_major", 0),
+    (False, "step_major", 2)])
 def test_a_stop_mid_segment_ends_after_the_step_in_flight_as_if_the_run_were_that_long(
-        tmp_path, serial, accumulation):
+        tmp_path, serial, accumulation, gpu_updated):
     """Set once step 1 has run, the stop cuts the 6-step segment after the step the GPU is in:
-    the state is that of a run of as many steps, and the data resumes where it would."""
+    the state is that of a run of as many steps, and the data resumes where it would. With
+    blocks updated on the GPU a lane could begin a task of a cut step whose inputs the cut
+    then skipped (it decided before waiting for them)."""
     import threading
 
     config = tiny_config("llama")
     spec = spec_of(config, tmp_path)
     train = TrainSpec(micro_batch=2, seq_len=SEQ, grad_accum=2)
-    policy = Policy.of(accumulation=accumulation)
+    policy = Policy.of(accumulation=accumulation, gpu_updated_blocks=gpu_updated)
     optim = OptimConfig(lr=1e-3, warmup_steps=1, decay_steps=6)
     stop = threading.Event()
 
