@@ -7,14 +7,21 @@ state around it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import torch
 
 from layerslide.planner.plan import Task
 
-if TYPE_CHECKING:
-    from layerslide.executor.runner import StepOutcome
+
+@dataclass
+class StepOutcome:
+    """What one training step produced: its loss (the head's parts), its grad norm and skips."""
+
+    loss_parts: list[torch.Tensor] = field(default_factory=list)
+    grad_norm: float | None = None
+    skipped: bool = False  # non-finite gradients: no block was updated
+    skipped_blocks: list[int] = field(default_factory=list)  # non-finite without clipping
 
 
 class GradTasks:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -32,7 +31,7 @@ from layerslide.executor.compute import (
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.gpu_updates import GpuUpdatedBlocks, add_into_sum
 from layerslide.executor.grad_into_sum import attach_sums, detach_sums, route_linears
-from layerslide.executor.grad_tasks import GradTasks
+from layerslide.executor.grad_tasks import GradTasks, StepOutcome
 from layerslide.executor.host_state import HostState
 from layerslide.executor.nvme import ActivationFiles
 from layerslide.executor.optim import OptimConfig
@@ -82,16 +81,6 @@ class Handoff:
             if item[1] == 0:
                 del self._items[key]
             return item[0]
-
-
-@dataclass
-class StepOutcome:
-    """What one training step produced, gathered after its segment ran."""
-
-    loss_parts: list[torch.Tensor] = field(default_factory=list)
-    grad_norm: float | None = None
-    skipped: bool = False  # non-finite gradients: no block was updated
-    skipped_blocks: list[int] = field(default_factory=list)  # non-finite without clipping
 
 
 class TaskRunner(GradTasks, RankTasks):

@@ -32,11 +32,12 @@ from layerslide.data.sources import TokenSource
 from layerslide.executor.blocks import ModelBlocks, check_supported
 from layerslide.executor.device import LaneDevice
 from layerslide.executor.engine import PlanEngine, TaskTiming
+from layerslide.executor.grad_tasks import StepOutcome
 from layerslide.executor.host_state import HostState
 from layerslide.executor.memory import MemorySampler, return_freed_heap
 from layerslide.executor.optim import OptimConfig
 from layerslide.executor.ranks import SINGLE, Ranks
-from layerslide.executor.runner import StepOutcome, TaskRunner
+from layerslide.executor.runner import TaskRunner
 from layerslide.planner.model import ModelSpec
 from layerslide.planner.plan import Plan
 from layerslide.planner.settings import Policy, TrainSpec
