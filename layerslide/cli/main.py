@@ -32,6 +32,8 @@ from layerslide.cli.options import (
 from layerslide.cli.rank_output import errors
 from layerslide.cli.refine import add_refine_command
 from layerslide.cli.train import add_train_command
+from layerslide.cli.tune import cmd_tune
+from layerslide.cli.whatif import cmd_whatif
 from layerslide.hwprofiles import builtin_card_names
 from layerslide.hwprofiles.variants import SPEC_SYNTAX
 from layerslide.outputs import writable_folder
@@ -150,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "within 0.5%% of it)")
     p.add_argument("-o", "--output", help="write the best plan to this file")
     add_json(p)
-    p.set_defaults(run=commands.cmd_tune)
+    p.set_defaults(run=cmd_tune)
 
     p = command("whatif", "what fits and how fast: one model across profiles, one profile "
                           "across models and RAM/NVMe sizes, or what to buy for a target "
@@ -206,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write purchase.png (tokens/s against cost), purchase.csv, "
                         "purchase.json and summary.txt here")
     add_json(p)
-    p.set_defaults(run=commands.cmd_whatif)
+    p.set_defaults(run=cmd_whatif)
 
     add_train_command(sub, UNITS)
     add_export_command(sub, UNITS)

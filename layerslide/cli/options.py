@@ -285,3 +285,10 @@ def progress_printer(what: str, *, quiet_s: float = 5.0):
             print(text, file=sys.stderr, flush=True)
 
     return show
+
+
+def tolerance_of(args) -> float:
+    """--tolerance PCT as a fraction, refused outside [0, 100)."""
+    if not 0.0 <= args.tolerance < 100.0:
+        raise UsageError(f"--tolerance {args.tolerance:g}: give a percentage from 0 to below 100")
+    return args.tolerance / 100

@@ -57,14 +57,14 @@ def test_bad_input_is_refused_before_tuning(capsys, monkeypatch, tiny_config_fol
     def never(*args, **kwargs):
         raise AssertionError("tuning started")
 
-    monkeypatch.setattr("layerslide.cli.commands.purchase_search", never)
+    monkeypatch.setattr("layerslide.cli.purchase.purchase_search", never)
     code, out, err = run(capsys, "whatif", "--model", tiny_config_folder, *extra)
     assert code == 2, (out, err)
     assert fragment in err, err
 
 
 def test_target_needs_a_model_and_a_writable_csv(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr("layerslide.cli.commands.purchase_search",
+    monkeypatch.setattr("layerslide.cli.purchase.purchase_search",
                         lambda *a, **k: pytest.fail("tuning started"))
     code, _, err = run(capsys, "whatif", "--target-tokens-per-s", "10")
     assert code == 2 and "needs --model M" in err
