@@ -206,8 +206,8 @@ def test_the_environment_sets_a_loaded_plans_executor_knobs_even_to_their_defaul
 
 
 def test_schedules_named_on_the_command_line_are_each_tried_at_every_accumulation():
-    from layerslide.cli.tune import space_of
     from layerslide.cli.main import build_parser
+    from layerslide.cli.tune import space_of
 
     def space(*flags):
         return space_of(build_parser().parse_args(["tune", "--model", "llama-3.2-1b", *flags]))
