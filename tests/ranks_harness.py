@@ -54,7 +54,7 @@ def _entry(rank: int, worker, job, world: int, gpus: int, port: int) -> None:
         result = worker(ranks, job)
         torch.save(result, Path(job.out) / f"rank{rank}.pt")
     finally:
-        leave()
+        leave(ranks)
 
 
 def make_plan(tmp_path, name, config, *, accum, gpus=1, hosts=1, **policy):

@@ -190,7 +190,7 @@ def cmd_train(args) -> int:
         say_stopped(ranks, err)
         return 1
     if status == 0:  # (after a failure the groups go with the process: NCCL's may not part)
-        leave()
+        leave(ranks)
     return status
 
 

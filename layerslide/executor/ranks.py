@@ -8,7 +8,6 @@ every rank issues a lane's collectives in the plan's lane order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from layerslide.kinds import Lane
@@ -24,7 +23,7 @@ class Ranks:
     # (lane, comm group) -> the torch.distributed process group a collective of that lane and
     # Task.comm_group runs on; "world" (lane None) is the main thread's, for the step's totals,
     # and "step_logs" (lane None) the thread's that logs each step as it lands
-    groups: Mapping[tuple[str | None, str], object] = field(default_factory=dict)
+    groups: dict[tuple[str | None, str], object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.gpus < 1 or self.hosts < 1 or not 0 <= self.rank < self.world:

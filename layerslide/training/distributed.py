@@ -10,6 +10,7 @@ failure answer a roll call that names the ranks which did not.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Mapping
@@ -218,11 +219,16 @@ def rank_folders(nvme_dir: str, ranks: Ranks) -> str:
     return ",".join(str(Path(folder) / f"rank{ranks.rank}") for folder in nvme_folders(nvme_dir))
 
 
-def leave() -> None:
-    """Tear the process groups down (each rank, at the run's end)."""
+def leave(ranks: Ranks) -> None:
+    """Tear the process groups down (each rank, at the run's end) and let go of `ranks`'s, so
+    that their worker threads end now: one still dropping a finished all-gather's tensors at
+    interpreter exit needs the GIL there and aborts the process (torch frees a group without
+    the GIL, joining its threads)."""
     import torch.distributed as dist
 
     global _store
     if dist.is_initialized():
         dist.destroy_process_group()
+    ranks.groups.clear()
+    gc.collect()  # any cycle that still holds a group
     _store = None

@@ -21,7 +21,7 @@ def main(which: str) -> int:
             raise RunError(f"--data missing-{which}.jsonl: no such file")
         return "checked"
     on_every_rank(ranks, check, say_error, undo=undone.append)
-    leave()
+    leave(ranks)
     return 0
 
 

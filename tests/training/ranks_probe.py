@@ -34,10 +34,15 @@ def main(what: str) -> int:
             dist.all_reduce(torch.ones(1))
         except RuntimeError:
             seen["unanswered"] = unanswered(ranks, window_s=5)
+    elif what == "leave":  # the OS threads while the groups live, and once left
+        failures(ranks, None)  # an all-gather, as a run's last collectives are
+        seen["threads_joined"] = len(os.listdir("/proc/self/task"))
+        leave(ranks)
+        seen["threads_left"] = len(os.listdir("/proc/self/task"))
     # one write of the whole line: the ranks share torchrun's stdout, and print's separate
     # write of the newline let two ranks' lines run together
     os.write(sys.stdout.fileno(), (json.dumps(seen) + "\n").encode())
-    leave()
+    leave(ranks)
     return 0
 
 

@@ -121,6 +121,18 @@ def test_two_ranks_join_and_each_learns_the_others_failures():
     assert all(s["cores"] == max(1, s["affinity"] // 2) for s in seen)  # a host's cores shared
 
 
+def test_leaving_ends_the_groups_threads_before_the_interpreter_exits():
+    """A gloo worker still dropping a finished all-gather's tensors at interpreter exit needs
+    the GIL there and aborts the rank (exit -6, 1 run in ~10 of a 2-rank train under load):
+    leave() ends every group's threads while Python is whole."""
+    launched = Launched(torchrun("--standalone", "--nproc-per-node", "2", PROBE, "leave"))
+    status, out, err = launched.finish()
+    assert status == 0, err
+    for seen in probe_lines(out):  # each group has a worker thread or more, and a transport's
+        groups = 1 + len(distributed.COLLECTIVE_LANES) * 2 + 1
+        assert seen["threads_joined"] - seen["threads_left"] >= groups, seen
+
+
 def test_hosts_that_launch_different_rank_counts_are_refused_on_every_rank():
     port = free_port()
     hosts = [Launched(torchrun(*host_args(2, host, port, per_host=host + 1), PROBE, "join"))
