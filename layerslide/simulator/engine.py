@@ -50,12 +50,14 @@ class _TaskState:
         self.predecessors_enqueued: list[Event] = []
 
 
-def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
+def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True,
+             environment: type = Kernel) -> Trace:
     """Simulate the plan to completion and return its Trace; its meta has each tier's peak
     bytes (peak_bytes), the GPU's per pool and the allocator's reserve per pool
     (gpu_pool_peak_bytes, gpu_pool_reserved_bytes). keep_memory=False leaves the memory
-    samples out of the trace (a search reads only the peaks)."""
-    run = _PlanRun(plan, costs, keep_memory)
+    samples out of the trace (a search reads only the peaks). environment: the event kernel's
+    class (simpy.Environment runs it alike: benchmarks/sim_speed.py times the two)."""
+    run = _PlanRun(plan, costs, keep_memory, environment)
     try:
         return run.run()
     finally:
@@ -65,9 +67,10 @@ def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
 class _PlanRun:
     """One simulation: the tasks' states, the shared resources and memory, and the lanes."""
 
-    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True):
+    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True,
+                 environment: type = Kernel):
         self.plan, self.graph = plan, plan.graph
-        self.env = env = Kernel()
+        self.env = env = environment()
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
         self.memory = MemoryLedger(plan, keep_samples=keep_memory)
         self.states: dict[str, _TaskState] = {}
@@ -94,7 +97,8 @@ class _PlanRun:
         """Break the run's reference cycles (its workers refer to it): refcounting then frees
         its states and events at once."""
         self.workers.clear()
-        self.env.queue.clear()
+        # what an error left scheduled (simpy.Environment keeps its queue as _queue)
+        getattr(self.env, "queue", getattr(self.env, "_queue", [])).clear()
 
     def run(self) -> Trace:
         for lane, order in self.plan.lane_order.items():
