@@ -13,7 +13,7 @@ so that one step's optimizer tail and the next step's forward overlap as they wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from itertools import accumulate, pairwise
 
 import networkx as nx
@@ -91,6 +91,9 @@ def static_buffers(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple[
 
 
 _TASK_FIELDS = frozenset(f.name for f in fields(Task))
+_TASK_DEFAULTS = {f.name: f.default for f in fields(Task) if f.default is not MISSING}
+_TASK_REQUIRED = _TASK_FIELDS - _TASK_DEFAULTS.keys()
+_BUFFER_FIELDS = frozenset(f.name for f in fields(Buffer))
 
 
 def _replaced(task: Task, changes: dict) -> Task:
@@ -99,6 +102,23 @@ def _replaced(task: Task, changes: dict) -> Task:
     assert changes.keys() <= _TASK_FIELDS, changes.keys() - _TASK_FIELDS
     new = object.__new__(Task)
     vars(new).update(vars(task), **changes)
+    return new
+
+
+def _new_task(values: dict) -> Task:
+    """Task(**values) without the frozen dataclass's setattr per field (a build makes ~10k
+    tasks; this halves their cost): Task has no __post_init__, so its fields are the task."""
+    assert _TASK_REQUIRED <= values.keys() <= _TASK_FIELDS, values.keys() ^ _TASK_FIELDS
+    new = object.__new__(Task)
+    vars(new).update(_TASK_DEFAULTS, **values)
+    return new
+
+
+def _new_buffer(**values) -> Buffer:
+    """Buffer(**values) given every field, likewise without its setattr per field."""
+    assert values.keys() == _BUFFER_FIELDS, values.keys() ^ _BUFFER_FIELDS
+    new = object.__new__(Buffer)
+    vars(new).update(values)
     return new
 
 
@@ -235,7 +255,7 @@ class _Builder:
         else:
             assert key is not None, tid
             self.worker_tasks.append(tid)
-        self.graph.add_node(tid, task=Task(id=tid, priority=key, **fields))
+        self.graph.add_node(tid, task=_new_task({**fields, "id": tid, "priority": key}))
         return tid
 
     def task_of(self, tid: str) -> Task:
@@ -254,9 +274,10 @@ class _Builder:
         """A buffer `owner` allocates (named after it), or a static one (owner None)."""
         if nbytes > 0:
             bid = name if owner is None else task_buffer_id(owner, name)
-            self.buffers.append(Buffer(id=bid, tier=tier, bytes=int(nbytes), alloc_task=owner,
-                                       release_tasks=release, at_end=at_end,
-                                       outlives_outputs=outlives_outputs, name=name))
+            self.buffers.append(_new_buffer(id=bid, tier=tier, bytes=int(nbytes),
+                                            alloc_task=owner, release_tasks=release,
+                                            at_end=at_end, outlives_outputs=outlives_outputs,
+                                            name=name))
 
     def params(self, block: int) -> int:
         return self.model.block_params(block)
