@@ -50,50 +50,71 @@ class MemoryLedger:
         self.pool_in_use: dict[str, int] = {}
         self.pool_peaks: dict[str, int] = {}
         self.allocator = CachingAllocatorModel()
-        self._allocs: dict[str, list] = {}
-        self._releases: dict[str, list] = {}
         self._pending: dict[str, int] = {}
         self._pool: dict[str, str] = {}
-        # the allocator's side: a block is free again once its own lane's thread has enqueued
-        # its users there (stream order) and its users on other streams have ended (their
-        # events), whichever comes last
-        self._own_users_left: dict[str, int] = {}
-        self._other_users_left: dict[str, int] = {}
-        self._plan = plan
-        self._lanes: dict[str, str] = {}  # each task's lane, looked up once (_lane)
         # torch's allocated counter: a block counts from its request until the host drops its
         # tensor, once its last user is enqueued (record_stream defers reuse, not the count)
         self.held_bytes = 0
         self.held_peak_bytes = 0
+        # the allocator's side: a GPU block is free again once its own lane's thread has
+        # enqueued its users there (stream order) and its users on other streams have ended
+        # (their events), whichever comes last
+        self._own_users_left: dict[str, int] = {}
+        self._other_users_left: dict[str, int] = {}
         self._host_users_left: dict[str, int] = {}
+        # each task's buffers, sorted once per run rather than at each of its events:
+        # bytes in use: what comes as it starts, as it ends, and what it releases (with
+        # whether before its outputs come: _goes_before_outputs)
+        self._starts: dict[str, list] = {}
+        self._ends: dict[str, list] = {}
+        self._releases: dict[str, list[tuple]] = {}
+        # the allocator's (GPU blocks only; the rest it never sees): requests as its dispatch
+        # begins and ends, (block, of its own lane) its host drops before and after its
+        # outputs are requested, and blocks of other streams it is done with as it ends
+        self._gpu_starts: dict[str, list] = {}
+        self._gpu_ends: dict[str, list] = {}
+        self._drops_first: dict[str, list[tuple]] = {}
+        self._drops_last: dict[str, list[tuple]] = {}
+        self._other_stream_users: dict[str, list] = {}
+        lanes = {tid: lane for lane, order in plan.lane_order.items() for tid in order}
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
-            self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
-                                else self._lane(b.alloc_task))
             if b.alloc_task is None:
+                self._pool[b.id] = STATIC_POOL
                 self._change(0.0, b, 1, sample=False)
                 if b.tier == "gpu" and b.id != runtime:
-                    self._allocator_allocate(b)
-                    self._hold(b, 1)
+                    self._request(b)
             else:
-                self._allocs.setdefault(b.alloc_task, []).append(b)
+                self._pool[b.id] = lanes[b.alloc_task]
+                made = self._ends if b.at_end else self._starts
+                made.setdefault(b.alloc_task, []).append(b)
+                if b.tier == "gpu":
+                    made = self._gpu_ends if b.at_end else self._gpu_starts
+                    made.setdefault(b.alloc_task, []).append(b)
             if b.release_tasks:
                 self._pending[b.id] = len(b.release_tasks)
-                self._host_users_left[b.id] = len(b.release_tasks)
-                own = sum(1 for t in b.release_tasks if self._lane(t) == self._pool[b.id])
-                self._own_users_left[b.id] = own
-                self._other_users_left[b.id] = len(b.release_tasks) - own
+            if b.release_tasks and b.tier == "gpu":
+                self._own_users_left[b.id] = self._other_users_left[b.id] = 0
+                self._host_users_left[b.id] = 0
             for t in b.release_tasks:
-                self._releases.setdefault(t, []).append(b)
+                self._add_release(b, t, lanes[t])
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
         self.peaks = dict(self.in_use)  # each tier's most in use: its samples' largest
 
-    def _lane(self, task_id: str) -> str:
-        lane = self._lanes.get(task_id)
-        if lane is None:
-            lane = self._lanes[task_id] = self._plan.task(task_id).lane
-        return lane
+    def _add_release(self, buffer, task_id: str, lane: str) -> None:
+        """File the buffer under the task releasing it, on both sides (see __init__)."""
+        before = self._goes_before_outputs(buffer, task_id)
+        self._releases.setdefault(task_id, []).append((buffer, before))
+        if buffer.tier != "gpu":
+            return
+        own = lane == self._pool[buffer.id]
+        drops = self._drops_first if before else self._drops_last
+        drops.setdefault(task_id, []).append((buffer, own))
+        self._host_users_left[buffer.id] += 1
+        (self._own_users_left if own else self._other_users_left)[buffer.id] += 1
+        if not own:
+            self._other_stream_users.setdefault(task_id, []).append(buffer)
 
     def _change(self, now: float, buffer, sign: int, *, sample: bool = True) -> None:
         tier = buffer.tier
@@ -110,27 +131,22 @@ class MemoryLedger:
         self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + sign * buffer.bytes
         self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), self.pool_in_use[pool])
 
-    def _allocator_allocate(self, buffer) -> None:
-        if buffer.tier == "gpu":
-            self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
-
-    def _hold(self, buffer, sign: int) -> None:
-        if buffer.tier == "gpu":
-            self.held_bytes += sign * buffer.bytes
-            self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
+    def _request(self, buffer) -> None:
+        """A GPU block is requested: the allocator hands it out and torch counts it."""
+        self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
+        self.held_bytes += buffer.bytes
+        self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
 
     def _user_done(self, buffer, left: dict[str, int]) -> None:
-        """One of the buffer's users is done in the allocator's eyes (see __init__)."""
+        """One of the GPU block's users is done in the allocator's eyes (see __init__)."""
         left[buffer.id] -= 1
-        if (buffer.tier == "gpu" and self._own_users_left[buffer.id] == 0
-                and self._other_users_left[buffer.id] == 0):
+        if self._own_users_left[buffer.id] == 0 and self._other_users_left[buffer.id] == 0:
             self.allocator.free(buffer.id)
 
     def allocate(self, now: float, task_id: str) -> None:
         """The task has started: its buffers other than its outputs come."""
-        for b in self._allocs.get(task_id, ()):
-            if not b.at_end:
-                self._change(now, b, 1)
+        for b in self._starts.get(task_id, ()):
+            self._change(now, b, 1)
 
     def release(self, now: float, task_id: str) -> None:
         """The task has ended: its scratch goes, then its outputs come, then the inputs it was
@@ -138,54 +154,46 @@ class MemoryLedger:
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
         inputs = []
-        lane = self._lane(task_id)
-        for b in self._releases.get(task_id, ()):
-            self._pending[b.id] -= 1
-            if self._pending[b.id] == 0:
-                if self._goes_before_outputs(b, task_id):
+        pending = self._pending
+        for b, before in self._releases.get(task_id, ()):
+            pending[b.id] -= 1
+            if pending[b.id] == 0:
+                if before:
                     self._change(now, b, -1)
                 else:
                     inputs.append(b)
-            if self._pool[b.id] != lane:
-                self._user_done(b, self._other_users_left)
-        for b in self._allocs.get(task_id, ()):
-            if b.at_end:
-                self._change(now, b, 1)
+        for b in self._other_stream_users.get(task_id, ()):
+            self._user_done(b, self._other_users_left)
+        for b in self._ends.get(task_id, ()):
+            self._change(now, b, 1)
         for b in inputs:
             self._change(now, b, -1)
 
     def dispatched(self, now: float, task_id: str) -> None:
         """The task's host thread begins enqueueing it: its requests reach the allocator."""
-        for b in self._allocs.get(task_id, ()):
-            if not b.at_end:
-                self._allocator_allocate(b)
-                self._hold(b, 1)
+        for b in self._gpu_starts.get(task_id, ()):
+            self._request(b)
 
     def enqueued(self, now: float, task_id: str) -> None:
         """The task's host thread is done with it: the blocks of its own stream it was the
         last to use there go back (stream order makes them reusable at once) and the host
         drops its tensors, its scratch before its outputs are requested, its inputs after
         (see _goes_before_outputs)."""
-        inputs = []
-        for b in self._releases.get(task_id, ()):
-            if self._goes_before_outputs(b, task_id):
-                self._dropped_by_host(b, task_id)
-            else:
-                inputs.append(b)
-        for b in self._allocs.get(task_id, ()):
-            if b.at_end:
-                self._allocator_allocate(b)
-                self._hold(b, 1)
-        for b in inputs:
-            self._dropped_by_host(b, task_id)
+        for b, own in self._drops_first.get(task_id, ()):
+            self._dropped_by_host(b, own)
+        for b in self._gpu_ends.get(task_id, ()):
+            self._request(b)
+        for b, own in self._drops_last.get(task_id, ()):
+            self._dropped_by_host(b, own)
 
-    def _dropped_by_host(self, buffer, task_id: str) -> None:
-        """The host thread of a task releasing the buffer is done with it."""
-        if self._pool[buffer.id] == self._lane(task_id):
+    def _dropped_by_host(self, buffer, own_lane: bool) -> None:
+        """The host thread of a task releasing the GPU block is done with it (own_lane: that
+        task is on the block's own stream)."""
+        if own_lane:
             self._user_done(buffer, self._own_users_left)
         self._host_users_left[buffer.id] -= 1
         if self._host_users_left[buffer.id] == 0:
-            self._hold(buffer, -1)
+            self.held_bytes -= buffer.bytes
 
     @staticmethod
     def _goes_before_outputs(buffer, task_id: str) -> bool:
