@@ -74,13 +74,14 @@ class _PlanRun:
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
         self.memory = MemoryLedger(plan, keep_samples=keep_memory)
         self.states: dict[str, _TaskState] = {}
-        tasks, cost = self.graph.nodes(data="task"), costs.cost
+        # the graph's node data and adjacency dicts, not their views (one view per lookup)
+        nodes, cost = self.graph._node, costs.cost
         for lane, order in plan.lane_order.items():
             on_stream = plan.lane_discipline[lane] == "strict"
             for i, tid in enumerate(order):
-                task = tasks[tid]
+                task = nodes[tid]["task"]
                 self.states[tid] = _TaskState(task, cost(task), i, env, on_stream)
-        states, succ, pred = self.states, self.graph.succ, self.graph.pred
+        states, succ, pred = self.states, self.graph._succ, self.graph._pred
         for tid, st in states.items():
             st.successors = [states[s] for s in succ[tid]]
             st.predecessors_enqueued = [states[p].enqueued for p in pred[tid]]
