@@ -14,6 +14,8 @@ as the host threads dispatch and enqueue (layerslide.simulator.memory)."""
 from __future__ import annotations
 
 import heapq
+from dataclasses import fields
+from operator import attrgetter
 
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
@@ -114,13 +116,7 @@ class _PlanRun:
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                                f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
-        events = tuple(
-            TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
-                       block=st.task.block, step=st.task.step, start_s=st.start_s,
-                       end_s=st.end_s,
-                       dispatch_start_s=st.enqueue_window[0] if st.enqueue_window else None,
-                       dispatch_end_s=st.enqueue_window[1] if st.enqueue_window else None)
-            for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
+        events = tuple(map(_trace_event, sorted(self.states.values(), key=_BY_START_END)))
         meta = {"peak_bytes": dict(self.memory.peaks),
                 "gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
@@ -162,6 +158,24 @@ class _PlanRun:
             worker.push(st)
         elif not st.ready.triggered:
             st.ready.succeed()
+
+
+_BY_START_END = attrgetter("start_s", "end_s")  # a trace's order
+_TRACE_EVENT_FIELDS = {"task_id", "lane", "kind", "block", "step", "start_s", "end_s",
+                       "dispatch_start_s", "dispatch_end_s"}
+assert _TRACE_EVENT_FIELDS == {f.name for f in fields(TraceEvent)}, "_trace_event fills them all"
+
+
+def _trace_event(st: _TaskState) -> TraceEvent:
+    """The task's TraceEvent, made without the frozen dataclass's setattr per field (a
+    simulation makes one per task): TraceEvent has no __post_init__."""
+    task, window = st.task, st.enqueue_window or (None, None)
+    event = object.__new__(TraceEvent)
+    vars(event).update({"task_id": task.id, "lane": task.lane, "kind": task.kind,
+                        "block": task.block, "step": task.step, "start_s": st.start_s,
+                        "end_s": st.end_s, "dispatch_start_s": window[0],
+                        "dispatch_end_s": window[1]})
+    return event
 
 
 class StreamLane:
