@@ -81,7 +81,7 @@ class MemoryLedger:
         for b in plan.buffers:
             if b.alloc_task is None:
                 self._pool[b.id] = STATIC_POOL
-                self._change(0.0, b, 1, sample=False)
+                self._add_static(b)
                 if b.tier == "gpu" and b.id != runtime:
                     self._request(b)
             else:
@@ -116,20 +116,36 @@ class MemoryLedger:
         if not own:
             self._other_stream_users.setdefault(task_id, []).append(buffer)
 
-    def _change(self, now: float, buffer, sign: int, *, sample: bool = True) -> None:
+    def _add_static(self, buffer) -> None:
+        """A buffer held before the plan runs: in use from the start (no sample, no peak yet)."""
+        self.in_use[buffer.tier] += buffer.bytes
+        if buffer.tier == "gpu":
+            self._pool_add(buffer.id, buffer.bytes)
+
+    def _add(self, now: float, buffer) -> None:
         tier = buffer.tier
-        self.in_use[tier] += sign * buffer.bytes
-        assert self.in_use[tier] >= 0, f"{tier} memory went negative"
-        if sample:
-            self.peaks[tier] = max(self.peaks[tier], self.in_use[tier])
-            if self._keep_samples:
-                self.samples.append(MemorySample(time_s=now, tier=tier,
-                                                 bytes_in_use=self.in_use[tier]))
-        if tier != "gpu":
-            return
-        pool = self._pool[buffer.id]
-        self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + sign * buffer.bytes
-        self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), self.pool_in_use[pool])
+        used = self.in_use[tier] = self.in_use[tier] + buffer.bytes
+        self.peaks[tier] = max(self.peaks[tier], used)
+        if self._keep_samples:
+            self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
+        if tier == "gpu":
+            self._pool_add(buffer.id, buffer.bytes)
+
+    def _remove(self, now: float, buffer) -> None:
+        """The buffer goes: no peak moves (each is at least what is in use)."""
+        tier = buffer.tier
+        used = self.in_use[tier] = self.in_use[tier] - buffer.bytes
+        assert used >= 0, f"{tier} memory went negative"
+        if self._keep_samples:
+            self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
+        if tier == "gpu":
+            pool = self._pool[buffer.id]
+            self.pool_in_use[pool] -= buffer.bytes
+
+    def _pool_add(self, buffer_id: str, nbytes: int) -> None:
+        pool = self._pool[buffer_id]
+        used = self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + nbytes
+        self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), used)
 
     def _request(self, buffer) -> None:
         """A GPU block is requested: the allocator hands it out and torch counts it."""
@@ -146,7 +162,7 @@ class MemoryLedger:
     def allocate(self, now: float, task_id: str) -> None:
         """The task has started: its buffers other than its outputs come."""
         for b in self._starts.get(task_id, ()):
-            self._change(now, b, 1)
+            self._add(now, b)
 
     def release(self, now: float, task_id: str) -> None:
         """The task has ended: its scratch goes, then its outputs come, then the inputs it was
@@ -159,15 +175,15 @@ class MemoryLedger:
             pending[b.id] -= 1
             if pending[b.id] == 0:
                 if before:
-                    self._change(now, b, -1)
+                    self._remove(now, b)
                 else:
                     inputs.append(b)
         for b in self._other_stream_users.get(task_id, ()):
             self._user_done(b, self._other_users_left)
         for b in self._ends.get(task_id, ()):
-            self._change(now, b, 1)
+            self._add(now, b)
         for b in inputs:
-            self._change(now, b, -1)
+            self._remove(now, b)
 
     def dispatched(self, now: float, task_id: str) -> None:
         """The task's host thread begins enqueueing it: its requests reach the allocator."""
