@@ -36,6 +36,19 @@ from layerslide.trace import TIERS, MemorySample
 STATIC_POOL = "static"  # buffers allocated before the plan runs
 
 
+class _Held:
+    """One buffer through a run: where it counts, and its users left on each side (attributes
+    rather than dicts by id: a run updates them at every one of its tasks' events)."""
+
+    __slots__ = ("bytes", "host_left", "id", "other_left", "own_left", "pending", "pool", "tier")
+
+    def __init__(self, buffer, pool: str):
+        self.id, self.tier, self.bytes, self.pool = buffer.id, buffer.tier, buffer.bytes, pool
+        self.pending = len(buffer.release_tasks)  # tasks yet to end before it goes
+        # the allocator's side (GPU blocks): see MemoryLedger.__init__
+        self.own_left = self.other_left = self.host_left = 0
+
+
 class MemoryLedger:
     """Bytes in use per tier, GPU bytes per pool and the allocator's reserve, over a run.
 
@@ -50,119 +63,101 @@ class MemoryLedger:
         self.pool_in_use: dict[str, int] = {}
         self.pool_peaks: dict[str, int] = {}
         self.allocator = CachingAllocatorModel()
-        self._pending: dict[str, int] = {}
-        self._pool: dict[str, str] = {}
         # torch's allocated counter: a block counts from its request until the host drops its
         # tensor, once its last user is enqueued (record_stream defers reuse, not the count)
         self.held_bytes = 0
         self.held_peak_bytes = 0
-        # the allocator's side: a GPU block is free again once its own lane's thread has
-        # enqueued its users there (stream order) and its users on other streams have ended
-        # (their events), whichever comes last
-        self._own_users_left: dict[str, int] = {}
-        self._other_users_left: dict[str, int] = {}
-        self._host_users_left: dict[str, int] = {}
         # each task's buffers, sorted once per run rather than at each of its events:
         # bytes in use: what comes as it starts, as it ends, and what it releases (with
         # whether before its outputs come: _goes_before_outputs)
-        self._starts: dict[str, list] = {}
-        self._ends: dict[str, list] = {}
-        self._releases: dict[str, list[tuple]] = {}
-        # the allocator's (GPU blocks only; the rest it never sees): requests as its dispatch
-        # begins and ends, (block, of its own lane) its host drops before and after its
-        # outputs are requested, and blocks of other streams it is done with as it ends
-        self._gpu_starts: dict[str, list] = {}
-        self._gpu_ends: dict[str, list] = {}
-        self._drops_first: dict[str, list[tuple]] = {}
-        self._drops_last: dict[str, list[tuple]] = {}
-        self._other_stream_users: dict[str, list] = {}
+        self._starts: dict[str, list[_Held]] = {}
+        self._ends: dict[str, list[_Held]] = {}
+        self._releases: dict[str, list[tuple[_Held, bool]]] = {}
+        # the allocator's side (GPU blocks only; the rest it never sees): a block is free
+        # again once its own lane's thread has enqueued its users there (stream order) and
+        # its users on other streams have ended (their events), whichever comes last. Per
+        # task: its requests as its dispatch begins and ends, (block, of its own lane) its
+        # host drops before and after its outputs are requested, and the blocks of other
+        # streams it is done with as it ends
+        self._gpu_starts: dict[str, list[_Held]] = {}
+        self._gpu_ends: dict[str, list[_Held]] = {}
+        self._drops_first: dict[str, list[tuple[_Held, bool]]] = {}
+        self._drops_last: dict[str, list[tuple[_Held, bool]]] = {}
+        self._other_stream_users: dict[str, list[_Held]] = {}
         lanes = {tid: lane for lane, order in plan.lane_order.items() for tid in order}
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
+            held = _Held(b, STATIC_POOL if b.alloc_task is None else lanes[b.alloc_task])
             if b.alloc_task is None:
-                self._pool[b.id] = STATIC_POOL
-                self._add_static(b)
+                self._add_static(held)
                 if b.tier == "gpu" and b.id != runtime:
-                    self._request(b)
+                    self._request(held)
             else:
-                self._pool[b.id] = lanes[b.alloc_task]
                 made = self._ends if b.at_end else self._starts
-                made.setdefault(b.alloc_task, []).append(b)
+                made.setdefault(b.alloc_task, []).append(held)
                 if b.tier == "gpu":
                     made = self._gpu_ends if b.at_end else self._gpu_starts
-                    made.setdefault(b.alloc_task, []).append(b)
-            if b.release_tasks:
-                self._pending[b.id] = len(b.release_tasks)
-            if b.release_tasks and b.tier == "gpu":
-                self._own_users_left[b.id] = self._other_users_left[b.id] = 0
-                self._host_users_left[b.id] = 0
+                    made.setdefault(b.alloc_task, []).append(held)
             for t in b.release_tasks:
-                self._add_release(b, t, lanes[t])
+                self._add_release(held, self._goes_before_outputs(b, t), t, lanes[t])
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
         self.peaks = dict(self.in_use)  # each tier's most in use: its samples' largest
 
-    def _add_release(self, buffer, task_id: str, lane: str) -> None:
-        """File the buffer under the task releasing it, on both sides (see __init__)."""
-        before = self._goes_before_outputs(buffer, task_id)
-        self._releases.setdefault(task_id, []).append((buffer, before))
-        if buffer.tier != "gpu":
+    def _add_release(self, held: _Held, before: bool, task_id: str, lane: str) -> None:
+        """File the buffer under a task releasing it, on both sides (see __init__)."""
+        self._releases.setdefault(task_id, []).append((held, before))
+        if held.tier != "gpu":
             return
-        own = lane == self._pool[buffer.id]
+        own = lane == held.pool
         drops = self._drops_first if before else self._drops_last
-        drops.setdefault(task_id, []).append((buffer, own))
-        self._host_users_left[buffer.id] += 1
-        (self._own_users_left if own else self._other_users_left)[buffer.id] += 1
-        if not own:
-            self._other_stream_users.setdefault(task_id, []).append(buffer)
+        drops.setdefault(task_id, []).append((held, own))
+        held.host_left += 1
+        if own:
+            held.own_left += 1
+        else:
+            held.other_left += 1
+            self._other_stream_users.setdefault(task_id, []).append(held)
 
-    def _add_static(self, buffer) -> None:
+    def _add_static(self, held: _Held) -> None:
         """A buffer held before the plan runs: in use from the start (no sample, no peak yet)."""
-        self.in_use[buffer.tier] += buffer.bytes
-        if buffer.tier == "gpu":
-            self._pool_add(buffer.id, buffer.bytes)
+        self.in_use[held.tier] += held.bytes
+        if held.tier == "gpu":
+            self._pool_add(held.pool, held.bytes)
 
-    def _add(self, now: float, buffer) -> None:
-        tier = buffer.tier
-        used = self.in_use[tier] = self.in_use[tier] + buffer.bytes
+    def _add(self, now: float, held: _Held) -> None:
+        tier = held.tier
+        used = self.in_use[tier] = self.in_use[tier] + held.bytes
         self.peaks[tier] = max(self.peaks[tier], used)
         if self._keep_samples:
             self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
         if tier == "gpu":
-            self._pool_add(buffer.id, buffer.bytes)
+            self._pool_add(held.pool, held.bytes)
 
-    def _remove(self, now: float, buffer) -> None:
+    def _remove(self, now: float, held: _Held) -> None:
         """The buffer goes: no peak moves (each is at least what is in use)."""
-        tier = buffer.tier
-        used = self.in_use[tier] = self.in_use[tier] - buffer.bytes
+        tier = held.tier
+        used = self.in_use[tier] = self.in_use[tier] - held.bytes
         assert used >= 0, f"{tier} memory went negative"
         if self._keep_samples:
             self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
         if tier == "gpu":
-            pool = self._pool[buffer.id]
-            self.pool_in_use[pool] -= buffer.bytes
+            self.pool_in_use[held.pool] -= held.bytes
 
-    def _pool_add(self, buffer_id: str, nbytes: int) -> None:
-        pool = self._pool[buffer_id]
+    def _pool_add(self, pool: str, nbytes: int) -> None:
         used = self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + nbytes
         self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), used)
 
-    def _request(self, buffer) -> None:
+    def _request(self, held: _Held) -> None:
         """A GPU block is requested: the allocator hands it out and torch counts it."""
-        self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
-        self.held_bytes += buffer.bytes
+        self.allocator.allocate(held.pool, held.id, held.bytes)
+        self.held_bytes += held.bytes
         self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
-
-    def _user_done(self, buffer, left: dict[str, int]) -> None:
-        """One of the GPU block's users is done in the allocator's eyes (see __init__)."""
-        left[buffer.id] -= 1
-        if self._own_users_left[buffer.id] == 0 and self._other_users_left[buffer.id] == 0:
-            self.allocator.free(buffer.id)
 
     def allocate(self, now: float, task_id: str) -> None:
         """The task has started: its buffers other than its outputs come."""
-        for b in self._starts.get(task_id, ()):
-            self._add(now, b)
+        for held in self._starts.get(task_id, ()):
+            self._add(now, held)
 
     def release(self, now: float, task_id: str) -> None:
         """The task has ended: its scratch goes, then its outputs come, then the inputs it was
@@ -170,46 +165,52 @@ class MemoryLedger:
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
         inputs = []
-        pending = self._pending
-        for b, before in self._releases.get(task_id, ()):
-            pending[b.id] -= 1
-            if pending[b.id] == 0:
+        for held, before in self._releases.get(task_id, ()):
+            held.pending -= 1
+            if held.pending == 0:
                 if before:
-                    self._remove(now, b)
+                    self._remove(now, held)
                 else:
-                    inputs.append(b)
-        for b in self._other_stream_users.get(task_id, ()):
-            self._user_done(b, self._other_users_left)
-        for b in self._ends.get(task_id, ()):
-            self._add(now, b)
-        for b in inputs:
-            self._remove(now, b)
+                    inputs.append(held)
+        for held in self._other_stream_users.get(task_id, ()):
+            held.other_left -= 1
+            self._free_if_unused(held)
+        for held in self._ends.get(task_id, ()):
+            self._add(now, held)
+        for held in inputs:
+            self._remove(now, held)
 
     def dispatched(self, now: float, task_id: str) -> None:
         """The task's host thread begins enqueueing it: its requests reach the allocator."""
-        for b in self._gpu_starts.get(task_id, ()):
-            self._request(b)
+        for held in self._gpu_starts.get(task_id, ()):
+            self._request(held)
 
     def enqueued(self, now: float, task_id: str) -> None:
         """The task's host thread is done with it: the blocks of its own stream it was the
         last to use there go back (stream order makes them reusable at once) and the host
         drops its tensors, its scratch before its outputs are requested, its inputs after
         (see _goes_before_outputs)."""
-        for b, own in self._drops_first.get(task_id, ()):
-            self._dropped_by_host(b, own)
-        for b in self._gpu_ends.get(task_id, ()):
-            self._request(b)
-        for b, own in self._drops_last.get(task_id, ()):
-            self._dropped_by_host(b, own)
+        for held, own in self._drops_first.get(task_id, ()):
+            self._dropped_by_host(held, own)
+        for held in self._gpu_ends.get(task_id, ()):
+            self._request(held)
+        for held, own in self._drops_last.get(task_id, ()):
+            self._dropped_by_host(held, own)
 
-    def _dropped_by_host(self, buffer, own_lane: bool) -> None:
+    def _dropped_by_host(self, held: _Held, own_lane: bool) -> None:
         """The host thread of a task releasing the GPU block is done with it (own_lane: that
         task is on the block's own stream)."""
         if own_lane:
-            self._user_done(buffer, self._own_users_left)
-        self._host_users_left[buffer.id] -= 1
-        if self._host_users_left[buffer.id] == 0:
-            self.held_bytes -= buffer.bytes
+            held.own_left -= 1
+            self._free_if_unused(held)
+        held.host_left -= 1
+        if held.host_left == 0:
+            self.held_bytes -= held.bytes
+
+    def _free_if_unused(self, held: _Held) -> None:
+        """The GPU block is the allocator's again once no user is left on either side."""
+        if held.own_left == 0 and held.other_left == 0:
+            self.allocator.free(held.id)
 
     @staticmethod
     def _goes_before_outputs(buffer, task_id: str) -> bool:
