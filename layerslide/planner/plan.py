@@ -318,7 +318,8 @@ class Plan:
         """Bytes of the tier's runtime buffer (runtime_buffer_id): held for the run, but not by
         the framework's allocator (the CUDA context and cuDNN's workspaces; the process itself;
         cuBLAS's workspaces are buffers of their own)."""
-        return sum(b.bytes for b in self.buffers if b.id == runtime_buffer_id(tier))
+        runtime = runtime_buffer_id(tier)  # made once, not per buffer
+        return sum(b.bytes for b in self.buffers if b.id == runtime)
 
     def validate(self) -> None:
         """Raise ValueError if lane orders and dependencies cannot all be honoured."""

@@ -319,9 +319,10 @@ class _MemoEntry:
 
     __slots__ = ("outline", "plan", "profile", "run", "setting", "signature")
 
-    def __init__(self, profile: HardwareProfile, setting: tuple, plan: Plan, run: tuple):
+    def __init__(self, profile: HardwareProfile, setting: tuple, plan: Plan, outline: tuple,
+                 run: tuple):
         self.profile, self.setting, self.plan, self.run = profile, setting, plan, run
-        self.outline = plan_outline(plan)
+        self.outline = outline  # plan_outline(plan)
         self.signature: tuple | None = None
 
     def signed(self) -> tuple:
@@ -341,9 +342,11 @@ class SimulationMemo:
         self.size = size
         self._runs: list[_MemoEntry] = []  # least recently used first
 
-    def _find(self, plan: Plan, profile: HardwareProfile, setting: tuple) -> _MemoEntry | None:
-        """The kept run of this plan at this setting on this very profile, if any."""
-        outline, signature = plan_outline(plan), None
+    def _find(self, plan: Plan, outline: tuple, profile: HardwareProfile,
+              setting: tuple) -> _MemoEntry | None:
+        """The kept run of this plan (of this outline) at this setting on this very profile,
+        if any."""
+        signature = None
         for entry in self._runs:
             if entry.profile is not profile or entry.setting != setting or entry.outline != outline:
                 continue
@@ -357,11 +360,12 @@ class SimulationMemo:
     def steady(self, plan: Plan, costs: CostModel, *, label: str, profile_name: str,
                keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
         setting = (costs.gpu_speedup, costs.lanes_first, label, profile_name, keep_memory)
-        entry = self._find(plan, costs.profile, setting)
+        outline = plan_outline(plan)
+        entry = self._find(plan, outline, costs.profile, setting)
         if entry is None:
             run = _steady_step(plan, costs, label=label, profile_name=profile_name,
                                keep_memory=keep_memory)
-            entry = _MemoEntry(costs.profile, setting, plan, run)
+            entry = _MemoEntry(costs.profile, setting, plan, outline, run)
             self._runs.append(entry)
             del self._runs[:-self.size]
         else:
