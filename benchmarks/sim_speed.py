@@ -1,5 +1,7 @@
 """How fast the planner and simulator are: one step of Mistral-Large-123B (88 layers) with the
-default policy, and a tuning sweep of 504 configurations of Llama-3.1-8B.
+default policy, a tuning sweep of 504 configurations of Llama-3.1-8B, and the simulator's own
+event kernel against simpy.Environment on the plan tune picks for Llama-3.1-70B on h100-pcie
+(the same trace from both; `--kernel-only` runs just that).
 
 Targets (issue 2): the 123B step simulates in under 1 s and 500 configurations in under 60 s
 on a 2-core machine. Prints its figures; with --out, writes them as markdown to that file.
@@ -16,10 +18,14 @@ import statistics
 import time
 from datetime import UTC, datetime
 
+import simpy
+
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
-from layerslide.simulator import simulate
+from layerslide.simulator import CostModel, run_plan, simulate
+from layerslide.simulator.kernel import Kernel
 from layerslide.tuner import SearchSpace, tune
+from layerslide.tuner.plans import collector_paused
 
 TIB = 1024**4
 
@@ -52,6 +58,38 @@ def time_big_step(repeats: int) -> list[str]:
     ]
 
 
+# the plan `tune --model llama-3.1-70b --profile h100-pcie` picks (planning-speed results)
+TUNED_70B = (TrainSpec(micro_batch=4, grad_accum=64, seq_len=1024),
+             Policy.of(accumulation="layer_major", window=1, activations="nvme", cast="gpu",
+                       moments_on_nvme=1.0, gpu_updated_blocks=3))
+
+
+def time_kernel_vs_simpy(repeats: int) -> list[str]:
+    """The 70B plan run on simpy.Environment and on simulator.kernel.Kernel, alternately, with
+    the cycle collector off as a tune runs them: the median CPU seconds of each and their
+    ratio; the two traces must be the same."""
+    plan = build_plan(PRESETS["llama-3.1-70b"], *TUNED_70B)
+    costs = CostModel(load_profile("h100-pcie"))
+    seconds: dict[type, list[float]] = {simpy.Environment: [], Kernel: []}
+    traces = {}
+    with collector_paused():
+        for _ in range(repeats):
+            for environment, taken in seconds.items():  # alternated: the same machine
+                t0 = time.process_time()
+                traces[environment] = run_plan(plan, costs, environment=environment)
+                taken.append(time.process_time() - t0)
+    theirs, ours = traces[simpy.Environment], traces[Kernel]
+    same = (theirs.events == ours.events and theirs.memory == ours.memory
+            and theirs.meta == ours.meta)
+    assert same, "the kernel's trace differs from simpy.Environment's"
+    simpy_s, kernel_s = (statistics.median(seconds[e]) for e in (simpy.Environment, Kernel))
+    return [(f"- Llama-3.1-70B as tuned for h100-pcie ({plan.graph.number_of_nodes()} tasks), "
+             f"run_plan on simpy.Environment: {simpy_s:.3f} s CPU; on simulator.kernel.Kernel: "
+             f"{kernel_s:.3f} s; {simpy_s / kernel_s:.2f}x (median of {repeats}, alternated, "
+             "cycle collector off); "
+             f"traces identical: {same}")]
+
+
 SWEEP = SearchSpace(windows=(1, 2, 4, 8), micro_batches=(1, 2, 4, 8, 16, 32, 64),
                     grad_accums=(1, 2, 4), activations=("gpu", "host"),
                     casts=("cpu_once", "cpu_per_load", "gpu"))
@@ -79,12 +117,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="write the results as markdown to this file")
+    parser.add_argument("--kernel-only", action="store_true",
+                        help="time only the event kernel against simpy.Environment")
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     lines = [(f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}: "
               f"{cores} cores, Python {platform.python_version()}"),
              "", "Command: `.venv/bin/python benchmarks/sim_speed.py --out benchmarks/results/sim_speed.md`",
              ""]
+    lines += time_kernel_vs_simpy(args.repeats)
+    if args.kernel_only:
+        print("\n".join(lines))
+        return
     lines += time_big_step(args.repeats)
     n, seconds = time_plain_sweep()
     lines.append(f"- build_plan + simulate of {n} distinct Llama-3.1-8B configurations (window, "

@@ -13,7 +13,7 @@ so that one step's optimizer tail and the next step's forward overlap as they wi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from itertools import accumulate, pairwise
 
 import networkx as nx
@@ -91,6 +91,9 @@ def static_buffers(model: ModelSpec, train: TrainSpec, policy: Policy) -> tuple[
 
 
 _TASK_FIELDS = frozenset(f.name for f in fields(Task))
+_TASK_DEFAULTS = {f.name: f.default for f in fields(Task) if f.default is not MISSING}
+_TASK_REQUIRED = _TASK_FIELDS - _TASK_DEFAULTS.keys() - {"id"}  # the id: _new_task's own
+_BUFFER_FIELDS = frozenset(f.name for f in fields(Buffer))
 
 
 def _replaced(task: Task, changes: dict) -> Task:
@@ -99,6 +102,27 @@ def _replaced(task: Task, changes: dict) -> Task:
     assert changes.keys() <= _TASK_FIELDS, changes.keys() - _TASK_FIELDS
     new = object.__new__(Task)
     vars(new).update(vars(task), **changes)
+    return new
+
+
+def _new_task(fields: dict, tid: str, priority: tuple[int, int]) -> Task:
+    """Task(id=tid, priority=priority, **fields) without the frozen dataclass's setattr per
+    field (a build makes ~10k tasks; this takes a third of the time): Task has no
+    __post_init__, so its fields are the task."""
+    assert _TASK_REQUIRED <= fields.keys() <= _TASK_FIELDS, fields.keys() ^ _TASK_FIELDS
+    new = object.__new__(Task)
+    state = vars(new)
+    state.update(_TASK_DEFAULTS)
+    state.update(fields)
+    state["id"], state["priority"] = tid, priority
+    return new
+
+
+def _new_buffer(**values) -> Buffer:
+    """Buffer(**values) given every field, likewise without its setattr per field."""
+    assert values.keys() == _BUFFER_FIELDS, values.keys() ^ _BUFFER_FIELDS
+    new = object.__new__(Buffer)
+    vars(new).update(values)
     return new
 
 
@@ -235,7 +259,11 @@ class _Builder:
         else:
             assert key is not None, tid
             self.worker_tasks.append(tid)
-        self.graph.add_node(tid, task=Task(id=tid, priority=key, **fields))
+        task, graph = _new_task(fields, tid, key), self.graph
+        if tid in graph._node:  # named by an edge before it was added
+            graph._node[tid]["task"] = task
+        else:  # DiGraph.add_node's dicts, without its call per task
+            graph._succ[tid], graph._pred[tid], graph._node[tid] = {}, {}, {"task": task}
         return tid
 
     def task_of(self, tid: str) -> Task:
@@ -245,8 +273,18 @@ class _Builder:
         self.graph._node[tid]["task"] = _replaced(self.task_of(tid), changes)
 
     def edge(self, src: str | None, dst: str, reason: str) -> None:
-        if src is not None:
+        if src is None:
+            return
+        succ, pred = self.graph._succ, self.graph._pred
+        if src not in succ or dst not in succ:  # a task not added yet: networkx adds its node
             self.graph.add_edge(src, dst, reason=reason)
+            return
+        # DiGraph.add_edge's dicts, without its call per edge (a build adds ~20k): one data
+        # dict shared by both ends, its "reason" the latest given
+        data = succ[src].get(dst)
+        if data is None:
+            data = succ[src][dst] = pred[dst][src] = {}
+        data["reason"] = reason
 
     def buffer(self, owner: str | None, name: str, tier: str, nbytes: float,
                release: tuple[str, ...] = (), at_end: bool = False,
@@ -254,9 +292,10 @@ class _Builder:
         """A buffer `owner` allocates (named after it), or a static one (owner None)."""
         if nbytes > 0:
             bid = name if owner is None else task_buffer_id(owner, name)
-            self.buffers.append(Buffer(id=bid, tier=tier, bytes=int(nbytes), alloc_task=owner,
-                                       release_tasks=release, at_end=at_end,
-                                       outlives_outputs=outlives_outputs, name=name))
+            self.buffers.append(_new_buffer(id=bid, tier=tier, bytes=int(nbytes),
+                                            alloc_task=owner, release_tasks=release,
+                                            at_end=at_end, outlives_outputs=outlives_outputs,
+                                            name=name))
 
     def params(self, block: int) -> int:
         return self.model.block_params(block)

@@ -271,7 +271,8 @@ class Plan:
     meta: dict = field(default_factory=dict)
 
     def task(self, task_id: str) -> Task:
-        return self.graph.nodes[task_id]["task"]
+        # the node's attributes without the NodeView: a search reads millions
+        return self.graph._node[task_id]["task"]
 
     @property
     def stream_run_ahead(self) -> int:
@@ -282,7 +283,7 @@ class Plan:
 
     @property
     def tasks(self) -> list[Task]:
-        return [self.graph.nodes[n]["task"] for n in self.graph.nodes]
+        return [data["task"] for data in self.graph._node.values()]  # in the nodes' order
 
     def static_bytes(self, tier: str) -> int:
         """Bytes held for the whole run on a tier: a lower bound on its peak."""
@@ -317,7 +318,8 @@ class Plan:
         """Bytes of the tier's runtime buffer (runtime_buffer_id): held for the run, but not by
         the framework's allocator (the CUDA context and cuDNN's workspaces; the process itself;
         cuBLAS's workspaces are buffers of their own)."""
-        return sum(b.bytes for b in self.buffers if b.id == runtime_buffer_id(tier))
+        runtime = runtime_buffer_id(tier)  # made once, not per buffer
+        return sum(b.bytes for b in self.buffers if b.id == runtime)
 
     def validate(self) -> None:
         """Raise ValueError if lane orders and dependencies cannot all be honoured."""
@@ -361,7 +363,7 @@ class Plan:
             raise ValueError(f"buffer ids must be unique; used more than once: {twice[:3]}")
         for b in self.buffers:
             for t in (b.alloc_task, *b.release_tasks):
-                if t is not None and t not in self.graph:
+                if t is not None and t not in tasks:  # the graph's nodes
                     raise ValueError(f"buffer {b.id} names unknown task {t}")
             if b.at_end and (b.alloc_task is None or b.alloc_task in b.release_tasks):
                 raise ValueError(f"buffer {b.id} is made as its task ends (at_end): it needs "

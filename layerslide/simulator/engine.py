@@ -14,6 +14,8 @@ as the host threads dispatch and enqueue (layerslide.simulator.memory)."""
 from __future__ import annotations
 
 import heapq
+from dataclasses import fields
+from operator import attrgetter
 
 from layerslide.planner.plan import Plan
 from layerslide.simulator.costmodel import CostModel
@@ -50,12 +52,14 @@ class _TaskState:
         self.predecessors_enqueued: list[Event] = []
 
 
-def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
+def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True,
+             environment: type = Kernel) -> Trace:
     """Simulate the plan to completion and return its Trace; its meta has each tier's peak
     bytes (peak_bytes), the GPU's per pool and the allocator's reserve per pool
     (gpu_pool_peak_bytes, gpu_pool_reserved_bytes). keep_memory=False leaves the memory
-    samples out of the trace (a search reads only the peaks)."""
-    run = _PlanRun(plan, costs, keep_memory)
+    samples out of the trace (a search reads only the peaks). environment: the event kernel's
+    class (simpy.Environment runs it alike: benchmarks/sim_speed.py times the two)."""
+    run = _PlanRun(plan, costs, keep_memory, environment)
     try:
         return run.run()
     finally:
@@ -65,19 +69,21 @@ def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True) -> Trace:
 class _PlanRun:
     """One simulation: the tasks' states, the shared resources and memory, and the lanes."""
 
-    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True):
+    def __init__(self, plan: Plan, costs: CostModel, keep_memory: bool = True,
+                 environment: type = Kernel):
         self.plan, self.graph = plan, plan.graph
-        self.env = env = Kernel()
+        self.env = env = environment()
         self.shared = SharedResources(env, costs.capacities(), costs.mixed_capacities())
         self.memory = MemoryLedger(plan, keep_samples=keep_memory)
         self.states: dict[str, _TaskState] = {}
-        tasks, cost = self.graph.nodes(data="task"), costs.cost
+        # the graph's node data and adjacency dicts, not their views (one view per lookup)
+        nodes, cost = self.graph._node, costs.cost
         for lane, order in plan.lane_order.items():
             on_stream = plan.lane_discipline[lane] == "strict"
             for i, tid in enumerate(order):
-                task = tasks[tid]
+                task = nodes[tid]["task"]
                 self.states[tid] = _TaskState(task, cost(task), i, env, on_stream)
-        states, succ, pred = self.states, self.graph.succ, self.graph.pred
+        states, succ, pred = self.states, self.graph._succ, self.graph._pred
         for tid, st in states.items():
             st.successors = [states[s] for s in succ[tid]]
             st.predecessors_enqueued = [states[p].enqueued for p in pred[tid]]
@@ -94,7 +100,8 @@ class _PlanRun:
         """Break the run's reference cycles (its workers refer to it): refcounting then frees
         its states and events at once."""
         self.workers.clear()
-        self.env.queue.clear()
+        # what an error left scheduled (simpy.Environment keeps its queue as _queue)
+        getattr(self.env, "queue", getattr(self.env, "_queue", [])).clear()
 
     def run(self) -> Trace:
         for lane, order in self.plan.lane_order.items():
@@ -109,13 +116,7 @@ class _PlanRun:
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                                f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
-        events = tuple(
-            TraceEvent(task_id=st.task.id, lane=st.task.lane, kind=st.task.kind,
-                       block=st.task.block, step=st.task.step, start_s=st.start_s,
-                       end_s=st.end_s,
-                       dispatch_start_s=st.enqueue_window[0] if st.enqueue_window else None,
-                       dispatch_end_s=st.enqueue_window[1] if st.enqueue_window else None)
-            for st in sorted(self.states.values(), key=lambda s: (s.start_s, s.end_s)))
+        events = tuple(map(_trace_event, sorted(self.states.values(), key=_BY_START_END)))
         meta = {"peak_bytes": dict(self.memory.peaks),
                 "gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
@@ -157,6 +158,24 @@ class _PlanRun:
             worker.push(st)
         elif not st.ready.triggered:
             st.ready.succeed()
+
+
+_BY_START_END = attrgetter("start_s", "end_s")  # a trace's order
+_TRACE_EVENT_FIELDS = {"task_id", "lane", "kind", "block", "step", "start_s", "end_s",
+                       "dispatch_start_s", "dispatch_end_s"}
+assert _TRACE_EVENT_FIELDS == {f.name for f in fields(TraceEvent)}, "_trace_event fills them all"
+
+
+def _trace_event(st: _TaskState) -> TraceEvent:
+    """The task's TraceEvent, made without the frozen dataclass's setattr per field (a
+    simulation makes one per task): TraceEvent has no __post_init__."""
+    task, window = st.task, st.enqueue_window or (None, None)
+    event = object.__new__(TraceEvent)
+    vars(event).update({"task_id": task.id, "lane": task.lane, "kind": task.kind,
+                        "block": task.block, "step": task.step, "start_s": st.start_s,
+                        "end_s": st.end_s, "dispatch_start_s": window[0],
+                        "dispatch_end_s": window[1]})
+    return event
 
 
 class StreamLane:

@@ -36,6 +36,19 @@ from layerslide.trace import TIERS, MemorySample
 STATIC_POOL = "static"  # buffers allocated before the plan runs
 
 
+class _Held:
+    """One buffer through a run: where it counts, and its users left on each side (attributes
+    rather than dicts by id: a run updates them at every one of its tasks' events)."""
+
+    __slots__ = ("bytes", "host_left", "id", "other_left", "own_left", "pending", "pool", "tier")
+
+    def __init__(self, buffer, pool: str):
+        self.id, self.tier, self.bytes, self.pool = buffer.id, buffer.tier, buffer.bytes, pool
+        self.pending = len(buffer.release_tasks)  # tasks yet to end before it goes
+        # the allocator's side (GPU blocks): see MemoryLedger.__init__
+        self.own_left = self.other_left = self.host_left = 0
+
+
 class MemoryLedger:
     """Bytes in use per tier, GPU bytes per pool and the allocator's reserve, over a run.
 
@@ -50,87 +63,101 @@ class MemoryLedger:
         self.pool_in_use: dict[str, int] = {}
         self.pool_peaks: dict[str, int] = {}
         self.allocator = CachingAllocatorModel()
-        self._allocs: dict[str, list] = {}
-        self._releases: dict[str, list] = {}
-        self._pending: dict[str, int] = {}
-        self._pool: dict[str, str] = {}
-        # the allocator's side: a block is free again once its own lane's thread has enqueued
-        # its users there (stream order) and its users on other streams have ended (their
-        # events), whichever comes last
-        self._own_users_left: dict[str, int] = {}
-        self._other_users_left: dict[str, int] = {}
-        self._plan = plan
-        self._lanes: dict[str, str] = {}  # each task's lane, looked up once (_lane)
         # torch's allocated counter: a block counts from its request until the host drops its
         # tensor, once its last user is enqueued (record_stream defers reuse, not the count)
         self.held_bytes = 0
         self.held_peak_bytes = 0
-        self._host_users_left: dict[str, int] = {}
+        # each task's buffers, sorted once per run rather than at each of its events:
+        # bytes in use: what comes as it starts, as it ends, and what it releases (with
+        # whether before its outputs come: _goes_before_outputs)
+        self._starts: dict[str, list[_Held]] = {}
+        self._ends: dict[str, list[_Held]] = {}
+        self._releases: dict[str, list[tuple[_Held, bool]]] = {}
+        # the allocator's side (GPU blocks only; the rest it never sees): a block is free
+        # again once its own lane's thread has enqueued its users there (stream order) and
+        # its users on other streams have ended (their events), whichever comes last. Per
+        # task: its requests as its dispatch begins and ends, (block, of its own lane) its
+        # host drops before and after its outputs are requested, and the blocks of other
+        # streams it is done with as it ends
+        self._gpu_starts: dict[str, list[_Held]] = {}
+        self._gpu_ends: dict[str, list[_Held]] = {}
+        self._drops_first: dict[str, list[tuple[_Held, bool]]] = {}
+        self._drops_last: dict[str, list[tuple[_Held, bool]]] = {}
+        self._other_stream_users: dict[str, list[_Held]] = {}
+        lanes = {tid: lane for lane, order in plan.lane_order.items() for tid in order}
         runtime = runtime_buffer_id("gpu")
         for b in plan.buffers:
-            self._pool[b.id] = (STATIC_POOL if b.alloc_task is None
-                                else self._lane(b.alloc_task))
+            held = _Held(b, STATIC_POOL if b.alloc_task is None else lanes[b.alloc_task])
             if b.alloc_task is None:
-                self._change(0.0, b, 1, sample=False)
+                self._add_static(held)
                 if b.tier == "gpu" and b.id != runtime:
-                    self._allocator_allocate(b)
-                    self._hold(b, 1)
+                    self._request(held)
             else:
-                self._allocs.setdefault(b.alloc_task, []).append(b)
-            if b.release_tasks:
-                self._pending[b.id] = len(b.release_tasks)
-                self._host_users_left[b.id] = len(b.release_tasks)
-                own = sum(1 for t in b.release_tasks if self._lane(t) == self._pool[b.id])
-                self._own_users_left[b.id] = own
-                self._other_users_left[b.id] = len(b.release_tasks) - own
+                made = self._ends if b.at_end else self._starts
+                made.setdefault(b.alloc_task, []).append(held)
+                if b.tier == "gpu":
+                    made = self._gpu_ends if b.at_end else self._gpu_starts
+                    made.setdefault(b.alloc_task, []).append(held)
             for t in b.release_tasks:
-                self._releases.setdefault(t, []).append(b)
+                self._add_release(held, self._goes_before_outputs(b, t), t, lanes[t])
         for tier in TIERS:
             self.samples.append(MemorySample(time_s=0.0, tier=tier, bytes_in_use=self.in_use[tier]))
         self.peaks = dict(self.in_use)  # each tier's most in use: its samples' largest
 
-    def _lane(self, task_id: str) -> str:
-        lane = self._lanes.get(task_id)
-        if lane is None:
-            lane = self._lanes[task_id] = self._plan.task(task_id).lane
-        return lane
-
-    def _change(self, now: float, buffer, sign: int, *, sample: bool = True) -> None:
-        tier = buffer.tier
-        self.in_use[tier] += sign * buffer.bytes
-        assert self.in_use[tier] >= 0, f"{tier} memory went negative"
-        if sample:
-            self.peaks[tier] = max(self.peaks[tier], self.in_use[tier])
-            if self._keep_samples:
-                self.samples.append(MemorySample(time_s=now, tier=tier,
-                                                 bytes_in_use=self.in_use[tier]))
-        if tier != "gpu":
+    def _add_release(self, held: _Held, before: bool, task_id: str, lane: str) -> None:
+        """File the buffer under a task releasing it, on both sides (see __init__)."""
+        self._releases.setdefault(task_id, []).append((held, before))
+        if held.tier != "gpu":
             return
-        pool = self._pool[buffer.id]
-        self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + sign * buffer.bytes
-        self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), self.pool_in_use[pool])
+        own = lane == held.pool
+        drops = self._drops_first if before else self._drops_last
+        drops.setdefault(task_id, []).append((held, own))
+        held.host_left += 1
+        if own:
+            held.own_left += 1
+        else:
+            held.other_left += 1
+            self._other_stream_users.setdefault(task_id, []).append(held)
 
-    def _allocator_allocate(self, buffer) -> None:
-        if buffer.tier == "gpu":
-            self.allocator.allocate(self._pool[buffer.id], buffer.id, buffer.bytes)
+    def _add_static(self, held: _Held) -> None:
+        """A buffer held before the plan runs: in use from the start (no sample, no peak yet)."""
+        self.in_use[held.tier] += held.bytes
+        if held.tier == "gpu":
+            self._pool_add(held.pool, held.bytes)
 
-    def _hold(self, buffer, sign: int) -> None:
-        if buffer.tier == "gpu":
-            self.held_bytes += sign * buffer.bytes
-            self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
+    def _add(self, now: float, held: _Held) -> None:
+        tier = held.tier
+        used = self.in_use[tier] = self.in_use[tier] + held.bytes
+        self.peaks[tier] = max(self.peaks[tier], used)
+        if self._keep_samples:
+            self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
+        if tier == "gpu":
+            self._pool_add(held.pool, held.bytes)
 
-    def _user_done(self, buffer, left: dict[str, int]) -> None:
-        """One of the buffer's users is done in the allocator's eyes (see __init__)."""
-        left[buffer.id] -= 1
-        if (buffer.tier == "gpu" and self._own_users_left[buffer.id] == 0
-                and self._other_users_left[buffer.id] == 0):
-            self.allocator.free(buffer.id)
+    def _remove(self, now: float, held: _Held) -> None:
+        """The buffer goes: no peak moves (each is at least what is in use)."""
+        tier = held.tier
+        used = self.in_use[tier] = self.in_use[tier] - held.bytes
+        assert used >= 0, f"{tier} memory went negative"
+        if self._keep_samples:
+            self.samples.append(MemorySample(time_s=now, tier=tier, bytes_in_use=used))
+        if tier == "gpu":
+            self.pool_in_use[held.pool] -= held.bytes
+
+    def _pool_add(self, pool: str, nbytes: int) -> None:
+        used = self.pool_in_use[pool] = self.pool_in_use.get(pool, 0) + nbytes
+        self.pool_peaks[pool] = max(self.pool_peaks.get(pool, 0), used)
+
+    def _request(self, held: _Held) -> None:
+        """A GPU block is requested: the allocator hands it out and torch counts it."""
+        self.allocator.allocate(held.pool, held.id, held.bytes)
+        self.held_bytes += held.bytes
+        self.held_peak_bytes = max(self.held_peak_bytes, self.held_bytes)
 
     def allocate(self, now: float, task_id: str) -> None:
         """The task has started: its buffers other than its outputs come."""
-        for b in self._allocs.get(task_id, ()):
-            if not b.at_end:
-                self._change(now, b, 1)
+        for held in self._starts.get(task_id, ()):
+            self._add(now, held)
 
     def release(self, now: float, task_id: str) -> None:
         """The task has ended: its scratch goes, then its outputs come, then the inputs it was
@@ -138,54 +165,52 @@ class MemoryLedger:
         outputs). Blocks it used from another stream are the allocator's again once their own
         stream's users are enqueued too (its event has completed)."""
         inputs = []
-        lane = self._lane(task_id)
-        for b in self._releases.get(task_id, ()):
-            self._pending[b.id] -= 1
-            if self._pending[b.id] == 0:
-                if self._goes_before_outputs(b, task_id):
-                    self._change(now, b, -1)
+        for held, before in self._releases.get(task_id, ()):
+            held.pending -= 1
+            if held.pending == 0:
+                if before:
+                    self._remove(now, held)
                 else:
-                    inputs.append(b)
-            if self._pool[b.id] != lane:
-                self._user_done(b, self._other_users_left)
-        for b in self._allocs.get(task_id, ()):
-            if b.at_end:
-                self._change(now, b, 1)
-        for b in inputs:
-            self._change(now, b, -1)
+                    inputs.append(held)
+        for held in self._other_stream_users.get(task_id, ()):
+            held.other_left -= 1
+            self._free_if_unused(held)
+        for held in self._ends.get(task_id, ()):
+            self._add(now, held)
+        for held in inputs:
+            self._remove(now, held)
 
     def dispatched(self, now: float, task_id: str) -> None:
         """The task's host thread begins enqueueing it: its requests reach the allocator."""
-        for b in self._allocs.get(task_id, ()):
-            if not b.at_end:
-                self._allocator_allocate(b)
-                self._hold(b, 1)
+        for held in self._gpu_starts.get(task_id, ()):
+            self._request(held)
 
     def enqueued(self, now: float, task_id: str) -> None:
         """The task's host thread is done with it: the blocks of its own stream it was the
         last to use there go back (stream order makes them reusable at once) and the host
         drops its tensors, its scratch before its outputs are requested, its inputs after
         (see _goes_before_outputs)."""
-        inputs = []
-        for b in self._releases.get(task_id, ()):
-            if self._goes_before_outputs(b, task_id):
-                self._dropped_by_host(b, task_id)
-            else:
-                inputs.append(b)
-        for b in self._allocs.get(task_id, ()):
-            if b.at_end:
-                self._allocator_allocate(b)
-                self._hold(b, 1)
-        for b in inputs:
-            self._dropped_by_host(b, task_id)
+        for held, own in self._drops_first.get(task_id, ()):
+            self._dropped_by_host(held, own)
+        for held in self._gpu_ends.get(task_id, ()):
+            self._request(held)
+        for held, own in self._drops_last.get(task_id, ()):
+            self._dropped_by_host(held, own)
 
-    def _dropped_by_host(self, buffer, task_id: str) -> None:
-        """The host thread of a task releasing the buffer is done with it."""
-        if self._pool[buffer.id] == self._lane(task_id):
-            self._user_done(buffer, self._own_users_left)
-        self._host_users_left[buffer.id] -= 1
-        if self._host_users_left[buffer.id] == 0:
-            self._hold(buffer, -1)
+    def _dropped_by_host(self, held: _Held, own_lane: bool) -> None:
+        """The host thread of a task releasing the GPU block is done with it (own_lane: that
+        task is on the block's own stream)."""
+        if own_lane:
+            held.own_left -= 1
+            self._free_if_unused(held)
+        held.host_left -= 1
+        if held.host_left == 0:
+            self.held_bytes -= held.bytes
+
+    def _free_if_unused(self, held: _Held) -> None:
+        """The GPU block is the allocator's again once no user is left on either side."""
+        if held.own_left == 0 and held.other_left == 0:
+            self.allocator.free(held.id)
 
     @staticmethod
     def _goes_before_outputs(buffer, task_id: str) -> bool:

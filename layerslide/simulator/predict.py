@@ -3,7 +3,6 @@ or why it does not fit."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -293,54 +292,86 @@ def plan_signature(plan: Plan) -> tuple:
     cost-bearing fields, the edges in their order, the buffers, the step markers, the streams'
     run-ahead): two plans with one signature simulate alike, whatever policies made them (a
     window wider than the layers it slides over, casts of weights no block loads)."""
-    graph = plan.graph
+    # the graph's adjacency dicts and node data, not their views (a tune signs every plan)
+    nodes, succ, pred = plan.graph._node, plan.graph._succ, plan.graph._pred
     lanes = tuple((lane, plan.lane_discipline[lane],
-                   tuple((tid, shape_of(plan.task(tid))) for tid in order))
+                   tuple((tid, shape_of(nodes[tid]["task"])) for tid in order))
                   for lane, order in plan.lane_order.items())
-    edges = tuple((tid, tuple(graph.successors(tid)), tuple(graph.predecessors(tid)))
-                  for tid in graph.nodes)
+    edges = tuple((tid, tuple(succ[tid]), tuple(pred[tid])) for tid in nodes)
     buffers = tuple((b.id, b.tier, b.bytes, b.alloc_task, b.release_tasks, b.at_end,
                      b.outlives_outputs) for b in plan.buffers)
     return (lanes, edges, buffers, tuple(plan.meta["step_markers"]),
             plan.policy.schedule.stream_run_ahead)
 
 
+def plan_outline(plan: Plan) -> tuple:
+    """A few figures of plan_signature's, cheap to take (each lane's task count, the buffers'
+    count and bytes, the step markers, the run-ahead): plans whose outlines differ cannot sign
+    alike, so a memo signs a plan only when an outline matches."""
+    return (tuple((lane, len(order)) for lane, order in plan.lane_order.items()),
+            len(plan.buffers), sum(b.bytes for b in plan.buffers),
+            tuple(plan.meta["step_markers"]), plan.policy.schedule.stream_run_ahead)
+
+
+class _MemoEntry:
+    """One simulation kept: what it ran (its plan, signed only when another plan's outline
+    matches it) at which setting of the cost model, and its run."""
+
+    __slots__ = ("outline", "plan", "profile", "run", "setting", "signature")
+
+    def __init__(self, profile: HardwareProfile, setting: tuple, plan: Plan, outline: tuple,
+                 run: tuple):
+        self.profile, self.setting, self.plan, self.run = profile, setting, plan, run
+        self.outline = outline  # plan_outline(plan)
+        self.signature: tuple | None = None
+
+    def signed(self) -> tuple:
+        if self.signature is None:
+            self.signature = plan_signature(self.plan)
+        return self.signature
+
+
 class SimulationMemo:
     """The last few simulations, by what was simulated (plan_signature, the cost model's GPU
     speed and knobs, the profile): a search that meets the same plan again (settling its
-    clock, or another candidate's policy making the same plan) gets the run back."""
+    clock, or another candidate's policy making the same plan) gets the run back. A plan is
+    signed only where its outline matches a kept one's (most plans a search meets are new:
+    signing and hashing each was ~5% of a tune)."""
 
     def __init__(self, size: int = 8):
         self.size = size
-        self._runs: OrderedDict[tuple, tuple] = OrderedDict()
-        self._signatures: OrderedDict[int, tuple] = OrderedDict()  # by graph: (graph, signature)
+        self._runs: list[_MemoEntry] = []  # least recently used first
 
-    def _signature(self, plan: Plan) -> tuple:
-        known = self._signatures.get(id(plan.graph))
-        if known is not None and known[0] is plan.graph and known[1] is plan.buffers:
-            return known[2]
-        signature = plan_signature(plan)
-        # the graph is kept with it: its id stays its own while here
-        self._signatures[id(plan.graph)] = (plan.graph, plan.buffers, signature)
-        while len(self._signatures) > self.size:
-            self._signatures.popitem(last=False)
-        return signature
+    def _find(self, plan: Plan, outline: tuple, profile: HardwareProfile,
+              setting: tuple) -> _MemoEntry | None:
+        """The kept run of this plan (of this outline) at this setting on this very profile,
+        if any."""
+        signature = None
+        for entry in self._runs:
+            if entry.profile is not profile or entry.setting != setting or entry.outline != outline:
+                continue
+            if entry.plan.graph is plan.graph and entry.plan.buffers is plan.buffers:
+                return entry  # the same plan built once (tuner.plans), another policy's copy
+            signature = plan_signature(plan) if signature is None else signature
+            if entry.signed() == signature:
+                return entry
+        return None
 
     def steady(self, plan: Plan, costs: CostModel, *, label: str, profile_name: str,
                keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
-        key = (self._signature(plan), id(costs.profile), costs.gpu_speedup, costs.lanes_first,
-               label, profile_name, keep_memory)
-        run = self._runs.get(key)
-        if run is None or run[0] is not costs.profile:  # the profile kept: its id stays its own
-            run = (costs.profile, _steady_step(plan, costs, label=label,
-                                               profile_name=profile_name,
-                                               keep_memory=keep_memory))
-            self._runs[key] = run
-            while len(self._runs) > self.size:
-                self._runs.popitem(last=False)
+        setting = (costs.gpu_speedup, costs.lanes_first, label, profile_name, keep_memory)
+        outline = plan_outline(plan)
+        entry = self._find(plan, outline, costs.profile, setting)
+        if entry is None:
+            run = _steady_step(plan, costs, label=label, profile_name=profile_name,
+                               keep_memory=keep_memory)
+            entry = _MemoEntry(costs.profile, setting, plan, outline, run)
+            self._runs.append(entry)
+            del self._runs[:-self.size]
         else:
-            self._runs.move_to_end(key)
-        return run[1]
+            self._runs.remove(entry)
+            self._runs.append(entry)
+        return entry.run
 
 
 def step_floors(plan: Plan, costs: CostModel) -> dict[str, float]:

@@ -17,13 +17,15 @@ _DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round
 
 
 class _Flow:
-    __slots__ = ("done", "rate", "remaining_s", "share", "tag", "uses")
+    __slots__ = ("done", "limits", "rate", "remaining_s", "share", "tag", "uses")
 
     def __init__(self, solo_s: float, uses, share: float, done: Event, tag: str):
         self.remaining_s = solo_s  # seconds of solo-speed work left
         self.uses = uses
         self.share = share
-        self.rate = 1.0
+        self.rate = 1.0  # its tightest share: the least of its limits, 1 with none
+        # resource -> the fraction of its demand it gets there, where the resource is short
+        self.limits: dict[str, float] = {}
         self.done = done
         self.tag = tag
 
@@ -64,6 +66,9 @@ class SharedResources:
         # resource -> its capacity while flows of two or more different tags use it
         self.mixed_capacities = mixed_capacities or {}
         self.flows: list[_Flow] = []
+        # resource -> (flow, demand) of each use of it, in the flows' order: a resource's
+        # shares depend on these alone, so a change reshares only the resources it touches
+        self.members: dict[str, list[tuple[_Flow, float]]] = {}
         self._last_s = 0.0
         # Each change of the running set schedules a timer for the next completion; timers
         # from before the latest change are stale and ignored (cheaper than cancelling).
@@ -75,8 +80,11 @@ class SharedResources:
         """Start a task; the returned event fires when its work is done."""
         done = self.env.event()
         self._advance()
-        self.flows.append(_Flow(solo_s, tuple(uses), share, done, tag))
-        self._reallocate()
+        flow = _Flow(solo_s, tuple(uses), share, done, tag)
+        self.flows.append(flow)
+        for resource, demand in flow.uses:
+            self.members.setdefault(resource, []).append((flow, demand))
+        self._reallocate({resource for resource, _ in flow.uses})
         self._schedule()
         return done
 
@@ -87,23 +95,34 @@ class SharedResources:
                 f.remaining_s -= elapsed * f.rate
         self._last_s = self.env.now
 
-    def _reallocate(self) -> None:
-        for f in self.flows:
-            f.rate = 1.0
-        by_resource: dict[str, list[tuple[_Flow, float]]] = {}
-        for f in self.flows:
-            for resource, demand in f.uses:
-                by_resource.setdefault(resource, []).append((f, demand))
-        for resource, members in by_resource.items():
-            capacity = self.capacities[resource]
-            if resource in self.mixed_capacities and len({f.tag for f, _ in members}) > 1:
-                capacity = self.mixed_capacities[resource]
-            if len(members) < 2 and members[0][1] <= capacity:
-                continue
-            fractions = water_fill([d for _, d in members], [f.share for f, _ in members],
-                                   capacity)
-            for (f, _), frac in zip(members, fractions):
-                f.rate = min(f.rate, frac)
+    def _reallocate(self, touched: set[str]) -> None:
+        """Reshare the resources whose flows changed; then the rate of each flow on them."""
+        changed: dict[_Flow, None] = {}
+        for resource in touched:
+            members = self.members[resource]
+            for f, _ in members:
+                f.limits.pop(resource, None)
+                changed[f] = None
+            for f, fraction in self._shares(resource, members):
+                f.limits[resource] = min(f.limits.get(resource, fraction), fraction)
+        for f in changed:
+            rate = 1.0
+            for fraction in f.limits.values():
+                rate = min(rate, fraction)
+            f.rate = rate
+
+    def _shares(self, resource: str, members: list[tuple[_Flow, float]]):
+        """(flow, fraction of its demand) for each use of a short resource; none for one
+        that has enough (no use, or one within its capacity)."""
+        if not members:
+            return ()
+        capacity = self.capacities[resource]
+        if resource in self.mixed_capacities and len({f.tag for f, _ in members}) > 1:
+            capacity = self.mixed_capacities[resource]
+        if len(members) < 2 and members[0][1] <= capacity:
+            return ()
+        fractions = water_fill([d for _, d in members], [f.share for f, _ in members], capacity)
+        return zip((f for f, _ in members), fractions)
 
     def _schedule(self) -> None:
         if not self.flows:
@@ -119,7 +138,11 @@ class SharedResources:
         self._advance()
         finished = [f for f in self.flows if f.remaining_s <= _DONE_EPS_S]
         self.flows = [f for f in self.flows if f.remaining_s > _DONE_EPS_S]
+        touched = {resource for f in finished for resource, _ in f.uses}
+        for resource in touched:
+            self.members[resource] = [m for m in self.members[resource]
+                                      if m[0].remaining_s > _DONE_EPS_S]
         for f in finished:
             f.done.succeed()
-        self._reallocate()
+        self._reallocate(touched)
         self._schedule()

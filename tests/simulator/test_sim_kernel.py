@@ -70,3 +70,17 @@ def test_an_event_triggers_once():
     event = env.event().succeed()
     with pytest.raises(RuntimeError):
         event.succeed()
+
+
+def test_a_plan_runs_alike_on_simpy_and_on_the_kernel():
+    from layerslide.hwprofiles import load_profile
+    from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
+    from layerslide.simulator import CostModel, run_plan
+
+    plan = build_plan(PRESETS["llama-3.2-1b"], TrainSpec(micro_batch=2, grad_accum=2),
+                      Policy.of(moments_on_nvme=0.5, gpu_updated_blocks=2))
+    costs = CostModel(load_profile("h100-pcie"))
+    theirs = run_plan(plan, costs, environment=simpy.Environment)
+    ours = run_plan(plan, costs)
+    assert len(ours.events) == plan.graph.number_of_nodes()
+    assert (ours.events, ours.memory, ours.meta) == (theirs.events, theirs.memory, theirs.meta)

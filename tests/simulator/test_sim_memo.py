@@ -10,6 +10,7 @@ from layerslide.simulator.costmodel import shape_of
 from layerslide.simulator.predict import (
     SimulationMemo,
     floors_by_block,
+    plan_outline,
     plan_signature,
     step_floors,
 )
@@ -58,3 +59,19 @@ def test_a_plan_met_again_is_simulated_once():
     plain = simulate(widest, profile)
     assert first.step_s == again.step_s == plain.step_s
     assert first.peak_bytes == again.peak_bytes == plain.peak_bytes
+
+
+def test_the_memo_signs_a_plan_only_where_an_outline_matches():
+    model, profile = PRESETS["llama-3.2-1b"], load_profile("h200-bench")
+    train = TrainSpec(micro_batch=4)
+    wide = build_plan(model, train, Policy.of(window=64))
+    widest = build_plan(model, train, Policy.of(window=model.num_layers))
+    other = build_plan(model, train, Policy.of(window=2))
+    assert plan_outline(wide) == plan_outline(widest) != plan_outline(other)
+    memo = SimulationMemo()
+    simulate(wide, profile, memo=memo, settle_clock=False)
+    simulate(other, profile, memo=memo, settle_clock=False)
+    assert [e.signature for e in memo._runs] == [None, None]  # outlines differ: none signed
+    simulate(widest, profile, memo=memo, settle_clock=False)  # the same plan, built again
+    assert len(memo._runs) == 2
+    assert memo._runs[-1].signature == plan_signature(wide)

@@ -5,20 +5,15 @@ from layerslide.simulator.allocator import LARGE_PAGE_BYTES, MIB
 from layerslide.simulator.memory import MemoryLedger
 
 
-class _Task:
-    def __init__(self, lane):
-        self.lane = lane
-
-
 class _Plan:
-    """The two things the ledger reads of a plan: its buffers and each task's lane."""
+    """The two things the ledger reads of a plan: its buffers and each task's lane (as the
+    lanes' orders)."""
 
     def __init__(self, buffers, lanes):
         self.buffers = buffers
-        self._lanes = lanes
-
-    def task(self, tid):
-        return _Task(self._lanes[tid])
+        self.lane_order: dict[str, list[str]] = {}
+        for tid, lane in lanes.items():
+            self.lane_order.setdefault(lane, []).append(tid)
 
 
 def test_the_runtime_counts_in_the_static_pool_but_is_no_allocation():
