@@ -15,6 +15,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -123,13 +124,19 @@ def main() -> None:
     cores = os.cpu_count() or 1
     lines = [(f"## {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}: "
               f"{cores} cores, Python {platform.python_version()}"),
-             "", "Command: `.venv/bin/python benchmarks/sim_speed.py --out benchmarks/results/sim_speed.md`",
-             ""]
+             "", f"Command: `python benchmarks/sim_speed.py {' '.join(sys.argv[1:])}`", ""]
     lines += time_kernel_vs_simpy(args.repeats)
-    if args.kernel_only:
-        print("\n".join(lines))
-        return
-    lines += time_big_step(args.repeats)
+    if not args.kernel_only:
+        lines += _planner_and_tuner_lines(args.repeats, cores)
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("# Simulator speed\n\n" + text)
+
+
+def _planner_and_tuner_lines(repeats: int, cores: int) -> list[str]:
+    lines = time_big_step(repeats)
     n, seconds = time_plain_sweep()
     lines.append(f"- build_plan + simulate of {n} distinct Llama-3.1-8B configurations (window, "
                  f"micro-batch 1-64, accumulation 1-4, activations, cast), one process: "
@@ -140,11 +147,7 @@ def main() -> None:
                      f"grad-buffer bounds and GPU-updated blocks: 1-3 simulations), capped at "
                      f"24 GiB: {n} candidates in {seconds:.1f} s with {workers} worker(s) "
                      f"({seconds / n * 1000:.0f} ms each)")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("# Simulator speed\n\n" + text)
+    return lines
 
 
 if __name__ == "__main__":
