@@ -242,6 +242,9 @@ def plan_bounds(floors: BlockFloors, fill: list[list[int]] | None, compute: Bloc
 # plan holds what the short one does at once and more (every layer's checkpoints, where they
 # stay on the GPU), but its allocator model may pack it a little otherwise.
 SHORT_PLAN_GPU_MARGIN = 0.05
+# decoder layers a second short plan has beyond the first: what each layer more holds on the
+# GPU where the checkpoints stay there (tuner.levels extrapolates the deep plan's with it)
+DEPTH_PROBE_LAYERS = 2
 
 
 def gpu_in_use_lower_bound(plan: Plan) -> int:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import gc
 import signal
+from dataclasses import replace
 
 from layerslide.kinds import COMPUTE_KINDS
-from layerslide.planner import Policy, TrainSpec
-from layerslide.planner.plan import runtime_buffer_id
-from layerslide.simulator import CostModel, Overflow, Prediction, memory_limits
+from layerslide.planner import Plan, Policy, TrainSpec
+from layerslide.simulator import CostModel, memory_limits
 from layerslide.simulator.predict import floors_by_block
-from layerslide.trace import TIERS
 from layerslide.tuner.bounds import (
+    DEPTH_PROBE_LAYERS,
     GPU_FILL_MARGIN,
     SHORT_PLAN_GPU_MARGIN,
     BlockFloors,
@@ -40,7 +40,13 @@ from layerslide.tuner.bounds import (
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.lanes_first import lanes_first, priced_apart
 from layerslide.tuner.placement import placed_policy, placement_steps
-from layerslide.tuner.plans import plan_of, rejected_early, small_plan_of, static_buffers_of
+from layerslide.tuner.plans import (
+    plan_of,
+    rejected_early,
+    rejected_on_gpu,
+    small_plan_of,
+    static_buffers_of,
+)
 from layerslide.tuner.space import Candidate
 from layerslide.tuner.stages import STAGES, evaluate, filled_with_gpu_updates, niced, settled
 
@@ -141,7 +147,7 @@ class Levels:
         placed, buffers = first
         short, whole = short_plan_model(ctx.model, placed)
         plan = small_plan_of(short, train, placed)
-        held = gpu_in_use_lower_bound(plan)
+        held = self._held_at_depth(plan, whole, train, placed)
         if held > self.gpu_limit * (1 if whole else 1 + SHORT_PLAN_GPU_MARGIN):
             return 0.0, self._rejected_on_gpu(train, placed, buffers, held)
         static_gpu = sum(b.bytes for b in buffers if b.tier == "gpu" and b.is_static)
@@ -152,6 +158,20 @@ class Levels:
         for key, value in self.class_bound(train, policy).items():
             merged[key] = max(merged.get(key, 0.0), value)
         return tokens_per_s_bound(train.global_tokens_per_step, merged), None
+
+    def _held_at_depth(self, plan: Plan, whole: bool, train: TrainSpec, policy: Policy) -> int:
+        """What the deep plan holds on the GPU at once (gpu_in_use_lower_bound), from its short
+        plan: where the checkpoints stay on the GPU, each decoder layer more holds one layer's
+        more, as a plan DEPTH_PROBE_LAYERS deeper than the short one shows (tests/tuner hold
+        the two equal); elsewhere the short plan's own."""
+        held = gpu_in_use_lower_bound(plan)
+        layers, short = self.context.model.num_layers, plan.model
+        if whole or policy.residency.activations != "gpu":
+            return held
+        probe = min(DEPTH_PROBE_LAYERS, layers - short.num_layers)
+        deeper = small_plan_of(replace(short, num_layers=short.num_layers + probe), train, policy)
+        per_layer = max(0.0, (gpu_in_use_lower_bound(deeper) - held) / probe)
+        return held + int(per_layer * (layers - short.num_layers))
 
     def _least_placement(self, train: TrainSpec, policy: Policy) -> tuple[Policy, tuple] | None:
         """The first of place_state's placements whose static buffers fit (the policy and its
@@ -173,16 +193,8 @@ class Levels:
         """The candidate as rejected before its simulation: the GPU holds at least
         held_bytes."""
         ctx = self.context
-        static = {tier: sum(b.bytes for b in buffers if b.tier == tier and b.is_static)
-                  for tier in TIERS}
-        limits = memory_limits(ctx.profile, ctx.gpu_memory_bytes)
-        runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
-        prediction = Prediction(
-            label="", tokens_per_step=train.global_tokens_per_step, limits_bytes=limits,
-            ranks_per_host=train.gpus, hosts=train.hosts,
-            peak_bytes={**static, "gpu": held_bytes}, gpu_runtime_bytes=runtime,
-            overflows=(Overflow(tier="gpu", need_bytes=held_bytes, limit_bytes=limits["gpu"]),))
-        return Candidate(train=train, policy=policy, prediction=prediction)
+        return Candidate(train=train, policy=policy, prediction=rejected_on_gpu(
+            buffers, train, ctx.profile, ctx.gpu_memory_bytes, held_bytes))
 
     # --- levels 2-5 ---------------------------------------------------------------------------
     def sweep(self, train: TrainSpec, policy: Policy) -> tuple[Candidate, float | None]:

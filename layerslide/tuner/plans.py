@@ -14,9 +14,18 @@ from contextlib import contextmanager
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, Plan, Policy, TrainSpec, build_plan
 from layerslide.planner.build import static_buffers
-from layerslide.planner.plan import MIN_STEPS
-from layerslide.simulator import CostModel, Prediction, simulate, static_rejection
+from layerslide.planner.plan import MIN_STEPS, runtime_buffer_id
+from layerslide.simulator import (
+    CostModel,
+    Overflow,
+    Prediction,
+    memory_limits,
+    simulate,
+    static_rejection,
+)
 from layerslide.simulator.predict import SimulationMemo
+from layerslide.trace import TIERS
+from layerslide.tuner.bounds import gpu_in_use_lower_bound
 
 PLAN_CACHE_SIZE = 32  # plans kept per process (each a few MiB, 14 MiB at 70B)
 # the bounds' plans of a few layers, two steps (tuner.bounds), kept per process: they do not
@@ -115,6 +124,11 @@ def simulated(model: ModelSpec, train: TrainSpec, policy: Policy, profile: Hardw
     """simulate() of the candidate's plan, through the memo; without its trace (a search
     keeps none)."""
     plan = plan_of(model, train, policy, num_steps)
+    return _simulated(plan, profile, gpu_memory_bytes, costs, settle_clock)
+
+
+def _simulated(plan: Plan, profile: HardwareProfile, gpu_memory_bytes: int | None,
+               costs: CostModel | None, settle_clock: bool) -> Prediction:
     with collector_paused():
         return simulate(plan, profile, gpu_memory_bytes=gpu_memory_bytes, costs=costs,
                         settle_clock=settle_clock, memo=MEMO, keep_trace=False)
@@ -128,14 +142,36 @@ def rejected_early(buffers: tuple, train: TrainSpec, profile: HardwareProfile,
                             hosts=train.hosts)
 
 
+def rejected_on_gpu(buffers: tuple, train: TrainSpec, profile: HardwareProfile,
+                    gpu_memory_bytes: int | None, held_bytes: int) -> Prediction:
+    """The Prediction of a candidate rejected before its simulation: a plan of it holds at
+    least held_bytes on the GPU at once (tuner.bounds.gpu_in_use_lower_bound) over the limit;
+    `buffers`: its static ones."""
+    static = {tier: sum(b.bytes for b in buffers if b.tier == tier and b.is_static)
+              for tier in TIERS}
+    limits = memory_limits(profile, gpu_memory_bytes)
+    runtime = sum(b.bytes for b in buffers if b.id == runtime_buffer_id("gpu"))
+    return Prediction(
+        label="", tokens_per_step=train.global_tokens_per_step, limits_bytes=limits,
+        ranks_per_host=train.gpus, hosts=train.hosts,
+        peak_bytes={**static, "gpu": held_bytes}, gpu_runtime_bytes=runtime,
+        overflows=(Overflow(tier="gpu", need_bytes=held_bytes, limit_bytes=limits["gpu"]),))
+
+
 def predicted(model: ModelSpec, train: TrainSpec, policy: Policy, profile: HardwareProfile, *,
               gpu_memory_bytes: int | None, num_steps: int, costs: CostModel,
               settle_clock: bool) -> Prediction:
     """The candidate simulated; one whose static buffers overflow is rejected before its plan
-    is built (a step-major plan of many micro-batches has hundreds of thousands of tasks)."""
-    early = rejected_early(static_buffers_of(model, train, policy), train, profile,
-                           gpu_memory_bytes)
+    is built (a step-major plan of many micro-batches has hundreds of thousands of tasks), one
+    whose plan holds more on the GPU at once than the GPU has before it is simulated (the
+    checkpoints of every layer and micro-batch kept there: a third of a 123B tune's
+    simulations overflowed so)."""
+    buffers = static_buffers_of(model, train, policy)
+    early = rejected_early(buffers, train, profile, gpu_memory_bytes)
     if early is not None:
         return early
-    return simulated(model, train, policy, profile, gpu_memory_bytes=gpu_memory_bytes,
-                     num_steps=num_steps, costs=costs, settle_clock=settle_clock)
+    plan = plan_of(model, train, policy, num_steps)
+    held = gpu_in_use_lower_bound(plan)
+    if held > memory_limits(profile, gpu_memory_bytes)["gpu"]:
+        return rejected_on_gpu(buffers, train, profile, gpu_memory_bytes, held)
+    return _simulated(plan, profile, gpu_memory_bytes, costs, settle_clock)

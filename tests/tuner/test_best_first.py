@@ -9,7 +9,7 @@ from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import simulate
 from layerslide.tuner import SearchSpace, plans, tune
-from layerslide.tuner.bounds import gpu_in_use_lower_bound
+from layerslide.tuner.bounds import gpu_in_use_lower_bound, short_plan_model
 from layerslide.tuner.context import TuneContext
 from layerslide.tuner.levels import Levels
 
@@ -79,6 +79,26 @@ def test_the_gpu_bound_of_a_plan_is_below_its_simulated_peak():
         held = gpu_in_use_lower_bound(plan)
         peak = simulate(plan, load_profile("h200-bench")).peak_bytes["gpu"]
         assert 0.5 * peak < held <= peak
+
+
+@pytest.mark.parametrize("train, policy", [
+    (TrainSpec(micro_batch=8, grad_accum=4), Policy.of(accumulation="layer_major", window=1)),
+    (TrainSpec(micro_batch=2, grad_accum=16), Policy.of(accumulation="layer_major", window=4)),
+    (TrainSpec(micro_batch=16), Policy.of(window=2, cast="gpu")),
+    (TrainSpec(micro_batch=4, grad_accum=4), Policy.of(window=1)),
+])
+def test_the_deep_plans_gpu_bound_is_told_from_two_short_plans(train, policy):
+    """Checkpoints kept on the GPU: the short plans' bound, carried to the model's depth, is
+    the deep plan's exactly (a candidate over the GPU is rejected without its deep plan)."""
+    model, policy = PRESETS["llama-3.1-8b"], policy.with_(activations="gpu")
+    levels = Levels(TuneContext(model=model, profile=load_profile("h200-bench"),
+                                space=H200_SPACE, gpu_memory_bytes=None, num_steps=3))
+    short, whole = short_plan_model(model, policy)
+    assert not whole
+    told = levels._held_at_depth(plans.small_plan_of(short, train, policy), whole, train,
+                                 policy)
+    deep = gpu_in_use_lower_bound(build_plan(model, train, policy))
+    assert told == deep > gpu_in_use_lower_bound(plans.small_plan_of(short, train, policy))
 
 
 def test_ctrl_c_returns_the_best_found_so_far(monkeypatch):
