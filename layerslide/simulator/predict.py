@@ -475,7 +475,8 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
     flops_per_step = plan.model.training_flops_per_token(plan.train.seq_len) * tokens
     flops_per_s = flops_per_step / step_s
     pools, reserves = trace.meta["gpu_pool_peak_bytes"], trace.meta["gpu_pool_reserved_bytes"]
-    need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], reserves, plan.runtime_bytes("gpu"))}
+    runtime = plan.runtime_bytes("gpu")
+    need = {**peaks, "gpu": gpu_need_bytes(peaks["gpu"], reserves, runtime)}
     return Prediction(
         label=label, tokens_per_step=tokens, limits_bytes=limits, peak_bytes=peaks,
         overflows=_overflows(need, limits, profile, gpus), step_s=step_s,
@@ -484,7 +485,7 @@ def simulate(plan: Plan, profile: HardwareProfile, *, gpu_memory_bytes: int | No
         ranks_per_host=gpus, hosts=hosts,
         lane_busy=busy, bottleneck=max(busy, key=busy.get) if busy else None,
         floors_s=step_floors(plan, costs), trace=trace if keep_trace else None,
-        gpu_runtime_bytes=plan.runtime_bytes("gpu"),
+        gpu_runtime_bytes=runtime,
         gpu_pool_peak_bytes=pools, gpu_pool_reserved_bytes=reserves, gpu_speedup=costs.gpu_speedup,
         gpu_held_peak_bytes=trace.meta["gpu_held_peak_bytes"],
     )

@@ -86,7 +86,8 @@ def plan_of(model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int) 
     plan = _PLANS.get(key)
     if plan is None:
         with collector_paused():
-            plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps)
+            plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps,
+                                            validate=False)
         _trim(_PLANS, PLAN_CACHE_SIZE)
     else:
         _PLANS.move_to_end(key)
@@ -102,7 +103,8 @@ def small_plan_of(model: ModelSpec, train: TrainSpec, policy: Policy) -> Plan:
     plan = _SMALL_PLANS.get(key)
     if plan is None:
         with collector_paused():
-            plan = _SMALL_PLANS[key] = build_plan(model, train, policy, num_steps=MIN_STEPS)
+            plan = _SMALL_PLANS[key] = build_plan(model, train, policy, num_steps=MIN_STEPS,
+                                                  validate=False)
         _trim(_SMALL_PLANS, SMALL_PLAN_CACHE_SIZE)
     return plan
 

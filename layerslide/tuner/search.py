@@ -124,6 +124,8 @@ def _best_plan(context: TuneContext, best: Candidate) -> Plan:
     plan = plan_of(context.model, best.train, best.policy, context.num_steps)
     if plan.reach_steps() >= plan.num_steps:  # so that train can repeat it
         plan = build_repeatable_plan(context.model, best.train, best.policy)
+    else:
+        plan.validate()  # the search's plans were not (tuner.plans)
     plan.meta.update({
         "tuned_for_profile": context.profile.name,
         "tuned_for_nvme_drives": context.profile.storage.drives,

@@ -4,7 +4,7 @@ the GPU has is rejected without its simulation, and only such a one."""
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.simulator import CostModel, simulate
-from layerslide.tuner import plans
+from layerslide.tuner import SearchSpace, plans, tune
 from layerslide.tuner.bounds import gpu_in_use_lower_bound
 
 MODEL = PRESETS["llama-3.2-1b"]
@@ -45,3 +45,27 @@ def test_a_plan_within_the_gpu_is_simulated(monkeypatch):
     held = gpu_in_use_lower_bound(build_plan(MODEL, TRAIN, POLICY))
     prediction, simulated = _predicted(profile, held, monkeypatch)
     assert len(simulated) == 1 and prediction.simulated
+
+
+def test_the_plans_a_search_builds_unchecked_are_valid(monkeypatch):
+    """tune leaves Plan.validate out of its builds (tuner.plans): every plan a small search
+    builds, deep and short, must pass it."""
+    built = []
+
+    def unchecked(*args, **kwargs):
+        assert kwargs.pop("validate") is False
+        plan = build_plan(*args, validate=False, **kwargs)
+        built.append(plan)
+        return plan
+    monkeypatch.setattr(plans, "build_plan", unchecked)
+    plans._PLANS.clear()
+    plans._SMALL_PLANS.clear()
+    space = SearchSpace(windows=(1, 2), micro_batches=(4, 16), grad_accums=(1, 4),
+                        accumulations=("layer_major",), activations=("gpu", "host"),
+                        casts=("cpu_once", "gpu"))
+    result = tune(MODEL, load_profile("h200-bench"), space=space, workers=1,
+                  gpu_memory_bytes=24 * 2**30)
+    assert result.best_plan is not None
+    assert {p.num_steps for p in built} == {2, 3}
+    for plan in built:
+        plan.validate()
