@@ -23,6 +23,7 @@ from layerslide.reports import (
     format_table,
     plot_purchase,
 )
+from layerslide.tuner.processes import Interrupted
 from layerslide.tuner.purchase import (
     DEFAULT_CARDS,
     DEFAULT_DRIVE_COUNTS,
@@ -34,9 +35,6 @@ from layerslide.tuner.purchase import (
 from layerslide.tuner.purchase import rank as purchase_rank
 from layerslide.tuner.purchase import summary as purchase_summary
 from layerslide.tuner.purchase import variants as purchase_variants
-from layerslide.tuner.whatif import (
-    Interrupted,
-)
 
 
 def purchase_question(args) -> int:

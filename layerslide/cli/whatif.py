@@ -33,9 +33,9 @@ from layerslide.reports import (
     format_table,
 )
 from layerslide.tuner import SearchSpace
+from layerslide.tuner.processes import Interrupted
 from layerslide.tuner.whatif import (
     WHATIF_SPACE,
-    Interrupted,
     WhatIfRow,
     across_models,
     across_profiles,

@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile, ProfileError, ProfileSpec, build_variant
 from layerslide.planner import ModelSpec
+from layerslide.tuner.processes import in_processes
 from layerslide.tuner.search import tune
 from layerslide.tuner.space import SearchSpace
-from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow, in_processes
+from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow
 
 # The buyer's platforms and cards shipped with layerslide (hwprofiles/builtin).
 DEFAULT_PLATFORMS = ("desktop-ddr5", "desktop-ddr5-4dimm", "workstation-4ch", "workstation-8ch")
@@ -130,15 +131,27 @@ def purchase_search(model: ModelSpec, target_tokens_per_s: float, candidates: Se
     """Tune the model on every variant; rows that reach the target first, cheapest first (by
     tokens/s where a price is missing), then those that fall short, fastest first. Each row
     says how far the next cheaper variant falls short of the target. Ctrl-C raises
-    whatif.Interrupted with the rows done (unranked; None for the rest)."""
+    processes.Interrupted with the rows done (unranked; None for the rest)."""
     if not target_tokens_per_s > 0:
         raise ValueError(f"the target must be more than 0 tokens/s, got {target_tokens_per_s}")
     if not candidates:
         raise ValueError("no variant to try: every combination was refused by its platform")
     rows = in_processes(_tune_variant,
                         [(model, v, seq_len, space, exhaustive, tolerance) for v in candidates],
-                        workers=workers, progress=progress)
+                        workers=workers, progress=progress, size=_variant_size,
+                        alike=_same_host)
     return rank(rows, target_tokens_per_s)
+
+
+def _variant_size(item: tuple) -> tuple[float, float]:
+    """A variant's tune's size: the model's parameters, then its RAM and GPU memory."""
+    model, variant = item[0], item[1]
+    return model.total_params, variant.ram_bytes + variant.profile.gpu.memory_bytes
+
+
+def _same_host(item: tuple) -> int:
+    """Variants alike: one RAM size (their tunes share plans)."""
+    return item[1].ram_bytes
 
 
 def rank(rows: Sequence[dict], target: float) -> list[dict]:

@@ -6,16 +6,14 @@ Each row is the best configuration that tune finds in a small search space, or w
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, sizes
 from layerslide.trace import TIERS
+from layerslide.tuner.processes import in_processes
 from layerslide.tuner.search import TuneResult, tune
 from layerslide.tuner.space import SearchSpace
 
@@ -103,61 +101,17 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, gpus: int = 1, hosts: 
                      hosts=hosts)
 
 
-def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
-                 progress: Callable[[int, int], None] | None) -> list:
-    """job(*item) for each item, results in the items' order; on `workers` processes (default:
-    one per core) where there are several items, since each tune runs on one. The longest
-    items first (by their first element's parameters, where it has them), so that no core
-    is left with a large one at the end. Ctrl-C (KeyboardInterrupt) returns what is done, None
-    for the rest: Interrupted.results."""
-    workers = min(workers or os.cpu_count() or 1, len(items))
-    results: list = [None] * len(items)
-    done = 0
-    try:
-        if workers <= 1:
-            for i in _longest_first(items):
-                results[i] = job(*items[i])
-                done += 1
-                if progress:
-                    progress(done, len(items))
-            return results
-        pool = ProcessPoolExecutor(max_workers=workers, initializer=_ignore_interrupts)
-        try:
-            futures = {pool.submit(job, *items[i]): i for i in _longest_first(items)}
-            for future in as_completed(futures):
-                results[futures[future]] = future.result()
-                done += 1
-                if progress:
-                    progress(done, len(items))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in list(getattr(pool, "_processes", {}).values()):
-                process.terminate()
-            raise
-        pool.shutdown()
-    except KeyboardInterrupt:
-        raise Interrupted(results) from None
-    return results
+def _profile_size(item: tuple) -> tuple[float, float]:
+    """A what-if item's (model, profile, ...) size: its parameters, then its host's RAM and GPU
+    memory (the more a host holds, the more candidates fit and are simulated)."""
+    model, profile = item[0], item[1]
+    return model.total_params, profile.host.ram_bytes + profile.gpu.memory_bytes
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during in_processes: `results` has the rows done, None for the others."""
-
-    def __init__(self, results: list):
-        super().__init__()
-        self.results = results
-
-
-def _ignore_interrupts() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
-def _longest_first(items: Sequence[tuple]) -> list[int]:
-    def size(i: int) -> float:
-        first = items[i][0] if items[i] else None
-        return -getattr(first, "total_params", 0)
-
-    return sorted(range(len(items)), key=size)
+def _same_host(item: tuple) -> tuple:
+    """What-if items alike: one model on hosts of one RAM size (their tunes share plans)."""
+    model, profile, *ranks = item
+    return model.name, profile.host.ram_bytes, *ranks
 
 
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile],
@@ -194,7 +148,7 @@ def across_ranks(model: ModelSpec, placements: Sequence[tuple], *, seq_len: int 
     job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
                   exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, [(model, *placed) for placed in placements], workers=workers,
-                        progress=progress)
+                        progress=progress, size=_profile_size, alike=_same_host)
 
 
 def speedups(rows: Sequence[WhatIfRow]) -> list[float | None]:
@@ -217,7 +171,7 @@ def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
              for r in ram_sizes for n in nvme_sizes for m in models]
     job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
                   exhaustive=exhaustive, tolerance=tolerance)
-    return in_processes(job, pairs, workers=workers, progress=progress)
+    return in_processes(job, pairs, workers=workers, progress=progress, size=_profile_size)
 
 
 def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:

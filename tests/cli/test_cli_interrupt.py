@@ -2,9 +2,8 @@
 the command exits 130. The interrupt is raised from the search's own calls, in one process."""
 
 
-
 from layerslide.cli.main import main
-from layerslide.tuner import plans, purchase, search, whatif
+from layerslide.tuner import plans, processes, purchase, search, whatif
 
 
 def interrupted_after(monkeypatch, module, name: str, calls: int) -> None:
@@ -33,7 +32,7 @@ def test_tune_prints_the_best_so_far_on_ctrl_c(capsys, monkeypatch, tiny_config_
 
 
 def test_whatif_prints_the_rows_tuned_so_far_on_ctrl_c(capsys, monkeypatch, tiny_config_folder):
-    monkeypatch.setattr(whatif.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(processes.os, "cpu_count", lambda: 1)
     interrupted_after(monkeypatch, whatif, "tune", 1)
     code = main(["whatif", "--model", tiny_config_folder, "--seq-len", "64",
                  "--profiles", "h200-bench,rtx4090-256gb"])

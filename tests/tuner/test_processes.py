@@ -1,0 +1,47 @@
+"""Many tunes at once: results in the items' order, alike items on one process one after the
+other, progress per item, a failing item's error raised, the largest batches first."""
+
+import os
+import time
+
+import pytest
+
+from layerslide.tuner.processes import _batches, in_processes
+
+
+def _pid_after(delay_s: float, key: str) -> tuple[str, int]:
+    time.sleep(delay_s)
+    return key, os.getpid()
+
+
+def _fails_for_b(key: str) -> str:
+    if key == "b":
+        raise ValueError(f"no tune for {key}")
+    return key
+
+
+def test_alike_items_run_on_one_process_one_after_the_other():
+    items = [(0.05, "a"), (0.05, "b"), (0.05, "a"), (0.05, "b")]
+    seen = []
+    out = in_processes(_pid_after, items, workers=2, alike=lambda item: item[1],
+                       progress=lambda done, total: seen.append((done, total)))
+    assert [key for key, _ in out] == ["a", "b", "a", "b"]
+    pids = {key: {pid for k, pid in out if k == key} for key in "ab"}
+    assert len(pids["a"]) == len(pids["b"]) == 1 and pids["a"] != pids["b"]
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)]  # each item as it lands
+
+
+def test_without_likeness_every_item_is_free_to_go_to_any_process():
+    assert _batches([(0.0, "a")] * 4, lambda item: (1.0, 0.0), None, 2) == [[0], [1], [2], [3]]
+
+
+def test_batches_hold_an_even_share_at_most_and_the_largest_go_first():
+    items = [("small", 1.0), ("big", 9.0), ("small", 1.0), ("small", 1.0), ("big", 9.0)]
+    batches = _batches(items, lambda item: (0.0, item[1]), lambda item: item[0], 2)
+    assert batches == [[1, 4], [0, 2], [3]]
+
+
+def test_a_failing_item_raises_its_error_in_the_parent():
+    with pytest.raises(ValueError, match="no tune for b"):
+        in_processes(_fails_for_b, [("a",), ("b",), ("c",)], workers=2, progress=None,
+                     alike=lambda item: 0)
