@@ -37,6 +37,10 @@ COMMANDS = {
     "demo": (["demo", "--out", "{tmp}/report"], "demo", 30),
     "tune-123b": (["tune", "--model", "mistral-large-123b", "--profile", "rtx4090-256gb",
                    "--gpu-memory", "24GiB", "--json"], "tune", 20),
+    "tune-123b-mi300x": (["tune", "--model", "mistral-large-123b", "--profile", "mi300x",
+                          "--json"], "tune", 20),
+    "tune-123b-h100-sxm": (["tune", "--model", "mistral-large-123b", "--profile", "h100-sxm",
+                            "--json"], "tune", 20),
     "tune-32b": (["tune", "--model", "qwen3-32b", "--profile", "rtx4090-256gb",
                   "--gpu-memory", "24GiB", "--json"], "tune", 20),
     "tune-70b-h100": (["tune", "--model", "llama-3.1-70b", "--profile", "h100-pcie", "--json"],
@@ -44,6 +48,7 @@ COMMANDS = {
     "tune-3b": (["tune", "--model", "llama-3.2-3b", "--profile", "h200-bench", "--json"],
                 "tune", 20),
     "whatif-70b": (["whatif", "--model", "llama-3.1-70b", "--json"], "whatif", 30),
+    "whatif-123b": (["whatif", "--model", "mistral-large-123b", "--json"], "whatif", 30),
     "purchase-70b": (["whatif", "--model", "llama-3.1-70b", "--target-tokens-per-s", "300",
                       "--json"], "whatif", 60),
 }
