@@ -336,11 +336,13 @@ class SimulationMemo:
     speed and knobs, the profile): a search that meets the same plan again (settling its
     clock, or another candidate's policy making the same plan) gets the run back. A plan is
     signed only where its outline matches a kept one's (most plans a search meets are new:
-    signing and hashing each was ~5% of a tune)."""
+    signing and hashing each was ~5% of a tune). It keeps at most `size` runs, and only so many
+    as hold `max_tasks` tasks in their plans together (a kept run keeps its plan alive)."""
 
-    def __init__(self, size: int = 8):
-        self.size = size
+    def __init__(self, size: int = 8, max_tasks: int | None = None):
+        self.size, self.max_tasks = size, max_tasks
         self._runs: list[_MemoEntry] = []  # least recently used first
+        self._tasks = 0  # in the kept runs' plans
 
     def _find(self, plan: Plan, outline: tuple, profile: HardwareProfile,
               setting: tuple) -> _MemoEntry | None:
@@ -367,7 +369,11 @@ class SimulationMemo:
                                keep_memory=keep_memory)
             entry = _MemoEntry(costs.profile, setting, plan, outline, run)
             self._runs.append(entry)
-            del self._runs[:-self.size]
+            self._tasks += len(plan.graph)
+            while len(self._runs) > self.size or (
+                    self.max_tasks is not None and self._tasks > self.max_tasks
+                    and len(self._runs) > 1):
+                self._tasks -= len(self._runs.pop(0).plan.graph)
         else:
             self._runs.remove(entry)
             self._runs.append(entry)

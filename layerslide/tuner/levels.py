@@ -223,7 +223,7 @@ class Levels:
                     costs=self.costs(base.policy.executor.lanes_first),
                     settle_clock=not ctx.settle_late,
                     worth_trying=lambda blocks: self._bound(
-                        base, [list(blocks)], ctx.settle_late) > beat)
+                        base, [list(blocks)], ctx.settle_late, beat) > beat)
         elif stage == "settle":
             if ctx.settle_late:
                 candidate = settled(model, candidate, profile, cap, steps)
@@ -232,7 +232,7 @@ class Levels:
         rest = STAGES[STAGES.index(stage) + 1:]
         if not rest or not candidate.feasible:
             return candidate, None
-        return candidate, self.later_bound(candidate, rest)
+        return candidate, self.later_bound(candidate, rest, beat)
 
     def finish(self, candidate: Candidate, stages: tuple[str, ...] = STAGES) -> Candidate:
         """The stages left, one after the other."""
@@ -240,10 +240,11 @@ class Levels:
             candidate, _ = self.stage(candidate, stage)
         return candidate
 
-    def later_bound(self, candidate: Candidate, stages: tuple[str, ...]) -> float | None:
-        """What the stages left can make of a feasible candidate at most (tokens/s); None where
-        none of them can change its prediction (they may still change its policy: the
-        niceness)."""
+    def later_bound(self, candidate: Candidate, stages: tuple[str, ...],
+                    beat: float = -1.0) -> float | None:
+        """What the stages left can make of a feasible candidate at most (tokens/s), where that
+        beats `beat` tokens/s (below it, the bound only says it cannot); None where none of
+        them can change its prediction (they may still change its policy: the niceness)."""
         ctx = self.context
         pred, policy = candidate.prediction, candidate.policy
         fill = (self.fill(policy, pred.limits_bytes["gpu"] - pred.gpu_need_bytes)
@@ -255,17 +256,21 @@ class Levels:
         if not (fill or settle or nice):
             return None
         return max(pred.tokens_per_s,
-                   self._bound(candidate, fill, settle or (nice and ctx.settle_late)))
+                   self._bound(candidate, fill, settle or (nice and ctx.settle_late), beat))
 
     def _bound(self, candidate: Candidate, fill: list[list[int]] | None,
-               settling: bool) -> float:
+               settling: bool, beat: float = -1.0) -> float:
         """The tokens/s bound on a simulated candidate from its own plan's floors, less what a
         fill taking one of `fill`'s block lists takes off them, the GPU at the fastest its
-        clock can settle at where it is still to settle (else at its own speed)."""
+        clock can settle at where it is still to settle (else at its own speed): were it to
+        beat `beat` tokens/s, at the fastest a step that short lets it settle at."""
         ctx = self.context
         pred, policy, train = candidate.prediction, candidate.policy, candidate.train
         plan = plan_of(ctx.model, train, policy, ctx.num_steps)
-        speedup = (self._speedup_bound(candidate, plan, fill) if settling
+        step_s = pred.step_s
+        if beat > 0:
+            step_s = min(step_s, train.global_tokens_per_step / beat)
+        speedup = (self._speedup_bound(candidate, plan, fill, step_s) if settling
                    else pred.gpu_speedup)
         costs = self.costs(policy.executor.lanes_first, speedup=speedup)
         floors = BlockFloors.of(plan, costs, ctx.model.num_layers)
@@ -273,11 +278,11 @@ class Levels:
         return tokens_per_s_bound(train.global_tokens_per_step,
                                   plan_bounds(floors, fill, compute, train.grad_accum))
 
-    def _speedup_bound(self, candidate: Candidate, plan, fill) -> float:
+    def _speedup_bound(self, candidate: Candidate, plan, fill, step_s: float) -> float:
         """The fastest the GPU's clock can settle at for this candidate (or what its later
-        stages make of it). Its step does not grow (a fill or a niceness is kept only faster;
-        a clock above 1 only shortens it), and its GPU work at speed 1 is its plan's (its
-        compute alone where a fill may come, without GPU casts)."""
+        stages make of it) in a step of at most step_s. Its step does not grow (a fill or a
+        niceness is kept only faster; a clock above 1 only shortens it), and its GPU work at
+        speed 1 is its plan's (its compute alone where a fill may come, without GPU casts)."""
         policy, lanes = candidate.policy, candidate.policy.executor.lanes_first
         if fill and policy.schedule.cast == "gpu":
             work = self.class_bound(candidate.train, policy, fill, speedup=1.0)["lane:gpu"]
@@ -285,7 +290,7 @@ class Levels:
             by_block = floors_by_block(plan, self.costs(lanes, speedup=1.0),
                                        COMPUTE_KINDS if fill else None)
             work = sum(floors.get("lane:gpu", 0.0) for floors in by_block.values())
-        return settled_speedup_bound(self.context.profile, work, candidate.prediction.step_s)
+        return settled_speedup_bound(self.context.profile, work, step_s)
 
 
 # --- in a worker process ------------------------------------------------------------------------

@@ -75,3 +75,17 @@ def test_the_memo_signs_a_plan_only_where_an_outline_matches():
     simulate(widest, profile, memo=memo, settle_clock=False)  # the same plan, built again
     assert len(memo._runs) == 2
     assert memo._runs[-1].signature == plan_signature(wide)
+
+
+def test_the_memo_keeps_runs_while_their_plans_hold_at_most_max_tasks():
+    model, profile = PRESETS["llama-3.2-1b"], load_profile("h200-bench")
+    train = TrainSpec(micro_batch=4)
+    plans = [build_plan(model, train, Policy.of(window=w)) for w in (1, 2, 4)]
+    tasks = [len(p.graph) for p in plans]
+    memo = SimulationMemo(size=8, max_tasks=tasks[0] + tasks[1])
+    for plan in plans:
+        simulate(plan, profile, memo=memo, settle_clock=False)
+    assert [e.plan for e in memo._runs] == plans[1:]  # the first went to make room
+    assert memo._tasks == tasks[1] + tasks[2]
+    simulate(plans[0], profile, memo=memo, settle_clock=False)  # simulated again, kept again
+    assert [e.plan for e in memo._runs] == [plans[2], plans[0]]
