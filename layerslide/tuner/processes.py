@@ -12,6 +12,10 @@ import signal
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+# alike items go in batches of at most len(items) / (workers x this): the fewer and longer the
+# batches, the more plans their tunes share, and the worse the last batches balance
+BATCHES_PER_WORKER = 4
+
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during in_processes: `results` has the rows done, None for the others."""
@@ -30,11 +34,13 @@ def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
     first, so that no core is left with a large one at the end: by `size` (its model's
     parameters, then what it holds: default, the first element's parameters where it has
     them). Items of one `alike` value run one after the other in a process, in batches of at
-    most an even share of the items (every worker still gets some). Ctrl-C (KeyboardInterrupt) returns what is done, None for the rest:
+    most a BATCHES_PER_WORKER-th of a worker's even share (every worker still gets several).
+    Ctrl-C (KeyboardInterrupt) returns what is done, None for the rest:
     Interrupted.results."""
     workers = min(workers or os.cpu_count() or 1, len(items))
     results: list = [None] * len(items)
-    batches = _batches(items, size or _params, alike, math.ceil(len(items) / max(workers, 1)))
+    most = math.ceil(len(items) / (max(workers, 1) * BATCHES_PER_WORKER))
+    batches = _batches(items, size or _params, alike, most)
     try:
         if workers <= 1:
             for done, i in enumerate((i for batch in batches for i in batch), 1):

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from layerslide.tuner import processes
 from layerslide.tuner.processes import _batches, in_processes
 
 
@@ -20,7 +21,8 @@ def _fails_for_b(key: str) -> str:
     return key
 
 
-def test_alike_items_run_on_one_process_one_after_the_other():
+def test_alike_items_run_on_one_process_one_after_the_other(monkeypatch):
+    monkeypatch.setattr(processes, "BATCHES_PER_WORKER", 1)  # two batches of two
     items = [(0.05, "a"), (0.05, "b"), (0.05, "a"), (0.05, "b")]
     seen = []
     out = in_processes(_pid_after, items, workers=2, alike=lambda item: item[1],
