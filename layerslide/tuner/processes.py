@@ -68,9 +68,10 @@ def _in_pool(job: Callable, items: Sequence[tuple], batches: list[list[int]], wo
             i, results[i] = _next_landed(landed, futures)
             if progress:
                 progress(done, len(items))
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C or a failed tune: the other workers' tunes are not waited for
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown drops it
         pool.shutdown(wait=False, cancel_futures=True)
-        for process in list(getattr(pool, "_processes", {}).values()):
+        for process in processes:
             process.terminate()
         raise
     pool.shutdown()

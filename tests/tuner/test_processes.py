@@ -47,3 +47,14 @@ def test_a_failing_item_raises_its_error_in_the_parent():
     with pytest.raises(ValueError, match="no tune for b"):
         in_processes(_fails_for_b, [("a",), ("b",), ("c",)], workers=2, progress=None,
                      alike=lambda item: 0)
+
+
+def test_ctrl_c_keeps_every_item_done_and_stops_the_workers():
+    def interrupted_after_one(done: int, total: int) -> None:
+        raise KeyboardInterrupt  # Ctrl-C as the first item lands
+    items = [(0.0, "quick")] + [(5.0, f"slow{i}") for i in range(3)]
+    started = time.monotonic()
+    with pytest.raises(processes.Interrupted) as stop:
+        in_processes(_pid_after, items, workers=2, progress=interrupted_after_one)
+    assert [r and r[0] for r in stop.value.results] == ["quick", None, None, None]
+    assert time.monotonic() - started < 4  # the slow ones were not waited for
