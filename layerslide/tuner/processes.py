@@ -12,6 +12,9 @@ import signal
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+from layerslide.hwprofiles import HardwareProfile
+from layerslide.planner import ModelSpec
+
 # alike items go in batches of at most len(items) / (workers x this): the fewer and longer the
 # batches, the more plans their tunes share, and the worse the last batches balance
 BATCHES_PER_WORKER = 4
@@ -27,20 +30,19 @@ class Interrupted(KeyboardInterrupt):
 
 def in_processes(job: Callable, items: Sequence[tuple], *, workers: int | None,
                  progress: Callable[[int, int], None] | None,
-                 size: Callable[[tuple], tuple[float, float]] | None = None,
+                 size: Callable[[tuple], tuple[float, float]],
                  alike: Callable[[tuple], Hashable] | None = None) -> list:
     """job(*item) for each item, results in the items' order; on `workers` processes (default:
     one per core) where there are several items, since each tune runs on one. The largest
-    first, so that no core is left with a large one at the end: by `size` (its model's
-    parameters, then what it holds: default, the first element's parameters where it has
-    them). Items of one `alike` value run one after the other in a process, in batches of at
+    first, so that no core is left with a large one at the end: by `size` (tune_size of its
+    model and profile). Items of one `alike` value run one after the other in a process, in batches of at
     most a BATCHES_PER_WORKER-th of a worker's even share (every worker still gets several).
     Ctrl-C (KeyboardInterrupt) returns what is done, None for the rest:
     Interrupted.results."""
     workers = min(workers or os.cpu_count() or 1, len(items))
     results: list = [None] * len(items)
     most = math.ceil(len(items) / (max(workers, 1) * BATCHES_PER_WORKER))
-    batches = _batches(items, size or _params, alike, most)
+    batches = _batches(items, size, alike, most)
     try:
         if workers <= 1:
             for done, i in enumerate((i for batch in batches for i in batch), 1):
@@ -107,8 +109,17 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
-def _params(item: tuple) -> tuple[float, float]:
-    return (getattr(item[0] if item else None, "total_params", 0), 0.0)
+def tune_size(model: ModelSpec, profile: HardwareProfile) -> tuple[float, float]:
+    """How long a tune of the model on the profile takes, to order them by: its parameters,
+    then its host's RAM and GPU memory (the more a host holds, the more candidates fit and are
+    simulated)."""
+    return model.total_params, profile.host.ram_bytes + profile.gpu.memory_bytes
+
+
+def same_host(model: ModelSpec, profile: HardwareProfile) -> tuple[str, int]:
+    """Tunes alike: one model on hosts of one RAM size (the same placements, so the same
+    plans)."""
+    return model.name, profile.host.ram_bytes
 
 
 def _batches(items: Sequence[tuple], size: Callable[[tuple], tuple[float, float]],

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from layerslide.hwprofiles import HardwareProfile, ProfileError, ProfileSpec, build_variant
 from layerslide.planner import ModelSpec
-from layerslide.tuner.processes import in_processes
+from layerslide.tuner.processes import in_processes, same_host, tune_size
 from layerslide.tuner.search import tune
 from layerslide.tuner.space import SearchSpace
 from layerslide.tuner.whatif import WHATIF_SPACE, WhatIfRow
@@ -138,20 +138,16 @@ def purchase_search(model: ModelSpec, target_tokens_per_s: float, candidates: Se
         raise ValueError("no variant to try: every combination was refused by its platform")
     rows = in_processes(_tune_variant,
                         [(model, v, seq_len, space, exhaustive, tolerance) for v in candidates],
-                        workers=workers, progress=progress, size=_variant_size,
-                        alike=_same_host)
+                        workers=workers, progress=progress, size=_size, alike=_alike)
     return rank(rows, target_tokens_per_s)
 
 
-def _variant_size(item: tuple) -> tuple[float, float]:
-    """A variant's tune's size: the model's parameters, then its RAM and GPU memory."""
-    model, variant = item[0], item[1]
-    return model.total_params, variant.ram_bytes + variant.profile.gpu.memory_bytes
+def _size(item: tuple) -> tuple[float, float]:  # item: (model, variant, ...)
+    return tune_size(item[0], item[1].profile)
 
 
-def _same_host(item: tuple) -> int:
-    """Variants alike: one RAM size (their tunes share plans)."""
-    return item[1].ram_bytes
+def _alike(item: tuple) -> tuple:
+    return same_host(item[0], item[1].profile)
 
 
 def rank(rows: Sequence[dict], target: float) -> list[dict]:

@@ -13,7 +13,7 @@ from functools import partial
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner import ModelSpec, sizes
 from layerslide.trace import TIERS
-from layerslide.tuner.processes import in_processes
+from layerslide.tuner.processes import in_processes, same_host, tune_size
 from layerslide.tuner.search import TuneResult, tune
 from layerslide.tuner.space import SearchSpace
 
@@ -101,17 +101,12 @@ def _evaluate(model: ModelSpec, profile: HardwareProfile, gpus: int = 1, hosts: 
                      hosts=hosts)
 
 
-def _profile_size(item: tuple) -> tuple[float, float]:
-    """A what-if item's (model, profile, ...) size: its parameters, then its host's RAM and GPU
-    memory (the more a host holds, the more candidates fit and are simulated)."""
-    model, profile = item[0], item[1]
-    return model.total_params, profile.host.ram_bytes + profile.gpu.memory_bytes
+def _size(item: tuple) -> tuple[float, float]:  # item: (model, profile, gpus, hosts)
+    return tune_size(item[0], item[1])
 
 
-def _same_host(item: tuple) -> tuple:
-    """What-if items alike: one model on hosts of one RAM size (their tunes share plans)."""
-    model, profile, *ranks = item
-    return model.name, profile.host.ram_bytes, *ranks
+def _alike(item: tuple) -> tuple:
+    return (*same_host(item[0], item[1]), *item[2:])
 
 
 def across_profiles(model: ModelSpec, profiles: Sequence[HardwareProfile],
@@ -148,7 +143,7 @@ def across_ranks(model: ModelSpec, placements: Sequence[tuple], *, seq_len: int 
     job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
                   exhaustive=exhaustive, tolerance=tolerance)
     return in_processes(job, [(model, *placed) for placed in placements], workers=workers,
-                        progress=progress, size=_profile_size, alike=_same_host)
+                        progress=progress, size=_size, alike=_alike)
 
 
 def speedups(rows: Sequence[WhatIfRow]) -> list[float | None]:
@@ -171,7 +166,7 @@ def across_models(profile: HardwareProfile, models: Sequence[ModelSpec], *,
              for r in ram_sizes for n in nvme_sizes for m in models]
     job = partial(_evaluate, seq_len=seq_len, gpu_memory_bytes=gpu_memory_bytes, space=space,
                   exhaustive=exhaustive, tolerance=tolerance)
-    return in_processes(job, pairs, workers=workers, progress=progress, size=_profile_size)
+    return in_processes(job, pairs, workers=workers, progress=progress, size=_size)
 
 
 def largest_fitting(rows: Sequence[WhatIfRow]) -> WhatIfRow | None:
