@@ -14,7 +14,8 @@ as the host threads dispatch and enqueue (layerslide.simulator.memory)."""
 from __future__ import annotations
 
 import heapq
-from dataclasses import fields
+from dataclasses import dataclass, fields
+from itertools import takewhile
 from operator import attrgetter
 
 from layerslide.planner.plan import Plan
@@ -59,9 +60,30 @@ def run_plan(plan: Plan, costs: CostModel, keep_memory: bool = True,
     (gpu_pool_peak_bytes, gpu_pool_reserved_bytes). keep_memory=False leaves the memory
     samples out of the trace (a search reads only the peaks). environment: the event kernel's
     class (simpy.Environment runs it alike: benchmarks/sim_speed.py times the two)."""
+    return simulate_run(plan, costs, keep_memory, environment=environment).trace
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """A run's trace (without events where they were not kept), the end of each of the plan's
+    step markers, and each lane's (start_s, end_s) in the order its tasks ran (one at a time),
+    the lanes in the order they first appear in the trace."""
+
+    trace: Trace
+    marker_ends_s: list[float]
+    spans: dict[str, list[tuple[float, float]]]
+
+
+def simulate_run(plan: Plan, costs: CostModel, keep_memory: bool = True,
+                 keep_events: bool = True, environment: type = Kernel) -> SimulatedRun:
+    """run_plan's run, with what a steady step is read off; keep_events=False leaves the
+    trace's events out (a search reads only the spans: making and sorting an event per task
+    was ~7% of a simulation)."""
     run = _PlanRun(plan, costs, keep_memory, environment)
     try:
-        return run.run()
+        trace = run.run(keep_events)
+        markers = [run.states[tid].end_s for tid in plan.meta.get("step_markers", ())]
+        return SimulatedRun(trace=trace, marker_ends_s=markers, spans=run.spans())
     finally:
         run.close()
 
@@ -103,7 +125,7 @@ class _PlanRun:
         # what an error left scheduled (simpy.Environment keeps its queue as _queue)
         getattr(self.env, "queue", getattr(self.env, "_queue", [])).clear()
 
-    def run(self) -> Trace:
+    def run(self, keep_events: bool = True) -> Trace:
         for lane, order in self.plan.lane_order.items():
             if not order:
                 continue
@@ -116,13 +138,29 @@ class _PlanRun:
         if unfinished:
             raise RuntimeError(f"simulation stalled with {len(unfinished)} tasks left, "
                                f"e.g. {unfinished[:3]}: the plan's lane orders deadlock")
-        events = tuple(map(_trace_event, sorted(self.states.values(), key=_BY_START_END)))
+        events = (tuple(map(_trace_event, sorted(self.states.values(), key=_BY_START_END)))
+                  if keep_events else ())
         meta = {"peak_bytes": dict(self.memory.peaks),
                 "gpu_held_peak_bytes": self.memory.held_peak_bytes,
                 "gpu_pool_peak_bytes": dict(self.memory.pool_peaks),
                 "gpu_pool_reserved_bytes": self.memory.gpu_pool_reserves()}
         return Trace(source="simulated", label="", events=events,
                      memory=tuple(self.memory.samples), meta=meta)
+
+    def spans(self) -> dict[str, list[tuple[float, float]]]:
+        """Each lane's (start_s, end_s) in the order its tasks ran, the lanes in the order their
+        first event takes in the trace (by start, end, then the states' order)."""
+        ran, first, index = {}, {}, 0
+        for lane, order in self.plan.lane_order.items():
+            worker = self.workers.get(lane)
+            tasks = worker.ran if worker is not None else [self.states[t] for t in order]
+            if tasks:
+                ran[lane] = tasks
+                first[lane] = min((st.start_s, st.end_s, index + st.order)
+                                  for st in _started_first(tasks))
+            index += len(order)
+        return {lane: [(st.start_s, st.end_s) for st in ran[lane]]
+                for lane in sorted(first, key=first.__getitem__)}
 
     def execute(self, st: _TaskState, on_stream: bool):
         """Run one task on its lane (a process step): its buffers, its work on the shared
@@ -158,6 +196,12 @@ class _PlanRun:
             worker.push(st)
         elif not st.ready.triggered:
             st.ready.succeed()
+
+
+def _started_first(tasks: list[_TaskState]) -> list[_TaskState]:
+    """The tasks a lane started at its first start (more than one only if they took no time)."""
+    lead = tasks[0].start_s
+    return list(takewhile(lambda st: st.start_s == lead, tasks))
 
 
 _BY_START_END = attrgetter("start_s", "end_s")  # a trace's order
@@ -221,6 +265,7 @@ class WorkerLane:
     def __init__(self, run: _PlanRun, lane: str):
         self.run, self.lane = run, lane
         self.heap: list[tuple[int, str]] = []
+        self.ran: list[_TaskState] = []  # its tasks in the order they ran
         self.wakeup = run.env.event()
 
     def push(self, st: _TaskState) -> None:
@@ -237,4 +282,6 @@ class WorkerLane:
                 self.wakeup = self.run.env.event()
                 yield self.wakeup
             _, tid = heapq.heappop(self.heap)
-            yield from self.run.execute(self.run.states[tid], on_stream=False)
+            st = self.run.states[tid]
+            self.ran.append(st)
+            yield from self.run.execute(st, on_stream=False)

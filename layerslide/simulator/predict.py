@@ -10,7 +10,7 @@ from layerslide.hwprofiles import HardwareProfile
 from layerslide.planner.plan import STEADY_STEPS, Buffer, Plan, runtime_buffer_id
 from layerslide.simulator.bounds import bound_of
 from layerslide.simulator.costmodel import HOST_CORES, CostModel, shape_of
-from layerslide.simulator.engine import run_plan
+from layerslide.simulator.engine import simulate_run
 from layerslide.simulator.ranks import check_ranks
 from layerslide.trace import TIERS, Trace
 
@@ -224,14 +224,24 @@ def _overflows(need: dict[str, int], limits: dict[str, int], profile: HardwarePr
     return tuple(out)
 
 
-def _busy_fractions(trace: Trace, start_s: float, end_s: float) -> dict[str, float]:
+def _busy_fractions(spans: dict[str, list[tuple[float, float]]], start_s: float,
+                    end_s: float) -> dict[str, float]:
+    """Each lane's busy fraction of [start_s, end_s], from its spans in the order they ran
+    (engine.SimulatedRun: one at a time, so in order of start)."""
     span = end_s - start_s
-    busy: dict[str, float] = {}
-    for e in trace.events:
-        overlap = min(e.end_s, end_s) - max(e.start_s, start_s)
-        if overlap > 0:
-            busy[e.lane] = busy.get(e.lane, 0.0) + overlap
-    return {lane: busy.get(lane, 0.0) / span for lane in trace.lanes} if span > 0 else {}
+    if span <= 0:
+        return {}
+    busy = {}
+    for lane, runs in spans.items():
+        total = 0.0
+        for start, end in runs:
+            if start >= end_s:
+                break
+            overlap = min(end, end_s) - max(start, start_s)
+            if overlap > 0:
+                total += overlap
+        busy[lane] = total / span
+    return busy
 
 
 def gpu_compute_busy(gpu_tasks, costs: CostModel, step_s: float) -> float:
@@ -268,22 +278,21 @@ def _clock_fixed_point(profile: HardwareProfile, gpu_tasks, step_at, start: floa
 
 def _steady_step(plan: Plan, costs: CostModel, *, label: str, profile_name: str,
                  keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
-    """Simulate the plan: its trace (its memory samples where kept), steady step time, lane
+    """Simulate the plan: its trace (its events and memory samples where kept), steady step time, lane
     busy fractions in that step and each tier's peak bytes."""
-    raw = run_plan(plan, costs, keep_memory)
-    meta = dict(raw.meta)
+    run = simulate_run(plan, costs, keep_memory, keep_events=keep_memory)
+    meta = dict(run.trace.meta)
     peaks = meta.pop("peak_bytes")
-    trace = Trace(source="simulated", label=label, events=raw.events, memory=raw.memory,
-                  meta={**meta, "profile": profile_name})
+    trace = Trace(source="simulated", label=label, events=run.trace.events,
+                  memory=run.trace.memory, meta={**meta, "profile": profile_name})
     # Steady state: the last whole cycle, from the end of one step's last GPU task to the next;
     # or the mean cycle, if longer. Where landing-buffer backpressure holds the backward back,
     # the CPU's updates can fall one and a half steps into one cycle and half a step into the
     # next, so the last cycle alone can be shorter than the CPU's work per step.
-    ends = {e.task_id: e.end_s for e in trace.events}
-    markers = [ends[t] for t in plan.meta["step_markers"]]
+    markers = run.marker_ends_s
     last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
     # lane busy fractions over the same window the step time comes from
-    busy = _busy_fractions(trace, markers[-2] if last >= mean else markers[0], markers[-1])
+    busy = _busy_fractions(run.spans, markers[-2] if last >= mean else markers[0], markers[-1])
     return trace, max(last, mean), busy, peaks
 
 

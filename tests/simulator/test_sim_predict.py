@@ -74,6 +74,31 @@ def test_lane_busy_fractions(predicted):
     assert p.bottleneck == max(p.lane_busy, key=p.lane_busy.get)
 
 
+def _busy_from_events(trace, start_s: float, end_s: float) -> dict[str, float]:
+    """Each lane's busy fraction of the window, summed over the trace's events in their order
+    (what the run's spans must give: the search's simulations keep no events)."""
+    busy = dict.fromkeys(trace.lanes, 0.0)
+    for e in trace.events:
+        overlap = min(e.end_s, end_s) - max(e.start_s, start_s)
+        if overlap > 0:
+            busy[e.lane] += overlap
+    return {lane: value / (end_s - start_s) for lane, value in busy.items()}
+
+
+def test_lane_busy_from_the_spans_is_the_events_own_in_their_lanes_order(predicted):
+    plan, profile, p = predicted
+    ends = {e.task_id: e.end_s for e in p.trace.events}
+    markers = [ends[t] for t in plan.meta["step_markers"]]
+    last, mean = markers[-1] - markers[-2], (markers[-1] - markers[0]) / (len(markers) - 1)
+    start = markers[-2] if last >= mean else markers[0]
+    expected = _busy_from_events(p.trace, start, markers[-1])
+    assert list(p.lane_busy.items()) == list(expected.items())
+    untraced = simulate(plan, profile, keep_trace=False)
+    assert untraced.trace is None
+    assert list(untraced.lane_busy.items()) == list(expected.items())
+    assert untraced.step_s == p.step_s
+
+
 def test_bottleneck_is_the_cpu_on_a_slow_host(cpu_bound):
     plan, profile, p = cpu_bound
     assert p.bottleneck == "cpu"
