@@ -70,6 +70,7 @@ class SharedResources:
         # shares depend on these alone, so a change reshares only the resources it touches
         self.members: dict[str, list[tuple[_Flow, float]]] = {}
         self._last_s = 0.0
+        self._short: set[str] = set()  # resources whose flows asked for more than they have
         # Each change of the running set schedules a timer for the next completion; timers
         # from before the latest change are stale and ignored (cheaper than cancelling).
         self._timer = None
@@ -96,33 +97,44 @@ class SharedResources:
         self._last_s = self.env.now
 
     def _reallocate(self, touched: set[str]) -> None:
-        """Reshare the resources whose flows changed; then the rate of each flow on them."""
+        """Reshare the resources whose flows changed; then the rate of each flow on them. A
+        resource short neither before nor now limits none of its flows: they keep their rates
+        (most changes: a launch on the host's cores, a copy alone on its link)."""
         changed: dict[_Flow, None] = {}
         for resource in touched:
             members = self.members[resource]
+            shares = self._shares(resource, members)
+            if not shares and resource not in self._short:
+                continue
             for f, _ in members:
                 f.limits.pop(resource, None)
                 changed[f] = None
-            for f, fraction in self._shares(resource, members):
+            for f, fraction in shares:
                 f.limits[resource] = min(f.limits.get(resource, fraction), fraction)
+            if shares:
+                self._short.add(resource)
+            else:
+                self._short.discard(resource)
         for f in changed:
             rate = 1.0
             for fraction in f.limits.values():
                 rate = min(rate, fraction)
             f.rate = rate
 
-    def _shares(self, resource: str, members: list[tuple[_Flow, float]]):
+    def _shares(self, resource: str, members: list[tuple[_Flow, float]],
+                ) -> list[tuple[_Flow, float]]:
         """(flow, fraction of its demand) for each use of a short resource; none for one
         that has enough (no use, or one within its capacity)."""
         if not members:
-            return ()
+            return []
         capacity = self.capacities[resource]
         if resource in self.mixed_capacities and len({f.tag for f, _ in members}) > 1:
             capacity = self.mixed_capacities[resource]
-        if len(members) < 2 and members[0][1] <= capacity:
-            return ()
-        fractions = water_fill([d for _, d in members], [f.share for f, _ in members], capacity)
-        return zip((f for f, _ in members), fractions)
+        demands = [d for _, d in members]
+        if sum(demands) <= capacity:
+            return []
+        fractions = water_fill(demands, [f.share for f, _ in members], capacity)
+        return list(zip((f for f, _ in members), fractions))
 
     def _schedule(self) -> None:
         if not self.flows:

@@ -65,6 +65,53 @@ def test_oversubscribed_grants_exactly_the_capacity():
                 assert w * unsaturated[0] >= 1.0 - 1e-9
 
 
+# --- SharedResources: the rates it keeps --------------------------------------------------------
+class _CheckedShares(SharedResources):
+    """SharedResources checking after each change that every flow runs at its tightest share,
+    resharing every resource from scratch (it reshares only those a change touched, and skips
+    one short neither before nor after)."""
+
+    def run(self, *args, **kwargs):
+        done = super().run(*args, **kwargs)
+        self.check()
+        return done
+
+    def _on_timer(self, timer):
+        super()._on_timer(timer)
+        self.check()
+
+    def check(self):
+        rates = dict.fromkeys(self.flows, 1.0)
+        for resource, members in self.members.items():
+            if members:
+                fractions = water_fill([d for _, d in members], [f.share for f, _ in members],
+                                       self.capacities[resource])
+                for (f, _), x in zip(members, fractions, strict=True):
+                    rates[f] = min(rates[f], x)
+        assert {f: f.rate for f in self.flows} == rates
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flows_run_at_their_tightest_share_as_resources_go_short_and_back(seed):
+    from layerslide.simulator.kernel import Kernel
+
+    rng = random.Random(seed)
+    env = Kernel()
+    shared = _CheckedShares(env, {"a": 1.0, "b": 2.0, "c": 0.5})
+    ended = []
+
+    def flow(delay):
+        yield env.timeout(delay)
+        uses = [(r, rng.uniform(0.05, 1.5)) for r in rng.sample("abc", rng.randint(1, 2))]
+        yield shared.run(rng.uniform(0.01, 1.0), uses, rng.uniform(0.5, 2.0))
+        ended.append(env.now)
+
+    for _ in range(60):
+        env.process(flow(rng.uniform(0.0, 5.0)))
+    env.run()
+    assert len(ended) == 60 and not shared.flows
+
+
 # --- SharedResources on the h200-bench capacities -------------------------------------------
 def _h200_taking_turns():
     """h200-bench with its disk's reads and writes taking turns (no storage.duplex): what
