@@ -47,6 +47,8 @@ COMMANDS = {
                       "tune", 20),
     "tune-3b": (["tune", "--model", "llama-3.2-3b", "--profile", "h200-bench", "--json"],
                 "tune", 20),
+    "tune-8b-h200": (["tune", "--model", "qwen3-8b", "--profile", "h200-bench", "--json"],
+                     "tune", 20),
     "whatif-70b": (["whatif", "--model", "llama-3.1-70b", "--json"], "whatif", 30),
     "whatif-123b": (["whatif", "--model", "mistral-large-123b", "--json"], "whatif", 30),
     "purchase-70b": (["whatif", "--model", "llama-3.1-70b", "--target-tokens-per-s", "300",

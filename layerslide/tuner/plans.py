@@ -27,7 +27,10 @@ from layerslide.simulator.predict import SimulationMemo
 from layerslide.trace import TIERS
 from layerslide.tuner.bounds import gpu_in_use_lower_bound
 
-PLAN_CACHE_SIZE = 32  # plans kept per process (each a few MiB, 14 MiB at 70B)
+# plans kept per process: at least this many (each a few MiB, 14 MiB at 70B), and more while
+# they hold at most MEMO_TASKS tasks (the memo keeps that many plans alive anyway): an 8B tune
+# on h200-bench settles a candidate's clock ~100 plans after its fill, and rebuilt 61 of them
+PLAN_CACHE_SIZE = 32
 # the bounds' plans of a few layers, two steps (tuner.bounds), kept per process: they do not
 # depend on the profile, so the next tune of a what-if or purchase search meets them again
 SMALL_PLAN_CACHE_SIZE = 64
@@ -68,10 +71,12 @@ _GRAPH_VIEWS = ("nodes", "adj", "succ", "pred", "edges", "out_edges", "in_edges"
                 "in_degree", "out_degree")
 
 
-def _trim(cache: OrderedDict, size: int) -> None:
-    """Drop the oldest entries past size; a plan dropped loses its graph's cached views, so
-    that refcounting frees it whole (the cycle collector stays off through a tune)."""
-    while len(cache) > size:
+def _trim(cache: OrderedDict, size: int, max_tasks: int | None = None) -> None:
+    """Drop the oldest entries past size (while the plans kept hold more than max_tasks
+    tasks, where given); a plan dropped loses its graph's cached views, so that refcounting
+    frees it whole (the cycle collector stays off through a tune)."""
+    while len(cache) > size and (
+            max_tasks is None or sum(len(plan.graph) for plan in cache.values()) > max_tasks):
         _, value = cache.popitem(last=False)
         if isinstance(value, Plan):
             for name in _GRAPH_VIEWS:
@@ -92,7 +97,7 @@ def plan_of(model: ModelSpec, train: TrainSpec, policy: Policy, num_steps: int) 
         with collector_paused():
             plan = _PLANS[key] = build_plan(model, train, policy, num_steps=num_steps,
                                             validate=False)
-        _trim(_PLANS, PLAN_CACHE_SIZE)
+        _trim(_PLANS, PLAN_CACHE_SIZE, MEMO_TASKS)
     else:
         _PLANS.move_to_end(key)
     out = copy.copy(plan)

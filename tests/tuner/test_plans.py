@@ -69,3 +69,23 @@ def test_the_plans_a_search_builds_unchecked_are_valid(monkeypatch):
     assert {p.num_steps for p in built} == {2, 3}
     for plan in built:
         plan.validate()
+
+
+def test_the_plan_cache_keeps_plans_past_its_size_while_they_hold_few_tasks(monkeypatch):
+    """A search meets a candidate's plan again ~100 plans on (its settled clock after every
+    leader's fill): plans past PLAN_CACHE_SIZE are kept while they hold at most MEMO_TASKS."""
+    plans._PLANS.clear()
+    monkeypatch.setattr(plans, "PLAN_CACHE_SIZE", 2)
+    monkeypatch.setattr(plans, "MEMO_TASKS", 0)
+    policies = [POLICY.with_(window=w) for w in (1, 2, 3, 4)]
+    tasks = [len(plans.plan_of(MODEL, TRAIN, p, num_steps=2).graph) for p in policies]
+    assert len(plans._PLANS) == 2
+    plans._PLANS.clear()
+    monkeypatch.setattr(plans, "MEMO_TASKS", sum(tasks))
+    for p in policies:
+        plans.plan_of(MODEL, TRAIN, p, num_steps=2)
+    assert len(plans._PLANS) == 4
+    plans.plan_of(MODEL, TRAIN, POLICY.with_(window=5), num_steps=2)
+    assert 2 <= len(plans._PLANS) < 5
+    assert sum(len(plan.graph) for plan in plans._PLANS.values()) <= sum(tasks)
+    plans._PLANS.clear()
