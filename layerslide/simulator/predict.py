@@ -278,8 +278,8 @@ def _clock_fixed_point(profile: HardwareProfile, gpu_tasks, step_at, start: floa
 
 def _steady_step(plan: Plan, costs: CostModel, *, label: str, profile_name: str,
                  keep_memory: bool = True) -> tuple[Trace, float, dict[str, float], dict]:
-    """Simulate the plan: its trace (its events and memory samples where kept), steady step time, lane
-    busy fractions in that step and each tier's peak bytes."""
+    """Simulate the plan: its trace (its events and memory samples where kept), steady step
+    time, lane busy fractions in that step and each tier's peak bytes."""
     run = simulate_run(plan, costs, keep_memory, keep_events=keep_memory)
     meta = dict(run.trace.meta)
     peaks = meta.pop("peak_bytes")
