@@ -124,7 +124,7 @@ class SharedResources:
     def _shares(self, resource: str, members: list[tuple[_Flow, float]],
                 ) -> list[tuple[_Flow, float]]:
         """(flow, fraction of its demand) for each use of a short resource; none for one
-        that has enough (no use, or one within its capacity)."""
+        that has enough (its uses' demands within its capacity)."""
         if not members:
             return []
         capacity = self.capacities[resource]

@@ -13,6 +13,7 @@ from layerslide.hwprofiles import load_profile
 from layerslide.planner import Task
 from layerslide.simulator import CostModel
 from layerslide.simulator.costmodel import HOST_CORES, HOST_MEMORY, NVME, PCIE, Cost
+from layerslide.simulator.kernel import Kernel
 from layerslide.simulator.sharing import SharedResources, water_fill
 
 GIB = 1024**3
@@ -93,8 +94,6 @@ class _CheckedShares(SharedResources):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_flows_run_at_their_tightest_share_as_resources_go_short_and_back(seed):
-    from layerslide.simulator.kernel import Kernel
-
     rng = random.Random(seed)
     env = Kernel()
     shared = _CheckedShares(env, {"a": 1.0, "b": 2.0, "c": 0.5})
