@@ -13,14 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -32,6 +25,7 @@ from layerslide.executor.moments import (
     Moments,
     moment_maps,
 )
+from layerslide.native_build import build
 from layerslide.planner.settings import MOMENT_BLOCK_ELEMENTS
 
 SOURCE = Path(__file__).parent / "csrc" / "adamw.c"
@@ -42,49 +36,6 @@ _ADAMW_ARGS = [_P, _P, _P, _P, _P, _I, _I, _F, _F, _F, _F, _F, _F, _F, _F, _I, _
 # chunks a pre-empted thread's share goes to the others (benchmarks/results/archive/cpu_split_2026-11-30).
 # ExecutorKnobs.cpu_chunk_elements defaults to the same.
 DEFAULT_CHUNK = 1 << 20
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "layerslide"
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-def _build(source: Path) -> Path | None:
-    compiler = shlex.split(os.environ.get("CC", "")) or [
-        c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
-    if not compiler:
-        return None
-    # -march=native: a library built on one CPU may not run on another sharing this cache
-    machine = f"{platform.machine()} {_cpu_flags()}".encode()
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()
-                            + machine).hexdigest()[:16]
-    target = _cache_dir() / f"adamw-{digest}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        try:
-            result = subprocess.run([*compiler, *FLAGS, str(source), "-o", str(built), "-lm"],
-                                    capture_output=True, text=True, check=False)
-        except OSError as err:
-            print(f"layerslide: cannot run {compiler[0]} ({err}), using torch's AdamW",
-                  file=sys.stderr)
-            return None
-        if result.returncode != 0:
-            print(f"layerslide: native AdamW did not compile, using torch's: {result.stderr}",
-                  file=sys.stderr)
-            return None
-        os.replace(built, target)  # atomic: concurrent builders each land a whole file
-    return target
 
 
 class _AdamwArgs(ctypes.Structure):  # csrc/adamw.c's adamw_args
@@ -231,7 +182,7 @@ def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK,
     (Policy.executor)."""
     if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
         return None
-    path = _build(SOURCE)
+    path = build(SOURCE, FLAGS, "using torch's AdamW")
     if path is None:
         return None
     return NativeKernels(ctypes.CDLL(str(path)), threads=threads, chunk=chunk, nice=nice)

@@ -1,0 +1,253 @@
+"""The untraced run of simulator.engine in C (csrc/engine.c, compiled on first use): the run a
+search makes of each candidate, event for event the Python engine's, at a fraction of its cost
+(benchmarks/sim_speed.py times the two). tests/simulator/test_native.py holds the two equal.
+
+`simulate` returns None where the library is not there (no C compiler, or LAYERSLIDE_NATIVE=0)
+or the plan is one it leaves to Python (see _PlanArrays.of); the caller then runs the Python
+engine. A run the C engine stops on (a stall, memory gone negative) is rerun in Python too,
+which raises the error with its message."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from array import array
+from itertools import accumulate, chain, takewhile
+from pathlib import Path
+
+from layerslide.native_build import build
+from layerslide.planner.plan import Plan, runtime_buffer_id
+from layerslide.simulator.costmodel import CostModel, shape_of
+from layerslide.simulator.memory import STATIC_POOL
+from layerslide.trace import TIERS, MemorySample, Trace
+
+SOURCE = Path(__file__).parent / "csrc" / "engine.c"
+# no contraction into fused multiply-adds: each product and sum rounds as Python's does
+FLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC")
+_P = ctypes.c_void_p
+_INPUT_FIELDS = (
+    "n_tasks:i n_lanes:i run_ahead:i lane_start:p lane_strict:p task_shape:p succ_off:p succ:p "
+    "pred_off:p pred:p solo_s:p dispatch_s:p share:p dispatch_share:p tag:p use_off:p use_res:p "
+    "duse_off:p duse_res:p use_demand:p duse_demand:p n_resources:i capacity:p "
+    "mixed_capacity:p n_tiers:i gpu_tier:i n_buffers:i buf_tier:p buf_alloc_task:p "
+    "buf_bytes:p buf_at_end:p buf_outlives:p buf_request:p rel_off:p rel_task:p")
+_OUTPUT_FIELDS = ("start_s end_s span_start span_end ran static_in_use peak held_peak pool_peak "
+                  "pool_reserved pool_peak_rank pool_reserved_rank")
+
+
+def _struct(name: str, fields: str) -> type[ctypes.Structure]:
+    """A ctypes mirror of a csrc/engine.c struct: `name:i` an int32_t, `name:p` a pointer."""
+    kinds = {"i": ctypes.c_int32, "p": _P}
+    return type(name, (ctypes.Structure,), {"_fields_": [
+        (f.split(":")[0], kinds[f.split(":")[1]]) for f in fields.split()]})
+
+
+_Input = _struct("_Input", _INPUT_FIELDS)
+_Output = _struct("_Output", " ".join(f"{f}:p" for f in _OUTPUT_FIELDS.split()))
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
+        return None
+    path = build(SOURCE, FLAGS, "simulating in Python")
+    if path is None:
+        return None
+    library = ctypes.CDLL(str(path))
+    library.simulate_untraced.argtypes = [ctypes.POINTER(_Input), ctypes.POINTER(_Output)]
+    library.simulate_untraced.restype = ctypes.c_int
+    return library
+
+
+def available() -> bool:
+    """Whether the C engine is built and loaded."""
+    return _library() is not None
+
+
+def _csr(keys, lists: dict, number) -> tuple[array, array]:
+    """Offsets and items (as their numbers) of the lists of keys, in keys' order, as int32."""
+    offsets = array("i", [0])
+    offsets.extend(accumulate(len(lists[k]) for k in keys))
+    return offsets, array("i", map(number, chain.from_iterable(lists[k] for k in keys)))
+
+
+def _pointer(values: array) -> int:
+    return values.buffer_info()[0]
+
+
+class _PlanArrays:
+    """A plan's side of a run as flat arrays: its tasks numbered lane by lane in lane order,
+    the edges in the graph's order, its buffers, and one task of each cost shape."""
+
+    def __init__(self, plan: Plan, tids: list[str], index: dict[str, int]):
+        nodes, succ, pred = plan.graph._node, plan.graph._succ, plan.graph._pred
+        self.lanes = list(plan.lane_order)
+        self.tids = tids
+        self.lane_start = array("i", [0])
+        self.lane_start.extend(accumulate(len(plan.lane_order[lane]) for lane in self.lanes))
+        self.strict = array("b", (plan.lane_discipline[lane] == "strict" for lane in self.lanes))
+        shapes: dict[tuple, int] = {}
+        self.examples = []
+        shape_index = []
+        for tid in tids:
+            task = nodes[tid]["task"]
+            at = shapes.setdefault(shape_of(task), len(shapes))
+            if at == len(self.examples):
+                self.examples.append(task)
+            shape_index.append(at)
+        self.task_shape = array("i", shape_index)
+        self.succ_off, self.succ = _csr(tids, succ, index.__getitem__)
+        self.pred_off, self.pred = _csr(tids, pred, index.__getitem__)
+        self.markers = [index[t] for t in plan.meta.get("step_markers", ())]
+        self.run_ahead = plan.stream_run_ahead
+        runtime = runtime_buffer_id("gpu")
+        buffers = plan.buffers
+        self.buf_tier = array("i", (TIERS.index(b.tier) for b in buffers))
+        self.buf_alloc = array("i", (-1 if b.alloc_task is None else index[b.alloc_task]
+                                     for b in buffers))
+        self.buf_bytes = array("q", (b.bytes for b in buffers))
+        self.buf_at_end = array("b", (b.at_end for b in buffers))
+        self.buf_outlives = array("b", (b.outlives_outputs for b in buffers))
+        self.buf_request = array("b", (b.alloc_task is None and b.tier == "gpu" and b.id != runtime
+                                       for b in buffers))
+        self.rel_off, self.rel_task = _csr(range(len(buffers)),
+                                           [b.release_tasks for b in buffers], index.__getitem__)
+
+    @classmethod
+    def of(cls, plan: Plan) -> _PlanArrays | None:
+        """The plan's arrays, or None for a plan the Python engine raises on or reads
+        otherwise: a task in no lane or in two, a lane discipline other than strict and
+        priority, buffers sharing an id, a buffer's bytes not a whole number >= 0, a tier
+        the ledger does not count."""
+        tids = [tid for order in plan.lane_order.values() for tid in order]
+        index = {tid: i for i, tid in enumerate(tids)}
+        buffers = plan.buffers
+        if (len(index) != len(tids) or len(tids) != len(plan.graph._node)
+                or not set(plan.lane_discipline.values()) <= {"strict", "priority"}
+                or len({b.id for b in buffers}) != len(buffers)
+                or not all(type(b.bytes) is int and b.bytes >= 0 and b.tier in TIERS
+                           for b in buffers)):
+            return None
+        return cls(plan, tids, index)
+
+
+class _CostArrays:
+    """The cost model's side: each shape's cost, the resources' capacities, the tags (0: "",
+    a dispatch's)."""
+
+    def __init__(self, arrays: _PlanArrays, costs: CostModel):
+        capacities, mixed = costs.capacities(), costs.mixed_capacities()
+        self.resources = {name: i for i, name in enumerate(capacities)}
+        self.capacity = array("d", capacities.values())
+        self.mixed = array("d", (mixed.get(name, float("nan")) for name in capacities))
+        tags = {"": 0}
+        shape_costs = [costs.cost(task) for task in arrays.examples]
+        self.ok = all(c.share > 0 and c.dispatch_share > 0
+                      and all(r in self.resources for r, _ in c.uses + c.dispatch_uses)
+                      for c in shape_costs)
+        self.solo = array("d", (c.solo_s for c in shape_costs))
+        self.dispatch = array("d", (c.dispatch_s for c in shape_costs))
+        self.share = array("d", (c.share for c in shape_costs))
+        self.dispatch_share = array("d", (c.dispatch_share for c in shape_costs))
+        self.tag = array("i", (tags.setdefault(c.tag, len(tags)) for c in shape_costs))
+        shapes = range(len(shape_costs))
+        def number(use: tuple[str, float]) -> int:  # an unknown resource: not ok, above
+            return self.resources.get(use[0], 0)
+
+        self.use_off, self.use_res = _csr(shapes, [c.uses for c in shape_costs], number)
+        self.use_demand = array("d", (d for c in shape_costs for _, d in c.uses))
+        self.duse_off, self.duse_res = _csr(shapes, [c.dispatch_uses for c in shape_costs],
+                                            number)
+        self.duse_demand = array("d", (d for c in shape_costs for _, d in c.dispatch_uses))
+
+
+def _input(plan: _PlanArrays, cost: _CostArrays) -> _Input:
+    p = _pointer
+    return _Input(
+        n_tasks=len(plan.tids), run_ahead=plan.run_ahead, n_lanes=len(plan.lanes),
+        lane_start=p(plan.lane_start), lane_strict=p(plan.strict),
+        task_shape=p(plan.task_shape), succ_off=p(plan.succ_off), succ=p(plan.succ),
+        pred_off=p(plan.pred_off), pred=p(plan.pred), solo_s=p(cost.solo),
+        dispatch_s=p(cost.dispatch), share=p(cost.share), dispatch_share=p(cost.dispatch_share),
+        tag=p(cost.tag), use_off=p(cost.use_off), use_res=p(cost.use_res),
+        duse_off=p(cost.duse_off), duse_res=p(cost.duse_res), use_demand=p(cost.use_demand),
+        duse_demand=p(cost.duse_demand), n_resources=len(cost.capacity),
+        capacity=p(cost.capacity), mixed_capacity=p(cost.mixed), n_tiers=len(TIERS),
+        gpu_tier=TIERS.index("gpu"), n_buffers=len(plan.buf_tier), buf_tier=p(plan.buf_tier),
+        buf_alloc_task=p(plan.buf_alloc), buf_bytes=p(plan.buf_bytes),
+        buf_at_end=p(plan.buf_at_end), buf_outlives=p(plan.buf_outlives),
+        buf_request=p(plan.buf_request), rel_off=p(plan.rel_off), rel_task=p(plan.rel_task))
+
+
+class _Results:
+    """The arrays the C run fills."""
+
+    def __init__(self, tasks: int, lanes: int):
+        per_task, pools = array("d", [0.0]) * max(tasks, 1), lanes + 1
+        self.start_s, self.end_s = array("d", per_task), array("d", per_task)
+        self.span_start, self.span_end = array("d", per_task), array("d", per_task)
+        self.ran = array("i", [0]) * max(tasks, 1)
+        self.static_in_use, self.peak = array("q", [0]) * len(TIERS), array("q", [0]) * len(TIERS)
+        self.held_peak = array("q", [0])
+        self.pool_peak, self.pool_reserved = array("q", [0]) * pools, array("q", [0]) * pools
+        self.pool_peak_rank = array("i", [0]) * pools
+        self.pool_reserved_rank = array("i", [0]) * pools
+
+    def output(self) -> _Output:
+        return _Output(**{name: _pointer(getattr(self, name))
+                          for name in _OUTPUT_FIELDS.split()})
+
+
+def simulate(plan: Plan, costs: CostModel) -> tuple[Trace, list[float], dict] | None:
+    """engine.simulate_run's run without events or memory samples: its trace, the step
+    markers' ends and each lane's spans; None where the C engine cannot run it."""
+    library = _library()
+    if library is None:
+        return None
+    arrays = _PlanArrays.of(plan)
+    if arrays is None:
+        return None
+    cost = _CostArrays(arrays, costs)
+    if not cost.ok:
+        return None
+    results = _Results(len(arrays.tids), len(arrays.lanes))
+    if library.simulate_untraced(ctypes.byref(_input(arrays, cost)),
+                                 ctypes.byref(results.output())):
+        return None
+    return _trace(arrays, results), [results.end_s[i] for i in arrays.markers], \
+        _spans(arrays, results)
+
+
+def _ranked(names: list[str], values: array, ranks: array) -> dict[str, int]:
+    """The pools a run used, in the order it first used them (the ledger's dicts' order)."""
+    used = sorted((rank, i) for i, rank in enumerate(ranks) if rank >= 0)
+    return {names[i]: values[i] for _, i in used}
+
+
+def _trace(arrays: _PlanArrays, results: _Results) -> Trace:
+    pools = [STATIC_POOL, *arrays.lanes]
+    meta = {"peak_bytes": dict(zip(TIERS, results.peak)),
+            "gpu_held_peak_bytes": results.held_peak[0],
+            "gpu_pool_peak_bytes": _ranked(pools, results.pool_peak, results.pool_peak_rank),
+            "gpu_pool_reserved_bytes": _ranked(pools, results.pool_reserved,
+                                               results.pool_reserved_rank)}
+    memory = tuple(MemorySample(time_s=0.0, tier=tier, bytes_in_use=used)
+                   for tier, used in zip(TIERS, results.static_in_use))
+    return Trace(source="simulated", label="", events=(), memory=memory, meta=meta)
+
+
+def _spans(arrays: _PlanArrays, results: _Results) -> dict[str, list[tuple[float, float]]]:
+    """engine._PlanRun.spans from the arrays: each lane's spans in the order it ran its tasks,
+    the lanes in the order of their first task in a trace (start, end, then number)."""
+    starts, ends = results.span_start.tolist(), results.span_end.tolist()
+    spans, first = {}, {}
+    for lane, lo, hi in zip(arrays.lanes, arrays.lane_start, arrays.lane_start[1:]):
+        if lo == hi:
+            continue
+        spans[lane] = list(zip(starts[lo:hi], ends[lo:hi]))
+        lead = starts[lo]  # the tasks it started first (several only if they took no time)
+        first[lane] = min((starts[k], ends[k], results.ran[k])
+                          for k in takewhile(lambda k, lead=lead: starts[k] == lead,
+                                             range(lo, hi)))
+    return {lane: spans[lane] for lane in sorted(first, key=first.__getitem__)}

@@ -1,0 +1,130 @@
+"""The C engine (simulator.native) runs every plan as the Python engine does: the same step
+markers, lane spans (and lanes' order), peaks, pool peaks and reserves, bit for bit; where it
+cannot, the Python engine runs (and raises what it raises)."""
+
+from dataclasses import replace
+
+import pytest
+from helpers import make_round_host, make_round_profile, make_tiny_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from layerslide.hwprofiles import load_profile
+from layerslide.planner import PRESETS, ModelSpec, Policy, TrainSpec, build_plan
+from layerslide.simulator import CostModel, native
+from layerslide.simulator.engine import simulate_run
+from layerslide.tuner import SearchSpace, tune
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here")
+
+# the round profile, one whose NVMe has a mixed capacity (reads and writes at once), and a
+# host of several GPUs with NVLink and a network (the collectives' resources)
+PROFILES = [make_round_profile(), load_profile("h200-bench"), make_round_host(gpus=4)]
+
+
+def assert_same_run(plan, costs) -> None:
+    python = simulate_run(plan, costs, keep_memory=False, keep_events=False, native=False)
+    trace, markers, spans = native.simulate(plan, costs)
+    assert markers == python.marker_ends_s
+    assert list(spans.items()) == list(python.spans.items())  # the lanes' order too
+    assert trace.memory == python.trace.memory
+    for key, value in python.trace.meta.items():
+        assert trace.meta[key] == value, key
+        if isinstance(value, dict):
+            assert list(trace.meta[key]) == list(value), f"{key}: the pools' order"
+    assert trace.meta.keys() == python.trace.meta.keys()
+
+
+@st.composite
+def cases(draw):
+    layers = draw(st.integers(1, 5))
+    model = ModelSpec(name="rand", architecture="llama", num_layers=layers, hidden_size=64,
+                      intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, vocab_size=256, tie_word_embeddings=draw(st.booleans()),
+                      max_position_embeddings=4096)
+    train = TrainSpec(micro_batch=draw(st.integers(1, 3)), seq_len=16,
+                      grad_accum=draw(st.integers(1, 4)),
+                      max_grad_norm=draw(st.sampled_from([None, 1.0])))
+    window = draw(st.integers(1, 4))
+    cast = draw(st.sampled_from(["cpu_once", "cpu_per_load", "gpu"]))
+    policy = Policy.of(
+        window=window, grad_buffers=draw(st.integers(1, 3)),
+        prefetch_depth=draw(st.integers(1, window)),
+        activations=draw(st.sampled_from(["gpu", "host", "nvme"])),
+        moments_on_nvme=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        master_on_nvme=draw(st.sampled_from([0.0, 1.0])) if cast == "cpu_once" else 0.0,
+        resident_layers=draw(st.integers(0, layers)),
+        gpu_updated_blocks=draw(st.integers(0, layers + 2)),
+        accumulation=draw(st.sampled_from(["step_major", "layer_major"])),
+        optimizer_order=draw(st.sampled_from(["arrival", "deadline"])), cast=cast,
+        cast_worker=draw(st.booleans()), nvme_prefetch=draw(st.integers(1, 3)),
+        host_grad_buffers=draw(st.sampled_from([None, 1, 3])),
+        stream_run_ahead=draw(st.sampled_from([0, 1, 3])))
+    profile = draw(st.sampled_from(PROFILES))
+    costs = CostModel(profile, gpu_speedup=draw(st.sampled_from([1.0, 1.37])),
+                      lanes_first=draw(st.booleans()))
+    return model, train, policy, costs, draw(st.integers(3, 4))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_random_plans_run_alike_in_c_and_in_python(case):
+    model, train, policy, costs, steps = case
+    assert_same_run(build_plan(model, train, policy, num_steps=steps), costs)
+
+
+@pytest.mark.parametrize(("model", "profile", "train", "policy"), [
+    ("qwen3-8b", "h200-bench", TrainSpec(micro_batch=32, grad_accum=4),
+     Policy.of(window=2, accumulation="layer_major", activations="host", cast="cpu_once",
+               moments_on_nvme=0.5, gpu_updated_blocks=24, sweep_groups=8, stream_run_ahead=3)),
+    ("llama-3.2-3b", "rtx4090-256gb", TrainSpec(micro_batch=8, grad_accum=2),
+     Policy.of(window=3, activations="nvme", cast="cpu_per_load", moments_on_nvme=1.0,
+               host_grad_buffers=2, cpu_optimizer="torch", cast_worker=True)),
+])
+def test_real_plans_run_alike_in_c_and_in_python(model, profile, train, policy):
+    plan = build_plan(PRESETS[model], train, policy, validate=False)
+    assert_same_run(plan, CostModel(load_profile(profile)))
+
+
+def test_a_tune_over_several_ranks_picks_alike_with_either_engine(monkeypatch):
+    space = SearchSpace(windows=(1, 2), micro_batches=(1, 4), grad_accums=(1, 2),
+                        activations=("gpu", "host"), cast_workers=(False,), casts=("cpu_once",))
+    model, host = make_tiny_model(num_layers=4), make_round_host(gpus=4)
+    fast = tune(model, host, seq_len=64, space=space, workers=1, gpus=2, hosts=2)
+    monkeypatch.setattr(native, "_library", lambda: None)
+    slow = tune(model, host, seq_len=64, space=space, workers=1, gpus=2, hosts=2)
+    assert [c.row() for c in fast.candidates] == [c.row() for c in slow.candidates]
+
+
+def test_a_deadlocked_plan_is_left_to_python_which_says_so():
+    plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+                      num_steps=2)
+    lane = "gpu"
+    order = plan.lane_order[lane]
+    stuck = replace(plan, lane_order={**plan.lane_order, lane: order[::-1]})
+    costs = CostModel(make_round_profile())
+    with pytest.raises(RuntimeError, match="stalled"):
+        simulate_run(stuck, costs, keep_memory=False, keep_events=False)
+
+
+def test_a_plan_it_does_not_model_runs_in_python():
+    plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+                      num_steps=3)
+    costs = CostModel(make_round_profile())
+    halves = replace(plan, buffers=tuple(replace(b, bytes=b.bytes + 0.5) for b in plan.buffers))
+    assert native.simulate(halves, costs) is None
+    assert simulate_run(halves, costs, keep_memory=False, keep_events=False).marker_ends_s
+
+
+def test_without_the_library_runs_are_pythons(monkeypatch):
+    monkeypatch.setenv("LAYERSLIDE_NATIVE", "0")
+    native._library.cache_clear()
+    try:
+        assert not native.available()
+        plan = build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16), Policy.of(),
+                          num_steps=3)
+        assert simulate_run(plan, CostModel(make_round_profile()), keep_memory=False,
+                            keep_events=False).spans
+    finally:
+        native._library.cache_clear()
