@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from layerslide.hwprofiles import HardwareProfile
 from layerslide.kinds import Lane, TaskKind
@@ -301,10 +302,11 @@ class CostModel:
                                  (HOST_MEMORY, host.dma_read_cost + host.dma_write_cost))
 
 
-def shape_of(task: Task) -> tuple:
-    """What a task's cost depends on: its kind, lane and amounts (not its id, block or step)."""
-    return (task.kind, task.lane, task.flops, task.attention_flops, task.bytes, task.params,
-            task.tokens, task.host_ops, task.moment_precision, task.comm_group)
+# What a task's cost depends on: its kind, lane and amounts (not its id, block or step), as a
+# tuple; an attrgetter, as a search takes every task's shape
+shape_of: Callable[[Task], tuple] = attrgetter(
+    "kind", "lane", "flops", "attention_flops", "bytes", "params", "tokens", "host_ops",
+    "moment_precision", "comm_group")
 
 
 # The rule of each kind. Copies and disk I/O are costed as the transfer they are (their lane's

@@ -14,6 +14,7 @@ import functools
 import os
 from array import array
 from itertools import accumulate, chain, takewhile
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 from layerslide.native_build import build
@@ -31,7 +32,7 @@ _INPUT_FIELDS = (
     "pred_off:p pred:p solo_s:p dispatch_s:p share:p dispatch_share:p tag:p use_off:p use_res:p "
     "duse_off:p duse_res:p use_demand:p duse_demand:p n_resources:i capacity:p "
     "mixed_capacity:p n_tiers:i gpu_tier:i n_buffers:i buf_tier:p buf_alloc_task:p "
-    "buf_bytes:p buf_at_end:p buf_outlives:p buf_request:p rel_off:p rel_task:p")
+    "buf_bytes:p buf_at_end:p buf_outlives:p runtime_buffer:i rel_off:p rel_task:p")
 _OUTPUT_FIELDS = ("start_s end_s span_start span_end ran static_in_use peak held_peak pool_peak "
                   "pool_reserved pool_peak_rank pool_reserved_rank")
 
@@ -65,54 +66,57 @@ def available() -> bool:
     return _library() is not None
 
 
-def _csr(keys, lists: dict, number) -> tuple[array, array]:
-    """Offsets and items (as their numbers) of the lists of keys, in keys' order, as int32."""
+def _csr(lists, number) -> tuple[array, array]:
+    """Offsets and items (as their numbers) of a sequence of sequences, as int32 arrays."""
+    lists = list(lists)
     offsets = array("i", [0])
-    offsets.extend(accumulate(len(lists[k]) for k in keys))
-    return offsets, array("i", map(number, chain.from_iterable(lists[k] for k in keys)))
+    offsets.extend(accumulate(map(len, lists)))
+    return offsets, array("i", map(number, chain.from_iterable(lists)))
 
 
 def _pointer(values: array) -> int:
     return values.buffer_info()[0]
 
 
+_TIER_NUMBER = {tier: i for i, tier in enumerate(TIERS)}
+_BUFFER_FIELDS = attrgetter("id", "tier", "bytes", "alloc_task", "at_end", "outlives_outputs",
+                            "release_tasks")
+
+
 class _PlanArrays:
     """A plan's side of a run as flat arrays: its tasks numbered lane by lane in lane order,
-    the edges in the graph's order, its buffers, and one task of each cost shape."""
+    the edges in the graph's order, its buffers, and one task of each cost shape. Built with
+    maps, not loops: a search marshals every plan it simulates."""
 
     def __init__(self, plan: Plan, tids: list[str], index: dict[str, int]):
         nodes, succ, pred = plan.graph._node, plan.graph._succ, plan.graph._pred
         self.lanes = list(plan.lane_order)
         self.tids = tids
         self.lane_start = array("i", [0])
-        self.lane_start.extend(accumulate(len(plan.lane_order[lane]) for lane in self.lanes))
+        self.lane_start.extend(accumulate(map(len, plan.lane_order.values())))
         self.strict = array("b", (plan.lane_discipline[lane] == "strict" for lane in self.lanes))
-        shapes: dict[tuple, int] = {}
-        self.examples = []
-        shape_index = []
-        for tid in tids:
-            task = nodes[tid]["task"]
-            at = shapes.setdefault(shape_of(task), len(shapes))
-            if at == len(self.examples):
-                self.examples.append(task)
-            shape_index.append(at)
-        self.task_shape = array("i", shape_index)
-        self.succ_off, self.succ = _csr(tids, succ, index.__getitem__)
-        self.pred_off, self.pred = _csr(tids, pred, index.__getitem__)
-        self.markers = [index[t] for t in plan.meta.get("step_markers", ())]
+        tasks = list(map(itemgetter("task"), map(nodes.__getitem__, tids)))
+        shapes = list(map(shape_of, tasks))
+        examples = dict(zip(shapes, tasks))  # a task of each shape, in order of appearance
+        self.examples = list(examples.values())
+        self.task_shape = array("i", map({s: i for i, s in enumerate(examples)}.__getitem__,
+                                         shapes))
+        number = index.__getitem__
+        self.succ_off, self.succ = _csr(map(succ.__getitem__, tids), number)
+        self.pred_off, self.pred = _csr(map(pred.__getitem__, tids), number)
+        self.markers = list(map(number, plan.meta.get("step_markers", ())))
         self.run_ahead = plan.stream_run_ahead
+        ids, tiers, nbytes, allocs, at_end, outlives, releases = zip(
+            *map(_BUFFER_FIELDS, plan.buffers)) or ((),) * 7
+        self.buffer_ids = ids
+        self.buf_tier = array("i", map(_TIER_NUMBER.__getitem__, tiers))
+        self.buf_bytes = array("q", nbytes)  # a TypeError unless whole numbers
+        index[None] = -1  # held before the plan runs
+        self.buf_alloc = array("i", map(number, allocs))
+        self.buf_at_end, self.buf_outlives = array("b", at_end), array("b", outlives)
         runtime = runtime_buffer_id("gpu")
-        buffers = plan.buffers
-        self.buf_tier = array("i", (TIERS.index(b.tier) for b in buffers))
-        self.buf_alloc = array("i", (-1 if b.alloc_task is None else index[b.alloc_task]
-                                     for b in buffers))
-        self.buf_bytes = array("q", (b.bytes for b in buffers))
-        self.buf_at_end = array("b", (b.at_end for b in buffers))
-        self.buf_outlives = array("b", (b.outlives_outputs for b in buffers))
-        self.buf_request = array("b", (b.alloc_task is None and b.tier == "gpu" and b.id != runtime
-                                       for b in buffers))
-        self.rel_off, self.rel_task = _csr(range(len(buffers)),
-                                           [b.release_tasks for b in buffers], index.__getitem__)
+        self.runtime_buffer = ids.index(runtime) if runtime in ids else -1
+        self.rel_off, self.rel_task = _csr(releases, number)
 
     @classmethod
     def of(cls, plan: Plan) -> _PlanArrays | None:
@@ -120,16 +124,19 @@ class _PlanArrays:
         otherwise: a task in no lane or in two, a lane discipline other than strict and
         priority, buffers sharing an id, a buffer's bytes not a whole number >= 0, a tier
         the ledger does not count."""
-        tids = [tid for order in plan.lane_order.values() for tid in order]
-        index = {tid: i for i, tid in enumerate(tids)}
-        buffers = plan.buffers
+        tids = list(chain.from_iterable(plan.lane_order.values()))
+        index = dict(zip(tids, range(len(tids))))
         if (len(index) != len(tids) or len(tids) != len(plan.graph._node)
-                or not set(plan.lane_discipline.values()) <= {"strict", "priority"}
-                or len({b.id for b in buffers}) != len(buffers)
-                or not all(type(b.bytes) is int and b.bytes >= 0 and b.tier in TIERS
-                           for b in buffers)):
+                or not set(plan.lane_discipline.values()) <= {"strict", "priority"}):
             return None
-        return cls(plan, tids, index)
+        try:
+            arrays = cls(plan, tids, index)
+        except (TypeError, KeyError, OverflowError):
+            return None
+        if len(set(arrays.buffer_ids)) != len(arrays.buffer_ids) or (
+                arrays.buf_bytes and min(arrays.buf_bytes) < 0):
+            return None
+        return arrays
 
 
 class _CostArrays:
@@ -151,14 +158,12 @@ class _CostArrays:
         self.share = array("d", (c.share for c in shape_costs))
         self.dispatch_share = array("d", (c.dispatch_share for c in shape_costs))
         self.tag = array("i", (tags.setdefault(c.tag, len(tags)) for c in shape_costs))
-        shapes = range(len(shape_costs))
         def number(use: tuple[str, float]) -> int:  # an unknown resource: not ok, above
             return self.resources.get(use[0], 0)
 
-        self.use_off, self.use_res = _csr(shapes, [c.uses for c in shape_costs], number)
+        self.use_off, self.use_res = _csr((c.uses for c in shape_costs), number)
         self.use_demand = array("d", (d for c in shape_costs for _, d in c.uses))
-        self.duse_off, self.duse_res = _csr(shapes, [c.dispatch_uses for c in shape_costs],
-                                            number)
+        self.duse_off, self.duse_res = _csr((c.dispatch_uses for c in shape_costs), number)
         self.duse_demand = array("d", (d for c in shape_costs for _, d in c.dispatch_uses))
 
 
@@ -177,7 +182,7 @@ def _input(plan: _PlanArrays, cost: _CostArrays) -> _Input:
         gpu_tier=TIERS.index("gpu"), n_buffers=len(plan.buf_tier), buf_tier=p(plan.buf_tier),
         buf_alloc_task=p(plan.buf_alloc), buf_bytes=p(plan.buf_bytes),
         buf_at_end=p(plan.buf_at_end), buf_outlives=p(plan.buf_outlives),
-        buf_request=p(plan.buf_request), rel_off=p(plan.rel_off), rel_task=p(plan.rel_task))
+        runtime_buffer=plan.runtime_buffer, rel_off=p(plan.rel_off), rel_task=p(plan.rel_task))
 
 
 class _Results:

@@ -40,7 +40,8 @@ typedef struct {
   int32_t n_tiers, gpu_tier, n_buffers;
   const int32_t *buf_tier, *buf_alloc_task; /* alloc task -1: held before the plan runs */
   const int64_t *buf_bytes;
-  const int8_t *buf_at_end, *buf_outlives, *buf_request; /* request: a static GPU block */
+  const int8_t *buf_at_end, *buf_outlives;
+  int32_t runtime_buffer; /* the GPU's runtime (held, not a block the allocator hands out) */
   const int32_t *rel_off, *rel_task;
 } SimInput;
 
@@ -834,7 +835,7 @@ static void set_up_memory(Sim *s) {
     s->in_use[h->tier] += h->bytes;
     if (h->tier == in->gpu_tier) {
       pool_add(s, 0, h->bytes);
-      if (in->buf_request[b]) mem_request(s, h);
+      if (b != in->runtime_buffer) mem_request(s, h);
     }
   }
   for (int32_t tier = 0; tier < in->n_tiers; tier++)
