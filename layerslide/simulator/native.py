@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 from array import array
-from itertools import accumulate, chain, takewhile
+from itertools import accumulate, chain, repeat, takewhile
 from operator import attrgetter, itemgetter
 from pathlib import Path
 
@@ -31,7 +32,7 @@ _INPUT_FIELDS = (
     "n_tasks:i n_lanes:i run_ahead:i lane_start:p lane_strict:p task_shape:p succ_off:p succ:p "
     "pred_off:p pred:p solo_s:p dispatch_s:p share:p dispatch_share:p tag:p use_off:p use_res:p "
     "duse_off:p duse_res:p use_demand:p duse_demand:p n_resources:i capacity:p "
-    "mixed_capacity:p n_tiers:i gpu_tier:i n_buffers:i buf_tier:p buf_alloc_task:p "
+    "mixed_capacity:p has_mixed:p n_tiers:i gpu_tier:i n_buffers:i buf_tier:p buf_alloc_task:p "
     "buf_bytes:p buf_at_end:p buf_outlives:p runtime_buffer:i rel_off:p rel_task:p")
 _OUTPUT_FIELDS = ("start_s end_s span_start span_end ran static_in_use peak held_peak pool_peak "
                   "pool_reserved pool_peak_rank pool_reserved_rank")
@@ -96,8 +97,13 @@ class _PlanArrays:
         self.lane_start.extend(accumulate(map(len, plan.lane_order.values())))
         self.strict = array("b", (plan.lane_discipline[lane] == "strict" for lane in self.lanes))
         tasks = list(map(itemgetter("task"), map(nodes.__getitem__, tids)))
+        # a worker's tasks are found by their own lane: each must be the one it is listed in
+        self.lanes_agree = list(map(attrgetter("lane"), tasks)) == list(chain.from_iterable(
+            repeat(lane, len(order)) for lane, order in plan.lane_order.items()))
         shapes = list(map(shape_of, tasks))
-        examples = dict(zip(shapes, tasks))  # a task of each shape, in order of appearance
+        # a task of each shape (the last, in the order shapes first appear): a cost depends on
+        # the shape alone (CostModel.cost)
+        examples = dict(zip(shapes, tasks))
         self.examples = list(examples.values())
         self.task_shape = array("i", map({s: i for i, s in enumerate(examples)}.__getitem__,
                                          shapes))
@@ -105,36 +111,40 @@ class _PlanArrays:
         self.succ_off, self.succ = _csr(map(succ.__getitem__, tids), number)
         self.pred_off, self.pred = _csr(map(pred.__getitem__, tids), number)
         self.markers = list(map(number, plan.meta.get("step_markers", ())))
-        self.run_ahead = plan.stream_run_ahead
+        # one at least as long as the tasks never binds, as 0: clamped to fit an int32
+        self.run_ahead = min(plan.stream_run_ahead, len(tids))
         ids, tiers, nbytes, allocs, at_end, outlives, releases = zip(
             *map(_BUFFER_FIELDS, plan.buffers)) or ((),) * 7
         self.buffer_ids = ids
         self.buf_tier = array("i", map(_TIER_NUMBER.__getitem__, tiers))
         self.buf_bytes = array("q", nbytes)  # a TypeError unless whole numbers
-        index[None] = -1  # held before the plan runs
-        self.buf_alloc = array("i", map(number, allocs))
+        self.rel_off, self.rel_task = _csr(releases, number)
+        # -1: held before the plan runs
+        self.buf_alloc = array("i", map({**index, None: -1}.__getitem__, allocs))
         self.buf_at_end, self.buf_outlives = array("b", at_end), array("b", outlives)
         runtime = runtime_buffer_id("gpu")
         self.runtime_buffer = ids.index(runtime) if runtime in ids else -1
-        self.rel_off, self.rel_task = _csr(releases, number)
 
     @classmethod
     def of(cls, plan: Plan) -> _PlanArrays | None:
         """The plan's arrays, or None for a plan the Python engine raises on or reads
-        otherwise: a task in no lane or in two, a lane discipline other than strict and
-        priority, buffers sharing an id, a buffer's bytes not a whole number >= 0, a tier
-        the ledger does not count."""
+        otherwise: a task in no lane, in two or in another than its own, a lane discipline
+        other than strict and priority, a lane named as the static pool, buffers sharing an
+        id, naming a task of no lane or of bytes not a whole number >= 0 (or, together, past
+        int64), a tier the ledger does not count."""
         tids = list(chain.from_iterable(plan.lane_order.values()))
         index = dict(zip(tids, range(len(tids))))
         if (len(index) != len(tids) or len(tids) != len(plan.graph._node)
-                or not set(plan.lane_discipline.values()) <= {"strict", "priority"}):
+                or not set(plan.lane_discipline.values()) <= {"strict", "priority"}
+                or STATIC_POOL in plan.lane_order):
             return None
         try:
             arrays = cls(plan, tids, index)
         except (TypeError, KeyError, OverflowError):
             return None
-        if len(set(arrays.buffer_ids)) != len(arrays.buffer_ids) or (
-                arrays.buf_bytes and min(arrays.buf_bytes) < 0):
+        nbytes = arrays.buf_bytes
+        if (not arrays.lanes_agree or len(set(arrays.buffer_ids)) != len(arrays.buffer_ids)
+                or (nbytes and (min(nbytes) < 0 or sum(nbytes) >= 2**62))):
             return None
         return arrays
 
@@ -147,12 +157,19 @@ class _CostArrays:
         capacities, mixed = costs.capacities(), costs.mixed_capacities()
         self.resources = {name: i for i, name in enumerate(capacities)}
         self.capacity = array("d", capacities.values())
-        self.mixed = array("d", (mixed.get(name, float("nan")) for name in capacities))
+        self.mixed = array("d", (mixed.get(name, 0.0) for name in capacities))
+        self.has_mixed = array("b", (name in mixed for name in capacities))
         tags = {"": 0}
         shape_costs = [costs.cost(task) for task in arrays.examples]
-        self.ok = all(c.share > 0 and c.dispatch_share > 0
-                      and all(r in self.resources for r, _ in c.uses + c.dispatch_uses)
-                      for c in shape_costs)
+        # what Python would raise on (a resource without a capacity, a weight of 0) or read
+        # otherwise (a number not finite)
+        numbers = [*capacities.values(), *mixed.values(),
+                   *(x for c in shape_costs for x in (c.solo_s, c.dispatch_s, c.share,
+                                                      c.dispatch_share))]
+        self.ok = all(map(math.isfinite, numbers)) and all(
+            c.share > 0 and c.dispatch_share > 0
+            and all(r in self.resources and math.isfinite(d) for r, d in c.uses + c.dispatch_uses)
+            for c in shape_costs)
         self.solo = array("d", (c.solo_s for c in shape_costs))
         self.dispatch = array("d", (c.dispatch_s for c in shape_costs))
         self.share = array("d", (c.share for c in shape_costs))
@@ -178,7 +195,7 @@ def _input(plan: _PlanArrays, cost: _CostArrays) -> _Input:
         tag=p(cost.tag), use_off=p(cost.use_off), use_res=p(cost.use_res),
         duse_off=p(cost.duse_off), duse_res=p(cost.duse_res), use_demand=p(cost.use_demand),
         duse_demand=p(cost.duse_demand), n_resources=len(cost.capacity),
-        capacity=p(cost.capacity), mixed_capacity=p(cost.mixed), n_tiers=len(TIERS),
+        capacity=p(cost.capacity), mixed_capacity=p(cost.mixed), has_mixed=p(cost.has_mixed), n_tiers=len(TIERS),
         gpu_tier=TIERS.index("gpu"), n_buffers=len(plan.buf_tier), buf_tier=p(plan.buf_tier),
         buf_alloc_task=p(plan.buf_alloc), buf_bytes=p(plan.buf_bytes),
         buf_at_end=p(plan.buf_at_end), buf_outlives=p(plan.buf_outlives),

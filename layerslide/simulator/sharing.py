@@ -16,6 +16,15 @@ from layerslide.simulator.kernel import Event, Kernel
 _DONE_EPS_S = 1e-9  # a nanosecond of solo work left counts as done (float round-off)
 
 
+def _added(values) -> float:
+    """The values added left to right: sum() of floats compensates its round-off from Python
+    3.12 on, and the C engine (simulator/csrc/engine.c) adds as this does on every version."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
 class _Flow:
     __slots__ = ("done", "limits", "rate", "remaining_s", "share", "tag", "uses")
 
@@ -32,7 +41,7 @@ class _Flow:
 
 def water_fill(demands: list[float], weights: list[float], capacity: float) -> list[float]:
     """Fraction of its demand each consumer gets: min(1, lam * weight), sum(used) == capacity."""
-    total = sum(demands)
+    total = _added(demands)
     if total <= capacity:
         return [1.0] * len(demands)
     # Raise lam until capacity is spent; consumers saturate (fraction 1) in order of weight.
@@ -41,7 +50,7 @@ def water_fill(demands: list[float], weights: list[float], capacity: float) -> l
     order = sorted((i for i in range(len(demands)) if demands[i] > 0),
                    key=lambda i: 1.0 / weights[i])
     fractions = [0.0 if d > 0 else 1.0 for d in demands]
-    left, weighted = capacity, sum(d * w for d, w in zip(demands, weights))
+    left, weighted = capacity, _added(d * w for d, w in zip(demands, weights))
     for idx in order:
         lam = left / weighted if weighted > 0 else 0.0
         if lam * weights[idx] >= 1.0:
@@ -131,7 +140,7 @@ class SharedResources:
         if resource in self.mixed_capacities and len({f.tag for f, _ in members}) > 1:
             capacity = self.mixed_capacities[resource]
         demands = [d for _, d in members]
-        if sum(demands) <= capacity:
+        if _added(demands) <= capacity:
             return []
         fractions = water_fill(demands, [f.share for f, _ in members], capacity)
         return list(zip((f for f, _ in members), fractions))

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from layerslide.hwprofiles import load_profile
 from layerslide.planner import PRESETS, ModelSpec, Policy, TrainSpec, build_plan
-from layerslide.simulator import CostModel, native
+from layerslide.planner.plan import Buffer
+from layerslide.simulator import CostModel, native, sharing
 from layerslide.simulator.engine import simulate_run
+from layerslide.simulator.memory import STATIC_POOL
 from layerslide.tuner import SearchSpace, tune
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C compiler here")
@@ -95,6 +97,59 @@ def test_a_tune_over_several_ranks_picks_alike_with_either_engine(monkeypatch):
     monkeypatch.setattr(native, "_library", lambda: None)
     slow = tune(model, host, seq_len=64, space=space, workers=1, gpus=2, hosts=2)
     assert [c.row() for c in fast.candidates] == [c.row() for c in slow.candidates]
+
+
+def _tiny_plan(**policy):
+    return build_plan(make_tiny_model(), TrainSpec(micro_batch=1, seq_len=16),
+                      Policy.of(**policy), num_steps=3)
+
+
+@pytest.mark.parametrize("run_ahead", [2**32 + 1, 10**12])
+def test_a_run_ahead_past_int32_runs_alike(run_ahead):
+    assert_same_run(_tiny_plan(stream_run_ahead=run_ahead), CostModel(make_round_profile()))
+
+
+def test_sharing_adds_left_to_right_as_the_c_engine_on_every_python():
+    # sum() of floats compensates its round-off from Python 3.12 on; this would give 1.0
+    assert sharing._added([1e16, 1.0, -1e16]) == 0.0
+
+
+def _with_buffer(plan, buffer):
+    return replace(plan, buffers=(*plan.buffers, buffer))
+
+
+def test_plans_python_raises_on_are_left_to_python():
+    plan, costs = _tiny_plan(activations="host"), CostModel(make_round_profile())
+    released = next(b for b in plan.buffers if b.release_tasks)
+    # a release by no task: the ledger's KeyError
+    no_task = replace(plan, buffers=tuple(
+        replace(b, release_tasks=(*b.release_tasks, None)) if b is released else b
+        for b in plan.buffers))
+    # a GPU block gone before it came, in a pool nothing came to yet
+    first_d2h = plan.lane_order["d2h"][0]
+    early = _with_buffer(plan, Buffer(id="early", tier="gpu", bytes=4096, alloc_task=first_d2h,
+                                      release_tasks=("s0.m0.forward.emb",)))
+    for odd in (no_task, early):
+        assert native.simulate(odd, costs) is None
+        with pytest.raises(KeyError):
+            simulate_run(odd, costs, keep_memory=False, keep_events=False)
+
+
+def test_plans_read_otherwise_in_python_are_left_to_it():
+    plan, costs = _tiny_plan(), CostModel(make_round_profile())
+    worker = next(lane for lane, d in plan.lane_discipline.items()
+                  if d == "priority" and plan.lane_order[lane])
+    # a lane named as the allocator's static pool; a task listed in another lane than its own
+    static = replace(plan, lane_order={(STATIC_POOL if lane == worker else lane): order
+                                       for lane, order in plan.lane_order.items()},
+                     lane_discipline={(STATIC_POOL if lane == worker else lane): d
+                                      for lane, d in plan.lane_discipline.items()})
+    other = next(lane for lane in plan.lane_order if lane != worker)
+    moved = replace(plan, lane_order={**plan.lane_order, other: (*plan.lane_order[other],
+                                                                 *plan.lane_order[worker]),
+                                      worker: ()})
+    assert native.simulate(static, costs) is None
+    assert native.simulate(moved, costs) is None
 
 
 def test_a_deadlocked_plan_is_left_to_python_which_says_so():

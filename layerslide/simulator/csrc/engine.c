@@ -6,8 +6,10 @@
  * Exactness: events are scheduled in the Python kernel's order (time, priority, then the order
  * they were scheduled in) and their callbacks run in the order they were added; floating point
  * follows the Python expressions operation for operation (built with -ffp-contract=off). Any
- * state Python would raise on ends the run with a non-zero status: the caller reruns it in
- * Python, which raises the error itself. */
+ * state Python would raise on ends the run with a non-zero status (as does one this file does
+ * not model: more than 64 resources): the caller reruns it in Python, which raises the error
+ * itself or runs it. The caller hands over only finite numbers (native._CostArrays), so NaN
+ * can mark what is unset. Out of memory aborts. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,7 +38,8 @@ typedef struct {
   const int32_t *use_off, *use_res, *duse_off, *duse_res;
   const double *use_demand, *duse_demand;
   int32_t n_resources;
-  const double *capacity, *mixed_capacity; /* mixed: NaN where the resource has none */
+  const double *capacity, *mixed_capacity; /* mixed: read where has_mixed */
+  const int8_t *has_mixed;
   int32_t n_tiers, gpu_tier, n_buffers;
   const int32_t *buf_tier, *buf_alloc_task; /* alloc task -1: held before the plan runs */
   const int64_t *buf_bytes;
@@ -125,6 +128,13 @@ typedef struct {
   Lists starts, ends, releases, gpu_starts, gpu_ends, drops_first, drops_last, other_users;
   Segment *segments; int32_t n_segments, cap_segments;
 } Sim;
+
+#define must_malloc(n) must(malloc(n))
+#define must_calloc(n, k) must(calloc((n), (k)))
+static void *must(void *p) { /* as GROW: out of memory aborts */
+  if (!p) abort();
+  return p;
+}
 
 /* ---- the kernel: events, callbacks, the queue --------------------------------------------- */
 static int new_event(Sim *s) {
@@ -274,7 +284,7 @@ static int shares(Sim *s, int32_t r) {
   if (!n) return 0;
   const Member *m = s->members[r];
   double capacity = s->in->capacity[r];
-  if (!isnan(s->in->mixed_capacity[r]))
+  if (s->in->has_mixed[r])
     for (int32_t k = 1; k < n; k++)
       if (s->flows[m[k].flow].tag != s->flows[m[0].flow].tag) {
         capacity = s->in->mixed_capacity[r];
@@ -376,9 +386,8 @@ static void on_timer(Sim *s, int32_t timer) {
   advance(s);
   int8_t touched[64] = {0};
   int32_t kept = 0, n_finished = 0;
-  int32_t *finished = s->scratch_idx;
   ensure_scratch(s, s->n_active);
-  finished = s->scratch_idx;
+  int32_t *finished = s->scratch_idx; /* used up before reallocate needs the scratch */
   for (int32_t k = 0; k < s->n_active; k++) {
     int32_t fi = s->active[k];
     const Flow *f = &s->flows[fi];
@@ -516,7 +525,9 @@ static void mem_add(Sim *s, const Held *h) {
 static void mem_remove(Sim *s, const Held *h) {
   int64_t used = s->in_use[h->tier] -= h->bytes;
   if (used < 0) s->error = ERR_MEMORY;
-  if (h->tier == s->in->gpu_tier) s->pool_in_use[h->pool] -= h->bytes;
+  if (h->tier != s->in->gpu_tier) return;
+  if (s->out->pool_peak_rank[h->pool] < 0) s->error = ERR_MEMORY; /* a pool nothing came to */
+  s->pool_in_use[h->pool] -= h->bytes;
 }
 
 static void mem_request(Sim *s, Held *h) {
@@ -781,10 +792,11 @@ static void file_buffers(Sim *s, Lists *lists, int pass, int32_t *cursor) {
       if (!gpu) continue;
       int own = h->pool == 1 + s->task_lane[t];
       FILE_ITEM(before ? L_DROPS_FIRST : L_DROPS_LAST, t, b, own);
+      if (!own) FILE_ITEM(L_OTHER_USERS, t, b, 0);
       if (pass == 0) continue;
       h->host_left++;
       if (own) h->own_left++;
-      else { h->other_left++; FILE_ITEM(L_OTHER_USERS, t, b, 0); }
+      else h->other_left++;
     }
   }
 #undef FILE_ITEM
@@ -793,28 +805,20 @@ static void file_buffers(Sim *s, Lists *lists, int pass, int32_t *cursor) {
 static void set_up_memory(Sim *s) {
   const SimInput *in = s->in;
   int32_t n = in->n_tasks, stride = n + 1;
-  s->held = calloc((size_t)in->n_buffers + 1, sizeof(Held));
+  s->held = must_calloc((size_t)in->n_buffers + 1, sizeof(Held));
   for (int32_t b = 0; b < in->n_buffers; b++) {
     Held *h = &s->held[b];
     h->tier = in->buf_tier[b]; h->bytes = in->buf_bytes[b];
     h->pool = in->buf_alloc_task[b] < 0 ? 0 : 1 + s->task_lane[in->buf_alloc_task[b]];
     h->pending = in->rel_off[b + 1] - in->rel_off[b];
   }
-  int32_t *cursor = calloc((size_t)N_LISTS * stride, sizeof(int32_t));
+  int32_t *cursor = must_calloc((size_t)N_LISTS * stride, sizeof(int32_t));
   Lists *lists[N_LISTS] = {&s->starts, &s->ends, &s->releases, &s->gpu_starts, &s->gpu_ends,
                            &s->drops_first, &s->drops_last, &s->other_users};
   Lists all[N_LISTS];
   file_buffers(s, all, 0, cursor);
-  /* other users are counted in pass 1 only: count them here from the releases */
-  for (int32_t b = 0; b < in->n_buffers; b++) {
-    if (in->buf_tier[b] != in->gpu_tier) continue;
-    for (int32_t k = in->rel_off[b]; k < in->rel_off[b + 1]; k++) {
-      int32_t t = in->rel_task[k];
-      if (s->held[b].pool != 1 + s->task_lane[t]) cursor[L_OTHER_USERS * stride + t]++;
-    }
-  }
   for (int w = 0; w < N_LISTS; w++) {
-    int32_t *off = malloc((size_t)(stride + 1) * sizeof(int32_t)), total = 0;
+    int32_t *off = must_malloc((size_t)(stride + 1) * sizeof(int32_t)), total = 0;
     for (int32_t t = 0; t < n; t++) {
       off[t] = total;
       total += cursor[w * stride + t];
@@ -822,8 +826,8 @@ static void set_up_memory(Sim *s) {
     }
     off[n] = total;
     all[w].off = off;
-    all[w].item = malloc((size_t)(total + 1) * sizeof(int32_t));
-    all[w].flag = malloc((size_t)(total + 1));
+    all[w].item = must_malloc((size_t)(total + 1) * sizeof(int32_t));
+    all[w].flag = must_malloc((size_t)(total + 1));
   }
   file_buffers(s, all, 1, cursor);
   for (int w = 0; w < N_LISTS; w++) *lists[w] = all[w];
@@ -860,22 +864,22 @@ static void free_all(Sim *s) {
 
 /* Run the plan to its end; 0, or a status for a state the Python engine raises on. */
 int simulate_untraced(const SimInput *in, SimOutput *out) {
-  if (in->n_resources > 64) return ERR_STATE;
+  if (in->n_resources > 64 || in->run_ahead < 0) return ERR_STATE;
   Sim sim = {0}, *s = &sim;
   s->in = in; s->out = out; s->timer = -1;
   int32_t n = in->n_tasks, lanes = in->n_lanes;
-  s->task_lane = malloc((size_t)(n + 1) * sizeof(int32_t));
-  s->waiting_on = malloc((size_t)(n + 1) * sizeof(int32_t));
-  s->ran = malloc((size_t)(n + 1) * sizeof(int32_t));
-  s->ran_n = calloc((size_t)lanes + 1, sizeof(int32_t));
-  s->worker_of_lane = malloc((size_t)(lanes + 1) * sizeof(int32_t));
-  s->procs = malloc((size_t)(3 * lanes + 1) * sizeof(Process)); /* never moves */
-  s->members = calloc((size_t)in->n_resources + 1, sizeof(Member *));
-  s->n_members = calloc((size_t)in->n_resources + 1, sizeof(int32_t));
-  s->cap_members = calloc((size_t)in->n_resources + 1, sizeof(int32_t));
-  s->is_short = calloc((size_t)in->n_resources + 1, 1);
-  s->in_use = calloc((size_t)in->n_tiers + 1, sizeof(int64_t));
-  s->pool_in_use = calloc((size_t)lanes + 2, sizeof(int64_t));
+  s->task_lane = must_malloc((size_t)(n + 1) * sizeof(int32_t));
+  s->waiting_on = must_malloc((size_t)(n + 1) * sizeof(int32_t));
+  s->ran = must_malloc((size_t)(n + 1) * sizeof(int32_t));
+  s->ran_n = must_calloc((size_t)lanes + 1, sizeof(int32_t));
+  s->worker_of_lane = must_malloc((size_t)(lanes + 1) * sizeof(int32_t));
+  s->procs = must_malloc((size_t)(3 * lanes + 1) * sizeof(Process)); /* never moves */
+  s->members = must_calloc((size_t)in->n_resources + 1, sizeof(Member *));
+  s->n_members = must_calloc((size_t)in->n_resources + 1, sizeof(int32_t));
+  s->cap_members = must_calloc((size_t)in->n_resources + 1, sizeof(int32_t));
+  s->is_short = must_calloc((size_t)in->n_resources + 1, 1);
+  s->in_use = must_calloc((size_t)in->n_tiers + 1, sizeof(int64_t));
+  s->pool_in_use = must_calloc((size_t)lanes + 2, sizeof(int64_t));
   for (int32_t p = 0; p <= lanes; p++) out->pool_peak_rank[p] = out->pool_reserved_rank[p] = -1;
   *out->held_peak = 0;
   for (int32_t l = 0; l < lanes; l++)
