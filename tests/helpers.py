@@ -1,7 +1,9 @@
-"""Round-number model and hardware for tests whose expected values are worked out by hand, and
-tiny HF configs for the executor's tests."""
+"""Round-number model and hardware for tests whose expected values are worked out by hand,
+random small plans' inputs, and tiny HF configs for the executor's tests."""
 
 import dataclasses
+
+from hypothesis import strategies as st
 
 from layerslide.hwprofiles import (
     GPUSpec,
@@ -12,10 +14,40 @@ from layerslide.hwprofiles import (
     NetworkSpec,
     StorageSpec,
 )
-from layerslide.planner import ModelSpec
+from layerslide.planner import ModelSpec, Policy, TrainSpec
 from layerslide.planner.model import model_from_hf_config
 
 GIB = 1024**3
+
+
+@st.composite
+def random_plan_inputs(draw, every_schedule: bool = False):
+    """A random small model, training shape and policy (model, train, policy) for tests over
+    random plans; every_schedule: the accumulation and the streams' run-ahead drawn too."""
+    layers = draw(st.integers(1, 5))
+    model = ModelSpec(name="rand", architecture="llama", num_layers=layers, hidden_size=64,
+                      intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, vocab_size=256, tie_word_embeddings=draw(st.booleans()),
+                      max_position_embeddings=4096)
+    train = TrainSpec(micro_batch=draw(st.integers(1, 3)), seq_len=16,
+                      grad_accum=draw(st.integers(1, 3)),
+                      max_grad_norm=draw(st.sampled_from([None, 1.0])))
+    window = draw(st.integers(1, 4))
+    cast = draw(st.sampled_from(["cpu_once", "cpu_per_load", "gpu"]))
+    schedule = {"accumulation": draw(st.sampled_from(["step_major", "layer_major"])),
+                "stream_run_ahead": draw(st.sampled_from([0, 1, 3]))} if every_schedule else {}
+    policy = Policy.of(
+        window=window, grad_buffers=draw(st.integers(1, 3)),
+        prefetch_depth=draw(st.integers(1, window)),
+        activations=draw(st.sampled_from(["gpu", "host", "nvme"])),
+        moments_on_nvme=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        master_on_nvme=draw(st.sampled_from([0.0, 1.0])) if cast == "cpu_once" else 0.0,
+        resident_layers=draw(st.integers(0, layers)),
+        gpu_updated_blocks=draw(st.integers(0, layers + 2)),
+        optimizer_order=draw(st.sampled_from(["arrival", "deadline"])), cast=cast,
+        cast_worker=draw(st.booleans()), nvme_prefetch=draw(st.integers(1, 3)),
+        host_grad_buffers=draw(st.sampled_from([None, 1, 3])), **schedule)
+    return model, train, policy
 
 
 def make_tiny_model(num_layers: int = 2) -> ModelSpec:

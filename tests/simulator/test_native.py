@@ -5,12 +5,12 @@ cannot, the Python engine runs (and raises what it raises)."""
 from dataclasses import replace
 
 import pytest
-from helpers import make_round_host, make_round_profile, make_tiny_model
+from helpers import make_round_host, make_round_profile, make_tiny_model, random_plan_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layerslide.hwprofiles import load_profile
-from layerslide.planner import PRESETS, ModelSpec, Policy, TrainSpec, build_plan
+from layerslide.planner import PRESETS, Policy, TrainSpec, build_plan
 from layerslide.planner.plan import Buffer
 from layerslide.simulator import CostModel, native, sharing
 from layerslide.simulator.engine import simulate_run
@@ -39,29 +39,7 @@ def assert_same_run(plan, costs) -> None:
 
 @st.composite
 def cases(draw):
-    layers = draw(st.integers(1, 5))
-    model = ModelSpec(name="rand", architecture="llama", num_layers=layers, hidden_size=64,
-                      intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, vocab_size=256, tie_word_embeddings=draw(st.booleans()),
-                      max_position_embeddings=4096)
-    train = TrainSpec(micro_batch=draw(st.integers(1, 3)), seq_len=16,
-                      grad_accum=draw(st.integers(1, 4)),
-                      max_grad_norm=draw(st.sampled_from([None, 1.0])))
-    window = draw(st.integers(1, 4))
-    cast = draw(st.sampled_from(["cpu_once", "cpu_per_load", "gpu"]))
-    policy = Policy.of(
-        window=window, grad_buffers=draw(st.integers(1, 3)),
-        prefetch_depth=draw(st.integers(1, window)),
-        activations=draw(st.sampled_from(["gpu", "host", "nvme"])),
-        moments_on_nvme=draw(st.sampled_from([0.0, 0.5, 1.0])),
-        master_on_nvme=draw(st.sampled_from([0.0, 1.0])) if cast == "cpu_once" else 0.0,
-        resident_layers=draw(st.integers(0, layers)),
-        gpu_updated_blocks=draw(st.integers(0, layers + 2)),
-        accumulation=draw(st.sampled_from(["step_major", "layer_major"])),
-        optimizer_order=draw(st.sampled_from(["arrival", "deadline"])), cast=cast,
-        cast_worker=draw(st.booleans()), nvme_prefetch=draw(st.integers(1, 3)),
-        host_grad_buffers=draw(st.sampled_from([None, 1, 3])),
-        stream_run_ahead=draw(st.sampled_from([0, 1, 3])))
+    model, train, policy = draw(random_plan_inputs(every_schedule=True))
     profile = draw(st.sampled_from(PROFILES))
     costs = CostModel(profile, gpu_speedup=draw(st.sampled_from([1.0, 1.37])),
                       lanes_first=draw(st.booleans()))

@@ -4,7 +4,7 @@ its invariants intact (no deadlock, lanes never overlap, memory back to static, 
 from itertools import pairwise
 
 import pytest
-from helpers import make_round_profile
+from helpers import make_round_profile, random_plan_inputs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,27 +18,7 @@ PROFILES = [make_round_profile(), load_profile("h200-bench")]
 
 @st.composite
 def cases(draw):
-    layers = draw(st.integers(1, 5))
-    model = ModelSpec(name="rand", architecture="llama", num_layers=layers, hidden_size=64,
-                      intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=16, vocab_size=256, tie_word_embeddings=draw(st.booleans()),
-                      max_position_embeddings=4096)
-    train = TrainSpec(micro_batch=draw(st.integers(1, 3)), seq_len=16,
-                      grad_accum=draw(st.integers(1, 3)),
-                      max_grad_norm=draw(st.sampled_from([None, 1.0])))
-    window = draw(st.integers(1, 4))
-    cast = draw(st.sampled_from(["cpu_once", "cpu_per_load", "gpu"]))
-    policy = Policy.of(
-        window=window, grad_buffers=draw(st.integers(1, 3)),
-        prefetch_depth=draw(st.integers(1, window)),
-        activations=draw(st.sampled_from(["gpu", "host", "nvme"])),
-        moments_on_nvme=draw(st.sampled_from([0.0, 0.5, 1.0])),
-        master_on_nvme=draw(st.sampled_from([0.0, 1.0])) if cast == "cpu_once" else 0.0,
-        resident_layers=draw(st.integers(0, layers)),
-        gpu_updated_blocks=draw(st.integers(0, layers + 2)),
-        optimizer_order=draw(st.sampled_from(["arrival", "deadline"])), cast=cast,
-        cast_worker=draw(st.booleans()), nvme_prefetch=draw(st.integers(1, 3)),
-        host_grad_buffers=draw(st.sampled_from([None, 1, 3])))
+    model, train, policy = draw(random_plan_inputs())
     return model, train, policy, draw(st.sampled_from(PROFILES)), draw(st.integers(3, 4))
 
 

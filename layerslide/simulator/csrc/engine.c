@@ -610,19 +610,25 @@ static void mark_ready(Sim *s, int32_t t) {
   else if (s->events[READY(t)].state == PENDING) succeed(s, READY(t));
 }
 
-/* execute's start: its buffers, its work on the shared resources (the event to wait for, or
- * -1 for none) */
+/* A piece of work of solo_s seconds: on the shared resources where it draws on any (uses
+ * off[shape] to off[shape + 1]), else a timeout; the event to wait for, or -1 for none. */
+static int32_t work(Sim *s, double solo_s, const int32_t *off, const int32_t *res,
+                    const double *demand, int32_t shape, double share, int32_t tag) {
+  if (!(solo_s > 0)) return -1;
+  int32_t first = off[shape], n = off[shape + 1] - first;
+  if (n) return share_run(s, solo_s, res + first, demand + first, n, share, tag);
+  return timeout(s, solo_s);
+}
+
+/* execute's start: its buffers, then its work */
 static int32_t task_starts(Sim *s, int32_t t, int on_stream) {
   const SimInput *in = s->in;
+  int32_t shape = in->task_shape[t];
   s->out->start_s[t] = s->now;
   if (!on_stream) mem_dispatched(s, t);
   mem_allocate(s, t);
-  int32_t shape = in->task_shape[t];
-  if (!(in->solo_s[shape] > 0)) return -1;
-  int32_t off = in->use_off[shape], n = in->use_off[shape + 1] - off;
-  if (n) return share_run(s, in->solo_s[shape], in->use_res + off, in->use_demand + off, n,
-                          in->share[shape], in->tag[shape]);
-  return timeout(s, in->solo_s[shape]);
+  return work(s, in->solo_s[shape], in->use_off, in->use_res, in->use_demand, shape,
+              in->share[shape], in->tag[shape]);
 }
 
 /* execute's end: its buffers, then its successors' readiness */
@@ -637,27 +643,25 @@ static void task_ends(Sim *s, int32_t t, int on_stream) {
   }
 }
 
+/* the host thread begins enqueueing the task: its requests, then its launches */
 static int32_t dispatch_starts(Sim *s, int32_t t) {
   const SimInput *in = s->in;
   int32_t shape = in->task_shape[t];
   succeed(s, DISPATCHED(t));
   mem_dispatched(s, t);
-  if (!(in->dispatch_s[shape] > 0)) return -1;
-  int32_t off = in->duse_off[shape], n = in->duse_off[shape + 1] - off;
-  if (n) return share_run(s, in->dispatch_s[shape], in->duse_res + off, in->duse_demand + off,
-                          n, in->dispatch_share[shape], 0 /* the tag "" */);
-  return timeout(s, in->dispatch_s[shape]);
+  return work(s, in->dispatch_s[shape], in->duse_off, in->duse_res, in->duse_demand, shape,
+              in->dispatch_share[shape], 0 /* the tag "" */);
 }
 
-static void host_thread(Sim *s, int32_t pi) {
+/* Each process runs from where it last waited (pc) until it must wait again: `wait_for`
+ * registers its resumption on an event not yet processed. Processes never move in memory. */
+static void host_thread(Sim *s, Process *p, int32_t pi) {
   const SimInput *in = s->in;
   for (;;) {
-    Process *p = &s->procs[pi];
-    int32_t first = in->lane_start[p->lane], n = in->lane_start[p->lane + 1] - first;
-    int32_t t = first + p->i, ev;
+    int32_t t = in->lane_start[p->lane] + p->i, ev;
     switch (p->pc) {
     case 0:
-      if (p->i >= n) return;
+      if (p->i >= p->count) return;
       p->pc = 1;
       if (in->run_ahead && p->i >= in->run_ahead && wait_for(s, pi, FINISHED(t - in->run_ahead)))
         return;
@@ -667,57 +671,53 @@ static void host_thread(Sim *s, int32_t pi) {
       ensure_scratch(s, count);
       for (int32_t k = 0; k < count; k++) s->scratch_idx[k] = ENQUEUED(in->pred[lo + k]);
       ev = all_of(s, s->scratch_idx, count);
-      s->procs[pi].pc = 2;
+      p->pc = 2;
       if (wait_for(s, pi, ev)) return;
     } /* fall through */
     case 2:
       ev = dispatch_starts(s, t);
-      s->procs[pi].pc = 3;
+      p->pc = 3;
       if (ev >= 0 && wait_for(s, pi, ev)) return;
       /* fall through */
     case 3:
       succeed(s, ENQUEUED(t));
       mem_enqueued(s, t);
-      s->procs[pi].i++;
-      s->procs[pi].pc = 0;
+      p->i++;
+      p->pc = 0;
     }
   }
 }
 
-static void stream(Sim *s, int32_t pi) {
-  const SimInput *in = s->in;
+static void stream(Sim *s, Process *p, int32_t pi) {
   for (;;) {
-    Process *p = &s->procs[pi];
-    int32_t first = in->lane_start[p->lane], n = in->lane_start[p->lane + 1] - first;
-    int32_t t = first + p->i, ev;
+    int32_t t = s->in->lane_start[p->lane] + p->i, ev;
     switch (p->pc) {
     case 0: {
-      if (p->i >= n) return;
+      if (p->i >= p->count) return;
       int32_t both[2] = {READY(t), DISPATCHED(t)};
       ev = all_of(s, both, 2);
-      s->procs[pi].pc = 1;
+      p->pc = 1;
       if (wait_for(s, pi, ev)) return;
     } /* fall through */
     case 1:
       ev = task_starts(s, t, 1);
-      s->procs[pi].pc = 2;
+      p->pc = 2;
       if (ev >= 0 && wait_for(s, pi, ev)) return;
       /* fall through */
     case 2:
-      s->procs[pi].pc = 3;
+      p->pc = 3;
       if (s->events[ENQUEUED(t)].state == PENDING && wait_for(s, pi, ENQUEUED(t))) return;
       /* fall through */
     case 3:
       task_ends(s, t, 1);
-      s->procs[pi].i++;
-      s->procs[pi].pc = 0;
+      p->i++;
+      p->pc = 0;
     }
   }
 }
 
-static void worker(Sim *s, int32_t pi) {
+static void worker(Sim *s, Process *p, int32_t pi) {
   for (;;) {
-    Process *p = &s->procs[pi];
     int32_t ev;
     switch (p->pc) {
     case 0:
@@ -725,31 +725,31 @@ static void worker(Sim *s, int32_t pi) {
       /* fall through */
     case 1:
       if (!p->heap_n) {
-        int32_t wakeup = new_event(s);
-        s->procs[pi].wakeup = wakeup;
-        s->procs[pi].pc = 1;
-        wait_for(s, pi, wakeup);
+        p->wakeup = new_event(s);
+        p->pc = 1;
+        wait_for(s, pi, p->wakeup);
         return;
       }
       p->task = worker_pop(p);
       s->ran[s->in->lane_start[p->lane] + s->ran_n[p->lane]++] = p->task;
       ev = task_starts(s, p->task, 0);
-      s->procs[pi].pc = 2;
+      p->pc = 2;
       if (ev >= 0 && wait_for(s, pi, ev)) return;
       /* fall through */
     case 2:
-      task_ends(s, s->procs[pi].task, 0);
-      s->procs[pi].i++;
-      s->procs[pi].pc = 0;
+      task_ends(s, p->task, 0);
+      p->i++;
+      p->pc = 0;
     }
   }
 }
 
 static void resume(Sim *s, int32_t pi) {
-  switch (s->procs[pi].type) {
-  case HOST_THREAD: host_thread(s, pi); break;
-  case STREAM: stream(s, pi); break;
-  default: worker(s, pi);
+  Process *p = &s->procs[pi];
+  switch (p->type) {
+  case HOST_THREAD: host_thread(s, p, pi); break;
+  case STREAM: stream(s, p, pi); break;
+  default: worker(s, p, pi);
   }
 }
 
