@@ -1,7 +1,8 @@
-"""C sources compiled with the system C compiler on first use, cached per source, flags and
-CPU under ~/.cache/layerslide (XDG_CACHE_HOME): the executor's AdamW kernels and the
-simulator's engine. Where no compiler is found or the build fails, `build` returns None and
-the caller keeps its Python (or torch) path."""
+"""C sources compiled with the system C compiler on first use, cached per source, flags,
+compiler and CPU under ~/.cache/layerslide (XDG_CACHE_HOME): the executor's AdamW kernels and
+the simulator's engine. Where no compiler is found or the build fails, `build` returns None and
+the caller keeps its Python (or torch) path; a failed build is said once and remembered
+(`*.failed` beside where the library would be: deleting it tries again)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,14 @@ def build(source: Path, flags: tuple[str, ...], fallback: str) -> Path | None:
         return None
     # -march=native: a library built on one CPU may not run on another sharing this cache
     machine = f"{platform.machine()} {_cpu_flags()}".encode()
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()
+    digest = hashlib.sha256(source.read_bytes() + " ".join([*compiler, *flags]).encode()
                             + machine).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{digest}.so"
+    failed = target.with_suffix(".failed")
     if target.is_file():
         return target
+    if failed.is_file():  # said when it failed; every process would try and say it again
+        return None
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
@@ -53,8 +57,9 @@ def build(source: Path, flags: tuple[str, ...], fallback: str) -> Path | None:
             print(f"layerslide: cannot run {compiler[0]} ({err}), {fallback}", file=sys.stderr)
             return None
         if result.returncode != 0:
-            print(f"layerslide: {source.name} did not compile, {fallback}: {result.stderr}",
-                  file=sys.stderr)
+            failed.write_text(result.stderr)
+            print(f"layerslide: {source.name} did not compile, {fallback} (the compiler's "
+                  f"messages are in {failed}; delete it to try again)", file=sys.stderr)
             return None
         os.replace(built, target)  # atomic: concurrent builders each land a whole file
     return target
