@@ -2,7 +2,8 @@
 compiler and CPU under ~/.cache/layerslide (XDG_CACHE_HOME): the executor's AdamW kernels and
 the simulator's engine. Where no compiler is found or the build fails, `build` returns None and
 the caller keeps its Python (or torch) path; a failed build is said once and remembered
-(`*.failed` beside where the library would be: deleting it tries again)."""
+(`*.failed` beside where the library would be: deleting it tries again). LAYERSLIDE_NATIVE=0
+builds nothing: every caller takes its other path."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def _cpu_flags() -> str:
 def build(source: Path, flags: tuple[str, ...], fallback: str) -> Path | None:
     """The shared library of `source` built with `flags` (linked with -lm), or None; fallback
     names what the caller uses instead, for the message a failed build prints."""
+    if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
+        return None
     compiler = shlex.split(os.environ.get("CC", "")) or [
         c for c in (shutil.which("cc") or shutil.which("gcc"),) if c]
     if not compiler:

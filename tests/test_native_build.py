@@ -52,3 +52,11 @@ def test_a_compiler_that_cannot_run_leaves_the_caller_its_fallback(tmp_path, cac
     source.write_text("int twice(int x) { return 2 * x; }\n")
     assert build(source, FLAGS, "using Python") is None
     assert "cannot run" in capsys.readouterr().err
+
+
+def test_layerslide_native_0_builds_nothing(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("LAYERSLIDE_NATIVE", "0")
+    source = tmp_path / "twice.c"
+    source.write_text("int twice(int x) { return 2 * x; }\n")
+    assert build(source, FLAGS, "using Python") is None
+    assert not cache.exists()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 from pathlib import Path
 
 import torch
@@ -180,8 +179,6 @@ def load_kernels(*, threads: int = 0, chunk: int = DEFAULT_CHUNK,
     OpenMP's count; chunk: elements a thread takes at a time (0: one even slice per thread);
     nice: the worker threads' niceness (0: left as is). A run takes them from its plan
     (Policy.executor)."""
-    if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
-        return None
     path = build(SOURCE, FLAGS, "using torch's AdamW")
     if path is None:
         return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 from array import array
 from itertools import accumulate, chain, repeat, takewhile
 from operator import attrgetter, itemgetter
@@ -51,8 +50,6 @@ _Output = _struct("_Output", " ".join(f"{f}:p" for f in _OUTPUT_FIELDS.split()))
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get("LAYERSLIDE_NATIVE", "1") == "0":
-        return None
     path = build(SOURCE, FLAGS, "simulating in Python")
     if path is None:
         return None
