@@ -136,7 +136,8 @@ def planning_quality(path: str) -> str:
 def planning_commands(path: str) -> str:
     runs = {c["command"]: c["runs"] for c in _json(path)["commands"]}
     names = {"demo": "demo", "tune-123b": "tune 123B", "tune-70b-h100": "tune 70B on h100-pcie",
-             "whatif-70b": "whatif 70B", "purchase-70b": "purchase 70B"}
+             "tune-8b-h200": "tune 8B on h200-bench", "whatif-70b": "whatif 70B",
+             "whatif-123b": "whatif 123B", "purchase-70b": "purchase 70B"}
     return "; ".join(f"{label} {runs[name]['baseline']['wall_s']:.1f} -> "
                      f"{runs[name]['fast']['wall_s']:.1f} s" for name, label in names.items()
                      if name in runs)
@@ -164,11 +165,14 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
     ("scale-out", ("simulated data-parallel ranks on one host, each 32 sequences a step, against "
      "the same host at one GPU (CPU; predictions)"), scale_out,
      "scale-out/2026-12-05-1993fbf/simulate/scale_out.json"),
-    ("planning-speed", ("tune's best-first search against the exhaustive one: 48 cases of "
+    ("planning-speed", ("tune's best-first search against the exhaustive one: 80 cases of "
      "3B-123B on every built-in profile"), planning_quality,
-     "planning-speed/2026-12-05-10789b7/quality/planning_speed.json"),
+     "planning-speed/2026-12-06-1cb419e/quality/planning_speed.json"),
     ("planning-speed", "the commands as a user runs them, main (59c3b8e) -> best first, 2 cores",
      planning_commands, "planning-speed/2026-12-05-f18398d/commands/planning_commands.json"),
+    ("planning-speed", ("the same commands, the simulator in Python (b549d4a) -> a search's "
+     "simulations in C, 2 cores"), planning_commands,
+     "planning-speed/2026-12-06-5c478bb/commands/planning_commands.json"),
 ]
 
 
