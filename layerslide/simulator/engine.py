@@ -85,14 +85,31 @@ def simulate_run(plan: Plan, costs: CostModel, keep_memory: bool = True,
     if native and not keep_events and not keep_memory and environment is Kernel:
         ran = native_engine.simulate(plan, costs)
         if ran is not None:
-            return SimulatedRun(*ran)
+            trace, markers, lane_runs = ran
+            return SimulatedRun(trace=trace, marker_ends_s=markers,
+                                spans=in_trace_order(lane_runs))
     run = _PlanRun(plan, costs, keep_memory, environment)
     try:
         trace = run.run(keep_events)
         markers = [run.states[tid].end_s for tid in plan.meta.get("step_markers", ())]
-        return SimulatedRun(trace=trace, marker_ends_s=markers, spans=run.spans())
+        return SimulatedRun(trace=trace, marker_ends_s=markers,
+                            spans=in_trace_order(run.lane_runs()))
     finally:
         run.close()
+
+
+def in_trace_order(lane_runs: dict[str, tuple[list[tuple[float, float]], list[int]]],
+                   ) -> dict[str, list[tuple[float, float]]]:
+    """Each lane's spans (its runs' (start_s, end_s) in the order it ran them, beside their
+    tasks' numbers in lane order), the lanes in the order their first event takes in a trace:
+    by start, end, then number, among the tasks each lane started first (several only if
+    they took no time)."""
+    def first(lane: str) -> tuple[float, float, int]:
+        spans, numbers = lane_runs[lane]
+        lead = spans[0][0]
+        return min((start, end, number) for (start, end), number in
+                   takewhile(lambda run: run[0][0] == lead, zip(spans, numbers)))
+    return {lane: lane_runs[lane][0] for lane in sorted(lane_runs, key=first)}
 
 
 class _PlanRun:
@@ -154,20 +171,18 @@ class _PlanRun:
         return Trace(source="simulated", label="", events=events,
                      memory=tuple(self.memory.samples), meta=meta)
 
-    def spans(self) -> dict[str, list[tuple[float, float]]]:
-        """Each lane's (start_s, end_s) in the order its tasks ran, the lanes in the order their
-        first event takes in the trace (by start, end, then the states' order)."""
-        ran, first, index = {}, {}, 0
+    def lane_runs(self) -> dict[str, tuple[list[tuple[float, float]], list[int]]]:
+        """Each lane that ran tasks: their (start_s, end_s) in the order it ran them, and their
+        numbers in lane order (in_trace_order's input)."""
+        runs, index = {}, 0
         for lane, order in self.plan.lane_order.items():
             worker = self.workers.get(lane)
             tasks = worker.ran if worker is not None else [self.states[t] for t in order]
             if tasks:
-                ran[lane] = tasks
-                first[lane] = min((st.start_s, st.end_s, index + st.order)
-                                  for st in _started_first(tasks))
+                runs[lane] = ([(st.start_s, st.end_s) for st in tasks],
+                              [index + st.order for st in tasks])
             index += len(order)
-        return {lane: [(st.start_s, st.end_s) for st in ran[lane]]
-                for lane in sorted(first, key=first.__getitem__)}
+        return runs
 
     def execute(self, st: _TaskState, on_stream: bool):
         """Run one task on its lane (a process step): its buffers, its work on the shared
@@ -203,12 +218,6 @@ class _PlanRun:
             worker.push(st)
         elif not st.ready.triggered:
             st.ready.succeed()
-
-
-def _started_first(tasks: list[_TaskState]) -> list[_TaskState]:
-    """The tasks a lane started at its first start (more than one only if they took no time)."""
-    lead = tasks[0].start_s
-    return list(takewhile(lambda st: st.start_s == lead, tasks))
 
 
 _BY_START_END = attrgetter("start_s", "end_s")  # a trace's order

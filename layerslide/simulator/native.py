@@ -13,7 +13,7 @@ import ctypes
 import functools
 import math
 from array import array
-from itertools import accumulate, chain, repeat, takewhile
+from itertools import accumulate, chain, repeat
 from operator import attrgetter, itemgetter
 from pathlib import Path
 
@@ -220,7 +220,7 @@ class _Results:
 
 def simulate(plan: Plan, costs: CostModel) -> tuple[Trace, list[float], dict] | None:
     """engine.simulate_run's run without events or memory samples: its trace, the step
-    markers' ends and each lane's spans; None where the C engine cannot run it."""
+    markers' ends and each lane's runs (_lane_runs); None where the C engine cannot run it."""
     library = _library()
     if library is None:
         return None
@@ -235,7 +235,7 @@ def simulate(plan: Plan, costs: CostModel) -> tuple[Trace, list[float], dict] | 
                                  ctypes.byref(results.output())):
         return None
     return _trace(arrays, results), [results.end_s[i] for i in arrays.markers], \
-        _spans(arrays, results)
+        _lane_runs(arrays, results)
 
 
 def _ranked(names: list[str], values: array, ranks: array) -> dict[str, int]:
@@ -256,17 +256,10 @@ def _trace(arrays: _PlanArrays, results: _Results) -> Trace:
     return Trace(source="simulated", label="", events=(), memory=memory, meta=meta)
 
 
-def _spans(arrays: _PlanArrays, results: _Results) -> dict[str, list[tuple[float, float]]]:
-    """engine._PlanRun.spans from the arrays: each lane's spans in the order it ran its tasks,
-    the lanes in the order of their first task in a trace (start, end, then number)."""
+def _lane_runs(arrays: _PlanArrays, results: _Results) -> dict[str, tuple[list, list[int]]]:
+    """Each lane that ran tasks: its (start_s, end_s) in the order it ran them, and those
+    tasks' numbers (engine.in_trace_order orders the lanes by them)."""
     starts, ends = results.span_start.tolist(), results.span_end.tolist()
-    spans, first = {}, {}
-    for lane, lo, hi in zip(arrays.lanes, arrays.lane_start, arrays.lane_start[1:]):
-        if lo == hi:
-            continue
-        spans[lane] = list(zip(starts[lo:hi], ends[lo:hi]))
-        lead = starts[lo]  # the tasks it started first (several only if they took no time)
-        first[lane] = min((starts[k], ends[k], results.ran[k])
-                          for k in takewhile(lambda k, lead=lead: starts[k] == lead,
-                                             range(lo, hi)))
-    return {lane: spans[lane] for lane in sorted(first, key=first.__getitem__)}
+    return {lane: (list(zip(starts[lo:hi], ends[lo:hi])), results.ran[lo:hi].tolist())
+            for lane, lo, hi in zip(arrays.lanes, arrays.lane_start, arrays.lane_start[1:])
+            if lo < hi}

@@ -1,7 +1,7 @@
 /* The simulator's untraced run (simulator/engine.py) in C: the same processes, events, fluid
  * sharing and memory ledger, step for step, so every time and byte comes out identical (tests/
  * simulator/test_native.py holds the two equal). engine.py is the reference and keeps the
- * traced runs; this file runs a search's simulations, ~50 us a task in Python.
+ * traced runs; this file runs a search's simulations, hundreds a search.
  *
  * Exactness: events are scheduled in the Python kernel's order (time, priority, then the order
  * they were scheduled in) and their callbacks run in the order they were added; floating point
